@@ -1,0 +1,38 @@
+# Two commands do all set-up: `make run` and `make test`.
+# TORCH_SPEC picks the torch build. On a machine without an NVIDIA GPU we pin the CPU-capable
+# release; set TORCH_SPEC/TORCH_PIP_ARGS to take a CUDA build (see README, "Installing torch").
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+HAS_NVIDIA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 1)
+ifeq ($(HAS_NVIDIA),1)
+TORCH_SPEC ?= torch>=2.4
+else
+TORCH_SPEC ?= torch==2.13.0
+endif
+TORCH_PIP_ARGS ?=
+
+.PHONY: run test lint bench env clean
+
+env: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
+	$(PIP) install -q -e ".[dev]"
+	touch $@
+
+run: env
+	$(VENV)/bin/pagelab simulate --plot --out runs/azure-conv
+
+test: env
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q
+
+bench: env
+	$(PY) -m pytest -q benchmarks --benchmark-enable --benchmark-only
+
+clean:
+	rm -rf $(VENV) runs build *.egg-info

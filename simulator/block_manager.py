@@ -1,0 +1,508 @@
+"""The paged KV-cache allocator: blocks, ref counts, prefix caching, copy-on-write and swapping.
+
+Physical block state lives in flat lists indexed by block id (ref count, filled slots, content key), so
+the hot paths are a handful of list operations. Free blocks sit in two pools: blocks with no cached
+content (a stack) and blocks whose content stays reusable until evicted (an LRU OrderedDict, O(1) to
+remove a block on a cache hit). New blocks come from the first pool before anything is evicted.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+from simulator.allocator import AllocStatus, KVAllocator, MemoryBreakdown, RegionRecorder
+from simulator.errors import AllocationError, ConfigError
+from simulator.sequence import Sequence, SequenceGroup, SequenceStatus
+
+_NO_COPIES: list = []
+
+
+@dataclass
+class BlockManagerStats:
+    """Counters a run reports; only mutating methods touch them."""
+
+    prefix_queries: int = 0  # full prompt blocks looked up in the prefix cache
+    prefix_hits: int = 0  # of those, found
+    evictions: int = 0  # cached blocks reused for other content
+    cow_copies: int = 0
+    swapped_out_blocks: int = 0
+    swapped_in_blocks: int = 0
+    allocated_blocks: int = 0  # blocks taken from the free pools
+
+    def as_dict(self) -> dict[str, int]:
+        """The counters as a plain dict."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+class BlockManager(KVAllocator):
+    """Paged allocator over `num_blocks` blocks of `block_size` token slots (vLLM's BlockSpaceManager)."""
+
+    name = "paged"
+
+    def __init__(self, num_blocks: int, block_size: int, *, num_cpu_blocks: int = 0,
+                 enable_prefix_caching: bool = True, watermark: float = 0.0,
+                 capacity_tokens: int | None = None, debug: bool = False,
+                 hash_fn: Callable[[object], int] = hash, recorder: RegionRecorder | None = None):
+        if block_size < 1:
+            raise ConfigError(f"block_size must be >= 1, got {block_size}")
+        if num_blocks < 0 or num_cpu_blocks < 0:
+            raise ConfigError(f"block counts must be >= 0, got {num_blocks} GPU / {num_cpu_blocks} CPU")
+        if not 0.0 <= watermark < 1.0:
+            raise ConfigError(f"watermark must be in [0, 1), got {watermark}")
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.capacity_tokens = num_blocks * block_size if capacity_tokens is None else capacity_tokens
+        if self.capacity_tokens < num_blocks * block_size:
+            raise ConfigError(f"capacity {self.capacity_tokens} is smaller than {num_blocks} blocks of "
+                              f"{block_size}")
+        self.enable_prefix_caching = enable_prefix_caching
+        self.watermark_blocks = int(watermark * num_blocks)
+        self.debug = debug
+        self.stats = BlockManagerStats()
+        self._hash_fn = hash_fn
+        self._recorder = recorder
+        self._ref = [0] * num_blocks
+        self._filled = [0] * num_blocks
+        self._key: list[tuple | None] = [None] * num_blocks  # (parent key, content, extra) of full blocks
+        self._hash: list[int | None] = [None] * num_blocks
+        self._cached: dict[int, int] = {}  # content hash -> block id
+        self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # stack: lowest id first
+        self._free_cached: OrderedDict[int, None] = OrderedDict()  # LRU order, oldest first
+        self._seqs: dict[int, Sequence] = {}  # sequences holding device blocks
+        self._total_filled = 0
+        self._internal = 0  # slots of final blocks that their sequence will never fill
+        self.num_cpu_blocks = num_cpu_blocks
+        self._cpu_ref = [0] * num_cpu_blocks
+        self._cpu_filled = [0] * num_cpu_blocks
+        self._cpu_key: list[tuple | None] = [None] * num_cpu_blocks
+        self._cpu_free: list[int] = list(range(num_cpu_blocks - 1, -1, -1))
+        self._cpu_seqs: dict[int, Sequence] = {}
+
+    @classmethod
+    def from_capacity(cls, capacity_tokens: int, block_size: int, **kwargs) -> BlockManager:
+        """A manager over `capacity_tokens` slots; the remainder `C mod block_size` is unusable."""
+        return cls(capacity_tokens // block_size, block_size, capacity_tokens=capacity_tokens, **kwargs)
+
+    # ----------------------------------------------------------------- queries
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks that can be handed out now, cached-but-unreferenced ones included."""
+        return len(self._free) + len(self._free_cached)
+
+    @property
+    def num_cached_free_blocks(self) -> int:
+        """Free blocks still holding reusable prefix content."""
+        return len(self._free_cached)
+
+    @property
+    def num_used_blocks(self) -> int:
+        """Blocks referenced by at least one sequence."""
+        return self.num_blocks - len(self._free) - len(self._free_cached)
+
+    @property
+    def num_used_slots(self) -> int:
+        """Slots inside referenced blocks."""
+        return self.num_used_blocks * self.block_size
+
+    @property
+    def num_free_cpu_blocks(self) -> int:
+        """Free blocks in the CPU swap pool."""
+        return len(self._cpu_free)
+
+    def ref_count(self, block_id: int) -> int:
+        """Current ref count of a device block."""
+        return self._ref[block_id]
+
+    def num_filled(self, block_id: int) -> int:
+        """Slots of a device block that hold tokens."""
+        return self._filled[block_id]
+
+    def _blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def _lookup(self, seq: Sequence) -> list[int]:
+        """Device blocks holding this sequence's leading full blocks (never its last token)."""
+        if not self.enable_prefix_caching:
+            return []
+        bs = self.block_size
+        hits: list[int] = []
+        parent_key: tuple | None = None
+        parent_hash: int | None = None
+        for i in range((seq.num_tokens - 1) // bs):
+            content = seq.block_content(i, bs)
+            if content is None:
+                break
+            h = self._hash_fn((parent_hash, content, seq.extra_key))
+            bid = self._cached.get(h)
+            # Compare the whole key, not only the hash, so a collision can never alias two prefixes.
+            if bid is None or self._key[bid] != (parent_key, content, seq.extra_key):
+                break
+            hits.append(bid)
+            parent_key, parent_hash = self._key[bid], h
+        return hits
+
+    def can_allocate(self, group: SequenceGroup) -> AllocStatus:
+        """OK, LATER, or NEVER for the group's prompt (prefix hits on referenced blocks cost nothing)."""
+        seq = _first_live(group)
+        needed = self._blocks_for(seq.num_tokens)
+        if needed > self.num_blocks - self.watermark_blocks:
+            return AllocStatus.NEVER
+        hits = self._lookup(seq)
+        required = needed - sum(1 for b in hits if self._ref[b] > 0)
+        if self.num_free_blocks - required < self.watermark_blocks:
+            return AllocStatus.LATER
+        return AllocStatus.OK
+
+    def can_append(self, seq: Sequence, num_tokens: int = 1) -> bool:
+        """Whether enough free blocks exist to grow `seq` by `num_tokens` (copy-on-write included)."""
+        return seq.num_tokens + num_tokens <= seq._limit and \
+            self._blocks_needed_to_append(seq, num_tokens) <= self.num_free_blocks
+
+    def _blocks_needed_to_append(self, seq: Sequence, k: int) -> int:
+        n, bs = seq.num_tokens, self.block_size
+        new = self._blocks_for(n + k) - self._blocks_for(n)
+        if n % bs and k > 0 and self._ref[seq.block_table[-1]] > 1:
+            new += 1  # the shared partial last block must be copied first
+        return new
+
+    def can_fork(self, parent: Sequence) -> bool:
+        """Forking shares every block, so it always fits."""
+        return True
+
+    def can_swap_out(self, group: SequenceGroup) -> bool:
+        """Whether the CPU pool has room for the group's distinct blocks."""
+        blocks = {b for s in group.seqs if s.seq_id in self._seqs for b in s.block_table}
+        return len(blocks) <= len(self._cpu_free)
+
+    def can_swap_in(self, group: SequenceGroup) -> bool:
+        """Whether the device has room (above the watermark) for the group's distinct CPU blocks."""
+        blocks = {b for s in group.seqs if s.seq_id in self._cpu_seqs for b in s.cpu_block_table}
+        return self.num_free_blocks - len(blocks) >= self.watermark_blocks
+
+    def breakdown(self, head: SequenceGroup | None = None) -> MemoryBreakdown:
+        """Taxonomy now; for paged memory the waiting queue does not matter (any free block fits)."""
+        bs = self.block_size
+        used = self.num_used_blocks * bs
+        empty = used - self._total_filled
+        internal = min(self._internal, empty)
+        return MemoryBreakdown(
+            capacity=self.capacity_tokens, token_states=self._total_filled,
+            reservation=empty - internal, internal_fragmentation=internal,
+            external_fragmentation=self.capacity_tokens - self.num_blocks * bs,
+            free=self.num_free_blocks * bs, cached_free=len(self._free_cached) * bs, allocated=used)
+
+    # ----------------------------------------------------------------- block pools
+    def _take(self, request_id: int) -> int:
+        if self._free:
+            bid = self._free.pop()
+        elif self._free_cached:
+            bid, _ = self._free_cached.popitem(last=False)
+            del self._cached[self._hash[bid]]
+            self._key[bid] = self._hash[bid] = None
+            self._filled[bid] = 0
+            self.stats.evictions += 1
+        else:
+            raise AllocationError(f"out of KV blocks: all {self.num_blocks} blocks are in use")
+        self._ref[bid] = 1
+        self.stats.allocated_blocks += 1
+        if self._recorder is not None:
+            self._recorder.acquire(bid * self.block_size, self.block_size, request_id)
+        return bid
+
+    def _incref(self, bid: int, request_id: int) -> None:
+        ref = self._ref[bid]
+        if ref == 0:  # a cache hit on an evictable block: it becomes live again
+            del self._free_cached[bid]
+            self._total_filled += self._filled[bid]
+            if self._recorder is not None:
+                self._recorder.acquire(bid * self.block_size, self.block_size, request_id)
+        self._ref[bid] = ref + 1
+        if ref >= 1 and self._recorder is not None:
+            self._recorder.share(bid * self.block_size, ref + 1)
+
+    def _decref(self, bid: int) -> None:
+        ref = self._ref[bid] - 1
+        self._ref[bid] = ref
+        if ref:
+            return
+        filled = self._filled[bid]
+        self._total_filled -= filled
+        if self._recorder is not None:
+            self._recorder.release(bid * self.block_size, filled)
+        h = self._hash[bid]
+        if h is not None and self._cached.get(h) == bid:
+            self._free_cached[bid] = None  # most recently used end
+        else:
+            self._key[bid] = self._hash[bid] = None
+            self._filled[bid] = 0
+            self._free.append(bid)
+
+    def _register_full(self, seq: Sequence, index: int, bid: int) -> None:
+        """Give full block `index` of `seq` its chained content key and publish it in the cache."""
+        if not self.enable_prefix_caching or self._key[bid] is not None:
+            return
+        content = seq.block_content(index, self.block_size)
+        if content is None:
+            return
+        if index == 0:
+            parent_key = parent_hash = None
+        else:
+            parent = seq.block_table[index - 1]
+            parent_key, parent_hash = self._key[parent], self._hash[parent]
+            if parent_key is None:
+                return  # an unkeyed parent breaks the chain; nothing after it can be matched
+        h = self._hash_fn((parent_hash, content, seq.extra_key))
+        self._key[bid] = (parent_key, content, seq.extra_key)
+        self._hash[bid] = h
+        self._cached.setdefault(h, bid)  # an identical or colliding block already published wins
+
+    # ----------------------------------------------------------------- mutations
+    def allocate(self, group: SequenceGroup) -> int:
+        """Give the group's live sequences shared blocks for their (identical) tokens; return hit tokens."""
+        seqs = group.live_seqs()
+        seq = seqs[0]
+        for s in seqs:
+            if s.seq_id in self._seqs or s.seq_id in self._cpu_seqs:
+                raise AllocationError(f"sequence {s.seq_id} already holds blocks")
+            if s.num_tokens != seq.num_tokens:
+                raise AllocationError(f"request {group.request_id}: sequences of different lengths "
+                                      "cannot share one allocation (swap the group instead)")
+        status = self.can_allocate(group)
+        if status is not AllocStatus.OK:
+            raise AllocationError(f"request {group.request_id}: cannot allocate "
+                                  f"{self._blocks_for(seq.num_tokens)} blocks now ({status.value}); "
+                                  f"{self.num_free_blocks} free")
+        bs, rid, nseq = self.block_size, group.request_id, len(seqs)
+        hits = self._lookup(seq)
+        if self.enable_prefix_caching:
+            self.stats.prefix_queries += (seq.num_tokens - 1) // bs
+        self.stats.prefix_hits += len(hits)
+        table: list[int] = []
+        for bid in hits:
+            self._incref(bid, rid)
+            table.append(bid)
+        for i in range(len(hits), self._blocks_for(seq.num_tokens)):
+            bid = self._take(rid)
+            filled = min(bs, seq.num_tokens - i * bs)
+            self._filled[bid] = filled
+            self._total_filled += filled
+            table.append(bid)
+            if filled == bs:
+                seq.block_table = table
+                self._register_full(seq, i, bid)
+        for bid in table:  # the other sequences of the group share every block
+            for _ in range(nseq - 1):
+                self._incref(bid, rid)
+        for s in seqs:
+            s.block_table = list(table)
+            self._seqs[s.seq_id] = s
+            self._count_internal(s)
+        if self.debug:
+            self.check_invariants()
+        return len(hits) * bs
+
+    def append_slot(self, seq: Sequence) -> list[tuple[int, int]]:
+        """Grow `seq` by one token; the common case (room in an unshared last block) allocates nothing."""
+        n = seq.num_tokens
+        table = seq.block_table
+        if n % self.block_size and n < seq._limit and self._ref[table[-1]] == 1 \
+                and seq.seq_id in self._seqs and not self.debug and seq.token_ids is None:
+            self._filled[table[-1]] += 1
+            self._total_filled += 1
+            seq.num_tokens = n + 1
+            return _NO_COPIES
+        return self.append_slots(seq, 1)
+
+    def append_slots(self, seq: Sequence, num_tokens: int = 1) -> list[tuple[int, int]]:
+        """Grow `seq` by `num_tokens` in O(new blocks); return the copy-on-write (src, dst) pairs."""
+        if seq.seq_id not in self._seqs:
+            state = "finished" if seq.status is SequenceStatus.FINISHED else "not allocated (or swapped out)"
+            raise AllocationError(f"cannot append to sequence {seq.seq_id}: it is {state}")
+        if seq.status is SequenceStatus.FINISHED:
+            raise AllocationError(f"cannot append to sequence {seq.seq_id}: it is finished")
+        if num_tokens < 0:
+            raise AllocationError(f"cannot append a negative number of tokens ({num_tokens})")
+        if num_tokens == 0:
+            return _NO_COPIES
+        if seq.num_tokens + num_tokens > seq._limit:
+            raise AllocationError(f"sequence {seq.seq_id} would grow past its final length {seq.final_len}")
+        if not self.can_append(seq, num_tokens):
+            raise AllocationError(
+                f"out of KV blocks: sequence {seq.seq_id} needs "
+                f"{self._blocks_needed_to_append(seq, num_tokens)} blocks, {self.num_free_blocks} free")
+        bs, rid = self.block_size, seq.request_id
+        n, table = seq.num_tokens, seq.block_table
+        copies = _NO_COPIES
+        rem = n % bs
+        if rem:
+            last = table[-1]
+            if self._ref[last] > 1:  # never write a shared block in place: copy it first
+                new = self._take(rid)
+                self._filled[new] = rem
+                self._total_filled += rem
+                self._decref(last)
+                table[-1] = new
+                copies = [(last, new)]
+                self.stats.cow_copies += 1
+            last = table[-1]
+            fill = min(num_tokens, bs - rem)
+            self._filled[last] += fill
+            self._total_filled += fill
+            left = num_tokens - fill
+        else:
+            left = num_tokens
+        if left > 0:
+            self._total_filled += left
+            nb = -(-left // bs)
+            free = self._free
+            if len(free) >= nb and self._recorder is None:  # fast path: no eviction, no events
+                new = free[-nb:]
+                del free[-nb:]
+                new.reverse()
+                ref, filled = self._ref, self._filled
+                for bid in new:
+                    ref[bid] = 1
+                    filled[bid] = bs
+                filled[new[-1]] = left - (nb - 1) * bs
+                self.stats.allocated_blocks += nb
+                table.extend(new)
+            else:
+                for _ in range(nb):
+                    bid = self._take(rid)
+                    self._filled[bid] = min(bs, left)
+                    left -= self._filled[bid]
+                    table.append(bid)
+        seq.num_tokens = n + num_tokens
+        if seq.token_ids is not None and self.enable_prefix_caching:
+            for i in range(n // bs, seq.num_tokens // bs):
+                self._register_full(seq, i, table[i])
+        if not seq._internal_counted:
+            self._count_internal(seq)
+        if self.debug:
+            self.check_invariants()
+        return copies
+
+    def _count_internal(self, seq: Sequence) -> None:
+        """Once a sequence holds its final block, the slots past its final length are internal waste."""
+        final = seq.final_len
+        if final is not None and len(seq.block_table) * self.block_size >= final:
+            waste = len(seq.block_table) * self.block_size - final
+            self._internal += waste - seq._internal_counted
+            seq._internal_counted = waste
+
+    def fork(self, parent: Sequence, child: Sequence) -> list[tuple[int, int]]:
+        """Let `child` share every block of `parent`; nothing is copied."""
+        if parent.seq_id not in self._seqs:
+            raise AllocationError(f"cannot fork sequence {parent.seq_id}: it holds no device blocks")
+        if child.seq_id in self._seqs or child.seq_id in self._cpu_seqs:
+            raise AllocationError(f"cannot fork into sequence {child.seq_id}: it already holds blocks")
+        for bid in parent.block_table:
+            self._incref(bid, parent.request_id)
+        child.block_table = list(parent.block_table)
+        child.num_tokens = parent.num_tokens
+        self._seqs[child.seq_id] = child
+        if self.debug:
+            self.check_invariants()
+        return _NO_COPIES
+
+    def free(self, seq: Sequence) -> None:
+        """Release the sequence's blocks (last block first, so tails are evicted before shared heads)."""
+        if seq.seq_id in self._seqs:
+            self._release_device(seq)
+        elif seq.seq_id in self._cpu_seqs:
+            del self._cpu_seqs[seq.seq_id]
+            for cid in seq.cpu_block_table:
+                self._cpu_decref(cid)
+            seq.cpu_block_table = []
+        else:
+            raise AllocationError(f"cannot free sequence {seq.seq_id}: it holds no blocks (freed twice?)")
+        if self.debug:
+            self.check_invariants()
+
+    def _cpu_decref(self, cid: int) -> None:
+        self._cpu_ref[cid] -= 1
+        if self._cpu_ref[cid] == 0:
+            self._cpu_filled[cid] = 0
+            self._cpu_key[cid] = None
+            self._cpu_free.append(cid)
+
+    def swap_out(self, group: SequenceGroup) -> list[tuple[int, int]]:
+        """Move the group's device blocks to the CPU pool; blocks shared inside the group stay shared."""
+        seqs = [s for s in group.seqs if s.seq_id in self._seqs]
+        if not self.can_swap_out(group):
+            raise AllocationError(f"request {group.request_id}: CPU swap pool is full "
+                                  f"({len(self._cpu_free)} of {self.num_cpu_blocks} blocks free)")
+        mapping: dict[int, int] = {}
+        for s in seqs:
+            for bid in s.block_table:
+                cid = mapping.get(bid)
+                if cid is None:
+                    cid = mapping[bid] = self._cpu_free.pop()
+                    self._cpu_filled[cid] = self._filled[bid]
+                    self._cpu_key[cid] = (self._key[bid], self._hash[bid]) if self._key[bid] else None
+                self._cpu_ref[cid] += 1
+            s.cpu_block_table = [mapping[b] for b in s.block_table]
+        for s in seqs:
+            self._release_device(s)
+            self._cpu_seqs[s.seq_id] = s
+        self.stats.swapped_out_blocks += len(mapping)
+        if self.debug:
+            self.check_invariants()
+        return list(mapping.items())
+
+    def _release_device(self, seq: Sequence) -> None:
+        del self._seqs[seq.seq_id]
+        for bid in reversed(seq.block_table):
+            self._decref(bid)
+        self._internal -= seq._internal_counted
+        seq._internal_counted = 0
+        seq.block_table = []
+
+    def swap_in(self, group: SequenceGroup) -> list[tuple[int, int]]:
+        """Bring the group's blocks back from the CPU pool into fresh device blocks."""
+        seqs = [s for s in group.seqs if s.seq_id in self._cpu_seqs]
+        if not self.can_swap_in(group):
+            raise AllocationError(f"request {group.request_id}: not enough free device blocks to swap in")
+        mapping: dict[int, int] = {}
+        for s in seqs:
+            table = []
+            for cid in s.cpu_block_table:
+                bid = mapping.get(cid)
+                if bid is None:
+                    bid = mapping[cid] = self._take(group.request_id)
+                    self._filled[bid] = self._cpu_filled[cid]
+                    self._total_filled += self._cpu_filled[cid]
+                    saved = self._cpu_key[cid]
+                    if saved is not None:
+                        self._key[bid], self._hash[bid] = saved
+                        self._cached.setdefault(saved[1], bid)
+                else:
+                    self._incref(bid, group.request_id)
+                table.append(bid)
+            s.block_table = table
+        for s in seqs:
+            del self._cpu_seqs[s.seq_id]
+            for cid in s.cpu_block_table:
+                self._cpu_decref(cid)
+            s.cpu_block_table = []
+            self._seqs[s.seq_id] = s
+            self._count_internal(s)
+        self.stats.swapped_in_blocks += len(mapping)
+        if self.debug:
+            self.check_invariants()
+        return list(mapping.items())
+
+    # ----------------------------------------------------------------- debugging
+    def check_invariants(self) -> None:
+        """Recompute ref counts, pools and fill levels from the block tables; raise on any mismatch."""
+        from simulator.invariants import check_block_manager
+        check_block_manager(self)
+
+
+def _first_live(group: SequenceGroup) -> Sequence:
+    for s in group.seqs:
+        if s.status is not SequenceStatus.FINISHED:
+            return s
+    raise AllocationError(f"request {group.request_id}: every sequence has finished")
+

@@ -1,0 +1,88 @@
+"""Shared fixtures. Helpers append their own fixtures below; keep each block self-contained."""
+from __future__ import annotations
+
+import pytest
+
+from simulator import BlockManager, ContiguousAllocator, Sequence, SequenceGroup
+
+
+@pytest.fixture
+def make_group():
+    """Factory for single- or multi-sequence groups with fresh ids."""
+    counter = iter(range(10**9))
+
+    def make(prompt_len: int, final_len: int | None = None, *, n: int = 1, token_ids=None,
+             prefix_keys=(), request_id: int | None = None) -> SequenceGroup:
+        rid = next(counter) if request_id is None else request_id
+        seqs = [Sequence(next(counter), prompt_len, final_len, request_id=rid,
+                         token_ids=None if token_ids is None else list(token_ids), prefix_keys=prefix_keys)
+                for _ in range(n)]
+        return SequenceGroup(rid, seqs, n=n)
+
+    return make
+
+
+@pytest.fixture
+def paged():
+    """A debug-checked paged allocator factory."""
+    def make(num_blocks: int = 16, block_size: int = 4, **kw) -> BlockManager:
+        kw.setdefault("debug", True)
+        return BlockManager(num_blocks, block_size, **kw)
+    return make
+
+
+@pytest.fixture
+def contiguous():
+    """A debug-checked contiguous allocator factory."""
+    def make(capacity: int = 64, policy: str = "max", placement: str = "buddy", **kw) -> ContiguousAllocator:
+        kw.setdefault("debug", True)
+        return ContiguousAllocator(capacity, policy, placement, **kw)
+    return make
+
+
+# --- gpu_backend model: small random-weight Hugging Face checkpoints (fp32, safetensors) -------------------
+# Shapes are tiny so the whole parity suite runs in seconds on a 2-core CPU; GQA (4 query heads, 2 KV heads)
+# and 3 layers are the smallest that still exercise head grouping and layer-to-layer cache indexing.
+HF_TINY_SHAPE = dict(vocab_size=384, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
+                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+HF_TINY_VARIANTS = {
+    "llama": ("LlamaForCausalLM", {}),
+    "qwen2": ("Qwen2ForCausalLM", {"tie_word_embeddings": True}),
+    # original_max_position_embeddings is small so that test positions (up to ~80) reach every branch
+    # of the llama3 frequency ramp.
+    "llama3-rope": ("LlamaForCausalLM", {"rope_theta": 500000.0, "rope_scaling": {
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32}}),
+    "linear-rope": ("LlamaForCausalLM", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
+}
+
+
+@pytest.fixture(scope="session")
+def hf_model_dirs(tmp_path_factory) -> dict:
+    """name -> directory of a random-weight transformers checkpoint (see HF_TINY_VARIANTS).
+
+    Every parameter is redrawn (norm weights near 1, biases nonzero, matrices with std 1/sqrt(fan_in)) so
+    that loading a wrong tensor, dropping a bias or a norm weight changes the logits visibly.
+    """
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    dirs = {}
+    for seed, (name, (arch, extra)) in enumerate(HF_TINY_VARIANTS.items()):
+        family = "Qwen2" if arch.startswith("Qwen2") else "Llama"
+        config = getattr(transformers, f"{family}Config")(**HF_TINY_SHAPE, **extra)
+        model = getattr(transformers, arch)(config)
+        gen = torch.Generator().manual_seed(1000 + seed)
+        with torch.no_grad():
+            for pname, param in model.named_parameters():
+                noise = torch.randn(param.shape, generator=gen)
+                if "norm" in pname:
+                    param.copy_(1.0 + 0.1 * noise)
+                elif param.dim() == 1:
+                    param.copy_(0.1 * noise)
+                else:
+                    param.copy_(noise / param.shape[1] ** 0.5)
+        path = tmp_path_factory.mktemp(f"hf-{name}")
+        model.save_pretrained(path, safe_serialization=True)
+        dirs[name] = path
+    return dirs
