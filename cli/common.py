@@ -13,7 +13,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-console = Console()
+# Piped output gets a wide console so tables are not squeezed to 80 columns.
+console = Console(width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True)
 
 

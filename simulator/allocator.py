@@ -92,6 +92,10 @@ class KVAllocator(abc.ABC):
         """Whether `seq` can grow by `num_tokens` slots now."""
 
     @abc.abstractmethod
+    def can_append_seqs(self, seqs: list[Sequence], num_tokens: int = 1) -> bool:
+        """Whether all `seqs` can grow by `num_tokens` each at once."""
+
+    @abc.abstractmethod
     def append_slots(self, seq: Sequence, num_tokens: int = 1) -> list[tuple[int, ...]]:
         """Grow `seq` by `num_tokens` tokens (each gets a slot); return copy-on-write copies."""
 

@@ -129,7 +129,7 @@ class BlockManager(KVAllocator):
         hits: list[int] = []
         parent_key: tuple | None = None
         parent_hash: int | None = None
-        for i in range((seq.num_tokens - 1) // bs):
+        for i in range((seq.length - 1) // bs):
             content = seq.block_content(i, bs)
             if content is None:
                 break
@@ -144,12 +144,16 @@ class BlockManager(KVAllocator):
 
     def can_allocate(self, group: SequenceGroup) -> AllocStatus:
         """OK, LATER, or NEVER for the group's prompt (prefix hits on referenced blocks cost nothing)."""
-        seq = _first_live(group)
-        needed = self._blocks_for(seq.num_tokens)
+        seqs = group.live_seqs()
+        if not seqs:
+            raise AllocationError(f"request {group.request_id}: every sequence has finished")
+        if _shared(seqs):
+            seqs = seqs[:1]
+        needed = sum(self._blocks_for(s.length) for s in seqs)
         if needed > self.num_blocks - self.watermark_blocks:
             return AllocStatus.NEVER
-        hits = self._lookup(seq)
-        required = needed - sum(1 for b in hits if self._ref[b] > 0)
+        # Hits on referenced blocks cost nothing; hits on evictable ones use up a free block like a miss.
+        required = needed - sum(1 for s in seqs for b in self._lookup(s) if self._ref[b] > 0)
         if self.num_free_blocks - required < self.watermark_blocks:
             return AllocStatus.LATER
         return AllocStatus.OK
@@ -158,6 +162,15 @@ class BlockManager(KVAllocator):
         """Whether enough free blocks exist to grow `seq` by `num_tokens` (copy-on-write included)."""
         return seq.num_tokens + num_tokens <= seq._limit and \
             self._blocks_needed_to_append(seq, num_tokens) <= self.num_free_blocks
+
+    def can_append_seqs(self, seqs: list[Sequence], num_tokens: int = 1) -> bool:
+        """Whether all `seqs` can grow by `num_tokens` each at once."""
+        need = 0
+        for s in seqs:
+            if s.num_tokens + num_tokens > s._limit:
+                return False
+            need += self._blocks_needed_to_append(s, num_tokens)
+        return need <= self.num_free_blocks
 
     def _blocks_needed_to_append(self, seq: Sequence, k: int) -> int:
         n, bs = seq.num_tokens, self.block_size
@@ -259,47 +272,56 @@ class BlockManager(KVAllocator):
 
     # ----------------------------------------------------------------- mutations
     def allocate(self, group: SequenceGroup) -> int:
-        """Give the group's live sequences shared blocks for their (identical) tokens; return hit tokens."""
+        """Give the group's live sequences blocks for all their tokens; return prefix-cached tokens.
+
+        Sequences of equal length (a fresh prompt, n samples or a beam) share every block; sequences that
+        diverged (a group re-admitted after a recompute preemption) are allocated one by one.
+        """
         seqs = group.live_seqs()
-        seq = seqs[0]
         for s in seqs:
             if s.seq_id in self._seqs or s.seq_id in self._cpu_seqs:
                 raise AllocationError(f"sequence {s.seq_id} already holds blocks")
-            if s.num_tokens != seq.num_tokens:
-                raise AllocationError(f"request {group.request_id}: sequences of different lengths "
-                                      "cannot share one allocation (swap the group instead)")
         status = self.can_allocate(group)
         if status is not AllocStatus.OK:
-            raise AllocationError(f"request {group.request_id}: cannot allocate "
-                                  f"{self._blocks_for(seq.num_tokens)} blocks now ({status.value}); "
-                                  f"{self.num_free_blocks} free")
-        bs, rid, nseq = self.block_size, group.request_id, len(seqs)
+            raise AllocationError(f"request {group.request_id}: cannot allocate its blocks now "
+                                  f"({status.value}); {self.num_free_blocks} free")
+        if _shared(seqs):
+            hit = self._allocate_one(seqs[0], group.request_id)
+            for s in seqs[1:]:
+                for bid in seqs[0].block_table:
+                    self._incref(bid, group.request_id)
+                s.block_table = list(seqs[0].block_table)
+                s.num_tokens = seqs[0].num_tokens
+                self._seqs[s.seq_id] = s
+                self._count_internal(s)
+        else:
+            hit = sum(self._allocate_one(s, group.request_id) for s in seqs)
+        if self.debug:
+            self.check_invariants()
+        return hit
+
+    def _allocate_one(self, seq: Sequence, rid: int) -> int:
+        bs, n = self.block_size, seq.length
         hits = self._lookup(seq)
         if self.enable_prefix_caching:
-            self.stats.prefix_queries += (seq.num_tokens - 1) // bs
+            self.stats.prefix_queries += (n - 1) // bs
         self.stats.prefix_hits += len(hits)
         table: list[int] = []
+        seq.block_table = table
         for bid in hits:
             self._incref(bid, rid)
             table.append(bid)
-        for i in range(len(hits), self._blocks_for(seq.num_tokens)):
+        for i in range(len(hits), self._blocks_for(n)):
             bid = self._take(rid)
-            filled = min(bs, seq.num_tokens - i * bs)
+            filled = min(bs, n - i * bs)
             self._filled[bid] = filled
             self._total_filled += filled
             table.append(bid)
             if filled == bs:
-                seq.block_table = table
                 self._register_full(seq, i, bid)
-        for bid in table:  # the other sequences of the group share every block
-            for _ in range(nseq - 1):
-                self._incref(bid, rid)
-        for s in seqs:
-            s.block_table = list(table)
-            self._seqs[s.seq_id] = s
-            self._count_internal(s)
-        if self.debug:
-            self.check_invariants()
+        seq.num_tokens = n
+        self._seqs[seq.seq_id] = seq
+        self._count_internal(seq)
         return len(hits) * bs
 
     def append_slot(self, seq: Sequence) -> list[tuple[int, int]]:
@@ -417,6 +439,7 @@ class BlockManager(KVAllocator):
             seq.cpu_block_table = []
         else:
             raise AllocationError(f"cannot free sequence {seq.seq_id}: it holds no blocks (freed twice?)")
+        seq.num_tokens = 0
         if self.debug:
             self.check_invariants()
 
@@ -500,9 +523,9 @@ class BlockManager(KVAllocator):
         check_block_manager(self)
 
 
-def _first_live(group: SequenceGroup) -> Sequence:
-    for s in group.seqs:
-        if s.status is not SequenceStatus.FINISHED:
-            return s
-    raise AllocationError(f"request {group.request_id}: every sequence has finished")
+def _shared(seqs: list[Sequence]) -> bool:
+    """Whether the sequences can share one allocation (same tokens so far)."""
+    n = seqs[0].length
+    return all(s.length == n for s in seqs) and (
+        seqs[0].token_ids is None or all(s.token_ids == seqs[0].token_ids for s in seqs))
 

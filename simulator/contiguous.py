@@ -66,7 +66,7 @@ class ContiguousAllocator(KVAllocator):
         """OK, LATER, or NEVER: a region per live sequence, each holding its reservation."""
         seqs = group.live_seqs()
         r = self.reservation(seqs[0])
-        if r < seqs[0].num_tokens or (seqs[0].final_len or 0) > r:
+        if r < seqs[0].length or (seqs[0].final_len or 0) > r:
             return AllocStatus.NEVER  # the sequence would outgrow its region
         if r > self._placement.max_size or self._placement.empty_room(r) < len(seqs):
             return AllocStatus.NEVER
@@ -75,6 +75,10 @@ class ContiguousAllocator(KVAllocator):
     def can_append(self, seq: Sequence, num_tokens: int = 1) -> bool:
         """Whether the sequence's region still has `num_tokens` empty slots."""
         return seq.region is not None and seq.num_tokens + num_tokens <= min(seq.region[1], seq._limit)
+
+    def can_append_seqs(self, seqs: list[Sequence], num_tokens: int = 1) -> bool:
+        """Whether every sequence can grow by `num_tokens` (regions are reserved up front)."""
+        return all(self.can_append(s, num_tokens) for s in seqs)
 
     def can_fork(self, parent: Sequence) -> bool:
         """Whether a region for a copy of `parent` fits now."""
@@ -146,6 +150,7 @@ class ContiguousAllocator(KVAllocator):
             raise AllocationError(f"request {group.request_id}: cannot place {len(seqs)} region(s) of "
                                   f"{self.reservation(seqs[0])} slots now ({status.value})")
         for s in seqs:
+            s.num_tokens = s.length
             self._place(s, self.reservation(s))
         self._check()
         return 0
@@ -185,6 +190,7 @@ class ContiguousAllocator(KVAllocator):
             self._cpu.free(self._cpu_seqs.pop(seq.seq_id)[0])
         else:
             raise AllocationError(f"cannot free sequence {seq.seq_id}: it holds no region (freed twice?)")
+        seq.num_tokens = 0
         self._check()
 
     def swap_out(self, group: SequenceGroup) -> list[tuple[int, ...]]:

@@ -19,18 +19,22 @@ class Sequence:
 
     In the engine `token_ids` holds real tokens; in simulation it is None and the sequence is just counts
     plus `prefix_keys`, the content keys of its first full prompt blocks (at the allocator's block size).
-    `num_tokens` is the logical length (prompt + generated). Every token holds a KV slot as soon as it
-    exists (allocators advance `num_tokens` in `append_slot`); after a preemption by recompute the blocks
-    are gone but `num_tokens` stays, so re-admission allocates the whole sequence again.
+    `length` is the logical length (prompt + generated tokens). `num_tokens` is the number of tokens that
+    hold a KV slot: `allocate` gives slots to all `length` tokens, `append_slot` one more (as in vLLM, the
+    token sampled in one step gets its slot when the next step schedules it). `final_len` is the most
+    slots the sequence will ever hold (prompt + output - 1: the last sampled token is never stored).
     """
 
     __slots__ = ("seq_id", "request_id", "prompt_len", "final_len", "token_ids", "prefix_keys",
                  "extra_key", "num_tokens", "num_computed_tokens", "status", "block_table",
-                 "cpu_block_table", "region", "_internal_counted", "_limit")
+                 "cpu_block_table", "region", "_internal_counted", "_limit", "num_generated")
 
     def __init__(self, seq_id: int, prompt_len: int, final_len: int | None = None, *,
                  request_id: int | None = None, token_ids: list[int] | None = None,
                  prefix_keys: SeqLike[Hashable] = (), extra_key: Hashable = None):
+        if token_ids is not None and len(token_ids) < prompt_len:
+            from simulator.errors import AllocationError
+            raise AllocationError(f"sequence {seq_id}: {len(token_ids)} token ids for a {prompt_len}-token prompt")
         if prompt_len < 1:
             from simulator.errors import AllocationError
             raise AllocationError(f"sequence {seq_id}: prompt_len must be >= 1, got {prompt_len}")
@@ -48,7 +52,8 @@ class Sequence:
         self.token_ids = token_ids
         self.prefix_keys = tuple(prefix_keys)
         self.extra_key = extra_key
-        self.num_tokens = prompt_len if token_ids is None else len(token_ids)
+        self.num_generated = 0 if token_ids is None else len(token_ids) - prompt_len
+        self.num_tokens = 0
         self.num_computed_tokens = 0
         self.status = SequenceStatus.WAITING
         self.block_table: list[int] = []
@@ -70,7 +75,7 @@ class Sequence:
         child = Sequence(seq_id, self.prompt_len, self.final_len, request_id=self.request_id,
                          token_ids=None if self.token_ids is None else list(self.token_ids),
                          prefix_keys=self.prefix_keys, extra_key=self.extra_key)
-        child.num_tokens = self.num_tokens
+        child.num_generated = self.num_generated
         child.num_computed_tokens = self.num_computed_tokens
         child.status = self.status
         return child
@@ -81,9 +86,15 @@ class Sequence:
         return self.status is SequenceStatus.FINISHED
 
     @property
-    def num_generated(self) -> int:
-        """Tokens generated so far."""
-        return self.num_tokens - self.prompt_len
+    def length(self) -> int:
+        """Prompt plus generated tokens."""
+        return self.prompt_len + self.num_generated
+
+    def append_token(self, token_id: int | None = None) -> None:
+        """Record one generated token (its KV slot comes with the next `append_slot`)."""
+        self.num_generated += 1
+        if self.token_ids is not None:
+            self.token_ids.append(token_id)
 
     def __repr__(self) -> str:
         return (f"Sequence(id={self.seq_id}, req={self.request_id}, tokens={self.num_tokens}/"

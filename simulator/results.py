@@ -1,0 +1,98 @@
+"""Per-request table and run summary from a finished simulation (or a measured replay)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from simulator.allocator import MemoryBreakdown
+
+if TYPE_CHECKING:
+    from simulator.simulate import _Run
+
+STATES = MemoryBreakdown.STATES
+
+
+def request_table(run: _Run) -> pd.DataFrame:
+    """One row per request with times and derived latencies (NaN where undefined)."""
+    t = run.trace
+    out = run.output.astype(np.float64)
+    df = pd.DataFrame({
+        "request_id": t["request_id"].to_numpy(np.int64),
+        "arrival_s": run.arrival,
+        "prompt_len": run.prompt,
+        "output_len": run.output,
+        "n": run.n,
+        "beam_width": run.beam,
+        "admitted_s": run.admitted,
+        "first_token_s": run.first_token,
+        "finish_s": run.finish,
+        "num_preemptions": run.preemptions,
+        "rejected": run.rejected,
+        "prefix_hit_tokens": run.hit_tokens,
+    })
+    df["queueing_s"] = run.admitted - run.arrival
+    df["ttft_s"] = run.first_token - run.arrival
+    with np.errstate(invalid="ignore", divide="ignore"):
+        df["tpot_s"] = np.where(out > 1, (run.finish - run.first_token) / (out - 1), np.nan)
+    df["e2e_s"] = run.finish - run.arrival
+    df["normalized_latency_s"] = df["e2e_s"] / out
+    return df
+
+
+def _stats(values: pd.Series) -> dict:
+    v = values.dropna().to_numpy()
+    if v.size == 0:
+        return {"mean": None, "p50": None, "p90": None, "p99": None}
+    p50, p90, p99 = np.percentile(v, [50, 90, 99])
+    return {"mean": float(v.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+
+
+def memory_summary(memory: pd.DataFrame) -> dict:
+    """Time-weighted means of the taxonomy fractions (and occupancies) over the whole run."""
+    w = memory["dt_s"].to_numpy()
+    total = w.sum()
+    if total <= 0:
+        return {**{s: float("nan") for s in STATES}, "cached_free": float("nan")}, float("nan"), float("nan")
+    mean = {s: float(np.dot(memory[s].to_numpy(), w) / total) for s in STATES}
+    mean["cached_free"] = float(np.dot(memory["cached_free"].to_numpy(), w) / total)
+    return (mean, float(np.dot(memory["token_occupancy"].to_numpy(), w) / total),
+            float(np.dot(memory["block_occupancy"].to_numpy(), w) / total))
+
+
+def summarize(run: _Run, requests: pd.DataFrame, memory: pd.DataFrame, wall_s: float) -> dict:
+    """The run's SUMMARY (see docs/run-format.md)."""
+    finished = requests[requests["finish_s"].notna()]
+    duration = run.now
+    out_tokens = int((finished["output_len"] * finished["n"].where(finished["beam_width"] <= 1, 1)).sum())
+    mem, token_occ, block_occ = memory_summary(memory)
+    stats = getattr(run.alloc, "stats", None)
+    hit_rate = None
+    if stats is not None and run.cfg.enable_prefix_caching and stats.prefix_queries:
+        hit_rate = stats.prefix_hits / stats.prefix_queries
+    return {
+        "allocator": run.cfg.allocator,
+        "capacity_tokens": int(run.alloc.capacity_tokens),
+        "block_size": int(run.block_size),
+        "num_blocks": int(getattr(run.alloc, "num_blocks", run.alloc.capacity_tokens)),
+        "num_requests": int(len(requests)),
+        "num_finished": int(len(finished)),
+        "num_rejected": int(requests["rejected"].sum()),
+        "num_preemptions": int(requests["num_preemptions"].sum()),
+        "num_steps": int(run.step),
+        "sim_duration_s": float(duration),
+        "wall_s": float(wall_s),
+        "mean_batch_size": float(run.batch_s / run.busy_s) if run.busy_s > 0 else 0.0,
+        "throughput_tokens_per_s": float(out_tokens / duration) if duration > 0 else 0.0,
+        "normalized_latency_s_per_token": float(finished["normalized_latency_s"].mean())
+        if len(finished) else None,
+        "ttft_s": _stats(requests["ttft_s"]),
+        "tpot_s": _stats(requests["tpot_s"]),
+        "e2e_s": _stats(requests["e2e_s"]),
+        "memory": mem,
+        "token_occupancy": token_occ,
+        "block_occupancy": block_occ,
+        "prefix_cache_hit_rate": hit_rate,
+        "allocator_stats": stats.as_dict() if stats is not None else {},
+    }
