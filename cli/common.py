@@ -15,7 +15,7 @@ from rich.console import Console
 
 # Piped output gets a wide console so tables are not squeezed to 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 160)
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)
 
 
 class UserError(Exception):

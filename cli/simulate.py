@@ -116,7 +116,8 @@ def simulate_cmd(
         for name in names:
             task = progress.add_task(f"simulating {name}", total=len(df))
             cfg = dataclasses.replace(base, allocator=name)
-            results[name] = simulate(df, cfg, progress=lambda done, total, t=task: progress.update(t, completed=done))
+            report = lambda done, total, t=task: progress.update(t, completed=done)  # noqa: E731
+            results[name] = simulate(df, cfg, progress=report)
     console.print(comparison_table({n: r.summary for n, r in results.items()}))
     if out is not None:
         from cli.runs import write_run

@@ -10,8 +10,8 @@ POLICIES = ("max", "pow2", "oracle")
 
 
 class ContiguousAllocator(KVAllocator):
-    """Reserve `max_model_len` (max), the next power of two of the final length (pow2), or exactly the
-    final length (oracle) for every sequence, placed by binary buddy (default) or first-fit.
+    """Reserve `max_model_len` (max), the prompt plus the next power of two of the output (pow2), or
+    exactly the final length (oracle) for every sequence, placed by binary buddy (default) or first-fit.
 
     Buddy rounds a region up to a power of two; the rounding (beyond the reservation) belongs to no
     sequence's future and is reported with external fragmentation ("external fragmentation & other",
@@ -55,7 +55,11 @@ class ContiguousAllocator(KVAllocator):
         if seq.final_len is None:
             raise ConfigError(f"policy {self.policy!r} needs each sequence's final length "
                               f"(sequence {seq.seq_id} has none)")
-        return next_pow2(seq.final_len) if self.policy == "pow2" else seq.final_len
+        if self.policy == "oracle":
+            return seq.final_len
+        # The vLLM paper's Orca (Pow2): over-reserve the output part by at most 2x ("a true output of
+        # 25 reserves 32 positions"); buddy placement then rounds the whole region to a power of two.
+        return seq.prompt_len + next_pow2(max(1, seq.final_len - seq.prompt_len))
 
     @property
     def num_used_slots(self) -> int:

@@ -1,4 +1,6 @@
-"""Debug invariant checks: recompute allocator state from scratch and compare (off by default, on in tests)."""
+"""Debug invariant checks: recompute allocator state from scratch and compare.
+
+Off by default, on in tests (`debug=True`)."""
 from __future__ import annotations
 
 from collections import Counter

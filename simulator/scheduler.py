@@ -30,7 +30,8 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         if self.preemption_mode not in PREEMPTION_MODES:
-            raise ConfigError(f"preemption mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
+            raise ConfigError(f"preemption mode must be one of {PREEMPTION_MODES}, "
+                              f"got {self.preemption_mode!r}")
         if self.max_num_seqs < 1 or self.max_model_len < 1:
             raise ConfigError("max_num_seqs and max_model_len must be >= 1")
         budget = self.token_budget

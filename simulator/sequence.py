@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Hashable, Sequence as SeqLike
+from collections.abc import Hashable
+from collections.abc import Sequence as SeqLike
 
 
 class SequenceStatus(enum.Enum):
@@ -34,7 +35,8 @@ class Sequence:
                  prefix_keys: SeqLike[Hashable] = (), extra_key: Hashable = None):
         if token_ids is not None and len(token_ids) < prompt_len:
             from simulator.errors import AllocationError
-            raise AllocationError(f"sequence {seq_id}: {len(token_ids)} token ids for a {prompt_len}-token prompt")
+            raise AllocationError(
+                f"sequence {seq_id}: {len(token_ids)} token ids for a {prompt_len}-token prompt")
         if prompt_len < 1:
             from simulator.errors import AllocationError
             raise AllocationError(f"sequence {seq_id}: prompt_len must be >= 1, got {prompt_len}")

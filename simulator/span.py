@@ -32,7 +32,7 @@ def _live(run: _Run) -> list[Sequence] | None:
 
 
 def _admission_blocked(run: _Run, num_decode_tokens: int) -> bool:
-    """Whether `Scheduler._admit` would leave the head waiting (and keep doing so while memory only shrinks)."""
+    """Whether `Scheduler._admit` would leave the head waiting, and keep doing so while memory shrinks."""
     sched = run.sched
     head = sched.waiting[0]
     seqs = [s for s in head.seqs if s.status is not SequenceStatus.FINISHED]

@@ -1,0 +1,175 @@
+"""`pagelab trace gen | info | convert`: make, inspect and convert request traces."""
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from cli import app
+from cli.common import UserError, console, err_console, user_errors
+
+trace_app = typer.Typer(no_args_is_help=True, help="Generate, inspect and convert request traces.")
+app.add_typer(trace_app, name="trace")
+
+_NAMED_LENGTHS = ("fixed", "uniform", "sharegpt", "alpaca")
+
+
+@contextlib.contextmanager
+def _printing_warnings() -> Iterator[list[str]]:
+    """Collect trace warnings and print them to stderr in yellow, even when the command then fails."""
+    warnings: list[str] = []
+    try:
+        yield warnings
+    finally:
+        for message in warnings:
+            err_console.print(f"[yellow]warning:[/] {escape(message)}", highlight=False)
+
+
+def _range(text: str, option: str) -> tuple[int, int]:
+    """Parse LO:HI into two ints."""
+    try:
+        lo, hi = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise UserError(f"{option} expects LO:HI with whole numbers, e.g. 1:512 (got {text!r})") from None
+    return lo, hi
+
+
+def _shared_prefix(text: str | None) -> dict[str, object]:
+    """Parse --shared-prefix k:L:f into SyntheticConfig fields."""
+    if not text:
+        return {}
+    try:
+        k, length, fraction = text.split(":")
+        return {"num_prefix_groups": int(k), "prefix_len": int(length), "prefix_fraction": float(fraction)}
+    except ValueError:
+        raise UserError("--shared-prefix expects K:L:F (K system prompts of L tokens used by a fraction F "
+                        f"of the requests), e.g. 4:256:0.5 (got {text!r})") from None
+
+
+@trace_app.command("gen")
+@user_errors
+def gen(
+    out: Path = typer.Option(..., "--out", "-o", help="Output file: .csv, .jsonl or .parquet."),
+    num: int = typer.Option(1000, "--num", help="Number of requests."),
+    arrival: str = typer.Option("poisson", help="Arrival process: poisson, gamma or burst (all at t=0)."),
+    rate: float = typer.Option(1.0, help="Mean arrival rate in requests/s (poisson, gamma)."),
+    cv: float = typer.Option(1.0, help="Coefficient of variation of the gaps (gamma)."),
+    lengths: str = typer.Option(
+        "sharegpt", "--lengths", "--lengths-from",
+        help="fixed, uniform, sharegpt, alpaca (synthetic stand-ins), or a trace file / bundled name "
+             "whose (prompt, output) pairs are resampled."),
+    prompt_len: int = typer.Option(128, help="Prompt length for --lengths fixed."),
+    output_len: int = typer.Option(128, help="Output length for --lengths fixed."),
+    prompt_range: str = typer.Option("1:1024", help="LO:HI prompt lengths for --lengths uniform."),
+    output_range: str = typer.Option("1:1024", help="LO:HI output lengths for --lengths uniform."),
+    max_model_len: int = typer.Option(2048, help="prompt + output never exceed this."),
+    shared_prefix: str = typer.Option(None, help="K:L:F: K system prompts of L tokens, each request "
+                                                 "uses one with probability F."),
+    prefix_block_size: int = typer.Option(16, help="Block size the shared-prefix keys are recorded at."),
+    n: int = typer.Option(1, "--n", help="Parallel samples per request."),
+    beam_width: int = typer.Option(1, help="Beam width per request."),
+    seed: int = typer.Option(0, help="Random seed."),
+) -> None:
+    """Generate a seeded synthetic trace."""
+    from traces import SyntheticConfig, generate_trace, save_trace
+    from traces.stats import trace_info
+
+    kind = lengths if lengths in _NAMED_LENGTHS else "resample"
+    config = SyntheticConfig(
+        num_requests=num, arrival=arrival, rate=rate, cv=cv, lengths=kind,
+        prompt_len=prompt_len, output_len=output_len,
+        prompt_range=_range(prompt_range, "--prompt-range"),
+        output_range=_range(output_range, "--output-range"),
+        lengths_from=None if kind != "resample" else lengths, max_model_len=max_model_len,
+        prefix_block_size=prefix_block_size, n=n, beam_width=beam_width, seed=seed,
+        **_shared_prefix(shared_prefix),
+    )
+    with _printing_warnings() as warnings:
+        trace = generate_trace(config, warnings=warnings)
+        save_trace(trace, out, warnings=warnings)
+    info = trace_info(trace)
+    console.print(f"wrote {info['num_requests']} requests to {out} (mean prompt "
+                  f"{info['prompt_len']['mean']:.1f}, mean output {info['output_len']['mean']:.1f} tokens)",
+                  highlight=False)
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    """A number for the info table."""
+    if value is None:
+        return "-"
+    return f"{value:,.{digits}f}" if isinstance(value, float) else f"{value:,}"
+
+
+def _info_table(name: str, info: dict) -> Table:
+    """The rich table printed by `trace info`."""
+    table = Table(title=f"trace {name}", show_header=True, header_style="bold")
+    table.add_column("")
+    for col in ("mean", "p50", "p90", "p99", "max"):
+        table.add_column(col, justify="right")
+    for key in ("prompt_len", "output_len"):
+        d = info[key]
+        table.add_row(key, *(_fmt(d[c]) for c in ("mean", "p50", "p90", "p99")), _fmt(d["max"]))
+    for key in ("n", "beam_width"):
+        d = info[key]
+        table.add_row(key, _fmt(d["mean"], 2), "", "", "", _fmt(d["max"]))
+    rate = info["mean_rate_per_s"]
+    table.caption = (f"{info['num_requests']:,} requests over {info['duration_s']:,.1f} s, mean rate "
+                     f"{_fmt(rate, 3)} req/s, {info['total_tokens']:,} tokens")
+    prefix = info["prefix"]
+    if prefix:
+        table.caption += (f"\nprefix blocks ({prefix['block_size']} tokens): {prefix['references']:,} "
+                          f"references, {prefix['unique_blocks']:,} unique, "
+                          f"{100 * prefix['repeat_fraction']:.1f}% repeats; "
+                          f"{prefix['requests_with_prefix']:,} requests carry keys")
+    return table
+
+
+@trace_app.command("info")
+@user_errors
+def info(
+    path: str = typer.Argument(..., help="Trace file or bundled name (azure-conv, azure-code, ...)."),
+    format: str = typer.Option("auto", "--format", help="Input format (auto-detected by default)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the statistics as JSON."),
+    plot: Path = typer.Option(None, "--plot", help="Also save an overview figure (format from suffix)."),
+) -> None:
+    """Show count, duration, rate, length percentiles and prefix reuse of a trace."""
+    from traces import load_trace
+    from traces.stats import trace_info
+
+    with _printing_warnings() as warnings:
+        trace = load_trace(path, format, warnings=warnings)
+    stats = trace_info(trace)
+    if as_json:
+        typer.echo(json.dumps(stats, indent=2))
+    else:
+        console.print(_info_table(path, stats))
+    if plot is not None:
+        try:
+            from viz.trace_overview import save_trace_overview
+        except ImportError as exc:
+            raise UserError(f"--plot is not available: viz.trace_overview.save_trace_overview cannot be "
+                            f"imported ({exc})") from None
+        fmt = plot.suffix.lstrip(".").lower() or "png"
+        written = save_trace_overview(trace, plot, fmt)
+        err_console.print(f"wrote {written}", highlight=False)
+
+
+@trace_app.command("convert")
+@user_errors
+def convert(
+    src: str = typer.Argument(..., metavar="IN", help="Trace file (any supported format) or bundled name."),
+    dst: Path = typer.Argument(..., metavar="OUT", help="Output file: .csv, .jsonl or .parquet."),
+    format: str = typer.Option("auto", "--format", help="Input format (auto-detected by default)."),
+) -> None:
+    """Convert a trace to pagelab's canonical CSV, JSONL or Parquet."""
+    from traces import load_trace, save_trace
+
+    with _printing_warnings() as warnings:
+        trace = load_trace(src, format, warnings=warnings)
+        save_trace(trace, dst, warnings=warnings)
+    console.print(f"converted {len(trace)} requests: {src} -> {dst}", highlight=False)

@@ -1,0 +1,147 @@
+"""`pagelab trace gen | info | convert` through typer's CliRunner: exit codes, messages, files."""
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+import cli.common
+from cli import app
+from traces import load_trace
+
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def wide_consoles(monkeypatch):
+    """Keep rich from wrapping long paths in messages, so assertions can look for them whole."""
+    monkeypatch.setattr(cli.common.console, "width", 400)
+    monkeypatch.setattr(cli.common.err_console, "width", 400)
+
+
+def run(*args: str):
+    """Invoke `pagelab ARGS...`."""
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def test_gen_writes_a_trace_that_matches_the_options(tmp_path):
+    out = tmp_path / "g.parquet"
+    result = run("trace", "gen", "--num", 400, "--arrival", "gamma", "--rate", 5, "--cv", 2,
+                 "--lengths", "alpaca", "--shared-prefix", "2:64:0.5", "--n", 3, "--seed", 4, "--out", out)
+    assert result.exit_code == 0, result.output
+    assert "wrote 400 requests" in result.stdout
+    df = load_trace(out)
+    assert len(df) == 400 and set(df["n"]) == {3}
+    assert df["prefix_blocks"].map(len).gt(0).mean() == pytest.approx(0.5, abs=0.1)
+    again = tmp_path / "h.parquet"
+    run("trace", "gen", "--num", 400, "--arrival", "gamma", "--rate", 5, "--cv", 2, "--lengths", "alpaca",
+        "--shared-prefix", "2:64:0.5", "--n", 3, "--seed", 4, "--out", again)
+    pd.testing.assert_frame_equal(load_trace(again), df)
+
+
+def test_gen_fixed_and_uniform(tmp_path):
+    assert run("trace", "gen", "--num", 10, "--lengths", "fixed", "--prompt-len", 9, "--output-len", 4,
+               "--out", tmp_path / "f.csv").exit_code == 0
+    assert set(load_trace(tmp_path / "f.csv")["prompt_len"]) == {9}
+    assert run("trace", "gen", "--num", 300, "--lengths", "uniform", "--prompt-range", "5:6",
+               "--output-range", "1:1", "--out", tmp_path / "u.jsonl").exit_code == 0
+    assert set(load_trace(tmp_path / "u.jsonl")["prompt_len"]) == {5, 6}
+
+
+def test_gen_resamples_a_trace_and_prints_the_warning_in_stderr(tmp_path):
+    result = run("trace", "gen", "--num", 50, "--lengths", "azure-code", "--out", tmp_path / "r.csv")
+    assert result.exit_code == 0, result.output
+    assert "warning:" in result.stderr and "left out" in result.stderr
+
+
+def test_gen_lengths_from_a_vidur_length_only_file(tmp_path):
+    src = tmp_path / "lengths.csv"
+    src.write_text("num_prefill_tokens,num_decode_tokens,num_total_tokens,pd_ratio\n30,5,35,6\n8,2,10,4\n")
+    result = run("trace", "gen", "--num", 20, "--lengths-from", src, "--arrival", "poisson", "--rate", 2,
+                 "--out", tmp_path / "r.csv")
+    assert result.exit_code == 0, result.output
+    assert set(load_trace(tmp_path / "r.csv")["prompt_len"]) <= {30, 8}
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--arrival", "weekly"], "field 'arrival'"),
+    (["--rate", "-1"], "field 'rate'"),
+    (["--shared-prefix", "2:64"], "--shared-prefix expects K:L:F"),
+    (["--prompt-range", "a:b", "--lengths", "uniform"], "--prompt-range expects LO:HI"),
+    (["--lengths", "no-such-trace.csv"], "no-such-trace.csv: no such file"),
+])
+def test_gen_bad_options_exit_2_without_traceback(tmp_path, args, message):
+    result = run("trace", "gen", "--out", tmp_path / "x.csv", *args)
+    assert result.exit_code == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "x.csv").exists()
+
+
+def test_info_table_and_json_for_a_bundled_trace():
+    table = run("trace", "info", "mooncake-conv")
+    assert table.exit_code == 0, table.output
+    for text in ("prompt_len", "12,031 requests", "36.6% repeats"):
+        assert text in table.stdout
+    as_json = run("trace", "info", "azure-conv", "--json")
+    assert as_json.exit_code == 0
+    info = json.loads(as_json.stdout)
+    assert info["num_requests"] == 19_366 and info["prefix"] is None
+
+
+def test_info_on_bad_file_names_file_line_and_field(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,5,0\n")
+    result = run("trace", "info", bad)
+    assert result.exit_code == 2
+    assert f"{bad} line 2, field 'GeneratedTokens': zero output length" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_info_prints_fix_warnings_in_stderr(tmp_path):
+    src = tmp_path / "burst.csv"
+    src.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                   "1,m,5,6,11,x\n2,m,5,0,5,x\n3,m,5,0,5,x\n0.5,m,7,1,8,x\n")
+    result = run("trace", "info", src, "--json")
+    assert result.exit_code == 0, result.output
+    assert "dropped 2 failed requests" in result.stderr
+    assert "sorted by arrival" in result.stderr
+    assert json.loads(result.stdout)["num_requests"] == 2
+
+
+def test_convert_between_formats(tmp_path):
+    out = tmp_path / "m.jsonl"
+    result = run("trace", "convert", "mooncake-conv", out)
+    assert result.exit_code == 0, result.output
+    assert "converted 12031 requests" in result.stdout
+    pd.testing.assert_frame_equal(load_trace(out), load_trace("mooncake-conv"))
+
+
+def test_convert_refuses_unknown_output_suffix_and_unknown_input(tmp_path):
+    result = run("trace", "convert", "azure-code", tmp_path / "out.xml")
+    assert result.exit_code == 2 and "use .csv, .jsonl or .parquet" in result.stderr
+    odd = tmp_path / "odd.csv"
+    odd.write_text("a,b\n1,2\n")
+    result = run("trace", "convert", odd, tmp_path / "out.csv")
+    assert result.exit_code == 2 and "unknown trace format" in result.stderr
+
+
+HAS_OVERVIEW = importlib.util.find_spec("viz.trace_overview") is not None
+
+
+@pytest.mark.skipif(HAS_OVERVIEW, reason="viz.trace_overview exists; the plot itself is tested below")
+def test_info_plot_reports_a_missing_plotter_cleanly(tmp_path):
+    result = run("trace", "info", "azure-code", "--plot", tmp_path / "p.png")
+    assert result.exit_code == 2
+    assert "--plot is not available" in result.stderr and "Traceback" not in result.output
+
+
+@pytest.mark.skipif(not HAS_OVERVIEW, reason="viz.trace_overview is not written yet")
+def test_info_plot_writes_the_overview(tmp_path):
+    out = tmp_path / "p.png"
+    result = run("trace", "info", "azure-code", "--plot", out)
+    assert result.exit_code == 0, result.output
+    assert out.exists() and out.stat().st_size > 0

@@ -1,0 +1,68 @@
+"""trace_info on small hand-computed traces and on the bundled traces."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from traces import load_trace, validate_trace
+from traces.stats import trace_info
+
+
+def test_trace_info_small_trace():
+    df = validate_trace(pd.DataFrame({
+        "arrival_s": [0.0, 1.0, 4.0],
+        "prompt_len": [10, 20, 60],
+        "output_len": [1, 2, 3],
+        "n": [1, 4, 1],
+        "beam_width": [1, 1, 2],
+        "prefix_blocks": [[1, 2], [1, 3], []],
+        "prefix_block_size": [4, 4, 4],
+    }))
+    info = trace_info(df)
+    assert info["num_requests"] == 3
+    assert info["duration_s"] == 4.0
+    assert info["mean_rate_per_s"] == 0.5  # 2 gaps over 4 s
+    assert info["prompt_len"]["mean"] == 30.0
+    assert info["prompt_len"]["p50"] == 20.0
+    assert info["prompt_len"]["max"] == 60
+    assert info["output_len"]["p90"] == pytest.approx(2.8)
+    assert info["total_tokens"] == 96
+    assert info["n"] == {"mean": 2.0, "max": 4, "requests_above_1": 1}
+    assert info["beam_width"]["requests_above_1"] == 1
+    assert info["prefix"] == {"block_size": 4, "requests_with_prefix": 2, "references": 4,
+                              "unique_blocks": 3, "repeat_fraction": 0.25}
+    json.dumps(info)  # JSON-ready: plain Python numbers only
+
+
+def test_trace_info_without_prefix_and_single_request():
+    df = validate_trace(pd.DataFrame({"arrival_s": [0.0], "prompt_len": [5], "output_len": [6]}))
+    info = trace_info(df)
+    assert info["prefix"] is None
+    assert info["mean_rate_per_s"] is None
+    assert info["duration_s"] == 0.0
+
+
+def test_keys_at_different_block_sizes_are_different_blocks():
+    df = validate_trace(pd.DataFrame({
+        "arrival_s": [0.0, 1.0], "prompt_len": [64, 64], "output_len": [1, 1],
+        "prefix_blocks": [[1, 2], [1, 2]], "prefix_block_size": [16, 32],
+    }))
+    assert trace_info(df)["prefix"]["unique_blocks"] == 4
+
+
+def test_mooncake_prefix_reuse_matches_the_published_count():
+    # ../shared/traces/SOURCES.md: 288,500 references, 182,790 unique (36.6% repeats).
+    prefix = trace_info(load_trace("mooncake-conv"))["prefix"]
+    assert prefix["references"] == 288_500
+    assert prefix["unique_blocks"] == 182_790
+    assert prefix["repeat_fraction"] == pytest.approx(0.366, abs=0.001)
+
+
+def test_azure_conv_figures():
+    info = trace_info(load_trace("azure-conv"))
+    assert info["prompt_len"]["p50"] == 1020
+    assert info["prompt_len"]["max"] == 14_050
+    assert info["output_len"]["max"] == 1000
+    assert info["mean_rate_per_s"] == pytest.approx(5.53, abs=0.01)
