@@ -1,0 +1,83 @@
+"""plot_runs and `pagelab plot`: which figures are drawn, file handling, errors, import hygiene."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+from viz_fixtures import write_small_run
+
+from viz import FIGURES, VizError, figure_results, plot_runs
+from viz.load import load_runs
+
+SINGLE_RUN = ["breakdown", "memory_over_time", "block_map", "block_snapshot", "latency_cdf", "batch_size"]
+
+
+def test_every_applicable_figure_is_written(tmp_path):
+    run = write_small_run(tmp_path / "small")
+    written = plot_runs([run], tmp_path / "figs")
+    assert [p.name for p in written] == [f"{n}.png" for n in SINGLE_RUN]
+    for path in written:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == sorted(p.name for p in written)
+
+
+def test_several_runs_get_per_run_files_and_sweeps(tmp_path):
+    runs = [write_small_run(tmp_path / f"r{r:g}", rate=r) for r in (1.0, 2.0)]
+    written = {p.name for p in plot_runs(runs, tmp_path / "figs", fmt="svg")}
+    assert {"breakdown.svg", "latency_cdf.svg", "sweep_latency.svg", "block_map-r1.svg",
+            "block_map-r2.svg", "memory_over_time-r2.svg"} <= written
+    assert "block_size_sweep.svg" not in written
+    names = [r.name for r in figure_results(load_runs(runs), only=["block_snapshot"], at=0.5)]
+    assert names == ["block_snapshot-r1", "block_snapshot-r2"]
+
+
+def test_only_and_bad_requests(tmp_path):
+    run = write_small_run(tmp_path / "small")
+    assert [p.name for p in plot_runs([run], tmp_path / "o", "pdf", only=["breakdown"])] == ["breakdown.pdf"]
+    assert (tmp_path / "o" / "breakdown.pdf").read_bytes()[:4] == b"%PDF"
+    with pytest.raises(VizError, match="unknown figure 'pie'"):
+        plot_runs([run], tmp_path / "o", only=["pie"])
+    with pytest.raises(VizError, match="sweep_latency' needs two or more run folders"):
+        plot_runs([run], tmp_path / "o", only=["sweep_latency"])
+    with pytest.raises(VizError, match="format 'jpg'"):
+        plot_runs([run], tmp_path / "o", "jpg")
+    assert set(FIGURES) >= set(SINGLE_RUN) | {"sweep_latency", "block_size_sweep"}
+
+
+def test_cli_plot(tmp_path):
+    from cli import app
+
+    run = write_small_run(tmp_path / "small")
+    runner = CliRunner()
+    result = runner.invoke(app, ["plot", str(run), "--only", "breakdown,latency_cdf",
+                                 "--only", "block_snapshot", "--at", "2.0"])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (run / "figures").iterdir()) == \
+        ["block_snapshot.png", "breakdown.png", "latency_cdf.png"]
+    bad = runner.invoke(app, ["plot", str(tmp_path / "missing")])
+    assert bad.exit_code == 2
+    assert "run folder not found" in bad.output
+    unknown = runner.invoke(app, ["plot", str(run), "--only", "pie", "--out", str(tmp_path / "x")])
+    assert unknown.exit_code == 2 and "unknown figure" in unknown.output
+
+
+def test_viz_imports_no_torch_simulator_or_pyplot():
+    code = ("import sys, viz; bad = [m for m in sys.modules if m.split('.')[0] in "
+            "('torch', 'simulator', 'gpu_backend', 'triton') or m == 'matplotlib.pyplot']; print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_runs_without_tenures_skip_block_figures(tmp_path):
+    run = write_small_run(tmp_path / "small")
+    for name in ("paged", "contiguous-max"):
+        header = "request_id,start,size,t_start_s,t_end_s,max_ref_count,filled\n"
+        (run / name / "events.parquet").unlink()
+        (run / name / "events.csv").write_text(header)  # what --no-events with CSV tables leaves
+    written = [p.name for p in plot_runs([run], tmp_path / "figs")]
+    assert "block_map.png" not in written and "block_snapshot.png" not in written
+    assert "breakdown.png" in written
+    with pytest.raises(VizError, match="block_map' needs tenures"):
+        plot_runs([run], tmp_path / "figs", only=["block_map"])

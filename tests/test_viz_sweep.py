@@ -1,0 +1,107 @@
+"""Sweep figures across run folders, and the trace overview."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from viz_fixtures import write_small_run
+
+from viz.errors import VizError
+from viz.load import load_runs
+from viz.palette import ALLOCATOR_COLORS
+from viz.sweep import applies, plot_block_size_sweep, plot_sweep_latency, run_rate, sweep_data
+from viz.trace_overview import plot_trace_overview, save_trace_overview, trace_overview_data
+
+
+@pytest.fixture
+def rate_runs(tmp_path):
+    return load_runs([write_small_run(tmp_path / f"rate{r}", rate=r) for r in (4.0, 1.0, 2.0)])
+
+
+def test_rate_comes_from_config_else_derived(rate_runs, tmp_path):
+    run = rate_runs[0]
+    assert run_rate(run, run.allocators["paged"]) == (4.0, "config.json 'rate'")
+    bare = load_runs([write_small_run(tmp_path / "bare")])[0]
+    rate, source = run_rate(bare, bare.allocators["paged"])
+    assert source == "derived from arrival_s" and rate == pytest.approx(3 / 2.0)  # 4 arrivals over 2 s
+    bare.trace["mean_rate_per_s"] = 7.5
+    assert run_rate(bare, bare.allocators["paged"]) == (7.5, "summary.json trace 'mean_rate_per_s'")
+    bare.allocators["paged"].config["extra"] = {"rate": 3.0}
+    assert run_rate(bare, bare.allocators["paged"]) == (3.0, "config.json extra 'rate'")
+
+
+def test_sweep_latency_lines_per_allocator(rate_runs):
+    assert applies(rate_runs, "rate") and not applies(rate_runs, "block_size")
+    result = plot_sweep_latency(rate_runs)
+    data = result.data
+    assert len(data) == 6 and set(data["rate"]) == {1.0, 2.0, 4.0}
+    ax = result.figure.axes[0]
+    assert len(ax.lines) == 2
+    line = ax.lines[0]
+    assert line.get_color() == ALLOCATOR_COLORS["paged"]
+    assert line.get_xdata().tolist() == [1.0, 2.0, 4.0]    # sorted by rate
+    expected = data[data["allocator"] == "paged"].sort_values("rate")["normalized_latency_s"]
+    assert line.get_ydata().tolist() == pytest.approx(expected.tolist())
+    assert ax.get_xlabel() == "request rate (req/s)" and ax.get_ylabel() == "normalized latency (s/token)"
+
+
+def test_block_size_sweep(tmp_path):
+    runs = load_runs([write_small_run(tmp_path / f"bs{b}", block_size=b) for b in (32, 8, 16)])
+    assert applies(runs, "block_size") and not applies(runs, "rate")
+    result = plot_block_size_sweep(runs)
+    lat_ax, waste_ax = result.figure.axes
+    assert [len(lat_ax.lines), len(waste_ax.lines)] == [2, 2]
+    assert lat_ax.lines[0].get_xdata().tolist() == [8, 16, 32]
+    waste = waste_ax.lines[0].get_ydata()
+    assert waste.tolist() == pytest.approx([9.0] * 3)       # 5% reservation + 4% internal (paged)
+    assert lat_ax.get_xlabel() == "block size (tokens)"
+    assert [t.get_text() for t in lat_ax.get_xticklabels()] == ["8", "16", "32"]
+
+
+def test_one_run_has_no_sweep(tmp_path):
+    runs = load_runs([write_small_run(tmp_path / "one", rate=2.0)])
+    assert not applies(runs, "rate")
+    assert sweep_data(runs)["rate"].tolist() == [2.0, 2.0]
+
+
+def _trace(n: int = 2000, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame({"request_id": np.arange(n), "arrival_s": np.sort(rng.uniform(0, 100, n)),
+                         "prompt_len": rng.integers(1, 4000, n), "output_len": rng.integers(1, 500, n)})
+
+
+def test_trace_overview_data_counts_every_request():
+    df = _trace()
+    data = trace_overview_data(df)
+    assert (data["rate"] * np.diff(data["rate_edges"])).sum() == pytest.approx(len(df))
+    assert data["prompt_len_counts"].sum() == len(df) and data["output_len_counts"].sum() == len(df)
+    assert data["prompt_len_edges"][0] == 1.0 and data["prompt_len_edges"][-1] >= df["prompt_len"].max()
+    assert float(data["prompt_len_mean"]) == pytest.approx(df["prompt_len"].mean())
+
+
+def test_trace_overview_figure_axes():
+    result = plot_trace_overview(_trace())
+    rate_ax, prompt_ax, out_ax = result.figure.axes
+    assert rate_ax.get_ylabel() == "arrival rate (req/s)" and rate_ax.get_xlabel() == "arrival time (s)"
+    assert prompt_ax.get_xscale() == "log" and out_ax.get_xscale() == "log"
+    assert prompt_ax.get_xlabel() == "prompt length (tokens)"
+    assert "2,000 requests" in rate_ax.get_title()
+
+
+def test_save_trace_overview_to_folder_or_file(tmp_path):
+    folder_out = save_trace_overview(_trace(), tmp_path / "figs", "svg")
+    assert folder_out == tmp_path / "figs" / "trace_overview.svg"
+    assert folder_out.read_text().lstrip().startswith("<?xml")
+    file_out = save_trace_overview(_trace(), tmp_path / "t.png")
+    assert file_out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["figs", "t.png"]  # no temp files left
+
+
+def test_trace_overview_rejects_bad_tables(tmp_path):
+    with pytest.raises(VizError, match="trace table: missing column 'arrival_s'"):
+        trace_overview_data(_trace().drop(columns=["arrival_s"]))
+    with pytest.raises(VizError, match="format 'gif'"):
+        save_trace_overview(_trace(), tmp_path, "gif")
+    with pytest.raises(VizError, match="no rows"):
+        trace_overview_data(_trace().iloc[:0])
+

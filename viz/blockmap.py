@@ -1,0 +1,189 @@
+"""Figure 3: block maps, the KV pool as an image (pool position x time), one panel per allocator."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib.patches import Patch
+
+from viz.common import FigureResult, hatch_shared, legend_below, new_figure, shared_legend, time_label
+from viz.load import AllocatorRun, Run
+from viz.palette import FREE_RGB, allocator_color, allocator_label, lighten, owner_rgb
+from viz.raster import OwnerRaster, rasterize_owners
+from viz.snapshot import peak_time
+
+DEFAULT_TIME_BINS = 400  # about one image column per screen pixel of a panel
+MIN_TIME_BINS = 100
+CONTESTED_BUDGET = 2_500_000  # partly covered (cell, tenure) entries one raster may sort
+NEAREST_MAX_ROWS = 600   # taller images are shrunk on screen: blend rows instead of skipping them
+DEFAULT_MAX_ROWS = 512
+MAX_TENURES = 8_000_000  # beyond this only an early time window is drawn (memory, not speed)
+UNFILLED_LIGHTEN = 0.65  # never-filled slots (internal fragmentation) are drawn this much lighter
+ZOOM_LIFETIMES = 8       # zoom window width in median request lifetimes
+ZOOM_MAX_SHARE = 0.25    # no zoom row when the window would cover more of the run than this
+
+
+def run_end_time(run: Run) -> float:
+    """End of the run: the longest sim_duration_s, else the latest tenure end."""
+    ends = [float(a.summary["sim_duration_s"]) for a in run.allocators.values()
+            if isinstance(a.summary.get("sim_duration_s"), (int, float))]
+    if not ends:
+        ends = [float(a.events["t_end_s"].max()) for a in run.allocators.values() if len(a.events)]
+    return max(ends) if ends and max(ends) > 0 else 1.0
+
+
+def row_slots_for(alloc: AllocatorRun, max_rows: int) -> int:
+    """Slots per image row, at most `max_rows` rows; a paged block never straddles two rows.
+
+    Paged pools use whole blocks per row, or a divisor of the block size when the pool is small
+    enough to show more detail (so never-filled tails inside a block stay visible).
+    """
+    cap = alloc.capacity_tokens
+    if not alloc.is_paged:
+        return max(1, -(-cap // max_rows))
+    bs = alloc.block_size
+    for d in (d for d in range(1, bs + 1) if bs % d == 0):
+        if -(-cap // d) <= max_rows:
+            return d
+    num_blocks = -(-cap // bs)
+    return bs * -(-num_blocks // max_rows)
+
+
+def tenure_window(alloc: AllocatorRun, t_end: float) -> float:
+    """The drawn time span: the whole run, or an early window holding at most MAX_TENURES tenures."""
+    if len(alloc.events) <= MAX_TENURES:
+        return t_end
+    starts = np.sort(alloc.events["t_start_s"].to_numpy(float))
+    return float(starts[MAX_TENURES])
+
+
+def time_bins_for(events: pd.DataFrame, capacity: int, row_slots: int, t_start: float, t_end: float,
+                  num_bins: int) -> int:
+    """Time bins for a raster: `num_bins`, or fewer when the exact majority would cost too much.
+
+    Fewer (never under MIN_TIME_BINS) when more than CONTESTED_BUDGET partly covered cells would
+    have to be sorted. A tenure covering only part of a row is contested in every bin it spans, so
+    the work grows with bins x lifetime for pools scattered over many rows (paged blocks in big pools).
+    """
+    span_s = t_end - t_start
+    if len(events) == 0 or span_s <= 0:
+        return num_bins
+    start = events["start"].to_numpy(np.int64)
+    end = np.minimum(start + events["size"].to_numpy(np.int64), capacity)
+    rows = np.maximum((end - 1) // row_slots - start // row_slots + 1, 1)
+    partial = np.minimum(rows, (start % row_slots != 0).astype(np.int64)
+                         + ((end % row_slots != 0) & (end < capacity)).astype(np.int64))
+    life = np.clip(np.minimum(events["t_end_s"].to_numpy(float), t_end)
+                   - np.maximum(events["t_start_s"].to_numpy(float), t_start), 0, None)
+    fixed = float(np.sum(2 * (rows - partial) + partial))
+    per_bin = float(np.sum(partial * life)) / span_s
+    if fixed + per_bin * num_bins <= CONTESTED_BUDGET:
+        return num_bins
+    return int(np.clip((CONTESTED_BUDGET - fixed) / max(per_bin, 1e-12), MIN_TIME_BINS, num_bins))
+
+
+def block_map_raster(alloc: AllocatorRun, t_start: float, t_end: float, num_bins: int = DEFAULT_TIME_BINS,
+                     max_rows: int = DEFAULT_MAX_ROWS) -> OwnerRaster:
+    """The owner matrix of one allocator over [t_start, t_end), with never-filled slots flagged.
+
+    A cell goes to the (request, filled or never-filled part) covering most of it.
+    """
+    events = alloc.events
+    if t_start > 0 or len(events) > MAX_TENURES:
+        t0, t1 = events["t_start_s"].to_numpy(float), events["t_end_s"].to_numpy(float)
+        events = events[(t0 < t_end) & (t1 > t_start)]
+    slots = row_slots_for(alloc, max_rows)
+    bins = time_bins_for(events, alloc.capacity_tokens, slots, t_start, t_end, num_bins)
+    edges = np.linspace(t_start, t_end, bins + 1)
+    return rasterize_owners(events, alloc.capacity_tokens, edges, slots, split_unfilled=True)
+
+
+def owner_image(raster: OwnerRaster) -> np.ndarray:
+    """RGB image (rows x bins x 3): owner colours, lighter where never filled, white where free."""
+    rgb = np.empty(raster.owner.shape + (3,))
+    rgb[...] = FREE_RGB
+    held = raster.owner >= 0
+    rgb[held] = owner_rgb(raster.owner[held])
+    if raster.unfilled is not None:
+        rgb[raster.unfilled] = lighten(rgb[raster.unfilled], UNFILLED_LIGHTEN)
+    return rgb
+
+
+def zoom_window(run: Run, t_end: float) -> tuple[float, float] | None:
+    """A window around the first allocator's peak, ZOOM_LIFETIMES median request lifetimes wide.
+
+    None when that is not much shorter than the run (the full map is then readable as it is).
+    """
+    alloc = next(iter(run.allocators.values()))
+    req = alloc.requests
+    life = (req["finish_s"] - req["admitted_s"]).to_numpy(float)
+    life = life[np.isfinite(life) & (life > 0)]
+    if len(life) == 0:
+        return None
+    width = ZOOM_LIFETIMES * float(np.median(life))
+    if width > ZOOM_MAX_SHARE * t_end:
+        return None
+    lo = float(np.clip(peak_time(alloc) - width / 2, 0.0, t_end - width))
+    return lo, lo + width
+
+
+def _seconds(t: float) -> str:
+    """A time for a title: thousands separated, one decimal for long runs."""
+    return f"{t:,.1f}" if abs(t) >= 100 else f"{t:.3g}"
+
+
+def _draw_raster(ax, raster: OwnerRaster) -> dict[int, bool]:
+    """Draw one owner matrix (hatching shared cells); returns which ref-count hatches appear."""
+    blend = raster.owner.shape[0] > NEAREST_MAX_ROWS
+    ax.imshow(owner_image(raster), origin="lower", aspect="auto",
+              interpolation="antialiased" if blend else "nearest",
+              extent=(raster.time_edges[0], raster.time_edges[-1], 0, raster.pos_edges[-1]))
+    present = hatch_shared(ax, raster.ref_count, raster.time_edges, raster.pos_edges)
+    ax.set_xlim(raster.time_edges[0], raster.time_edges[-1])
+    ax.set_ylim(0, raster.pos_edges[-1])
+    return present
+
+
+def plot_block_map(run: Run, num_bins: int = DEFAULT_TIME_BINS, max_rows: int = DEFAULT_MAX_ROWS,
+                   name: str = "block_map") -> FigureResult:
+    """Pool position vs time per allocator on one time span, plus a zoom on the peak for long runs.
+
+    data: {"full": {allocator: OwnerRaster}, "zoom": {allocator: OwnerRaster}, "window": (t0, t1) | None}
+    """
+    allocs = list(run.allocators.values())
+    t_end = min(tenure_window(a, run_end_time(run)) for a in allocs)
+    full = {a.name: block_map_raster(a, 0.0, t_end, num_bins, max_rows) for a in allocs}
+    window = zoom_window(run, t_end)
+    zoom = {a.name: block_map_raster(a, *window, num_bins, max_rows) for a in allocs} if window else {}
+    nrows = 1 if window is None else 2
+    fig = new_figure(max(4.5, 3.4 * len(allocs) + 0.6), 5.0 * nrows + 0.6)
+    axes = fig.subplots(nrows, len(allocs), sharey=True, squeeze=False)
+    any_shared = {2: False, 3: False}
+    for col, alloc in enumerate(allocs):
+        rasters = [full[alloc.name]] + ([zoom[alloc.name]] if window else [])
+        for row, raster in enumerate(rasters):
+            ax = axes[row, col]
+            present = _draw_raster(ax, raster)
+            any_shared = {k: any_shared[k] or present[k] for k in any_shared}
+            ax.set_xlabel(time_label(alloc.config.get("source")))
+        detail = f"block size {alloc.block_size}" if alloc.is_paged else "contiguous regions"
+        axes[0, col].set_title(f"{allocator_label(alloc.name)}\n{detail}", fontsize="medium",
+                               color=allocator_color(alloc.name))
+        if window:
+            axes[0, col].axvspan(*window, facecolor="none", edgecolor="black", linestyle="--", linewidth=0.8)
+            zoom_title = f"zoom: {_seconds(window[0])} to {_seconds(window[1])} s"
+            axes[1, col].set_title(zoom_title, fontsize="small")
+    for row in range(nrows):
+        axes[row, 0].set_ylabel("pool position (token slot)")
+    span = "" if t_end >= run_end_time(run) else f" (first {t_end:.0f} s)"
+    fig.suptitle(f"KV pool block map: {run.label}{span}")
+    sample = owner_rgb(np.array([0]))[0]
+    handles = [Patch(facecolor=FREE_RGB, edgecolor="0.5"), Patch(color=sample)]
+    handles.append(Patch(color=lighten(sample, UNFILLED_LIGHTEN)))
+    labels = ["free (over half the cell)", "held (colour = request holding most of the cell)",
+              "held but never filled (internal fragmentation)"]
+    if window:
+        handles.append(Patch(facecolor="none", edgecolor="black", linestyle="--"))
+        labels.append("zoom window")
+    more_handles, more_labels = shared_legend(any_shared)
+    legend_below(fig, handles + more_handles, labels + more_labels)
+    return FigureResult(name, fig, {"full": full, "zoom": zoom, "window": window})

@@ -1,0 +1,108 @@
+"""Figure plumbing shared by the figure modules: creation, atomic saving, legends, axis helpers."""
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from viz.palette import SHARED_HATCH
+
+FORMATS = ("png", "svg", "pdf")
+DPI = 130
+
+
+@dataclass(frozen=True)
+class FigureResult:
+    """A drawn figure, the file stem it is saved under, and the data it drew (for tests)."""
+
+    name: str
+    figure: Figure
+    data: Any
+
+
+def new_figure(width: float, height: float) -> Figure:
+    """A Figure on the Agg canvas, independent of pyplot's global state."""
+    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def save_figure(fig: Figure, path: Path, fmt: str) -> Path:
+    """Save under a temporary name in the same folder, then rename into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".{fmt}", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format=fmt, dpi=DPI)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def legend_below(fig: Figure, handles: list, labels: list[str], ncol: int | None = None) -> None:
+    """One legend for the whole figure, under the axes so it never covers data.
+
+    Columns are capped so the rows fit the figure width (about 0.06 in per character at small size).
+    """
+    if not handles:
+        return
+    entry_in = 0.45 + 0.062 * max(len(label) for label in labels)
+    fits = max(1, int(fig.get_figwidth() / entry_in))
+    ncol = min(ncol or 5, fits, len(labels))
+    fig.legend(handles, labels, loc="outside lower center", ncol=ncol, frameon=False, fontsize="small")
+
+
+def hatch_shared(ax, ref_count: np.ndarray, x_edges: np.ndarray, y_edges: np.ndarray) -> dict[int, bool]:
+    """Hatch the cells of an image (rows x cols) whose ref count is 2, or 3 and more; returns which exist.
+
+    Each cell is sampled just inside its two edges so hatch borders fall on cell borders.
+    """
+    present = {2: bool(np.any(ref_count == 2)), 3: bool(np.any(ref_count >= 3))}
+    if not any(present.values()):
+        return present
+    def inside(edges: np.ndarray) -> np.ndarray:
+        width = np.diff(edges) * 1e-3
+        return np.column_stack([edges[:-1] + width, edges[1:] - width]).ravel()
+    levels = np.repeat(np.repeat(np.minimum(ref_count, 3), 2, axis=0), 2, axis=1)
+    ax.contourf(inside(np.asarray(x_edges, float)), inside(np.asarray(y_edges, float)), levels,
+                levels=[1.5, 2.5, 3.5], hatches=[SHARED_HATCH[2], SHARED_HATCH[3]], colors="none")
+    return present
+
+
+def shared_legend(present: dict[int, bool]) -> tuple[list, list[str]]:
+    """Legend handles and labels for the hatches drawn by hatch_shared."""
+    handles, labels = [], []
+    for ref, text in ((2, "shared block, ref count 2"), (3, "shared block, ref count >= 3")):
+        if present[ref]:
+            handles.append(Patch(facecolor="white", edgecolor="black", hatch=SHARED_HATCH[ref], linewidth=0))
+            labels.append(text)
+    return handles, labels
+
+
+def use_log_scale(values: np.ndarray, decades: float = 2.0) -> bool:
+    """Whether positive data span more than `decades` orders of magnitude (then log axes read better)."""
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v) & (v > 0)]
+    return len(v) > 1 and np.log10(v.max() / v.min()) > decades
+
+
+def time_label(source: str | None) -> str:
+    """x-axis label for run time, honest about simulated vs measured clocks."""
+    return "measured time (s)" if source == "replay" else "simulated time (s)"
+
+
+def safe_stem(text: str) -> str:
+    """A file-name-safe version of a run label."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)

@@ -1,0 +1,64 @@
+"""Figure 4: latency CDFs (TTFT, TPOT, normalized latency) per allocator, overlaid across runs."""
+from __future__ import annotations
+
+import numpy as np
+
+from viz.common import FigureResult, legend_below, new_figure, use_log_scale
+from viz.downsample import cdf_points
+from viz.load import Run, series_label
+from viz.palette import LINESTYLES, allocator_color, allocator_label
+
+METRICS = {
+    "ttft_s": ("TTFT", "time to first token (s)"),
+    "tpot_s": ("TPOT", "time per output token (s)"),
+    "normalized_latency_s": ("normalized latency", "end-to-end latency / output tokens (s/token)"),
+}
+
+
+def latency_cdf_data(runs: list[Run], max_points: int = 2000
+                     ) -> dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """metric -> series label -> (sorted values, cumulative fraction), NaNs (unfinished) dropped."""
+    multi = len(runs) > 1
+    data: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {m: {} for m in METRICS}
+    for run in runs:
+        for alloc in run.allocators.values():
+            req = alloc.requests
+            for metric in METRICS:
+                data[metric][series_label(run, alloc, multi)] = cdf_points(
+                    req[metric].to_numpy(float), max_points)
+    return data
+
+
+def plot_latency_cdf(runs: list[Run]) -> FigureResult:
+    """Three panels of empirical CDFs, colour = allocator, line style = run."""
+    data = latency_cdf_data(runs)
+    multi = len(runs) > 1
+    fig = new_figure(12.0, 4.0)
+    axes = fig.subplots(1, len(METRICS), sharey=True)
+    handles, labels = [], []
+    for ax, (metric, (title, xlabel)) in zip(axes, METRICS.items(), strict=True):
+        for r, run in enumerate(runs):
+            for alloc in run.allocators.values():
+                label = series_label(run, alloc, multi)
+                x, y = data[metric][label]
+                if len(x) == 0:
+                    continue
+                (line,) = ax.plot(x, y, color=allocator_color(alloc.name), linewidth=1.3,
+                                  linestyle=LINESTYLES[r % len(LINESTYLES)], drawstyle="steps-post")
+                if metric == next(iter(METRICS)):
+                    handles.append(line)
+                    name = allocator_label(alloc.name)
+                    labels.append(f"{run.label}: {name}" if multi else name)
+        values = np.concatenate([v[0] for v in data[metric].values()] or [np.zeros(0)])
+        if use_log_scale(values):
+            ax.set_xscale("log")
+        else:
+            ax.ticklabel_format(axis="x", useOffset=False)
+        ax.set_title(title)
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("fraction of finished requests")
+    axes[0].set_ylim(0, 1.02)
+    fig.suptitle("Latency distributions")
+    legend_below(fig, handles, labels, ncol=4)
+    return FigureResult("latency_cdf", fig, data)

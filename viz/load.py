@@ -1,0 +1,183 @@
+"""Read run folders (docs/run-format.md) into dataclasses of DataFrames, checking every column we use."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import pandas as pd
+
+from viz.errors import VizError
+from viz.palette import STATE_ORDER, allocator_sort_key
+
+REQUEST_COLUMNS = (
+    "request_id", "arrival_s", "prompt_len", "output_len", "admitted_s", "first_token_s", "finish_s",
+    "num_preemptions", "rejected", "ttft_s", "tpot_s", "e2e_s", "normalized_latency_s",
+)
+MEMORY_COLUMNS = (
+    "step", "num_steps", "t_s", "dt_s", *STATE_ORDER, "block_occupancy",
+    "num_running", "num_waiting", "num_swapped", "blocks_used",
+)
+EVENT_COLUMNS = ("request_id", "start", "size", "t_start_s", "t_end_s", "max_ref_count", "filled")
+TABLE_COLUMNS = {"requests": REQUEST_COLUMNS, "memory": MEMORY_COLUMNS, "events": EVENT_COLUMNS}
+
+
+def read_json(path: Path) -> dict:
+    """Read a JSON object, turning absence and syntax errors into VizError naming the file."""
+    if not path.is_file():
+        raise VizError(f"{path}: file not found")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise VizError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise VizError(f"{path}: expected a JSON object, found {type(data).__name__}")
+    return data
+
+
+def read_table(folder: Path, name: str) -> pd.DataFrame:
+    """Read NAME.parquet (or NAME.csv) from `folder` and check the columns the figures use."""
+    parquet, csv = folder / f"{name}.parquet", folder / f"{name}.csv"
+    try:
+        if parquet.is_file():
+            path, df = parquet, pd.read_parquet(parquet)
+        elif csv.is_file():
+            path, df = csv, pd.read_csv(csv)
+        else:
+            raise VizError(f"{parquet}: file not found")
+    except (OSError, ValueError) as exc:
+        if isinstance(exc, VizError):
+            raise
+        raise VizError(f"{folder / name}: cannot read table ({exc})") from None
+    if len(df) == 0:  # an empty CSV has no dtypes to check; give the columns numeric ones
+        df = df.astype({c: float for c in TABLE_COLUMNS[name] if c in df.columns})
+    check_columns(df, TABLE_COLUMNS[name], str(path))
+    return df
+
+
+def check_columns(df: pd.DataFrame, columns: tuple[str, ...], where: str) -> None:
+    """Raise VizError naming `where` and the first missing or non-numeric column."""
+    for col in columns:
+        if col not in df.columns:
+            raise VizError(f"{where}: missing column '{col}'")
+        dtype = df[col].dtype
+        if not (pd.api.types.is_numeric_dtype(dtype) or pd.api.types.is_bool_dtype(dtype)):
+            raise VizError(f"{where}: column '{col}' must be numeric, found {dtype}")
+
+
+@dataclass
+class AllocatorRun:
+    """One allocator's results inside a run folder; tables are read on first use."""
+
+    name: str
+    path: Path
+    config: dict
+    summary: dict
+
+    @cached_property
+    def requests(self) -> pd.DataFrame:
+        """requests.parquet: one row per request."""
+        return read_table(self.path, "requests")
+
+    @cached_property
+    def memory(self) -> pd.DataFrame:
+        """memory.parquet: one row per step or span of steps, sorted by time."""
+        df = read_table(self.path, "memory")
+        return df.sort_values("t_s", kind="stable", ignore_index=True)
+
+    @cached_property
+    def events(self) -> pd.DataFrame:
+        """events.parquet: one row per tenure of a pool region."""
+        return read_table(self.path, "events")
+
+    def summary_value(self, *keys: str):
+        """A (nested) key of summary.json, or VizError naming the file and the key path."""
+        node = self.summary
+        for depth, key in enumerate(keys):
+            if not isinstance(node, dict) or key not in node or node[key] is None:
+                dotted = ".".join(keys[: depth + 1])
+                raise VizError(f"{self.path / 'summary.json'}: missing key '{dotted}'")
+            node = node[key]
+        return node
+
+    def memory_fractions(self) -> dict[str, float]:
+        """The five time-weighted memory fractions from summary.json."""
+        return {s: float(self.summary_value("memory", s)) for s in STATE_ORDER}
+
+    @property
+    def capacity_tokens(self) -> int:
+        """Pool capacity in token slots (summary.json, else config.json)."""
+        value = self.summary.get("capacity_tokens", self.config.get("capacity_tokens"))
+        if value is None:
+            raise VizError(f"{self.path / 'summary.json'}: missing key 'capacity_tokens'")
+        return int(value)
+
+    @property
+    def block_size(self) -> int:
+        """Block size in tokens (summary.json, else config.json)."""
+        value = self.summary.get("block_size", self.config.get("block_size"))
+        if value is None:
+            raise VizError(f"{self.path / 'summary.json'}: missing key 'block_size'")
+        return int(value)
+
+    @property
+    def is_paged(self) -> bool:
+        """Whether the allocator hands out fixed-size blocks."""
+        return str(self.config.get("allocator", self.name)).startswith("paged")
+
+
+@dataclass
+class Run:
+    """One run folder: the trace description and each allocator's results, keyed by allocator name."""
+
+    path: Path
+    label: str
+    trace: dict
+    allocators: dict[str, AllocatorRun] = field(default_factory=dict)
+
+
+def load_allocator(folder: Path, name: str | None = None) -> AllocatorRun:
+    """Read one allocator folder's config.json and summary.json (tables stay lazy)."""
+    if not folder.is_dir():
+        raise VizError(f"{folder}: allocator folder not found")
+    config = read_json(folder / "config.json")
+    summary = read_json(folder / "summary.json")
+    return AllocatorRun(name or str(config.get("allocator", folder.name)), folder, config, summary)
+
+
+def load_run(path: Path, label: str | None = None) -> Run:
+    """Read a run folder; a single allocator folder (with config.json) is accepted too."""
+    path = Path(path)
+    if not path.is_dir():
+        raise VizError(f"{path}: run folder not found")
+    if (path / "config.json").is_file():
+        alloc = load_allocator(path, path.name)
+        return Run(path, label or path.name, {}, {alloc.name: alloc})
+    top = read_json(path / "summary.json")
+    names = list(top.get("allocators") or {})
+    if not names:
+        names = [p.name for p in path.iterdir() if (p / "config.json").is_file()]
+    if not names:
+        raise VizError(f"{path / 'summary.json'}: key 'allocators' is empty and no allocator folders exist")
+    names.sort(key=allocator_sort_key)
+    trace = top.get("trace") if isinstance(top.get("trace"), dict) else {}
+    return Run(path, label or path.name, trace, {n: load_allocator(path / n, n) for n in names})
+
+
+def load_runs(paths: list[Path]) -> list[Run]:
+    """Read several run folders, giving each a short label that is unique among them."""
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise VizError("no run folder given")
+    labels = [p.resolve().name for p in paths]
+    if len(set(labels)) < len(labels):
+        labels = [f"{p.resolve().parent.name}/{p.resolve().name}" for p in paths]
+    if len(set(labels)) < len(labels):
+        labels = [f"{lab}#{i}" for i, lab in enumerate(labels)]
+    return [load_run(p, lab) for p, lab in zip(paths, labels, strict=True)]
+
+
+def series_label(run: Run, alloc: AllocatorRun, multi_run: bool) -> str:
+    """Legend text for one allocator of one run: "run/allocator" when several runs are shown."""
+    return f"{run.label}/{alloc.name}" if multi_run else alloc.name

@@ -1,0 +1,96 @@
+"""One palette for every figure: each allocator and each memory state keeps its colour everywhere.
+
+Allocators use Okabe-Ito and memory states Paul Tol's "bright" scheme; both are colour-blind safe and
+the two families are kept apart so a bar segment is never mistaken for an allocator line.
+"""
+from __future__ import annotations
+
+import numpy as np
+from matplotlib.colors import to_rgb
+
+ALLOCATOR_ORDER = ("paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle")
+
+ALLOCATOR_COLORS = {
+    "paged": "#0072B2",              # blue
+    "contiguous-max": "#D55E00",     # vermillion
+    "contiguous-pow2": "#E69F00",    # orange
+    "contiguous-oracle": "#CC79A7",  # reddish purple
+}
+# Names outside the four known allocators (future policies) still get a stable, distinct colour.
+_EXTRA_ALLOCATOR_COLORS = ("#009E73", "#56B4E9", "#000000", "#F0E442")
+
+ALLOCATOR_LABELS = {
+    "paged": "paged (vLLM)",
+    "contiguous-max": "contiguous (Max)",
+    "contiguous-pow2": "contiguous (Pow2)",
+    "contiguous-oracle": "contiguous (Oracle)",
+}
+
+# Bottom to top in every stacked figure: the useful part sits on the axis, as in vLLM Fig. 2.
+STATE_ORDER = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free")
+
+STATE_COLORS = {
+    "token_states": "#228833",            # green
+    "reservation": "#66CCEE",             # cyan
+    "internal_fragmentation": "#EE6677",  # red
+    "external_fragmentation": "#CCBB44",  # yellow
+    "free": "#DDDDDD",                    # light grey
+}
+
+STATE_LABELS = {
+    "token_states": "token states",
+    "reservation": "reservation",
+    "internal_fragmentation": "internal fragmentation",
+    "external_fragmentation": "external fragmentation",
+    "free": "free",
+}
+
+QUEUE_COLORS = {"num_running": "#4477AA", "num_waiting": "#CCBB44", "num_swapped": "#AA3377"}
+QUEUE_LABELS = {"num_running": "running", "num_waiting": "waiting", "num_swapped": "swapped"}
+
+# Block maps colour thousands of requests; these only need to tell neighbours apart. Reds and
+# yellows are left out because they mean internal fragmentation and holes in the snapshot.
+OWNER_COLORS = (
+    "#332288", "#88CCEE", "#44AA99", "#117733", "#882255", "#AA4499",
+    "#77AADD", "#44BB99", "#004488", "#6F4E7C", "#225555", "#7A6A58",
+)
+FREE_RGB = (1.0, 1.0, 1.0)
+OUTSIDE_POOL_RGB = (0.85, 0.85, 0.85)
+
+LINESTYLES = ("-", "--", ":", "-.")
+_OWNER_STRIDE = 5
+# Shared blocks are hatched: pattern for ref count 2 and for 3 or more.
+SHARED_HATCH = {2: "////", 3: "xxxx"}
+
+
+def allocator_color(name: str) -> str:
+    """The fixed colour of an allocator (unknown names get a stable extra colour)."""
+    if name in ALLOCATOR_COLORS:
+        return ALLOCATOR_COLORS[name]
+    index = sum(name.encode()) % len(_EXTRA_ALLOCATOR_COLORS)
+    return _EXTRA_ALLOCATOR_COLORS[index]
+
+
+def allocator_label(name: str) -> str:
+    """Human-readable allocator name for legends and tick labels."""
+    return ALLOCATOR_LABELS.get(name, name)
+
+
+def allocator_sort_key(name: str) -> tuple[int, str]:
+    """Sort allocators paged first, then Max, Pow2, Oracle, then anything else by name."""
+    if name in ALLOCATOR_ORDER:
+        return (ALLOCATOR_ORDER.index(name), name)
+    return (len(ALLOCATOR_ORDER), name)
+
+
+def owner_rgb(request_ids: np.ndarray) -> np.ndarray:
+    """RGB rows (float, 0-1) for request ids; any len(OWNER_COLORS) consecutive ids get distinct colours."""
+    table = np.array([to_rgb(c) for c in OWNER_COLORS])
+    # Stepping through the table by a stride coprime with its length spreads neighbours apart.
+    index = (np.asarray(request_ids, dtype=np.int64) * _OWNER_STRIDE) % len(OWNER_COLORS)
+    return table[index]
+
+
+def lighten(rgb: np.ndarray, amount: float) -> np.ndarray:
+    """Blend colours towards white by `amount` (0 keeps them, 1 gives white)."""
+    return np.asarray(rgb, dtype=float) * (1.0 - amount) + amount

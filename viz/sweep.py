@@ -1,0 +1,124 @@
+"""Figure 5: sweeps across run folders: normalized latency vs request rate, and the effect of block size.
+
+The request rate of a run is the first positive number among: an allocator's config.json keys
+`rate`, `request_rate`, `rate_per_s`, then the same keys under config.json `extra`, then the run's
+summary.json `trace` keys `rate_override`, `rate`, `request_rate`, `mean_rate_per_s`; else it is
+derived from requests.parquet as (number of requests - 1) / (last arrival - first arrival).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib.lines import Line2D
+
+from viz.common import FigureResult, legend_below, new_figure, use_log_scale
+from viz.load import AllocatorRun, Run
+from viz.palette import LINESTYLES, allocator_color, allocator_label
+
+CONFIG_RATE_KEYS = ("rate", "request_rate", "rate_per_s")
+TRACE_RATE_KEYS = ("rate_override", "rate", "request_rate", "mean_rate_per_s")
+
+
+def run_rate(run: Run, alloc: AllocatorRun) -> tuple[float, str]:
+    """The request rate (req/s) of a run and where it came from."""
+    extra = alloc.config.get("extra") if isinstance(alloc.config.get("extra"), dict) else {}
+    places = (("config.json", alloc.config, CONFIG_RATE_KEYS), ("config.json extra", extra, CONFIG_RATE_KEYS),
+              ("summary.json trace", run.trace, TRACE_RATE_KEYS))
+    for source, table, keys in places:
+        for key in keys:
+            value = table.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+                return float(value), f"{source} '{key}'"
+    arrival = np.sort(alloc.requests["arrival_s"].to_numpy(float))
+    if len(arrival) > 1 and arrival[-1] > arrival[0]:
+        return (len(arrival) - 1) / float(arrival[-1] - arrival[0]), "derived from arrival_s"
+    return float("nan"), "unknown"
+
+
+def sweep_data(runs: list[Run]) -> pd.DataFrame:
+    """One row per (run, allocator): rate, block size, normalized latency, batch size, waste."""
+    rows = []
+    for run in runs:
+        for alloc in run.allocators.values():
+            rate, rate_source = run_rate(run, alloc)
+            latency = alloc.summary.get("normalized_latency_s_per_token")
+            if not isinstance(latency, (int, float)):
+                latency = float(np.nanmean(alloc.requests["normalized_latency_s"].to_numpy(float)))
+            mem = alloc.summary.get("memory") or {}
+            waste = sum(float(mem.get(k, np.nan)) for k in
+                        ("reservation", "internal_fragmentation", "external_fragmentation"))
+            rows.append({"run": run.label, "allocator": alloc.name, "rate": rate, "rate_source": rate_source,
+                         "block_size": alloc.block_size, "normalized_latency_s": float(latency),
+                         "mean_batch_size": float(alloc.summary.get("mean_batch_size", np.nan)),
+                         "waste": waste})
+    return pd.DataFrame(rows)
+
+
+def _distinct(values: pd.Series) -> int:
+    """Number of distinct finite values, to 6 significant digits."""
+    v = values.to_numpy(float)
+    return len(np.unique(np.round(v[np.isfinite(v)], 6)))
+
+
+def applies(runs: list[Run], column: str) -> bool:
+    """Whether the runs differ in `column` ("rate" or "block_size") so a sweep figure makes sense."""
+    return len(runs) > 1 and _distinct(sweep_data(runs)[column]) > 1
+
+
+def _lines(ax, data: pd.DataFrame, x: str, y: str, other: str) -> tuple[list, list[str]]:
+    """One line per allocator (line style per value of `other` when it varies); returns legend parts."""
+    # Split lines by `other` only when some split line would still have two or more points.
+    split = _distinct(data[other]) > 1 and bool(
+        (data.groupby(["allocator", other])[x].nunique() > 1).any())
+    others = sorted(data[other].dropna().unique()) if split else [None]
+    handles, labels = [], []
+    for name, group in data.groupby("allocator", sort=False):
+        for k, value in enumerate(others):
+            part = group if value is None else group[group[other] == value]
+            part = part.sort_values(x)
+            if part.empty:
+                continue
+            ax.plot(part[x], part[y], marker="o", markersize=4, color=allocator_color(name),
+                    linestyle=LINESTYLES[k % len(LINESTYLES)])
+            handles.append(Line2D([], [], color=allocator_color(name), marker="o",
+                                  linestyle=LINESTYLES[k % len(LINESTYLES)]))
+            suffix = "" if value is None else f" ({other.replace('_', ' ')} {value:g})"
+            labels.append(allocator_label(name) + suffix)
+    if use_log_scale(data[y].to_numpy(float)):
+        ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    return handles, labels
+
+
+def plot_sweep_latency(runs: list[Run]) -> FigureResult:
+    """Normalized latency against request rate, one line per allocator (vLLM Fig. 12 shape)."""
+    data = sweep_data(runs)
+    fig = new_figure(6.5, 4.6)
+    ax = fig.subplots()
+    handles, labels = _lines(ax, data, "rate", "normalized_latency_s", "block_size")
+    ax.set_xlabel("request rate (req/s)")
+    ax.set_ylabel("normalized latency (s/token)")
+    ax.set_title("Normalized latency vs request rate")
+    legend_below(fig, handles, labels, ncol=2)
+    return FigureResult("sweep_latency", fig, data)
+
+
+def plot_block_size_sweep(runs: list[Run]) -> FigureResult:
+    """Normalized latency and wasted memory share against block size, one line per allocator."""
+    data = sweep_data(runs)
+    fig = new_figure(10.0, 4.4)
+    ax_lat, ax_waste = fig.subplots(1, 2)
+    handles, labels = _lines(ax_lat, data, "block_size", "normalized_latency_s", "rate")
+    data_pct = data.assign(waste=data["waste"] * 100)
+    _lines(ax_waste, data_pct, "block_size", "waste", "rate")
+    sizes = sorted(int(b) for b in data["block_size"].unique())
+    for ax in (ax_lat, ax_waste):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [str(b) for b in sizes])
+        ax.set_xlabel("block size (tokens)")
+    ax_lat.set_ylabel("normalized latency (s/token)")
+    ax_lat.set_title("Normalized latency vs block size")
+    ax_waste.set_ylabel("reserved + fragmented (% of capacity)")
+    ax_waste.set_title("Wasted KV memory vs block size")
+    legend_below(fig, handles, labels, ncol=4)
+    return FigureResult("block_size_sweep", fig, data)

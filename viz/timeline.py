@@ -1,0 +1,125 @@
+"""Figures over time: memory states as stacked areas (with queue sizes beneath) and batch size."""
+from __future__ import annotations
+
+import numpy as np
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+from viz.common import FigureResult, legend_below, new_figure, time_label
+from viz.downsample import DEFAULT_MAX_BINS, Binned, downsample_steps
+from viz.load import AllocatorRun, Run
+from viz.palette import (
+    QUEUE_COLORS,
+    QUEUE_LABELS,
+    STATE_COLORS,
+    STATE_LABELS,
+    STATE_ORDER,
+    allocator_color,
+    allocator_label,
+)
+
+QUEUES = ("num_running", "num_waiting", "num_swapped")
+
+
+def _steps(binned: Binned, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x/y arrays for a 'post' step plot over bin edges (the last value repeated at the end)."""
+    return binned.edges, np.concatenate([values, values[-1:]]) if len(values) else values
+
+
+def memory_series(alloc: AllocatorRun, max_bins: int = DEFAULT_MAX_BINS) -> dict[str, Binned]:
+    """Binned state fractions ("states", columns in STATE_ORDER), used share and queue sizes."""
+    mem = alloc.memory
+    t, dt = mem["t_s"].to_numpy(float), mem["dt_s"].to_numpy(float)
+    states = mem[list(STATE_ORDER)].to_numpy(float)
+    return {
+        "states": downsample_steps(t, dt, states, max_bins),
+        "used": downsample_steps(t, dt, 1.0 - mem["free"].to_numpy(float), max_bins),
+        "queues": downsample_steps(t, dt, mem[list(QUEUES)].to_numpy(float), max_bins),
+    }
+
+
+def plot_memory_over_time(run: Run, max_bins: int = DEFAULT_MAX_BINS, name: str = "memory_over_time"
+                          ) -> FigureResult:
+    """Per allocator: stacked areas of the five memory states and, beneath, the queue sizes."""
+    allocs = list(run.allocators.values())
+    data = {a.name: memory_series(a, max_bins) for a in allocs}
+    fig = new_figure(10.0, 2.7 * len(allocs) + 1.2)
+    axes = fig.subplots(2 * len(allocs), 1, sharex=True,
+                        gridspec_kw={"height_ratios": [3.0, 1.3] * len(allocs)})
+    axes = np.atleast_1d(axes)
+    downsampled = False
+    t_max = 0.0
+    for i, alloc in enumerate(allocs):
+        series = data[alloc.name]
+        ax_mem, ax_q = axes[2 * i], axes[2 * i + 1]
+        states = series["states"]
+        downsampled |= len(states.edges) - 1 < len(alloc.memory)
+        t_max = max(t_max, float(states.edges[-1]))
+        bottom = np.zeros(len(states.mean))
+        for j, state in enumerate(STATE_ORDER):
+            top = bottom + np.nan_to_num(states.mean[:, j])
+            x, lo = _steps(states, bottom * 100)
+            _, hi = _steps(states, top * 100)
+            ax_mem.fill_between(x, lo, hi, step="post", color=STATE_COLORS[state], linewidth=0)
+            bottom = top
+        if len(states.edges) - 1 < len(alloc.memory):
+            x, peak = _steps(series["used"], series["used"].hi * 100)
+            ax_mem.plot(x, peak, drawstyle="steps-post", color="black", linewidth=0.6)
+        ax_mem.set_ylim(0, 100)
+        ax_mem.set_ylabel("capacity (%)")
+        ax_mem.set_title(f"{allocator_label(alloc.name)}: KV memory by state", loc="left",
+                         fontsize="medium", color=allocator_color(alloc.name))
+        queues = series["queues"]
+        for j, q in enumerate(QUEUES):
+            x, mean = _steps(queues, queues.mean[:, j])
+            ax_q.plot(x, mean, drawstyle="steps-post", color=QUEUE_COLORS[q], linewidth=0.9)
+            if len(queues.edges) - 1 < len(alloc.memory):
+                _, lo = _steps(queues, queues.lo[:, j])
+                _, hi = _steps(queues, queues.hi[:, j])
+                ax_q.fill_between(x, lo, hi, step="post", color=QUEUE_COLORS[q], alpha=0.25, linewidth=0)
+        ax_q.set_ylabel("requests")
+        ax_q.set_ylim(bottom=0)
+    axes[-1].set_xlim(0, t_max if t_max > 0 else 1.0)
+    axes[-1].set_xlabel(time_label(next(iter(run.allocators.values())).config.get("source")))
+    fig.suptitle(f"Memory over time: {run.label}")
+    handles = [Patch(color=STATE_COLORS[s]) for s in STATE_ORDER]
+    labels = [STATE_LABELS[s] for s in STATE_ORDER]
+    handles += [Line2D([], [], color=QUEUE_COLORS[q]) for q in QUEUES]
+    labels += [QUEUE_LABELS[q] for q in QUEUES]
+    if downsampled:
+        handles.append(Line2D([], [], color="black", linewidth=0.6))
+        labels.append("peak used in bin")
+    legend_below(fig, handles, labels, ncol=5)
+    return FigureResult(name, fig, data)
+
+
+def plot_batch_size(runs: list[Run], max_bins: int = DEFAULT_MAX_BINS) -> FigureResult:
+    """Running requests over time: one panel per run, one line (mean, min/max band) per allocator."""
+    fig = new_figure(10.0, 2.4 * len(runs) + 1.0)
+    axes = np.atleast_1d(fig.subplots(len(runs), 1, squeeze=False)[:, 0])
+    data: dict[str, Binned] = {}
+    for ax, run in zip(axes, runs, strict=True):
+        for alloc in run.allocators.values():
+            mem = alloc.memory
+            binned = downsample_steps(mem["t_s"].to_numpy(float), mem["dt_s"].to_numpy(float),
+                                      mem["num_running"].to_numpy(float), max_bins)
+            data[f"{run.label}/{alloc.name}" if len(runs) > 1 else alloc.name] = binned
+            color = allocator_color(alloc.name)
+            mean_bs = alloc.summary.get("mean_batch_size")
+            label = allocator_label(alloc.name)
+            if mean_bs is not None:
+                label += f" (mean {float(mean_bs):.1f})"
+            x, y = _steps(binned, binned.mean)
+            ax.plot(x, y, drawstyle="steps-post", color=color, linewidth=0.9, label=label)
+            if len(binned.edges) - 1 < len(mem):
+                _, lo = _steps(binned, binned.lo)
+                _, hi = _steps(binned, binned.hi)
+                ax.fill_between(x, lo, hi, step="post", color=color, alpha=0.2, linewidth=0)
+        ax.set_ylabel("running requests")
+        ax.set_ylim(bottom=0)
+        ax.set_xlim(left=0)
+        ax.set_title(f"Batch size over time: {run.label}", loc="left", fontsize="medium")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize="small")
+        source = next(iter(run.allocators.values())).config.get("source")
+        ax.set_xlabel(time_label(source))
+    return FigureResult("batch_size", fig, data)
