@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 HAS_NVIDIA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 1)
 ifeq ($(HAS_NVIDIA),1)
-TORCH_SPEC ?= torch>=2.4
+TORCH_SPEC ?= torch>=2.5
 else
 TORCH_SPEC ?= torch==2.13.0
 endif

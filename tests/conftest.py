@@ -54,6 +54,8 @@ HF_TINY_VARIANTS = {
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 32}}),
     "linear-rope": ("LlamaForCausalLM", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
+    # A window longer than any test sequence: sliding-window attention then equals full attention.
+    "mistral": ("MistralForCausalLM", {"sliding_window": 256}),
 }
 
 
@@ -69,7 +71,7 @@ def hf_model_dirs(tmp_path_factory) -> dict:
 
     dirs = {}
     for seed, (name, (arch, extra)) in enumerate(HF_TINY_VARIANTS.items()):
-        family = "Qwen2" if arch.startswith("Qwen2") else "Llama"
+        family = arch.removesuffix("ForCausalLM")
         config = getattr(transformers, f"{family}Config")(**HF_TINY_SHAPE, **extra)
         model = getattr(transformers, arch)(config)
         gen = torch.Generator().manual_seed(1000 + seed)
@@ -86,3 +88,19 @@ def hf_model_dirs(tmp_path_factory) -> dict:
         model.save_pretrained(path, safe_serialization=True)
         dirs[name] = path
     return dirs
+
+
+# --- gpu_backend engine: one torch thread for tiny models -----------------------------------------------
+@pytest.fixture(scope="module")
+def single_thread():
+    """Run a module's tiny-model forwards on one torch thread (restored afterwards).
+
+    Their matmuls are too small to gain from threads, and on a shared 2-core machine the spinning OpenMP
+    threads of concurrent processes make every op wait for a time slice (measured 30-50x slower).
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -1,0 +1,120 @@
+"""`pagelab bench ...`: micro-benchmarks of the GPU backend (attention kernels; more to come)."""
+from __future__ import annotations
+
+import json
+
+import typer
+from rich import box
+from rich.table import Table
+
+from cli import app
+from cli.common import UserError, console, user_errors
+
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks of the paged-attention backend.")
+app.add_typer(bench_app, name="bench")
+
+
+def _int_list(values: list[str] | None, option: str) -> tuple[int, ...] | None:
+    """Parse repeated and/or comma-separated integers: --batch 1,16 --batch 64."""
+    if not values:
+        return None
+    try:
+        parsed = tuple(int(x) for v in values for x in v.split(",") if x.strip())
+    except ValueError:
+        raise UserError(f"{option} expects whole numbers, e.g. {option} 1,16,64 (got {values!r})") from None
+    if not parsed or min(parsed) <= 0:
+        raise UserError(f"{option} values must be positive (got {values!r})")
+    return parsed
+
+
+def _head_pairs(values: list[str] | None) -> tuple[tuple[int, int], ...] | None:
+    """Parse --heads HQ:HKV pairs (comma-separated or repeated)."""
+    if not values:
+        return None
+    pairs = []
+    for item in (x for v in values for x in v.split(",") if x.strip()):
+        try:
+            num_heads, num_kv_heads = (int(x) for x in item.split(":"))
+        except ValueError:
+            raise UserError(f"--heads expects HQ:HKV pairs, e.g. 32:8 (got {item!r})") from None
+        if num_heads <= 0 or num_kv_heads <= 0 or num_heads % num_kv_heads:
+            raise UserError(f"--heads {item}: query heads must be a positive multiple of kv heads")
+        pairs.append((num_heads, num_kv_heads))
+    return tuple(pairs)
+
+
+@bench_app.command("attention")
+@user_errors
+def attention(
+    device: str = typer.Option("auto", help="cpu, cuda, cuda:N, or auto (cuda when available)."),
+    dtype: str = typer.Option(None, help="float32, float16 or bfloat16 (default: float32 on CPU, "
+                                         "bfloat16 on CUDA)."),
+    batch: list[str] = typer.Option(None, help="Batch sizes, comma-separated or repeated."),
+    context: list[str] = typer.Option(None, help="Context lengths (tokens)."),
+    heads: list[str] = typer.Option(None, help="HQ:HKV query/kv head pairs, e.g. 32:8."),
+    head_dim: list[str] = typer.Option(None, "--head-dim", help="Head dimensions."),
+    block_size: int = typer.Option(16, "--block-size", help="KV block size (tokens)."),
+    min_time: float = typer.Option(None, "--min-time", help="Seconds of timing per implementation/shape."),
+    seed: int = typer.Option(0, help="Seed of the random inputs."),
+    threads: int = typer.Option(None, help="torch CPU threads (default: torch's choice)."),
+    as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON instead of a table."),
+) -> None:
+    """Paged decode attention (Triton, torch) vs contiguous SDPA over batch x context x heads x head_dim."""
+    import dataclasses
+
+    import torch
+
+    from gpu_backend.bench_attention import default_config, run_attention_bench
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        torch_device = torch.device(device)
+    except RuntimeError:
+        raise UserError(f"--device {device!r} is not a torch device (cpu, cuda, cuda:0...)") from None
+    if block_size <= 0:
+        raise UserError(f"--block-size must be positive (got {block_size})")
+    if threads is not None:
+        if threads <= 0:
+            raise UserError(f"--threads must be positive (got {threads})")
+        torch.set_num_threads(threads)
+    overrides = {
+        "dtype": dtype, "batches": _int_list(batch, "--batch"), "contexts": _int_list(context, "--context"),
+        "heads": _head_pairs(heads), "head_dims": _int_list(head_dim, "--head-dim"), "block_size": block_size,
+        "min_time_s": min_time, "seed": seed,
+    }
+    config = dataclasses.replace(default_config(str(torch_device)),
+                                 **{k: v for k, v in overrides.items() if v is not None})
+    result = run_attention_bench(config)
+    if as_json:
+        console.print_json(json.dumps(result.to_dict()))
+        return
+    _print_table(result, torch_device.type == "cuda")
+
+
+_SHORT_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+
+
+def _print_table(result, on_gpu: bool) -> None:
+    """Rich table of the records, one row per implementation and shape."""
+    machine = result.machine
+    dtypes = sorted({_SHORT_DTYPES.get(r.dtype, r.dtype) for r in result.records})
+    console.print(f"decode attention, {'/'.join(dtypes)}, on {machine['name']} ({machine['device']}, torch "
+                  f"{machine['torch']}, {machine['threads']} threads); measured copy bandwidth "
+                  f"{machine['copy_gb_per_s']} GB/s")
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("impl", "B", "ctx", "Hq:Hkv*D", "ms", "GB/s", "%copy", "xSDPA", "err"):
+        table.add_column(name, justify="left" if name == "impl" else "right", no_wrap=True)
+    for r in result.records:
+        table.add_row(
+            r.impl.removeprefix("paged-"), str(r.batch), str(r.context),
+            f"{r.num_heads}:{r.num_kv_heads}*{r.head_dim}", f"{r.time_ms:.3f}", f"{r.gb_per_s:.1f}",
+            f"{100 * r.copy_bw_fraction:.0f}" if r.copy_bw_fraction is not None else "-",
+            f"{r.vs_sdpa:.2f}" if r.vs_sdpa is not None else "-",
+            f"{r.rel_err_vs_sdpa:.1e}" if r.rel_err_vs_sdpa is not None else "-",
+        )
+    console.print(table)
+    console.print("GB/s: K+V read + q + out per call / median time; %copy: of the measured copy bandwidth; "
+                  "xSDPA: time / contiguous SDPA; err: ||out - SDPA|| / ||SDPA||.")
+    if not on_gpu:
+        console.print("No CUDA device: Triton rows are skipped (the interpreter only checks correctness).")

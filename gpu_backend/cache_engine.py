@@ -1,0 +1,105 @@
+"""The engine's KV memory: the device pool, the CPU swap pool, and how allocator instructions map onto them.
+
+Paged: a KVCache of `num_blocks` blocks; a sequence's block table is the BlockManager's.
+Contiguous: the linear slot space of the ContiguousAllocator is a KVCache with block_size 1, and a
+sequence's block table is `range(start, start + num_tokens)` of its region. Viewing the region as a run
+of one-slot blocks keeps one set of attention kernels for both allocators, so a speed or memory
+difference between them comes from the allocator, not from a different kernel; the region's slots are
+consecutive, so the gather reads contiguous memory exactly as a dense per-sequence cache would.
+Copy and swap instructions are (src, dst) block pairs when paged and (src_start, dst_start, num_slots)
+triples when contiguous; both become block pairs of the pool here.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from collections.abc import Sequence as SeqLike
+
+import numpy as np
+import torch
+
+from gpu_backend.kv_cache import KVCache
+from gpu_backend.model import CausalLM
+from simulator.sequence import Sequence
+
+
+def expand_instructions(instructions: Iterable[tuple[int, ...]]) -> list[tuple[int, int]]:
+    """Block pairs for a list of (src, dst) pairs or (src_start, dst_start, num_slots) triples."""
+    pairs: list[tuple[int, int]] = []
+    for ins in instructions:
+        if len(ins) == 2:
+            pairs.append((ins[0], ins[1]))
+        else:
+            src, dst, count = ins
+            pairs.extend(zip(range(src, src + count), range(dst, dst + count), strict=True))
+    return pairs
+
+
+class CacheEngine:
+    """Device KV pool plus a CPU swap pool (allocated on the first swap-out), for one allocator layout."""
+
+    def __init__(self, model: CausalLM, contiguous: bool, block_size: int, num_blocks: int,
+                 num_cpu_blocks: int):
+        cfg = model.config
+        self.contiguous = contiguous
+        self.block_size = 1 if contiguous else block_size  # the pool's block size
+        self.num_cpu_blocks = num_cpu_blocks
+        self._geometry = (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, model.dtype)
+        self.device_cache = KVCache(cfg.num_hidden_layers, num_blocks, self.block_size,
+                                    cfg.num_key_value_heads, cfg.head_dim, dtype=model.dtype,
+                                    device=model.device)
+        self.cpu_cache: KVCache | None = None
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of the device pool."""
+        return self.device_cache.bytes
+
+    @property
+    def cpu_bytes(self) -> int:
+        """Bytes of the CPU swap pool (0 until the first swap-out)."""
+        return 0 if self.cpu_cache is None else self.cpu_cache.bytes
+
+    def block_table(self, seq: Sequence) -> SeqLike[int]:
+        """The pool blocks holding `seq`'s tokens, in logical order."""
+        if self.contiguous:
+            start = seq.region[0]
+            return np.arange(start, start + seq.num_tokens)
+        return seq.block_table
+
+    def shared_range_copies(self, src: Sequence, dst: Sequence, start: int,
+                            stop: int) -> list[tuple[int, int]]:
+        """Pairs copying token positions [start, stop) of `src` to `dst` when they are stored apart.
+
+        A group's n samples share one prompt: paged, they share its blocks; contiguous, each sample has
+        its own region, so the prompt computed into the first region is copied into the others.
+        """
+        if not self.contiguous or src is dst:
+            return []
+        a, b = src.region[0], dst.region[0]
+        return list(zip(range(a + start, a + stop), range(b + start, b + stop), strict=True))
+
+    def copy(self, instructions: Iterable[tuple[int, ...]]) -> None:
+        """Copy-on-write / fork copies inside the device pool."""
+        pairs = expand_instructions(instructions)
+        if pairs:
+            self.device_cache.copy_blocks(pairs)
+
+    def swap_out(self, instructions: Iterable[tuple[int, ...]]) -> None:
+        """Device -> CPU copies (device block, CPU block)."""
+        pairs = expand_instructions(instructions)
+        if pairs:
+            self.device_cache.swap_out(self._cpu(), pairs)
+
+    def swap_in(self, instructions: Iterable[tuple[int, ...]]) -> None:
+        """CPU -> device copies (CPU block, device block)."""
+        pairs = expand_instructions(instructions)
+        if pairs:
+            self.device_cache.swap_in(self._cpu(), pairs)
+
+    def _cpu(self) -> KVCache:
+        """The CPU pool, created when first needed: most runs never swap, and it may be GiBs."""
+        if self.cpu_cache is None:
+            layers, kv_heads, head_dim, dtype = self._geometry
+            self.cpu_cache = KVCache(layers, self.num_cpu_blocks, self.block_size, kv_heads, head_dim,
+                                     dtype=dtype, device="cpu", pin_memory=torch.cuda.is_available())
+        return self.cpu_cache

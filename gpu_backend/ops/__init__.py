@@ -1,0 +1,63 @@
+"""Paged-attention ops: a backend protocol, the torch and Triton backends, block copy and swap.
+
+KV layout per layer: `k_cache`, `v_cache` each `[num_blocks, block_size, num_kv_heads, head_dim]`;
+slot = block_id * block_size + offset. Triton is imported only when the Triton backend is asked for.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from gpu_backend.ops.block_ops import copy_blocks, swap_blocks
+from gpu_backend.ops.checks import KernelInputError
+from gpu_backend.ops.torch_backend import TorchBackend, TorchBackendConfig
+
+
+class AttentionBackend(Protocol):
+    """What the engine needs from an attention implementation (shapes in docs/kernels.md)."""
+
+    name: str
+
+    def store_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:
+        """key/value [T, Hkv, D] -> pool slots slot_mapping [T] (int64; -1 skips the token)."""
+
+    def decode(self, q, k_cache, v_cache, block_tables, context_lens, scale: float) -> torch.Tensor:
+        """q [B, Hq, D], block_tables [B, max_blocks] int32, context_lens [B] int32 -> [B, Hq, D]."""
+
+    def prefill(self, q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens,
+                scale: float) -> torch.Tensor:
+        """Packed q [T, Hq, D], cu_seqlens_q [B+1], context_lens [B] incl. new tokens -> [T, Hq, D]."""
+
+
+BACKEND_NAMES = ("auto", "torch", "triton")
+
+# On CUDA the gathered tile has no cache to fit in, so one batched tile per call is best.
+_CUDA_TORCH_CONFIG = TorchBackendConfig(tile_bytes=1 << 62, solo_bytes=1 << 62, reuse_workspace=False)
+
+
+def get_backend(name: str = "auto", device=None) -> AttentionBackend:
+    """Return the backend called `name`; "auto" picks Triton on CUDA devices and torch elsewhere."""
+    if name not in BACKEND_NAMES:
+        raise KernelInputError(
+            f"unknown attention backend {name!r}; choose one of {', '.join(BACKEND_NAMES)}")
+    dev = torch.device(device) if device is not None else None
+    on_cuda = dev.type == "cuda" if dev is not None else torch.cuda.is_available()
+    if name == "auto":
+        name = "triton" if on_cuda else "torch"
+    if name == "torch":
+        return TorchBackend(_CUDA_TORCH_CONFIG if on_cuda else None)
+    from gpu_backend.ops.triton_backend import TritonBackend
+
+    return TritonBackend()
+
+
+__all__ = [
+    "AttentionBackend",
+    "KernelInputError",
+    "TorchBackend",
+    "TorchBackendConfig",
+    "copy_blocks",
+    "get_backend",
+    "swap_blocks",
+]

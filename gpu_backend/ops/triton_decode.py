@@ -1,0 +1,178 @@
+"""Triton paged decode attention: one query token per sequence, K/V read through the block table.
+
+Grid (B, Hkv, S): a program owns one KV head of one sequence and serves all G = Hq // Hkv query heads
+that share it from a single load of each K/V tile (GQA packing; G is padded to >= 16 rows for tl.dot).
+With S > 1 (split-K) each program covers `tokens_per_split` positions and writes fp32 partials
+(unnormalized acc, running max m, sum l); `_split_reduce_kernel` merges them. Softmax is online, fp32,
+in the log2 domain. Tiles of BLOCK_N tokens may span several KV blocks: each token looks up its own
+physical block, so any block size works. All pool offsets are int64.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _paged_decode_kernel(
+    out_ptr,  # [B, Hq, D] (1-pass)
+    part_acc_ptr, part_m_ptr, part_l_ptr,  # [B, Hq, S, D_PAD], [B, Hq, S], [B, Hq, S] fp32 (split-K)
+    q_ptr,  # [B, Hq, D]
+    k_cache_ptr, v_cache_ptr,  # [num_blocks, BLOCK_SIZE, Hkv, D]
+    block_tables_ptr,  # [B, max_blocks] int32
+    context_lens_ptr,  # [B] int32
+    scale_log2,  # softmax scale * log2(e)
+    tokens_per_split, num_heads, num_splits,
+    stride_qb, stride_qh, stride_ob, stride_oh,
+    stride_cb, stride_cs, stride_ch, stride_bt,
+    G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    """Online-softmax attention of G query heads over positions [split*tps, min((split+1)*tps, ctx))."""
+    b = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(2)
+    ctx = tl.load(context_lens_ptr + b)
+    start = split * tokens_per_split
+    end = tl.minimum(start + tokens_per_split, ctx)
+
+    offs_g = tl.arange(0, G_PAD)
+    offs_d = tl.arange(0, D_PAD)
+    offs_n = tl.arange(0, BLOCK_N)
+    g_mask = offs_g < G
+    d_mask = offs_d < D  # head dims 80, 96: padded to 128 and masked
+    heads = kvh * G + offs_g  # [G_PAD] query heads served by this KV head
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=g_mask[:, None] & d_mask[None, :], other=0.0)  # [G_PAD, D_PAD]
+    q = q.to(k_cache_ptr.dtype.element_ty)
+
+    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, D_PAD], tl.float32)
+    bt_row = block_tables_ptr + b * stride_bt
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + offs_n  # [BLOCK_N]
+        n_mask = pos < end
+        blk = tl.load(bt_row + pos // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+        kv_off = blk * stride_cb + (pos % BLOCK_SIZE).to(tl.int64) * stride_cs + kvh * stride_ch  # [BLOCK_N]
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        # K tile [BLOCK_N, D_PAD]; masked lanes (past the context, padded dims) read as 0.
+        k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * scale_log2  # [G_PAD, BLOCK_N]
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: the tile holds >= 1 valid position
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])  # [G_PAD, BLOCK_N]
+        l_i = l_i * alpha + tl.sum(p, 1)
+        # V tile [BLOCK_N, D_PAD], same addresses as K.
+        v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)  # [G_PAD, D_PAD]
+        m_i = m_new
+
+    if SPLIT:
+        row = (b * num_heads + heads) * num_splits + split  # [G_PAD]
+        tl.store(part_m_ptr + row, m_i, mask=g_mask)
+        tl.store(part_l_ptr + row, l_i, mask=g_mask)
+        tl.store(part_acc_ptr + row[:, None] * D_PAD + offs_d[None, :], acc, mask=g_mask[:, None])
+    else:
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # empty context -> zeros
+        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
+
+
+@triton.jit
+def _split_reduce_kernel(
+    out_ptr,  # [B, Hq, D]
+    part_acc_ptr, part_m_ptr, part_l_ptr,  # [B, Hq, S, D_PAD], [B, Hq, S], [B, Hq, S] fp32
+    context_lens_ptr,  # [B] int32
+    tokens_per_split, num_heads, num_splits, stride_ob, stride_oh,
+    D: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr,
+):
+    """Merge the split-K partials of one (sequence, query head): rescale by exp2(m_s - max m)."""
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    ctx = tl.load(context_lens_ptr + b)
+    used = tl.minimum(tl.cdiv(ctx, tokens_per_split), num_splits)  # later splits never ran a tile
+    offs_s = tl.arange(0, S_PAD)
+    offs_d = tl.arange(0, D_PAD)
+    s_mask = offs_s < used
+    row = (b * num_heads + h) * num_splits + offs_s  # [S_PAD]
+    m = tl.load(part_m_ptr + row, mask=s_mask, other=float("-inf"))
+    l_s = tl.load(part_l_ptr + row, mask=s_mask, other=0.0)
+    m_max = tl.max(m, 0)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # empty context: keep weights finite
+    w = tl.exp2(m - m_max)  # [S_PAD]
+    l_total = tl.sum(w * l_s, 0)
+    acc = tl.load(part_acc_ptr + row[:, None] * D_PAD + offs_d[None, :], mask=s_mask[:, None], other=0.0)
+    out = tl.sum(acc * w[:, None], 0) / tl.where(l_total > 0, l_total, 1.0)  # [D_PAD]
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty),
+             mask=offs_d < D)
+
+
+@dataclass(frozen=True)
+class SplitPolicy:
+    """Split-K heuristic: split only when B * Hkv programs cannot fill the device."""
+
+    programs_per_sm: int = 2  # aim for this many (sequence, kv head, split) programs per SM
+    min_tokens_per_split: int = 256  # below this a split's fixed cost outweighs its parallelism
+    max_splits: int = 64  # bounds the partial buffers and the reduce kernel's tile
+
+
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sms: int,
+                      policy: SplitPolicy = SplitPolicy()) -> int:
+    """Number of context splits for a decode call (1 = single-pass kernel, no reduce)."""
+    programs = num_seqs * num_kv_heads
+    target = policy.programs_per_sm * num_sms
+    if programs >= target:
+        return 1
+    by_length = max_context // policy.min_tokens_per_split
+    return max(1, min(triton.cdiv(target, max(programs, 1)), by_length, policy.max_splits))
+
+
+def split_plan(max_context: int, num_splits: int, block_n: int) -> tuple[int, int]:
+    """(tokens_per_split, effective num_splits): splits hold whole BLOCK_N tiles and none is empty."""
+    tokens_per_split = triton.cdiv(triton.cdiv(max(max_context, 1), num_splits), block_n) * block_n
+    return tokens_per_split, triton.cdiv(max(max_context, 1), tokens_per_split)
+
+
+def paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale: float, num_splits: int,
+                 block_n: int = 64, num_warps: int = 4) -> torch.Tensor:
+    """Launch decode (1-pass when num_splits == 1, else split-K + reduce); returns [B, Hq, D]."""
+    num_seqs, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    group = num_heads // num_kv_heads
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if num_seqs == 0:
+        return out
+    d_pad = triton.next_power_of_2(head_dim)
+    # The table's capacity bounds every context: no device->host sync to find the longest one.
+    tokens_per_split, num_splits = split_plan(block_tables.shape[1] * block_size, num_splits, block_n)
+    split = num_splits > 1
+    if split:
+        part_acc = torch.empty((num_seqs, num_heads, num_splits, d_pad), dtype=torch.float32, device=q.device)
+        part_m = torch.empty((num_seqs, num_heads, num_splits), dtype=torch.float32, device=q.device)
+        part_l = torch.empty_like(part_m)
+    else:
+        part_acc = part_m = part_l = out  # unused by the 1-pass specialization
+    _paged_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
+        out, part_acc, part_m, part_l, q, k_cache, v_cache, block_tables, context_lens,
+        scale * LOG2E, tokens_per_split, num_heads, num_splits,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        G=group, G_PAD=max(16, triton.next_power_of_2(group)), D=head_dim, D_PAD=d_pad,
+        BLOCK_SIZE=block_size, BLOCK_N=block_n, SPLIT=split,
+        DOT_PREC="ieee" if k_cache.dtype == torch.float32 else "tf32",
+        num_warps=num_warps,
+    )
+    if split:
+        _split_reduce_kernel[(num_seqs, num_heads)](
+            out, part_acc, part_m, part_l, context_lens, tokens_per_split, num_heads, num_splits,
+            out.stride(0), out.stride(1),
+            D=head_dim, D_PAD=d_pad, S_PAD=triton.next_power_of_2(num_splits),
+        )
+    return out

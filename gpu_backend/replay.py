@@ -1,0 +1,240 @@
+"""Replaying a trace on the real engine, producing the same tables as `simulator.simulate`.
+
+Each request gets random prompt tokens of its length (seeded; requests that share recorded prefix blocks
+share those blocks' tokens, so the prefix cache sees real hits) and is forced to generate exactly its
+trace output length (ignore_eos). Arrivals are honoured on the wall clock after scaling by `time_scale`
+(0: everything arrives at once). The loop mirrors `simulate()` step for step; time is measured: each
+step's wall time (synchronized on a GPU) is its `dt_s`, and events carry wall-clock times (blocks are
+taken when a step is scheduled and released when its forward is done, as in the simulator).
+"""
+from __future__ import annotations
+
+import math
+import resource
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+
+from gpu_backend.engine import LLMEngine
+from gpu_backend.engine_config import EngineConfig
+from gpu_backend.params import SamplingParams
+from simulator.recorder import EventRecorder, MemoryLog
+from simulator.results import request_table, summarize
+from traces.schema import validate_trace
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """Model, device and timing of a replay; `engine` holds the pool, allocator and scheduler options."""
+
+    model: str = "tiny"
+    device: str = "auto"
+    backend: str = "auto"
+    dtype: str | None = None
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    time_scale: float = 1.0
+    seed: int = 0
+    extra: dict = field(default_factory=dict, compare=False)  # labels copied into config.json
+
+
+@dataclass
+class ReplayResult:
+    """Same fields as `simulator.simulate.SimResult`, so `cli.runs.write_run` writes both alike."""
+
+    config: dict
+    summary: dict
+    requests: pd.DataFrame
+    memory: pd.DataFrame
+    events: pd.DataFrame
+
+
+def clip_prompts(trace: pd.DataFrame, max_model_len: int) -> tuple[np.ndarray, int]:
+    """Prompt lengths shortened so that prompt + output - 1 <= max_model_len; and how many were clipped.
+
+    A request whose output alone is too long keeps its prompt and is rejected, as the simulator would.
+    """
+    prompt = trace["prompt_len"].to_numpy(np.int64)
+    output = trace["output_len"].to_numpy(np.int64)
+    limit = max_model_len + 1 - output
+    clipped = np.where((prompt > limit) & (limit >= 1), limit, prompt)
+    return clipped, int(np.count_nonzero(clipped != prompt))
+
+
+def make_prompts(trace: pd.DataFrame, prompt_lens: np.ndarray, vocab_size: int, seed: int) -> list[list[int]]:
+    """Seeded random prompt tokens; recorded prefix blocks get tokens that depend only on their key."""
+    rng = np.random.default_rng(seed)
+    has_prefix = "prefix_blocks" in trace.columns
+    prompts = []
+    for i, length in enumerate(prompt_lens.tolist()):
+        tokens: list[int] = []
+        if has_prefix and isinstance(trace["prefix_blocks"].iat[i], (list, tuple, np.ndarray)):
+            size = int(trace["prefix_block_size"].iat[i])
+            for key in trace["prefix_blocks"].iat[i]:
+                if len(tokens) + size > length:
+                    break
+                block_rng = np.random.default_rng([seed, int(key) % (1 << 63)])
+                tokens.extend(block_rng.integers(0, vocab_size, size).tolist())
+        tokens.extend(rng.integers(0, vocab_size, length - len(tokens)).tolist())
+        prompts.append(tokens)
+    return prompts
+
+
+def request_params(output_len: int, n: int, beam_width: int, seed: int) -> SamplingParams:
+    """Forced-length decoding: greedy, n seeded samples, or a beam."""
+    if beam_width > 1:
+        return SamplingParams(max_tokens=output_len, temperature=0.0, beam_width=beam_width, ignore_eos=True)
+    if n > 1:
+        return SamplingParams(max_tokens=output_len, temperature=1.0, n=n, seed=seed, ignore_eos=True)
+    return SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+
+
+def make_engine(config: ReplayConfig, model=None, recorder: EventRecorder | None = None,
+                clock: Callable[[], float] | None = None) -> LLMEngine:
+    """The engine a replay runs on, tracking memory after every schedule."""
+    ec = config.engine
+    named = ("block_size", "num_blocks", "kv_memory_gb", "enable_prefix_caching", "allocator", "seed")
+    opts = {k: v for k, v in ec.to_dict().items() if k not in named}
+    return LLMEngine(config.model if model is None else model, device=config.device, backend=config.backend,
+                     dtype=config.dtype, block_size=ec.block_size, num_blocks=ec.num_blocks,
+                     kv_memory_gb=ec.kv_memory_gb, enable_prefix_caching=ec.enable_prefix_caching,
+                     allocator=ec.allocator, seed=config.seed, recorder=recorder, clock=clock,
+                     track_memory=True, **opts)
+
+
+class _ReplayRun(SimpleNamespace):
+    """The attributes `simulator.results` reads from a simulation run, filled by the replay."""
+
+
+def replay(trace: pd.DataFrame, config: ReplayConfig, model=None,
+           progress: Callable[[int, int], None] | None = None) -> ReplayResult:
+    """Replay `trace` on an engine built from `config` (over `model`, a CausalLM, when given)."""
+    trace = validate_trace(trace, source="trace")
+    t0 = time.perf_counter()
+    clock = lambda: time.perf_counter() - t0  # noqa: E731
+    recorder = EventRecorder()
+    engine = make_engine(config, model, recorder, clock)
+    engine.warmup()
+    t0 = time.perf_counter()  # the clock starts once the model and the pool exist
+    num = len(trace)
+    prompt_lens, num_clipped = clip_prompts(trace, engine.max_model_len)
+    prompts = make_prompts(trace, prompt_lens, engine.model.config.vocab_size, config.seed)
+    output = trace["output_len"].to_numpy(np.int64)
+    n, beam = trace["n"].to_numpy(np.int64), trace["beam_width"].to_numpy(np.int64)
+    run = _ReplayRun(
+        cfg=SimpleNamespace(allocator=engine.config.allocator,
+                            enable_prefix_caching=engine.config.enable_prefix_caching),
+        alloc=engine.allocator, block_size=engine.allocator.block_size, trace=trace,
+        arrival=trace["arrival_s"].to_numpy(np.float64) * config.time_scale, prompt=prompt_lens,
+        output=output, n=n, beam=beam, admitted=np.full(num, np.nan), first_token=np.full(num, np.nan),
+        finish=np.full(num, np.nan), preemptions=np.zeros(num, np.int64), rejected=np.zeros(num, bool),
+        hit_tokens=np.zeros(num, np.int64), now=0.0, step=0, busy_s=0.0, batch_s=0.0)
+    mem, step_times, computed = MemoryLog(), [], 0
+    nxt = 0
+    while nxt < num or engine.has_unfinished():
+        now = clock()
+        while nxt < num and run.arrival[nxt] <= now:
+            engine.add_request(prompts[nxt], request_params(int(output[nxt]), int(n[nxt]), int(beam[nxt]),
+                                                            config.seed + nxt),
+                               request_id=nxt, arrival_s=float(run.arrival[nxt]), check=False)
+            nxt += 1
+        if not engine.has_unfinished():
+            _idle_until(run, mem, engine, float(run.arrival[nxt]), clock)
+            continue
+        start = clock()
+        res = engine.step()
+        engine.synchronize()
+        end = clock()
+        _bookkeep(run, res, start, end, engine)
+        if res.out.is_empty:
+            if res.out.rejected:
+                continue
+            if nxt < num:
+                _idle_until(run, mem, engine, float(run.arrival[nxt]), clock)
+                continue
+            raise RuntimeError("scheduler stalled with work left and no future arrival (a bug)")
+        dt = end - start
+        mem.add_breakdown(run.step, start, dt, res.breakdown, res.counts, res.out.num_batched_tokens,
+                          run.block_size)
+        step_times.append(dt)
+        computed += res.num_computed_tokens
+        run.busy_s += dt
+        run.batch_s += dt * res.counts[0]
+        run.now = end
+        run.step += 1
+        if progress is not None:
+            progress(int(np.count_nonzero(~np.isnan(run.finish) | run.rejected)), num)
+    run.now = clock()
+    return _result(run, mem, recorder, engine, config, step_times, computed, num_clipped)
+
+
+def _idle_until(run: _ReplayRun, mem: MemoryLog, engine: LLMEngine, t: float,
+                clock: Callable[[], float]) -> None:
+    """Wait for the next arrival, recording the idle gap like the simulator does."""
+    now = clock()
+    if t > now:
+        sched = engine.scheduler
+        head = sched.waiting[0] if sched.waiting else None
+        counts = (len(sched.running), len(sched.waiting), len(sched.swapped))
+        mem.add_breakdown(run.step, now, t - now, engine.allocator.breakdown(head), counts, 0, run.block_size,
+                          num_steps=0)
+        time.sleep(t - now)
+    run.now = clock()
+
+
+def _bookkeep(run: _ReplayRun, res, start: float, end: float, engine: LLMEngine) -> None:
+    """Per-request times and counters, as `simulate._bookkeep` and `_sample` record them."""
+    out = res.out
+    for g in out.rejected:
+        run.rejected[g.request_id] = True
+    for g in out.admitted:
+        i = g.request_id
+        if math.isnan(run.admitted[i]):
+            run.admitted[i] = start
+            run.hit_tokens[i] = engine.scheduler.hit_tokens.get(i, 0)
+    for g in out.preempted:
+        run.preemptions[g.request_id] += 1
+    for i in res.first_token:
+        run.first_token[i] = end
+    for o in res.finished:
+        if not run.rejected[o.request_id]:
+            run.finish[o.request_id] = end
+
+
+def _stats(values: list[float]) -> dict:
+    if not values:
+        return {"mean": None, "p50": None, "p90": None, "p99": None, "total": 0.0}
+    v = np.asarray(values)
+    p50, p90, p99 = np.percentile(v, [50, 90, 99])
+    return {"mean": float(v.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99),
+            "total": float(v.sum())}
+
+
+def _result(run: _ReplayRun, mem: MemoryLog, recorder: EventRecorder, engine: LLMEngine, config: ReplayConfig,
+            step_times: list[float], computed: int, num_clipped: int) -> ReplayResult:
+    import torch
+
+    requests = request_table(run)
+    memory = mem.to_frame()
+    summary = summarize(run, requests, memory, run.now)
+    cuda = engine.device.type == "cuda"
+    summary["measured"] = {
+        "device": str(engine.device), "backend": engine.model.attn_backend.name,
+        "dtype": str(engine.model.dtype).removeprefix("torch."),
+        "step_time_s": _stats(step_times), "num_forward_tokens": int(computed),
+        "kv_pool_bytes": int(engine.cache.bytes), "swap_pool_bytes": int(engine.cache.cpu_bytes),
+        "weights_bytes": int(sum(p.numel() * p.element_size() for p in engine.model.parameters())),
+        "torch_peak_bytes": int(torch.cuda.max_memory_allocated(engine.device)) if cuda else None,
+        "process_peak_rss_bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024,
+        "num_clipped_prompts": num_clipped,
+    }
+    cfg = {**config.extra, "source": "replay", "model": config.model, "device": str(engine.device),
+           "backend": engine.model.attn_backend.name, "dtype": str(engine.model.dtype).removeprefix("torch."),
+           **engine.config.to_dict(), "allocator": engine.config.allocator,
+           "capacity_tokens": int(engine.capacity_tokens), "capacity_source": engine.capacity_source,
+           "max_model_len": int(engine.max_model_len), "bytes_per_token": int(engine.bytes_per_token),
+           "time_scale": config.time_scale, "seed": config.seed, "num_clipped_prompts": num_clipped}
+    return ReplayResult(cfg, summary, requests, memory, recorder.to_frame(run.now))
