@@ -1,4 +1,4 @@
-"""`pagelab bench ...`: micro-benchmarks of the GPU backend (attention kernels; more to come)."""
+"""`pagelab bench ...`: benchmarks of the memory core, the simulator, the attention kernels and the engine."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,8 @@ from rich.table import Table
 from cli import app
 from cli.common import UserError, console, user_errors
 
-bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks of the paged-attention backend.")
+bench_app = typer.Typer(no_args_is_help=True,
+                        help="Benchmarks: memory core, simulator, attention kernels, engine.")
 app.add_typer(bench_app, name="bench")
 
 
@@ -118,3 +119,77 @@ def _print_table(result, on_gpu: bool) -> None:
                   "xSDPA: time / contiguous SDPA; err: ||out - SDPA|| / ||SDPA||.")
     if not on_gpu:
         console.print("No CUDA device: Triton rows are skipped (the interpreter only checks correctness).")
+
+
+def _emit(rows: list[dict], title: str, as_json: bool) -> None:
+    """Print benchmark rows as a rich table, or as JSON for machines."""
+    if as_json:
+        console.print_json(json.dumps(rows))
+        return
+    table = Table(title=title, box=box.SIMPLE_HEAVY)
+    for key in rows[0]:
+        table.add_column(key, justify="right")
+    for row in rows:
+        table.add_row(*(f"{v:.4g}" if isinstance(v, float) else str(v) for v in row.values()))
+    console.print(table)
+
+
+@bench_app.command("core")
+@user_errors
+def core(
+    num_seqs: int = typer.Option(256, help="Sequences decoding at once."),
+    num_tokens: int = typer.Option(1_000_000, help="Tokens decoded in total."),
+    block_size: int = typer.Option(16, help="Block size."),
+    chunk: int = typer.Option(64, help="Tokens per bulk append_slots call."),
+    repeat: int = typer.Option(3, help="Repetitions (the best is reported)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """BlockManager decode workload: single-token append_slot vs bulk append_slots."""
+    from simulator.bench_core import DecodeWorkload, bench_core
+
+    if min(num_seqs, num_tokens, block_size, chunk, repeat) < 1:
+        raise UserError("every option must be >= 1")
+    r = bench_core(DecodeWorkload(num_seqs, num_tokens, block_size, chunk=chunk), repeat=repeat)
+    _emit([r], "memory core: decode-heavy workload", as_json)
+
+
+@bench_app.command("simulate")
+@user_errors
+def simulate_bench(
+    sizes: list[str] = typer.Option(None, "--num", help="Request counts (comma-separated or repeated); "
+                                                        "default: the whole bundled trace."),
+    trace: str = typer.Option("azure-conv", help="Trace path or bundled name; 'synthetic' for generated "
+                                                "sharegpt-like traces of each size."),
+    allocator: list[str] = typer.Option(None, "--allocator", "-a", help="Allocators (default: paged)."),
+    events: bool = typer.Option(False, help="Record pool tenures too (as `simulate --out` does)."),
+    repeat: int = typer.Option(3, help="Runs per point (min and median reported)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Wall time and peak memory of `simulate` (each run in its own process): the scaling curve."""
+    from simulator.bench_sim import bench_simulate, summarize_runs
+
+    counts = list(_int_list(sizes, "--num") or [None])
+    if trace == "synthetic" and counts == [None]:
+        raise UserError("--trace synthetic needs --num")
+    records = bench_simulate(counts, allocator or ["paged"], trace=None if trace == "synthetic" else trace,
+                             events=(events,), repeat=repeat)
+    _emit(summarize_runs(records), "simulate: wall time and peak RSS", as_json)
+
+
+@bench_app.command("engine")
+@user_errors
+def engine_bench(
+    limit: int = typer.Option(64, help="Requests from the trace."),
+    trace: str = typer.Option("azure-conv", help="Trace path or bundled name."),
+    max_model_len: int = typer.Option(1024, help="Clip prompts so prompt + output fit in this."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """CPU output throughput: the paged engine vs transformers' padded batched generate (tiny model)."""
+    from gpu_backend.bench_engine import compare
+
+    r = compare(trace=trace, limit=limit, max_model_len=max_model_len)
+    row = {"requests": limit, "output_tokens": r["workload"]["output_tokens"],
+           "engine_tok_s": r["engine"]["tokens_per_s"],
+           "transformers_tok_s": r["transformers"]["tokens_per_s"],
+           "speedup": r["speedup"], "threads": r["threads"]}
+    _emit([row], "engine vs transformers (CPU, fp32, tiny model)", as_json)
