@@ -4,6 +4,7 @@ Physical block state lives in flat lists indexed by block id (ref count, filled 
 the hot paths are a handful of list operations. Free blocks sit in two pools: blocks with no cached
 content (a stack) and blocks whose content stays reusable until evicted (an LRU OrderedDict, O(1) to
 remove a block on a cache hit). New blocks come from the first pool before anything is evicted.
+Block-level pool operations live in simulator/block_pool.py, CPU swapping in simulator/block_swap.py.
 """
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 from simulator.allocator import AllocStatus, KVAllocator, MemoryBreakdown, RegionRecorder
+from simulator.block_pool import BlockPool
+from simulator.block_swap import SwapMixin
 from simulator.errors import AllocationError, ConfigError
 from simulator.sequence import Sequence, SequenceGroup, SequenceStatus
 
@@ -35,7 +38,7 @@ class BlockManagerStats:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-class BlockManager(KVAllocator):
+class BlockManager(BlockPool, SwapMixin, KVAllocator):
     """Paged allocator over `num_blocks` blocks of `block_size` token slots (vLLM's BlockSpaceManager)."""
 
     name = "paged"
@@ -62,6 +65,9 @@ class BlockManager(KVAllocator):
         self.stats = BlockManagerStats()
         self._hash_fn = hash_fn
         self._recorder = recorder
+        # The simulator's EventRecorder takes whole runs of blocks at once; any other recorder gets the
+        # per-region calls of the RegionRecorder interface.
+        self._bulk_recorder = recorder if hasattr(recorder, "acquire_blocks") else None
         self._ref = [0] * num_blocks
         self._filled = [0] * num_blocks
         self._key: list[tuple | None] = [None] * num_blocks  # (parent key, content, extra) of full blocks
@@ -110,6 +116,11 @@ class BlockManager(KVAllocator):
         """Free blocks in the CPU swap pool."""
         return len(self._cpu_free)
 
+    @property
+    def num_internal_slots(self) -> int:
+        """Slots of final blocks that their sequences will never fill (before capping by empty slots)."""
+        return self._internal
+
     def ref_count(self, block_id: int) -> int:
         """Current ref count of a device block."""
         return self._ref[block_id]
@@ -123,8 +134,8 @@ class BlockManager(KVAllocator):
 
     def _lookup(self, seq: Sequence) -> list[int]:
         """Device blocks holding this sequence's leading full blocks (never its last token)."""
-        if not self.enable_prefix_caching:
-            return []
+        if not self.enable_prefix_caching or (seq.token_ids is None and not seq.prefix_keys):
+            return []  # nothing to match (a simulated prompt without prefix keys)
         bs = self.block_size
         hits: list[int] = []
         parent_key: tuple | None = None
@@ -147,14 +158,21 @@ class BlockManager(KVAllocator):
         seqs = group.live_seqs()
         if not seqs:
             raise AllocationError(f"request {group.request_id}: every sequence has finished")
-        if _shared(seqs):
+        if len(seqs) > 1 and _shared(seqs):
             seqs = seqs[:1]
-        needed = sum(self._blocks_for(s.length) for s in seqs)
+        bs = self.block_size
+        needed = 0
+        for s in seqs:
+            needed += -(-s.length // bs)
         if needed > self.num_blocks - self.watermark_blocks:
             return AllocStatus.NEVER
         # Hits on referenced blocks cost nothing; hits on evictable ones use up a free block like a miss.
-        required = needed - sum(1 for s in seqs for b in self._lookup(s) if self._ref[b] > 0)
-        if self.num_free_blocks - required < self.watermark_blocks:
+        required = needed
+        for s in seqs:
+            for b in self._lookup(s):
+                if self._ref[b] > 0:
+                    required -= 1
+        if len(self._free) + len(self._free_cached) - required < self.watermark_blocks:
             return AllocStatus.LATER
         return AllocStatus.OK
 
@@ -183,92 +201,19 @@ class BlockManager(KVAllocator):
         """Forking shares every block, so it always fits."""
         return True
 
-    def can_swap_out(self, group: SequenceGroup) -> bool:
-        """Whether the CPU pool has room for the group's distinct blocks."""
-        blocks = {b for s in group.seqs if s.seq_id in self._seqs for b in s.block_table}
-        return len(blocks) <= len(self._cpu_free)
-
-    def can_swap_in(self, group: SequenceGroup) -> bool:
-        """Whether the device has room (above the watermark) for the group's distinct CPU blocks."""
-        blocks = {b for s in group.seqs if s.seq_id in self._cpu_seqs for b in s.cpu_block_table}
-        return self.num_free_blocks - len(blocks) >= self.watermark_blocks
-
     def breakdown(self, head: SequenceGroup | None = None) -> MemoryBreakdown:
         """Taxonomy now; for paged memory the waiting queue does not matter (any free block fits)."""
+        return MemoryBreakdown(*self.breakdown_slots(head))
+
+    def breakdown_slots(self, head: SequenceGroup | None = None) -> tuple[int, ...]:
+        """`breakdown` as a plain tuple in MemoryBreakdown's field order (cheap enough to call every step)."""
         bs = self.block_size
-        used = self.num_used_blocks * bs
+        num_free = len(self._free) + len(self._free_cached)
+        used = (self.num_blocks - num_free) * bs
         empty = used - self._total_filled
         internal = min(self._internal, empty)
-        return MemoryBreakdown(
-            capacity=self.capacity_tokens, token_states=self._total_filled,
-            reservation=empty - internal, internal_fragmentation=internal,
-            external_fragmentation=self.capacity_tokens - self.num_blocks * bs,
-            free=self.num_free_blocks * bs, cached_free=len(self._free_cached) * bs, allocated=used)
-
-    # ----------------------------------------------------------------- block pools
-    def _take(self, request_id: int) -> int:
-        if self._free:
-            bid = self._free.pop()
-        elif self._free_cached:
-            bid, _ = self._free_cached.popitem(last=False)
-            del self._cached[self._hash[bid]]
-            self._key[bid] = self._hash[bid] = None
-            self._filled[bid] = 0
-            self.stats.evictions += 1
-        else:
-            raise AllocationError(f"out of KV blocks: all {self.num_blocks} blocks are in use")
-        self._ref[bid] = 1
-        self.stats.allocated_blocks += 1
-        if self._recorder is not None:
-            self._recorder.acquire(bid * self.block_size, self.block_size, request_id)
-        return bid
-
-    def _incref(self, bid: int, request_id: int) -> None:
-        ref = self._ref[bid]
-        if ref == 0:  # a cache hit on an evictable block: it becomes live again
-            del self._free_cached[bid]
-            self._total_filled += self._filled[bid]
-            if self._recorder is not None:
-                self._recorder.acquire(bid * self.block_size, self.block_size, request_id)
-        self._ref[bid] = ref + 1
-        if ref >= 1 and self._recorder is not None:
-            self._recorder.share(bid * self.block_size, ref + 1)
-
-    def _decref(self, bid: int) -> None:
-        ref = self._ref[bid] - 1
-        self._ref[bid] = ref
-        if ref:
-            return
-        filled = self._filled[bid]
-        self._total_filled -= filled
-        if self._recorder is not None:
-            self._recorder.release(bid * self.block_size, filled)
-        h = self._hash[bid]
-        if h is not None and self._cached.get(h) == bid:
-            self._free_cached[bid] = None  # most recently used end
-        else:
-            self._key[bid] = self._hash[bid] = None
-            self._filled[bid] = 0
-            self._free.append(bid)
-
-    def _register_full(self, seq: Sequence, index: int, bid: int) -> None:
-        """Give full block `index` of `seq` its chained content key and publish it in the cache."""
-        if not self.enable_prefix_caching or self._key[bid] is not None:
-            return
-        content = seq.block_content(index, self.block_size)
-        if content is None:
-            return
-        if index == 0:
-            parent_key = parent_hash = None
-        else:
-            parent = seq.block_table[index - 1]
-            parent_key, parent_hash = self._key[parent], self._hash[parent]
-            if parent_key is None:
-                return  # an unkeyed parent breaks the chain; nothing after it can be matched
-        h = self._hash_fn((parent_hash, content, seq.extra_key))
-        self._key[bid] = (parent_key, content, seq.extra_key)
-        self._hash[bid] = h
-        self._cached.setdefault(h, bid)  # an identical or colliding block already published wins
+        return (self.capacity_tokens, self._total_filled, empty - internal, internal,
+                self.capacity_tokens - self.num_blocks * bs, num_free * bs, len(self._free_cached) * bs, used)
 
     # ----------------------------------------------------------------- mutations
     def allocate(self, group: SequenceGroup) -> int:
@@ -285,7 +230,7 @@ class BlockManager(KVAllocator):
         if status is not AllocStatus.OK:
             raise AllocationError(f"request {group.request_id}: cannot allocate its blocks now "
                                   f"({status.value}); {self.num_free_blocks} free")
-        if _shared(seqs):
+        if len(seqs) == 1 or _shared(seqs):
             hit = self._allocate_one(seqs[0], group.request_id)
             for s in seqs[1:]:
                 for bid in seqs[0].block_table:
@@ -311,14 +256,31 @@ class BlockManager(KVAllocator):
         for bid in hits:
             self._incref(bid, rid)
             table.append(bid)
-        for i in range(len(hits), self._blocks_for(n)):
-            bid = self._take(rid)
-            filled = min(bs, n - i * bs)
-            self._filled[bid] = filled
-            self._total_filled += filled
-            table.append(bid)
-            if filled == bs:
-                self._register_full(seq, i, bid)
+        first = len(hits)
+        count = self._blocks_for(n) - first
+        if len(self._free) < count:  # evictions interleave with publishing: keep them in step
+            for i in range(first, first + count):
+                bid = self._take(rid)
+                filled = min(bs, n - i * bs)
+                self._filled[bid] = filled
+                self._total_filled += filled
+                table.append(bid)
+                if filled == bs:
+                    self._register_full(seq, i, bid)
+        elif count:
+            new = self._take_many(count, rid)
+            filled = self._filled
+            for bid in new:
+                filled[bid] = bs
+            filled[new[-1]] = n - (first + len(new) - 1) * bs
+            self._total_filled += n - first * bs
+            table.extend(new)
+            # Only blocks with known content can be published (simulated decode tokens have none).
+            num_full = n // bs if self.enable_prefix_caching else 0
+            if seq.token_ids is None:
+                num_full = min(num_full, len(seq.prefix_keys))
+            for i in range(first, num_full):
+                self._register_full(seq, i, table[i])
         seq.num_tokens = n
         self._seqs[seq.seq_id] = seq
         self._count_internal(seq)
@@ -378,16 +340,12 @@ class BlockManager(KVAllocator):
             self._total_filled += left
             nb = -(-left // bs)
             free = self._free
-            if len(free) >= nb and self._recorder is None:  # fast path: no eviction, no events
-                new = free[-nb:]
-                del free[-nb:]
-                new.reverse()
-                ref, filled = self._ref, self._filled
+            if len(free) >= nb and (self._recorder is None or self._bulk_recorder is not None):
+                new = self._take_many(nb, rid)  # no eviction: one slice of the free stack
+                filled = self._filled
                 for bid in new:
-                    ref[bid] = 1
                     filled[bid] = bs
                 filled[new[-1]] = left - (nb - 1) * bs
-                self.stats.allocated_blocks += nb
                 table.extend(new)
             else:
                 for _ in range(nb):
@@ -442,79 +400,6 @@ class BlockManager(KVAllocator):
         seq.num_tokens = 0
         if self.debug:
             self.check_invariants()
-
-    def _cpu_decref(self, cid: int) -> None:
-        self._cpu_ref[cid] -= 1
-        if self._cpu_ref[cid] == 0:
-            self._cpu_filled[cid] = 0
-            self._cpu_key[cid] = None
-            self._cpu_free.append(cid)
-
-    def swap_out(self, group: SequenceGroup) -> list[tuple[int, int]]:
-        """Move the group's device blocks to the CPU pool; blocks shared inside the group stay shared."""
-        seqs = [s for s in group.seqs if s.seq_id in self._seqs]
-        if not self.can_swap_out(group):
-            raise AllocationError(f"request {group.request_id}: CPU swap pool is full "
-                                  f"({len(self._cpu_free)} of {self.num_cpu_blocks} blocks free)")
-        mapping: dict[int, int] = {}
-        for s in seqs:
-            for bid in s.block_table:
-                cid = mapping.get(bid)
-                if cid is None:
-                    cid = mapping[bid] = self._cpu_free.pop()
-                    self._cpu_filled[cid] = self._filled[bid]
-                    self._cpu_key[cid] = (self._key[bid], self._hash[bid]) if self._key[bid] else None
-                self._cpu_ref[cid] += 1
-            s.cpu_block_table = [mapping[b] for b in s.block_table]
-        for s in seqs:
-            self._release_device(s)
-            self._cpu_seqs[s.seq_id] = s
-        self.stats.swapped_out_blocks += len(mapping)
-        if self.debug:
-            self.check_invariants()
-        return list(mapping.items())
-
-    def _release_device(self, seq: Sequence) -> None:
-        del self._seqs[seq.seq_id]
-        for bid in reversed(seq.block_table):
-            self._decref(bid)
-        self._internal -= seq._internal_counted
-        seq._internal_counted = 0
-        seq.block_table = []
-
-    def swap_in(self, group: SequenceGroup) -> list[tuple[int, int]]:
-        """Bring the group's blocks back from the CPU pool into fresh device blocks."""
-        seqs = [s for s in group.seqs if s.seq_id in self._cpu_seqs]
-        if not self.can_swap_in(group):
-            raise AllocationError(f"request {group.request_id}: not enough free device blocks to swap in")
-        mapping: dict[int, int] = {}
-        for s in seqs:
-            table = []
-            for cid in s.cpu_block_table:
-                bid = mapping.get(cid)
-                if bid is None:
-                    bid = mapping[cid] = self._take(group.request_id)
-                    self._filled[bid] = self._cpu_filled[cid]
-                    self._total_filled += self._cpu_filled[cid]
-                    saved = self._cpu_key[cid]
-                    if saved is not None:
-                        self._key[bid], self._hash[bid] = saved
-                        self._cached.setdefault(saved[1], bid)
-                else:
-                    self._incref(bid, group.request_id)
-                table.append(bid)
-            s.block_table = table
-        for s in seqs:
-            del self._cpu_seqs[s.seq_id]
-            for cid in s.cpu_block_table:
-                self._cpu_decref(cid)
-            s.cpu_block_table = []
-            self._seqs[s.seq_id] = s
-            self._count_internal(s)
-        self.stats.swapped_in_blocks += len(mapping)
-        if self.debug:
-            self.check_invariants()
-        return list(mapping.items())
 
     # ----------------------------------------------------------------- debugging
     def check_invariants(self) -> None:

@@ -100,21 +100,32 @@ class ContiguousAllocator(KVAllocator):
 
     def breakdown(self, head: SequenceGroup | None = None) -> MemoryBreakdown:
         """Taxonomy now; free space too small for the head request's region is external fragmentation."""
+        return MemoryBreakdown(*self.breakdown_slots(head))
+
+    def breakdown_slots(self, head: SequenceGroup | None = None) -> tuple[int, ...]:
+        """`breakdown` as a plain tuple in MemoryBreakdown's field order (cheap enough to call every step)."""
         free_total = self._placement.total_free
-        if head is not None and head.live_seqs():
-            r = self.reservation(head.live_seqs()[0])
+        live = head.live_seqs() if head is not None else None
+        if live:
+            r = self.reservation(live[0])
             usable = self._placement.usable_free(r) if r <= self._placement.max_size else 0
         elif self.policy == "max":  # every request reserves the same grain, queue or no queue
             usable = self._placement.usable_free(self.max_model_len)
         else:
             usable = free_total
         slack = self._placed_total - self._reserved
-        return MemoryBreakdown(
-            capacity=self.capacity_tokens, token_states=self._tokens,
-            reservation=self._fill_target - self._tokens,
-            internal_fragmentation=self._reserved - self._fill_target,
-            external_fragmentation=slack + free_total - usable, free=usable, cached_free=0,
-            allocated=self._placed_total)
+        return (self.capacity_tokens, self._tokens, self._fill_target - self._tokens,
+                self._reserved - self._fill_target, slack + free_total - usable, usable, 0,
+                self._placed_total)
+
+    # ----------------------------------------------------------------- lazy decode batch (simulator)
+    def add_decode_tokens(self, num_tokens: int) -> None:
+        """Count `num_tokens` more tokens held, whose sequences the decode batch will settle later."""
+        self._tokens += num_tokens
+
+    def set_num_tokens(self, seq: Sequence, num_tokens: int) -> None:
+        """Settle a decode-batch sequence's token count."""
+        seq.num_tokens = num_tokens
 
     # ----------------------------------------------------------------- mutations
     def _place(self, seq: Sequence, size: int) -> int:

@@ -34,6 +34,7 @@ class BuddyPlacement:
             bisect.insort(self._free[o], s)
         self._order: dict[int, int] = {}  # allocated start -> order
         self.total_free = capacity
+        self._empty_room: dict[int, int] = {}  # order -> regions of that order the empty pool holds
 
     def placed_size(self, size: int) -> int:
         """Slots actually taken for a request of `size` slots."""
@@ -47,15 +48,26 @@ class BuddyPlacement:
     def empty_room(self, size: int) -> int:
         """How many regions of `size` slots the empty pool holds."""
         k = (size - 1).bit_length()
-        return sum(1 << (o - k) for _, o in self._roots if o >= k)
+        room = self._empty_room.get(k)
+        if room is None:  # depends on the roots only
+            room = self._empty_room[k] = sum(1 << (o - k) for _, o in self._roots if o >= k)
+        return room
 
     def can_fit(self, size: int, count: int = 1) -> bool:
         """Whether `count` regions of `size` slots fit now."""
         k = (size - 1).bit_length()
+        if count <= 0:
+            return True
         if k > self._max_order:
             return False
-        room = sum(len(self._free[j]) << (j - k) for j in range(k, self._max_order + 1))
-        return room >= count
+        free = self._free
+        room = 0
+        for j in range(k, self._max_order + 1):
+            if free[j]:
+                room += len(free[j]) << (j - k)
+                if room >= count:
+                    return True
+        return False
 
     def alloc(self, size: int) -> int:
         """Place a region of `size` slots; return its start."""

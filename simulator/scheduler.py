@@ -86,6 +86,7 @@ class Scheduler:
 
     def __init__(self, config: SchedulerConfig, allocator: KVAllocator):
         self.config = config
+        self.token_budget = config.token_budget  # tokens one step may compute
         self.allocator = allocator
         self.waiting: deque[SequenceGroup] = deque()
         self.running: list[SequenceGroup] = []  # admission order: the last one is preempted first
@@ -111,6 +112,8 @@ class Scheduler:
     def _prefill_tokens(self, seqs: list[Sequence]) -> int:
         """Tokens a (re)admitted group computes: one shared prompt, or each diverged sequence."""
         n = seqs[0].length
+        if len(seqs) == 1:
+            return n
         return n if all(s.length == n for s in seqs) else sum(s.length for s in seqs)
 
     def schedule(self) -> SchedulerOutput:
@@ -149,6 +152,24 @@ class Scheduler:
         if not out.preempted and not self.swapped:
             self._admit(out, budget)
         return out
+
+    def admit_after_decode(self, num_decode_tokens: int) -> SchedulerOutput:
+        """The rest of `schedule()` for a step in which every running group decodes and none is preempted,
+        the caller having given each of them its slot (in bulk): swapped groups come back, then waiting
+        ones are admitted. `scheduled` lists only those; `num_batched_tokens` includes the decode tokens."""
+        out = SchedulerOutput(num_batched_tokens=num_decode_tokens)
+        if self.swapped or self.waiting:
+            self._swap_in(out, self.token_budget)
+            if not self.swapped:
+                self._admit(out, self.token_budget)
+        return out
+
+    def remove_groups(self, groups: list[SequenceGroup]) -> None:
+        """Remove the given finished groups from the running list (what `remove_finished` does, without
+        looking at every running group)."""
+        for g in groups:
+            self.running.remove(g)
+            self.prefill_left.pop(g.request_id, None)
 
     def _swap_in(self, out: SchedulerOutput, budget: int) -> None:
         while self.swapped:

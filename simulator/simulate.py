@@ -1,13 +1,16 @@
 """The trace-driven simulation loop: `simulate(trace, config) -> SimResult`, pure (no files, no printing).
 
-Step mode runs the shared Scheduler one step at a time. Fast mode (the default) does exactly the same,
-except that where the next steps are certain to be plain decode steps of an unchanged batch (no arrival
-that could be admitted, no completion, no block shortage, no prefill, no beam) it advances all of them
-at once (`simulator/span.py`): same scheduling decisions, same per-request times.
+Step mode runs the shared Scheduler one step at a time (simulator/stepping.py): the reference. Fast mode
+(the default) makes exactly the same decisions, with the same per-request times and block tenures, in
+O(what changes) per step instead of O(running requests): while every running request is a plain decode
+(simulator/batch.py keeps their counts lazily), a step that preempts nobody is taken by
+simulator/fast.py (appends in bulk, admissions by the Scheduler itself), and a run of steps that cannot
+change any decision (no admission possible, no completion, no block shortage, no arrival) collapses into
+one span (simulator/span.py). Anything else - preemption, swapping, beams, parallel samples, chunked
+prefills in flight - is an exact step, after the batch has written its counts back to the objects.
 """
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,14 +18,16 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from simulator.beam import beam_step
+from simulator.batch import DecodeBatch
 from simulator.config import SimConfig, make_allocator
-from simulator.latency import make_latency_model, step_features
+from simulator.fast import fast_step, finish_batch
+from simulator.latency import make_latency_model
 from simulator.recorder import EventRecorder, MemoryLog
 from simulator.results import request_table, summarize
-from simulator.scheduler import Scheduler, SchedulerOutput
-from simulator.sequence import Sequence, SequenceGroup, SequenceStatus
+from simulator.scheduler import Scheduler
+from simulator.sequence import Sequence, SequenceGroup
 from simulator.span import run_span, span_length
+from simulator.stepping import exact_step
 from traces.prefix import block_keys
 from traces.schema import validate_trace
 
@@ -39,7 +44,7 @@ class SimResult:
 
 
 class _Run:
-    """Mutable state of one simulation (kept in one place so the loop below stays short)."""
+    """Mutable state of one simulation (kept in one place so the loops stay short)."""
 
     def __init__(self, trace: pd.DataFrame, config: SimConfig):
         self.cfg = config
@@ -57,16 +62,22 @@ class _Run:
         self.output = trace["output_len"].to_numpy(np.int64)
         self.n = trace["n"].to_numpy(np.int64)
         self.beam = trace["beam_width"].to_numpy(np.int64)
+        # Plain-list copies: the loops index them one request at a time, which numpy does slowly.
+        self.arrival_s: list[float] = self.arrival.tolist()
+        self.output_len: list[int] = self.output.tolist()
+        self._prompt_len: list[int] = self.prompt.tolist()
+        self._width: list[int] = np.where(self.beam > 1, self.beam, self.n).tolist()
         has_prefix = "prefix_blocks" in trace.columns and config.allocator == "paged"
         self.prefix = trace["prefix_blocks"].to_numpy() if has_prefix else None
         self.prefix_bs = trace["prefix_block_size"].to_numpy() if has_prefix else None
-        num = len(trace)
+        self.num_requests = num = len(trace)
         self.admitted = np.full(num, np.nan)
         self.first_token = np.full(num, np.nan)
         self.finish = np.full(num, np.nan)
         self.preemptions = np.zeros(num, np.int64)
         self.rejected = np.zeros(num, bool)
         self.hit_tokens = np.zeros(num, np.int64)
+        self.num_done = 0  # finished or rejected requests
         self.mem = MemoryLog()
         self.now = 0.0
         self.step = 0
@@ -74,6 +85,8 @@ class _Run:
         self.next_seq_id = 0
         self.busy_s = 0.0
         self.batch_s = 0.0  # integral of the number of running requests over busy time
+        self.batch = DecodeBatch(self)
+        self.blocked_head: SequenceGroup | None = None  # head of the queue after the last fast step
 
     def new_seq_id(self) -> int:
         """A fresh sequence id."""
@@ -82,14 +95,14 @@ class _Run:
 
     def make_group(self, i: int) -> SequenceGroup:
         """The sequence group of request row `i` (n samples or a beam share the prompt)."""
-        p, o = int(self.prompt[i]), int(self.output[i])
+        p = self._prompt_len[i]
+        final = p + self.output_len[i] - 1
         keys = ()
         if self.prefix is not None and isinstance(self.prefix[i], (list, tuple, np.ndarray)):
             keys = block_keys(self.prefix[i], int(self.prefix_bs[i]), self.block_size, p)
-        width = int(self.beam[i]) if self.beam[i] > 1 else int(self.n[i])
-        seqs = [Sequence(self.new_seq_id(), p, p + o - 1, request_id=i, prefix_keys=keys)
-                for _ in range(width)]
-        return SequenceGroup(i, seqs, float(self.arrival[i]), n=int(self.n[i]), beam_width=int(self.beam[i]))
+        seqs = [Sequence(self.new_seq_id(), p, final, request_id=i, prefix_keys=keys)
+                for _ in range(self._width[i])]
+        return SequenceGroup(i, seqs, self.arrival_s[i], n=int(self.n[i]), beam_width=int(self.beam[i]))
 
     def head(self) -> SequenceGroup | None:
         """The request at the head of the waiting queue."""
@@ -106,6 +119,13 @@ class _Run:
         if self.recorder is not None:
             self.recorder.now = t
 
+    def idle_until(self, t: float) -> None:
+        """Nothing to run until the next arrival: record the idle gap (it counts in time-weighted means)."""
+        if t > self.now:
+            self.mem.add_breakdown(self.step, self.now, t - self.now, self.alloc.breakdown(self.head()),
+                                   self.counts(), 0, self.block_size, num_steps=0)
+        self.set_clock(max(t, self.now))
+
 
 def simulate(trace: pd.DataFrame, config: SimConfig,
              progress: Callable[[int, int], None] | None = None) -> SimResult:
@@ -113,121 +133,38 @@ def simulate(trace: pd.DataFrame, config: SimConfig,
     wall0 = time.perf_counter()
     trace = validate_trace(trace, source="trace")
     run = _Run(trace, config)
-    num = len(trace)
+    num = run.num_requests
+    sched, batch, arrival = run.sched, run.batch, run.arrival_s
     fast = config.mode == "fast"
-    last_report = 0
-    while run.next < num or run.sched.has_unfinished():
-        while run.next < num and run.arrival[run.next] <= run.now:
-            run.sched.add_request(run.make_group(run.next))
+    next_report = 2000
+    while run.next < num or sched.has_unfinished():
+        while run.next < num and arrival[run.next] <= run.now:
+            sched.add_request(run.make_group(run.next))
             run.next += 1
-        if not run.sched.has_unfinished():
-            _idle_until(run, float(run.arrival[run.next]))
+        if not sched.has_unfinished():
+            run.idle_until(arrival[run.next])
             continue
-        if fast:
-            k, dts = span_length(run)
+        if fast and (batch.active or batch.activate()):
+            # A request that just joined the queue is usually admitted at once: try that step first.
+            k = 0
+            if not sched.waiting or sched.waiting[0] is run.blocked_head:
+                k, timing = span_length(run)
             if k:
-                run_span(run, k, dts)
-                _finish_done(run, [g for g in run.sched.running])
-                continue
-        out = run.sched.schedule()
-        _bookkeep(run, out)
-        if out.is_empty:
-            if out.rejected:
-                continue
-            if run.next < num:
-                _idle_until(run, float(run.arrival[run.next]))
-                continue
-            raise RuntimeError("scheduler stalled with work left and no future arrival (a bug)")
-        dt = _step_time(run, out)
-        run.mem.add_breakdown(run.step, run.now, dt, run.alloc.breakdown(run.head()), run.counts(),
-                              out.num_batched_tokens, run.block_size)
-        run.busy_s += dt
-        run.batch_s += dt * len(run.sched.running)
-        run.set_clock(run.now + dt)
-        run.step += 1
-        run.sched.commit(out)
-        _sample(run, out)
-        if progress is not None and run.step - last_report >= 2000:
-            last_report = run.step
-            progress(int(np.count_nonzero(~np.isnan(run.finish) | run.rejected)), num)
+                run_span(run, k, timing)
+                done = finish_batch(run)
+                if done:
+                    sched.remove_groups(done)
+            elif not fast_step(run):
+                exact_step(run)
+        else:
+            exact_step(run)
+        if progress is not None and run.step >= next_report:
+            next_report = run.step + 2000
+            progress(run.num_done, num)
     if progress is not None:
         progress(num, num)
+    batch.deactivate()
     return _result(run, time.perf_counter() - wall0)
-
-
-def _idle_until(run: _Run, t: float) -> None:
-    """Nothing to run until the next arrival: record the idle gap (it counts in time-weighted means)."""
-    if t > run.now:
-        run.mem.add_breakdown(run.step, run.now, t - run.now, run.alloc.breakdown(run.head()), run.counts(),
-                              0, run.block_size, num_steps=0)
-    run.set_clock(max(t, run.now))
-
-
-def _bookkeep(run: _Run, out: SchedulerOutput) -> None:
-    for g in out.rejected:
-        run.rejected[g.request_id] = True
-    for g in out.admitted:
-        i = g.request_id
-        if math.isnan(run.admitted[i]):
-            run.admitted[i] = run.now
-            run.hit_tokens[i] = run.sched.hit_tokens.get(i, 0)
-    for g in out.preempted:
-        run.preemptions[g.request_id] += 1
-
-
-def _step_time(run: _Run, out: SchedulerOutput) -> float:
-    """Roofline (or fitted) time of the step plus any swap traffic over PCIe."""
-    q_lens, ctx_lens = [], []
-    for sg in out.scheduled:
-        seqs = [s for s in sg.group.seqs if s.status is not SequenceStatus.FINISHED]
-        if sg.is_prefill:
-            left = run.sched.prefill_left[sg.group.request_id]
-            n = seqs[0].length
-            base = n if all(s.length == n for s in seqs) else sum(s.length for s in seqs)
-            q_lens.append(sg.num_new_tokens)
-            ctx_lens.append(base - left + sg.num_new_tokens)
-        else:
-            for s in seqs:
-                q_lens.append(1)
-                ctx_lens.append(s.num_tokens)
-    dt = run.latency.step_time(*step_features(np.asarray(q_lens), np.asarray(ctx_lens)))
-    swapped = out.blocks_to_swap_in + out.blocks_to_swap_out
-    if swapped:
-        slots = sum(c[2] if len(c) == 3 else run.block_size for c in swapped)
-        dt += run.latency.swap_time(slots, 1)
-    return dt
-
-
-def _sample(run: _Run, out: SchedulerOutput) -> None:
-    """Every group that computed logits this step samples one token per live sequence."""
-    touched = []
-    for sg in out.scheduled:
-        if sg.is_prefill and not sg.completes_prefill:
-            continue
-        g = sg.group
-        for s in g.seqs:
-            if s.status is not SequenceStatus.FINISHED:
-                s.append_token()
-        if math.isnan(run.first_token[g.request_id]):
-            run.first_token[g.request_id] = run.now
-        touched.append(g)
-    _finish_done(run, touched)
-
-
-def _finish_done(run: _Run, groups: list[SequenceGroup]) -> None:
-    """Free requests that reached their output length; fork/prune the beams that go on."""
-    for g in groups:
-        i = g.request_id
-        live = [s for s in g.seqs if s.status is not SequenceStatus.FINISHED]
-        if not live:
-            continue
-        if live[0].num_generated >= run.output[i]:
-            for s in live:
-                run.sched.finish_seq(s)
-            run.finish[i] = run.now
-        elif g.beam_width > 1:
-            beam_step(g, run.alloc, run.rng, run.new_seq_id, run.cfg.beam_alpha)
-    run.sched.remove_finished()
 
 
 def _result(run: _Run, wall_s: float) -> SimResult:

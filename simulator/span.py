@@ -1,10 +1,11 @@
-"""Fast mode: advance a run of plain decode steps in one go.
+"""Fast mode's spans: advance a run of plain decode steps in one go.
 
 A span is a run of K steps in which, were they executed one by one, every step would do the same
 thing: each running sequence gets one slot and samples one token, nobody is admitted, swapped,
 preempted, rejected or finished before the last step, and no arrival could change a decision. Then the
-K steps collapse into one bulk `append_slots(seq, K)` per sequence, K step times computed at once
-(vectorized latency model), and one memory row holding the span's exact time-weighted means.
+K steps collapse into the decode batch's bulk advance (simulator/batch.py: the blocks the K steps take,
+in the order step mode takes them), K step times computed at once (vectorized latency model, summed in
+the same order as step mode's clock) and one memory row holding the span's exact time-weighted means.
 """
 from __future__ import annotations
 
@@ -13,8 +14,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from simulator.allocator import AllocStatus
-from simulator.block_manager import BlockManager
-from simulator.sequence import Sequence, SequenceStatus
 
 if TYPE_CHECKING:
     from simulator.simulate import _Run
@@ -22,147 +21,169 @@ if TYPE_CHECKING:
 _NO_SPAN = (0, None)
 
 
-def _live(run: _Run) -> list[Sequence] | None:
-    seqs = []
-    for g in run.sched.running:
-        if g.beam_width > 1:
-            return None  # beams fork and prune every step
-        seqs.extend(s for s in g.seqs if s.status is not SequenceStatus.FINISHED)
-    return seqs
-
-
 def _admission_blocked(run: _Run, num_decode_tokens: int) -> bool:
     """Whether `Scheduler._admit` would leave the head waiting, and keep doing so while memory shrinks."""
     sched = run.sched
     head = sched.waiting[0]
-    seqs = [s for s in head.seqs if s.status is not SequenceStatus.FINISHED]
+    seqs = head.live_seqs()
     limit = sched.config.max_model_len
     if seqs[0].length > limit or (seqs[0].final_len or 0) > limit:
         return False  # it would be rejected now
     status = run.alloc.can_allocate(head)
     if status is AllocStatus.NEVER:
         return False
-    room = sched.config.token_budget - num_decode_tokens
+    room = sched.token_budget - num_decode_tokens
     if status is AllocStatus.LATER or len(sched.running) >= sched.config.max_num_seqs or room <= 0:
         return True
     return not sched.config.enable_chunked_prefill and sched._prefill_tokens(seqs) > room
 
 
-def span_length(run: _Run) -> tuple[int, np.ndarray | None]:
-    """How many steps can be advanced at once from here (0: take a normal step), and their durations."""
-    sched = run.sched
-    if sched.swapped or sched.prefill_left or not sched.running:
-        return _NO_SPAN
-    seqs = _live(run)
-    if not seqs:
-        return _NO_SPAN
-    b = len(seqs)
-    if sched.waiting and not _admission_blocked(run, b):
-        return _NO_SPAN
-    n = np.fromiter((s.num_tokens for s in seqs), np.int64, b)
-    gen = np.fromiter((s.num_generated for s in seqs), np.int64, b)
-    rid = np.fromiter((s.request_id for s in seqs), np.int64, b)
-    k = int((run.output[rid] - gen).min())  # the first completion ends the span
-    alloc = run.alloc
-    if isinstance(alloc, BlockManager):
-        bs = alloc.block_size
-        for s in seqs:  # a shared partial block is copied on the next append: take that step normally
-            if s.num_tokens % bs and alloc.ref_count(s.block_table[-1]) > 1:
-                return _NO_SPAN
-        base = -(-n // bs)
-        free = alloc.num_free_blocks
+_SMALL = 24  # spans up to this many steps are computed with scalar Python (numpy's call overhead dominates)
 
-        def need(steps: int) -> int:
-            return int((-(-(n + steps) // bs) - base).sum())
 
-        if need(k) > free:  # stop before the step in which some sequence would find no block
-            lo, hi = 0, k
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                lo, hi = (mid, hi) if need(mid) <= free else (lo, mid - 1)
-            k = lo
+def span_length(run: _Run) -> tuple[int, tuple | None]:
+    """How many steps can be advanced at once from here (0: take a single step), with their durations
+    and the clock at the start of each (and after the last)."""
+    batch, sched = run.batch, run.sched
+    b = batch.size
+    if not b or (sched.waiting and not _admission_blocked(run, b)):
+        return _NO_SPAN
+    k = batch.next_finish  # the first completion ends the span (its step included)
+    if batch.paged:  # stop before the step in which some sequence would find no block
+        free = run.alloc.num_free_blocks
+        if free < b * (k // batch.block_size + 1):  # else even k steps cannot run out
+            k = min(k, batch.steps_within(free))
     if k < 2:
         return _NO_SPAN
-    ctx = n.sum() + b * np.arange(1, k + 1, dtype=np.int64)
+    tokens = batch.tokens
+    now = run.now
+    arrival = None
+    if not sched.waiting and run.next < run.num_requests:
+        # A step that starts at or after the next arrival would enqueue (and maybe admit) it. Steps only
+        # get longer as contexts grow, so the first one bounds how many can start before the arrival.
+        arrival = run.arrival_s[run.next]
+        first = run.latency.step_time(b, tokens + b, tokens + b)
+        if now + first >= arrival:
+            return _NO_SPAN
+        k = min(k, int((arrival - now) / first) + 2)
+    if k <= _SMALL:
+        step_time = run.latency.step_time
+        dts, clock = [], [now]
+        t, ctx = now, tokens
+        for j in range(k):
+            if arrival is not None and t >= arrival:
+                k = j
+                break
+            ctx += b
+            dt = step_time(b, ctx, ctx)
+            dts.append(dt)
+            t += dt  # the same sequence of additions as step mode's clock
+            clock.append(t)
+        return (k, (dts, clock)) if k >= 2 else _NO_SPAN
+    ctx = tokens + b * np.arange(1, k + 1, dtype=np.int64)
     dts = run.latency.step_times(np.full(k, b, dtype=np.int64), ctx, ctx)
-    if not sched.waiting and run.next < len(run.arrival):
-        # A step that starts at or after the next arrival would enqueue (and maybe admit) it.
-        starts = run.now + np.concatenate(([0.0], np.cumsum(dts[:-1])))
-        k = min(k, int(np.searchsorted(starts, run.arrival[run.next], side="left")))
-        dts = dts[:k]
-    return (k, dts) if k >= 2 else _NO_SPAN
+    clock = np.cumsum(np.concatenate(([now], dts)))  # sequential sums: step mode's clock, bit for bit
+    if arrival is not None:
+        k = min(k, int(np.searchsorted(clock[:k], arrival, side="left")))
+    return (k, (dts[:k], clock[:k + 1])) if k >= 2 else _NO_SPAN
 
 
-def run_span(run: _Run, k: int, dts: np.ndarray) -> None:
+def run_span(run: _Run, k: int, timing: tuple) -> None:
     """Execute `k` decode steps at once and log one memory row with the span's time-weighted means."""
-    seqs = _live(run)
-    b = len(seqs)
-    alloc = run.alloc
-    head = run.head()
-    b0 = alloc.breakdown(head)
-    n0 = np.fromiter((s.num_tokens for s in seqs), np.int64, b)
-    cum = np.cumsum(dts)
-    starts = run.now + np.concatenate(([0.0], cum[:-1]))
-    _log_span(run, seqs, n0, b0, k, dts)
-    rec = run.recorder
-    bs = alloc.block_size
-    for j, s in enumerate(seqs):
-        c0 = len(rec.start) if rec is not None else 0
-        old = len(s.block_table)
-        alloc.append_slots(s, k)
-        s.num_generated += k
-        if rec is not None and len(rec.start) > c0:
-            # Each new block was taken at the step that wrote its first token.
-            first_tok = (old + np.arange(len(rec.start) - c0)) * bs
-            rec.t_start[c0:] = starts[first_tok - n0[j]].tolist()
-    run.busy_s += float(cum[-1])
-    run.batch_s += float(cum[-1]) * len(run.sched.running)
-    run.set_clock(run.now + float(cum[-1]))
+    dts, clock = timing
+    batch = run.batch
+    if isinstance(dts, list):
+        total = sum(dts)
+        _log_small_span(run, k, dts, total)
+        times = clock[:k] if run.recorder is not None and batch.paged else None
+    else:
+        total = float(dts.sum())
+        _log_span(run, k, dts, total)
+        times = clock[:k].tolist() if run.recorder is not None and batch.paged else None
+    batch.advance(k, times)
+    run.busy_s += total
+    run.batch_s += total * len(run.sched.running)
+    run.set_clock(float(clock[k]))
     run.step += k
 
 
-def _log_span(run: _Run, seqs: list[Sequence], n0: np.ndarray, b0, k: int, dts: np.ndarray) -> None:
-    """The exact time-weighted mean of each memory state over the span's steps."""
-    alloc = run.alloc
-    cap = b0.capacity
-    steps = np.arange(1, k + 1, dtype=np.int64)
-    b = len(seqs)
-    tokens = b0.token_states + b * steps
-    if isinstance(alloc, BlockManager):
-        bs = alloc.block_size
-        r = (-n0) % bs  # empty slots left in each sequence's last block
-        first = r + 1  # step at which each sequence takes its first new block
-        counts = np.where(first <= k, (k - first) // bs + 1, 0)
-        delta = np.zeros(k + 2, np.int64)
-        if counts.sum():
-            starts_ = np.repeat(first, counts)
-            offs = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-            np.add.at(delta, starts_ + offs * bs, 1)
-        new = np.cumsum(delta)[steps]
-        used = b0.allocated // bs + new
-        final = np.fromiter((s.final_len for s in seqs), np.int64, b)
-        fb, cb = -(-final // bs), -(-n0 // bs)
-        gets_final = (fb > cb) & (first + bs * (fb - cb - 1) <= k)
-        wdelta = np.zeros(k + 2, np.int64)
-        np.add.at(wdelta, (first + bs * (fb - cb - 1))[gets_final], (fb * bs - final)[gets_final])
-        allocated = used * bs
-        internal = np.minimum(b0.internal_fragmentation + np.cumsum(wdelta)[steps], allocated - tokens)
-        reservation = allocated - tokens - internal
-        free = (alloc.num_blocks - used) * bs
+def _log_small_span(run: _Run, k: int, dts: list[float], total: float) -> None:
+    """`_log_span` for a few steps, in scalar arithmetic: the states after each step, weighted by its time."""
+    alloc, batch = run.alloc, run.batch
+    b = batch.size
+    cap, tok0, resv0, internal0, external, free0, cached0, allocated0 = alloc.breakdown_slots(run.head())
+    acc_tokens = sum(dt * (j + 1) for j, dt in enumerate(dts)) * b + tok0 * total
+    if batch.paged:
+        bs, d = batch.block_size, batch.phase
+        buckets, waste_at = batch.buckets, batch.waste_at
+        used0 = allocated0 // bs
+        internal_slots = alloc.num_internal_slots
         uncached = alloc.num_free_blocks - alloc.num_cached_free_blocks
-        cached = b0.cached_free - np.maximum(0, new - uncached) * bs
-        external = np.full(k, b0.external_fragmentation)
+        free_blocks0 = alloc.num_blocks - used0
+        new = waste = 0
+        acc_internal = acc_allocated = acc_free = acc_cached = 0.0
+        held = tok0
+        for j, dt in enumerate(dts):
+            new += len(buckets[(d + j) % bs])
+            if waste_at:
+                waste += waste_at.get(d + j, 0)
+            held += b
+            allocated = (used0 + new) * bs
+            internal = min(internal_slots + waste, allocated - held)
+            acc_internal += dt * internal
+            acc_allocated += dt * allocated
+            acc_free += dt * (free_blocks0 - new)
+            if new > uncached:
+                acc_cached += dt * (new - uncached)
+        reservation = acc_allocated - acc_tokens - acc_internal
+        acc_free *= bs
+        acc_cached = cached0 * total - acc_cached * bs
+        blocks_used = used0 + new
     else:
-        allocated = np.full(k, b0.allocated)
-        reservation = b0.reservation - b * steps
-        internal = np.full(k, b0.internal_fragmentation)
-        external = np.full(k, b0.external_fragmentation)
-        free = np.full(k, b0.free)
-        cached = np.zeros(k)
-        used = allocated // alloc.block_size
-    w = dts / dts.sum()
-    fractions = {"token_states": float(tokens @ w) / cap, "reservation": float(reservation @ w) / cap,
-                 "internal_fragmentation": float(internal @ w) / cap,
-                 "external_fragmentation": float(external @ w) / cap, "free": float(free @ w) / cap}
-    run.mem.add(run.step, k, run.now, float(dts.sum()), fractions, float(cached @ w) / cap,
-                float(allocated @ w) / cap, run.counts(), b, int(used[-1]))
+        reservation = resv0 * total - (acc_tokens - tok0 * total)
+        acc_internal, acc_free = internal0 * total, free0 * total
+        acc_cached, acc_allocated = cached0 * total, allocated0 * total
+        blocks_used = allocated0 // alloc.block_size
+    scale = 1.0 / (total * cap)
+    run.mem.add_row(run.step, k, run.now, total, acc_tokens * scale, reservation * scale,
+                    acc_internal * scale, external / cap, acc_free * scale, acc_cached * scale,
+                    acc_allocated * scale, run.counts(), b, blocks_used)
+
+
+def _log_span(run: _Run, k: int, dts: np.ndarray, total: float) -> None:
+    """The exact time-weighted mean of each memory state over the span's steps (states after each step's
+    appends, as step mode logs them)."""
+    alloc, batch = run.alloc, run.batch
+    b = batch.size
+    cap, tok0, resv0, internal0, external, free0, cached0, allocated0 = alloc.breakdown_slots(run.head())
+    w = dts / total
+    steps = np.arange(1, k + 1, dtype=np.int64)
+    mean_steps = float(steps @ w)
+    tokens = tok0 + b * mean_steps
+    if batch.paged:
+        bs = batch.block_size
+        sizes = np.fromiter((len(x) for x in batch.buckets), np.int64, bs)
+        new = np.cumsum(sizes[(batch.phase + np.arange(k)) % bs])  # blocks taken by the end of each step
+        used = allocated0 // bs + new
+        allocated = used * bs
+        waste = np.zeros(k, np.int64)
+        for phase, slots in batch.waste_at.items():
+            if 0 <= phase - batch.phase < k:
+                waste[phase - batch.phase] += slots
+        held = tok0 + b * steps
+        internal = np.minimum(alloc.num_internal_slots + np.cumsum(waste), allocated - held)
+        uncached = alloc.num_free_blocks - alloc.num_cached_free_blocks
+        cached = cached0 - np.maximum(0, new - uncached) * bs
+        reservation = float((allocated - held - internal) @ w)
+        internal_mean = float(internal @ w)
+        free = float(((alloc.num_blocks - used) * bs) @ w)
+        cached_mean = float(cached @ w)
+        allocated_mean = float(allocated @ w)
+        blocks_used = int(used[-1])
+    else:
+        reservation = resv0 - b * mean_steps
+        internal_mean, free, cached_mean, allocated_mean = internal0, free0, cached0, allocated0
+        blocks_used = allocated0 // alloc.block_size
+    run.mem.add_row(run.step, k, run.now, total, tokens / cap, reservation / cap, internal_mean / cap,
+                    external / cap, free / cap, cached_mean / cap, allocated_mean / cap, run.counts(), b,
+                    blocks_used)
