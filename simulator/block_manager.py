@@ -16,7 +16,7 @@ from simulator.allocator import AllocStatus, KVAllocator, MemoryBreakdown, Regio
 from simulator.block_pool import BlockPool
 from simulator.block_swap import SwapMixin
 from simulator.errors import AllocationError, ConfigError
-from simulator.sequence import Sequence, SequenceGroup, SequenceStatus
+from simulator.sequence import Sequence, SequenceGroup, SequenceStatus, shares_allocation
 
 _NO_COPIES: list = []
 
@@ -158,13 +158,15 @@ class BlockManager(BlockPool, SwapMixin, KVAllocator):
         seqs = group.live_seqs()
         if not seqs:
             raise AllocationError(f"request {group.request_id}: every sequence has finished")
-        if len(seqs) > 1 and _shared(seqs):
+        if len(seqs) > 1 and shares_allocation(seqs):
             seqs = seqs[:1]
         bs = self.block_size
         needed = 0
         for s in seqs:
             needed += -(-s.length // bs)
-        if needed > self.num_blocks - self.watermark_blocks:
+        # A sequence whose final length can never fit would preempt itself forever: refuse it now.
+        final = max(-(-max(s.length, s.final_len or 0) // bs) for s in seqs)
+        if max(needed, final) > self.num_blocks - self.watermark_blocks:
             return AllocStatus.NEVER
         # Hits on referenced blocks cost nothing; hits on evictable ones use up a free block like a miss.
         required = needed
@@ -230,7 +232,7 @@ class BlockManager(BlockPool, SwapMixin, KVAllocator):
         if status is not AllocStatus.OK:
             raise AllocationError(f"request {group.request_id}: cannot allocate its blocks now "
                                   f"({status.value}); {self.num_free_blocks} free")
-        if len(seqs) == 1 or _shared(seqs):
+        if len(seqs) == 1 or shares_allocation(seqs):
             hit = self._allocate_one(seqs[0], group.request_id)
             for s in seqs[1:]:
                 for bid in seqs[0].block_table:
@@ -406,11 +408,4 @@ class BlockManager(BlockPool, SwapMixin, KVAllocator):
         """Recompute ref counts, pools and fill levels from the block tables; raise on any mismatch."""
         from simulator.invariants import check_block_manager
         check_block_manager(self)
-
-
-def _shared(seqs: list[Sequence]) -> bool:
-    """Whether the sequences can share one allocation (same tokens so far)."""
-    n = seqs[0].length
-    return all(s.length == n for s in seqs) and (
-        seqs[0].token_ids is None or all(s.token_ids == seqs[0].token_ids for s in seqs))
 

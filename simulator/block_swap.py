@@ -18,9 +18,11 @@ class SwapMixin:
         return len(blocks) <= len(self._cpu_free)
 
     def can_swap_in(self, group: SequenceGroup) -> bool:
-        """Whether the device has room (above the watermark) for the group's distinct CPU blocks."""
-        blocks = {b for s in group.seqs if s.seq_id in self._cpu_seqs for b in s.cpu_block_table}
-        return self.num_free_blocks - len(blocks) >= self.watermark_blocks
+        """Whether the device has room (above the watermark) for the group's distinct CPU blocks, plus one
+        block per sequence for the slot each gets right after coming back."""
+        seqs = [s for s in group.seqs if s.seq_id in self._cpu_seqs]
+        blocks = {b for s in seqs for b in s.cpu_block_table}
+        return self.num_free_blocks - len(blocks) - len(seqs) >= self.watermark_blocks
 
     def _cpu_decref(self, cid: int) -> None:
         self._cpu_ref[cid] -= 1

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from simulator.allocator import AllocStatus, KVAllocator
 from simulator.errors import ConfigError
-from simulator.sequence import Sequence, SequenceGroup, SequenceStatus
+from simulator.sequence import Sequence, SequenceGroup, SequenceStatus, shares_allocation
 
 PREEMPTION_MODES = ("recompute", "swap")
 
@@ -111,10 +111,9 @@ class Scheduler:
 
     def _prefill_tokens(self, seqs: list[Sequence]) -> int:
         """Tokens a (re)admitted group computes: one shared prompt, or each diverged sequence."""
-        n = seqs[0].length
-        if len(seqs) == 1:
-            return n
-        return n if all(s.length == n for s in seqs) else sum(s.length for s in seqs)
+        if len(seqs) == 1 or shares_allocation(seqs):
+            return seqs[0].length
+        return sum(s.length for s in seqs)
 
     def schedule(self) -> SchedulerOutput:
         """Decide the next step."""
@@ -230,9 +229,10 @@ class Scheduler:
         """Swap the group out if configured and possible, else free it for recomputation."""
         self.num_preemptions += 1
         out.preempted.append(group)
-        self.prefill_left.pop(group.request_id, None)
+        mid_prefill = self.prefill_left.pop(group.request_id, None) is not None
         seqs = self._live(group)
-        if self.config.preemption_mode == "swap" and self.allocator.can_swap_out(group):
+        # A partly computed prompt is not worth swapping (and its progress would be lost): recompute it.
+        if self.config.preemption_mode == "swap" and not mid_prefill and self.allocator.can_swap_out(group):
             out.blocks_to_swap_out.extend(self.allocator.swap_out(group))
             for s in seqs:
                 s.status = SequenceStatus.SWAPPED

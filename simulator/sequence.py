@@ -137,3 +137,10 @@ class SequenceGroup:
 
     def __repr__(self) -> str:
         return f"SequenceGroup(req={self.request_id}, seqs={[s.seq_id for s in self.seqs]})"
+
+
+def shares_allocation(seqs: list[Sequence]) -> bool:
+    """Whether the sequences can share one allocation (the same tokens so far)."""
+    n = seqs[0].length
+    return all(s.length == n for s in seqs) and (
+        seqs[0].token_ids is None or all(s.token_ids == seqs[0].token_ids for s in seqs))

@@ -36,8 +36,8 @@ def test_append_inside_block_allocates_nothing_and_crossing_allocates_one(paged,
 
 def test_bulk_append_matches_single_appends(make_group):
     for k in (1, 3, 4, 5, 17, 64):
-        one = BlockManager(40, 4, debug=True)
-        bulk = BlockManager(40, 4, debug=True)
+        one = BlockManager(60, 4, debug=True)
+        bulk = BlockManager(60, 4, debug=True)
         g1, g2 = make_group(6, 200), make_group(6, 200)
         one.allocate(g1)
         bulk.allocate(g2)

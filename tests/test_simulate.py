@@ -164,3 +164,28 @@ def test_events_cover_allocations():
     f = fast.events.sort_values(key + ["t_start_s"]).reset_index(drop=True)
     s = step.events.sort_values(key + ["t_start_s"]).reset_index(drop=True)
     np.testing.assert_allclose(np.sort(f["t_start_s"]), np.sort(s["t_start_s"]), rtol=1e-9)
+
+
+def test_request_whose_final_length_never_fits_is_rejected_not_livelocked():
+    # The prompt fits the pool, but prompt + output does not: it would preempt itself forever.
+    trace = pd.DataFrame({"request_id": [0, 1], "arrival_s": [0.0, 0.0],
+                          "prompt_len": [100, 100], "output_len": [2000, 50]})
+    res = simulate(trace, SimConfig(allocator="paged", model="opt-13b", capacity_tokens=1024, block_size=16,
+                                    max_model_len=4096, watermark=0.0))
+    assert res.requests["rejected"].tolist() == [True, False]
+    assert res.summary["num_finished"] == 1
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_swap_preemption_on_a_tiny_pool_never_overcommits(chunked):
+    # Tiny pool, swap preemption (and chunked prefill): swapped groups must come back with room to decode.
+    trace = _trace(num_requests=40, arrival="burst", lengths="uniform", prompt_range=(8, 60),
+                   output_range=(5, 60), max_model_len=256, seed=7)
+    for mode in ("fast", "step"):
+        res = simulate(trace, SimConfig(allocator="paged", model="opt-13b", capacity_tokens=72, block_size=8,
+                                        max_model_len=256, preemption_mode="swap", swap_space_gb=1.0,
+                                        watermark=0.0, enable_chunked_prefill=chunked,
+                                        max_num_batched_tokens=64 if chunked else None, max_num_seqs=16,
+                                        debug=True, mode=mode))
+        assert res.summary["num_finished"] + res.summary["num_rejected"] == 40
+        assert res.summary["num_preemptions"] > 0
