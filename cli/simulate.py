@@ -76,6 +76,7 @@ def simulate_cmd(
     out: Path = typer.Option(None, "--out", "-o", help="Write a run folder here."),
     table_format: str = typer.Option("parquet", "--table-format", help="parquet or csv."),
     plot: bool = typer.Option(False, help="Draw the figures into OUT/figures after simulating."),
+    sharing: bool = typer.Option(False, help="Also measure the blocks saved by sharing (paged, step mode)."),
 ) -> None:
     """Replay a request trace against KV-cache allocators and compare where the memory goes."""
     from simulator.config import SimConfig
@@ -119,6 +120,12 @@ def simulate_cmd(
             report = lambda done, total, t=task: progress.update(t, completed=done)  # noqa: E731
             results[name] = simulate(df, cfg, progress=report)
     console.print(comparison_table({n: r.summary for n, r in results.items()}))
+    if sharing:
+        from simulator.sharing import sharing_saving
+        r = sharing_saving(df, dataclasses.replace(base, allocator="paged"))
+        console.print(f"sharing saves {100 * r['saving']:.1f}% of blocks (paged, step average): "
+                      f"{r['mean_physical_blocks']:.0f} physical vs "
+                      f"{r['mean_logical_blocks']:.0f} logical blocks")
     if out is not None:
         from cli.runs import write_run
         write_run(out, info, results, table_format)

@@ -128,8 +128,13 @@ class _Run:
 
 
 def simulate(trace: pd.DataFrame, config: SimConfig,
-             progress: Callable[[int, int], None] | None = None) -> SimResult:
-    """Replay `trace` against the configured allocator and scheduler."""
+             progress: Callable[[int, int], None] | None = None,
+             observer: Callable[[_Run], None] | None = None) -> SimResult:
+    """Replay `trace` against the configured allocator and scheduler.
+
+    `observer`, if given, is called with the run state after every loop iteration (a step, or a span in
+    fast mode); it must not change anything.
+    """
     wall0 = time.perf_counter()
     trace = validate_trace(trace, source="trace")
     run = _Run(trace, config)
@@ -158,6 +163,8 @@ def simulate(trace: pd.DataFrame, config: SimConfig,
                 exact_step(run)
         else:
             exact_step(run)
+        if observer is not None:
+            observer(run)
         if progress is not None and run.step >= next_report:
             next_report = run.step + 2000
             progress(run.num_done, num)

@@ -189,3 +189,15 @@ def test_swap_preemption_on_a_tiny_pool_never_overcommits(chunked):
                                         debug=True, mode=mode))
         assert res.summary["num_finished"] + res.summary["num_rejected"] == 40
         assert res.summary["num_preemptions"] > 0
+
+
+def test_sharing_savings_order_like_the_paper():
+    from simulator.sharing import sharing_saving
+    cfg = SimConfig(allocator="paged", model="opt-13b", kv_memory_gb=12, max_model_len=2048,
+                    enable_prefix_caching=False)
+    saving = {}
+    for label, kw in (("single", {}), ("n4", {"n": 4}), ("beam4", {"beam_width": 4})):
+        trace = _trace(num_requests=80, arrival="burst", lengths="alpaca", seed=4, **kw)
+        saving[label] = sharing_saving(trace, cfg)["saving"]
+    assert saving["single"] == 0.0  # nothing is shared without samples, beams or prefix hits
+    assert 0.0 < saving["n4"] < saving["beam4"] < 1.0
