@@ -23,7 +23,10 @@ class SchedulerConfig:
     """Batching limits and policies."""
 
     max_num_seqs: int = 256
-    max_num_batched_tokens: int | None = None  # default: max(max_model_len, 2048), or 512 when chunking
+    # Default: max(max_model_len, 2048) + max_num_seqs, so the longest admissible prompt always fits next to
+    # a full batch of decodes (vLLM's max(max_model_len, 2048) lets one long prompt block the queue until the
+    # batch drains); 512 when chunking.
+    max_num_batched_tokens: int | None = None
     max_model_len: int = 2048
     enable_chunked_prefill: bool = False
     preemption_mode: str = "recompute"
@@ -47,7 +50,7 @@ class SchedulerConfig:
         """Tokens one step may compute."""
         if self.max_num_batched_tokens is not None:
             return self.max_num_batched_tokens
-        return 512 if self.enable_chunked_prefill else max(self.max_model_len, 2048)
+        return 512 if self.enable_chunked_prefill else max(self.max_model_len, 2048) + self.max_num_seqs
 
 
 @dataclass
