@@ -17,8 +17,8 @@ from gpu_backend.model import CausalLM
 from gpu_backend.params import EngineInputError
 from simulator.allocator import KVAllocator, RegionRecorder
 from simulator.block_manager import BlockManager
-from simulator.config import ALLOCATORS
-from simulator.contiguous import ContiguousAllocator
+from simulator.config import build_allocator
+from simulator.errors import ConfigError
 from simulator.scheduler import SchedulerConfig
 from simulator.sequence import Sequence
 
@@ -107,17 +107,13 @@ def swap_tokens(config: EngineConfig, capacity_tokens: int, bytes_per_token: int
 
 def make_allocator(config: EngineConfig, capacity_tokens: int, bytes_per_token: int, max_model_len: int,
                    recorder: RegionRecorder | None = None) -> KVAllocator:
-    """The shared allocator over the pool, built exactly as `simulator.config.make_allocator` builds it."""
-    cpu_tokens = swap_tokens(config, capacity_tokens, bytes_per_token)
-    policy = ALLOCATORS[config.allocator]
-    if policy is None:
-        manager = EngineBlockManager.from_capacity(
-            capacity_tokens, config.block_size, num_cpu_blocks=cpu_tokens // config.block_size,
-            enable_prefix_caching=config.enable_prefix_caching, watermark=config.watermark,
-            debug=config.debug, recorder=recorder)
-        if manager.num_blocks == 0:
-            raise EngineInputError(f"a KV pool of {capacity_tokens} slots holds no block of "
-                                   f"{config.block_size} tokens")
-        return manager
-    return ContiguousAllocator(capacity_tokens, policy, config.placement, max_model_len=max_model_len,
-                               cpu_capacity_tokens=cpu_tokens, debug=config.debug, recorder=recorder)
+    """The shared allocator over the pool, built by the same function the simulator uses."""
+    try:
+        return build_allocator(
+            config.allocator, capacity_tokens, config.block_size,
+            cpu_tokens=swap_tokens(config, capacity_tokens, bytes_per_token), placement=config.placement,
+            max_model_len=max_model_len, enable_prefix_caching=config.enable_prefix_caching,
+            watermark=config.watermark, debug=config.debug, recorder=recorder,
+            block_manager_cls=EngineBlockManager)
+    except ConfigError as exc:
+        raise EngineInputError(str(exc)) from None

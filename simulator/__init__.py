@@ -3,7 +3,8 @@
 Imports no torch, triton or matplotlib: the simulator stays light and fast.
 """
 from simulator.allocator import AllocStatus, KVAllocator, MemoryBreakdown, RegionRecorder
-from simulator.block_manager import BlockManager, BlockManagerStats
+from simulator.block_manager import BlockManager
+from simulator.block_stats import BlockManagerStats
 from simulator.contiguous import ContiguousAllocator
 from simulator.errors import AllocationError, ConfigError, InvariantError
 from simulator.sequence import Sequence, SequenceGroup, SequenceStatus

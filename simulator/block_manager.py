@@ -10,32 +10,15 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, fields
 
 from simulator.allocator import AllocStatus, KVAllocator, MemoryBreakdown, RegionRecorder
 from simulator.block_pool import BlockPool
+from simulator.block_stats import BlockManagerStats
 from simulator.block_swap import SwapMixin
 from simulator.errors import AllocationError, ConfigError
 from simulator.sequence import Sequence, SequenceGroup, SequenceStatus, shares_allocation
 
 _NO_COPIES: list = []
-
-
-@dataclass
-class BlockManagerStats:
-    """Counters a run reports; only mutating methods touch them."""
-
-    prefix_queries: int = 0  # full prompt blocks looked up in the prefix cache
-    prefix_hits: int = 0  # of those, found
-    evictions: int = 0  # cached blocks reused for other content
-    cow_copies: int = 0
-    swapped_out_blocks: int = 0
-    swapped_in_blocks: int = 0
-    allocated_blocks: int = 0  # blocks taken from the free pools
-
-    def as_dict(self) -> dict[str, int]:
-        """The counters as a plain dict."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 class BlockManager(BlockPool, SwapMixin, KVAllocator):

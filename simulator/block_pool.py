@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from collections import OrderedDict
 
     from simulator.allocator import RegionRecorder
-    from simulator.block_manager import BlockManagerStats
+    from simulator.block_stats import BlockManagerStats
 
 
 class BlockPool:

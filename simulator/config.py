@@ -93,19 +93,30 @@ class SimConfig:
         return d
 
 
+def build_allocator(name: str, capacity: int, block_size: int, *, cpu_tokens: int, placement: str,
+                    max_model_len: int, enable_prefix_caching: bool, watermark: float, debug: bool,
+                    recorder: RegionRecorder | None = None,
+                    block_manager_cls: type[BlockManager] = BlockManager) -> KVAllocator:
+    """The allocator called `name` over `capacity` slots (shared by the simulator and the engine)."""
+    if name not in ALLOCATORS:
+        raise ConfigError(f"unknown allocator {name!r}; choose from {', '.join(ALLOCATORS)}")
+    policy = ALLOCATORS[name]
+    if policy is None:
+        bm = block_manager_cls.from_capacity(
+            capacity, block_size, num_cpu_blocks=cpu_tokens // block_size,
+            enable_prefix_caching=enable_prefix_caching, watermark=watermark, debug=debug, recorder=recorder)
+        if bm.num_blocks == 0:
+            raise ConfigError(f"a KV pool of {capacity} slots holds no block of {block_size} tokens")
+        return bm
+    return ContiguousAllocator(capacity, policy, placement, max_model_len=max_model_len,
+                               cpu_capacity_tokens=cpu_tokens, debug=debug, recorder=recorder)
+
+
 def make_allocator(config: SimConfig, recorder: RegionRecorder | None = None) -> KVAllocator:
     """Build the configured allocator over the configured capacity."""
-    capacity = config.capacity()
-    swap_tokens = int(config.swap_space_gb * GIB // config.model_spec.bytes_per_token)
-    policy = ALLOCATORS[config.allocator]
-    if policy is None:
-        bm = BlockManager.from_capacity(
-            capacity, config.block_size, num_cpu_blocks=swap_tokens // config.block_size,
-            enable_prefix_caching=config.enable_prefix_caching, watermark=config.watermark,
-            debug=config.debug, recorder=recorder)
-        if bm.num_blocks == 0:
-            raise ConfigError(f"capacity of {capacity} slots holds no block of {config.block_size}")
-        return bm
-    return ContiguousAllocator(capacity, policy, config.placement,
-                               max_model_len=config.resolved_max_model_len,
-                               cpu_capacity_tokens=swap_tokens, debug=config.debug, recorder=recorder)
+    return build_allocator(
+        config.allocator, config.capacity(), config.block_size,
+        cpu_tokens=int(config.swap_space_gb * GIB // config.model_spec.bytes_per_token),
+        placement=config.placement, max_model_len=config.resolved_max_model_len,
+        enable_prefix_caching=config.enable_prefix_caching, watermark=config.watermark, debug=config.debug,
+        recorder=recorder)
