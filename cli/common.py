@@ -83,9 +83,3 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-
-
-def fail(msg: str) -> None:
-    """Print a user error and exit 2 (for checks done in the CLI itself)."""
-    err_console.print(f"[bold red]error:[/] {msg}", highlight=False)
-    sys.exit(2)

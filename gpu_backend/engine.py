@@ -20,11 +20,12 @@ from gpu_backend.engine_config import EngineConfig
 from gpu_backend.engine_requests import RequestState, check_prompt
 from gpu_backend.engine_step import is_shared, plan_step, resolve_rows, start_prefills
 from gpu_backend.input_batch import SequenceInput, build_model_input
-from gpu_backend.memory import EngineBlockManager, kv_capacity_tokens, make_allocator, swap_tokens
+from gpu_backend.memory import kv_capacity_tokens, make_allocator, swap_tokens
 from gpu_backend.model import CausalLM
 from gpu_backend.params import EngineInputError, RequestOutput, SamplingParams
 from gpu_backend.sampling import SamplingBatch, compute_logprobs, make_generator, sample
 from simulator.allocator import MemoryBreakdown, RegionRecorder
+from simulator.block_manager import BlockManager
 from simulator.scheduler import Scheduler, SchedulerOutput
 from simulator.sequence import Sequence, SequenceStatus
 
@@ -99,7 +100,7 @@ class LLMEngine:
         self.allocator = make_allocator(config, self.capacity_tokens, self.bytes_per_token,
                                         self.max_model_len, recorder)
         self.scheduler = Scheduler(sched_config, self.allocator)
-        paged = isinstance(self.allocator, EngineBlockManager)
+        paged = isinstance(self.allocator, BlockManager)
         self.cache = CacheEngine(
             self.model, contiguous=not paged, block_size=config.block_size,
             num_blocks=self.allocator.num_blocks if paged else self.capacity_tokens,
@@ -145,7 +146,7 @@ class LLMEngine:
                                    f"{params.max_tokens} need {final_len} positions, more than "
                                    f"max_model_len {self.max_model_len}")
         bs, width = self.config.block_size, params.width
-        if isinstance(self.allocator, EngineBlockManager):
+        if isinstance(self.allocator, BlockManager):
             shared = prompt_len // bs
             need = shared + width * (-(-final_len // bs) - shared)
             have = self.allocator.num_blocks - self.allocator.watermark_blocks
@@ -179,10 +180,7 @@ class LLMEngine:
         self.cache.swap_out(out.blocks_to_swap_out)
         self.cache.swap_in(out.blocks_to_swap_in)
         self.cache.copy(out.blocks_to_copy)
-        hits = self.allocator.seq_hit_tokens if isinstance(self.allocator, EngineBlockManager) else None
-        start_prefills(out, sched.prefill_left, hits)
-        if hits is not None:
-            hits.clear()
+        start_prefills(out, sched.prefill_left)
         plan = plan_step(out, sched.prefill_left, self.cache, self._pending_logits)
         batch = build_model_input(plan.inputs, self.cache.block_size, self.device)
         logits = self.model(batch.input_ids, batch.positions, batch.attn_metadata, self.cache.device_cache)

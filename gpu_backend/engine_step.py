@@ -52,11 +52,10 @@ class StepPlan:
     num_rows: int = 0
 
 
-def start_prefills(out: SchedulerOutput, prefill_left: dict[int, int],
-                   seq_hit_tokens: dict[int, int] | None) -> None:
+def start_prefills(out: SchedulerOutput, prefill_left: dict[int, int]) -> None:
     """Set `num_computed_tokens` of every sequence admitted this step (call before `commit`).
 
-    `seq_hit_tokens` is the paged allocator's per-sequence prefix hits (None: contiguous, never any).
+    Sequences that diverged were allocated one by one: each starts after its own prefix-cache hit.
     """
     for group in out.admitted:
         seqs = live_seqs(group)
@@ -66,10 +65,7 @@ def start_prefills(out: SchedulerOutput, prefill_left: dict[int, int],
                 s.num_computed_tokens = s.length - left
             continue
         for s in seqs:
-            if seq_hit_tokens is not None and s.seq_id not in seq_hit_tokens:
-                raise RuntimeError(f"sequence {s.seq_id}: the BlockManager did not report its prefix hit "
-                                   f"(did BlockManager._allocate_one change?)")
-            s.num_computed_tokens = 0 if seq_hit_tokens is None else seq_hit_tokens[s.seq_id]
+            s.num_computed_tokens = s.num_cached_tokens
 
 
 def plan_step(out: SchedulerOutput, prefill_left: dict[int, int], cache: CacheEngine,

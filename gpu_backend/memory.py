@@ -16,32 +16,11 @@ from gpu_backend.kv_cache import KVCache
 from gpu_backend.model import CausalLM
 from gpu_backend.params import EngineInputError
 from simulator.allocator import KVAllocator, RegionRecorder
-from simulator.block_manager import BlockManager
 from simulator.config import build_allocator
 from simulator.errors import ConfigError
 from simulator.scheduler import SchedulerConfig
-from simulator.sequence import Sequence
 
 GIB = 1 << 30
-
-
-class EngineBlockManager(BlockManager):
-    """The simulator's BlockManager, also remembering each sequence's prefix-cache hit at allocation.
-
-    The engine must skip exactly the hit tokens when it computes a prefill. For a group whose sequences
-    share one allocation the scheduler's `prefill_left` says it; for sequences that diverged (a sampled or
-    beam group re-admitted after a recompute preemption) each has its own hit, which only the allocation
-    itself knows. Nothing else changes, so replayed decisions equal simulated ones.
-    """
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.seq_hit_tokens: dict[int, int] = {}
-
-    def _allocate_one(self, seq: Sequence, rid: int) -> int:
-        hit = super()._allocate_one(seq, rid)
-        self.seq_hit_tokens[seq.seq_id] = hit
-        return hit
 
 
 def kv_capacity_tokens(config: EngineConfig, model: CausalLM,
@@ -113,7 +92,7 @@ def make_allocator(config: EngineConfig, capacity_tokens: int, bytes_per_token: 
             config.allocator, capacity_tokens, config.block_size,
             cpu_tokens=swap_tokens(config, capacity_tokens, bytes_per_token), placement=config.placement,
             max_model_len=max_model_len, enable_prefix_caching=config.enable_prefix_caching,
-            watermark=config.watermark, debug=config.debug, recorder=recorder,
-            block_manager_cls=EngineBlockManager)
+            watermark=config.watermark, debug=config.debug, recorder=recorder)
+
     except ConfigError as exc:
         raise EngineInputError(str(exc)) from None

@@ -222,6 +222,7 @@ class BlockManager(BlockPool, SwapMixin, KVAllocator):
                     self._incref(bid, group.request_id)
                 s.block_table = list(seqs[0].block_table)
                 s.num_tokens = seqs[0].num_tokens
+                s.num_cached_tokens = seqs[0].num_cached_tokens
                 self._seqs[s.seq_id] = s
                 self._count_internal(s)
         else:
@@ -269,7 +270,8 @@ class BlockManager(BlockPool, SwapMixin, KVAllocator):
         seq.num_tokens = n
         self._seqs[seq.seq_id] = seq
         self._count_internal(seq)
-        return len(hits) * bs
+        seq.num_cached_tokens = len(hits) * bs
+        return seq.num_cached_tokens
 
     def append_slot(self, seq: Sequence) -> list[tuple[int, int]]:
         """Grow `seq` by one token; the common case (room in an unshared last block) allocates nothing."""

@@ -166,6 +166,7 @@ class ContiguousAllocator(KVAllocator):
                                   f"{self.reservation(seqs[0])} slots now ({status.value})")
         for s in seqs:
             s.num_tokens = s.length
+            s.num_cached_tokens = 0
             self._place(s, self.reservation(s))
         self._check()
         return 0

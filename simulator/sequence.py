@@ -27,7 +27,8 @@ class Sequence:
     """
 
     __slots__ = ("seq_id", "request_id", "prompt_len", "final_len", "token_ids", "prefix_keys",
-                 "extra_key", "num_tokens", "num_computed_tokens", "status", "block_table",
+                 "extra_key", "num_tokens", "num_computed_tokens", "num_cached_tokens", "status",
+                 "block_table",
                  "cpu_block_table", "region", "_internal_counted", "_limit", "num_generated")
 
     def __init__(self, seq_id: int, prompt_len: int, final_len: int | None = None, *,
@@ -57,6 +58,7 @@ class Sequence:
         self.num_generated = 0 if token_ids is None else len(token_ids) - prompt_len
         self.num_tokens = 0
         self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prefix-cache hit of its last allocation (set by the allocator)
         self.status = SequenceStatus.WAITING
         self.block_table: list[int] = []
         self.cpu_block_table: list[int] = []
