@@ -1,5 +1,5 @@
 """Memory-core benchmarks (opt-in: `make bench`). The decode-heavy workload of issue 2."""
-from simulator.bench_core import DecodeWorkload, run_bulk, run_single
+from bench.core import DecodeWorkload, run_bulk, run_single
 
 
 def test_append_slot_single_token(benchmark):

@@ -7,7 +7,7 @@ docs/engine.md records the numbers of both variants.
 """
 import pytest
 
-from gpu_backend.bench_engine import compare
+from bench.engine import compare
 
 pytest.importorskip("transformers")
 

@@ -18,8 +18,8 @@ PER_RUN_FIGURES = [n for n in FIGURES if n not in ("sweep_latency", "block_size_
 
 
 def _make_fake_run():
-    """tests/make_fake_run.py, imported by path (tests/ is not a package)."""
-    path = Path(__file__).resolve().parents[1] / "tests" / "make_fake_run.py"
+    """tests/viz/make_fake_run.py, imported by path (tests/ is not a package)."""
+    path = Path(__file__).resolve().parents[1] / "tests" / "viz" / "make_fake_run.py"
     spec = importlib.util.spec_from_file_location("make_fake_run", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -65,7 +65,7 @@ def attention(
 
     import torch
 
-    from gpu_backend.bench_attention import default_config, run_attention_bench
+    from bench.attention import default_config, run_attention_bench
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -145,7 +145,7 @@ def core(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """BlockManager decode workload: single-token append_slot vs bulk append_slots."""
-    from simulator.bench_core import DecodeWorkload, bench_core
+    from bench.core import DecodeWorkload, bench_core
 
     if min(num_seqs, num_tokens, block_size, chunk, repeat) < 1:
         raise UserError("every option must be >= 1")
@@ -166,7 +166,7 @@ def simulate_bench(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Wall time and peak memory of `simulate` (each run in its own process): the scaling curve."""
-    from simulator.bench_sim import bench_simulate, summarize_runs
+    from bench.simulate import bench_simulate, summarize_runs
 
     counts = list(_int_list(sizes, "--num") or [None])
     if trace == "synthetic" and counts == [None]:
@@ -185,7 +185,7 @@ def engine_bench(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """CPU output throughput: the paged engine vs transformers' padded batched generate (tiny model)."""
-    from gpu_backend.bench_engine import compare
+    from bench.engine import compare
 
     r = compare(trace=trace, limit=limit, max_model_len=max_model_len)
     row = {"requests": limit, "output_tokens": r["workload"]["output_tokens"],

@@ -62,7 +62,7 @@ def replay_cmd(
 ) -> None:
     """Replay a trace on the real engine and measure time and memory (same run folder as simulate)."""
     from cli.simulate import _version, comparison_table
-    from gpu_backend.engine_config import EngineConfig
+    from gpu_backend.engine.engine_config import EngineConfig
     from gpu_backend.replay import ReplayConfig
     from traces import load_trace
     from traces.stats import trace_info

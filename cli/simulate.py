@@ -79,7 +79,7 @@ def simulate_cmd(
     sharing: bool = typer.Option(False, help="Also measure the blocks saved by sharing (paged, step mode)."),
 ) -> None:
     """Replay a request trace against KV-cache allocators and compare where the memory goes."""
-    from simulator.config import SimConfig
+    from simulator.sim_config import SimConfig
     from simulator.simulate import simulate
     from traces import default_trace_path, load_trace, rescale_rate
     from traces.stats import trace_info

@@ -19,7 +19,7 @@ import torch
 
 from gpu_backend.kv_cache import KVCache
 from gpu_backend.model import CausalLM
-from simulator.sequence import Sequence
+from simulator.core.sequence import Sequence
 
 
 def expand_instructions(instructions: Iterable[tuple[int, ...]]) -> list[tuple[int, int]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from gpu_backend.ops import copy_blocks, swap_blocks
-from simulator.errors import ConfigError
+from simulator.core.errors import ConfigError
 
 
 def dtype_bytes(dtype: torch.dtype) -> int:

@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from gpu_backend.config import ModelConfig, ModelLoadError, resolve_dtype
 from gpu_backend.model import CausalLM
+from gpu_backend.model_config import ModelConfig, ModelLoadError, resolve_dtype
 
 __all__ = ["ModelLoadError", "find_weight_files", "load_model", "load_weights", "resolve_model"]
 
@@ -114,7 +114,7 @@ def default_dtype(config: ModelConfig, dtype: str | torch.dtype | None,
 def resolve_model(spec: str | Path, dtype: str | torch.dtype | None = None,
                   device: torch.device | str = "cpu", backend=None, seed: int = 0) -> CausalLM:
     """A built-in preset by name (seeded random weights) or a local Hugging Face directory."""
-    from gpu_backend.presets import PRESETS, build_preset
+    from gpu_backend.model_presets import PRESETS, build_preset
 
     if isinstance(spec, str) and spec in PRESETS and not Path(spec).is_dir():
         config = PRESETS[spec]

@@ -19,9 +19,9 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 
-from gpu_backend.engine import LLMEngine
-from gpu_backend.engine_config import EngineConfig
-from gpu_backend.params import SamplingParams
+from gpu_backend.engine.engine_config import EngineConfig
+from gpu_backend.engine.llm_engine import LLMEngine
+from gpu_backend.engine.params import SamplingParams
 from simulator.recorder import EventRecorder, MemoryLog
 from simulator.results import request_table, summarize
 from traces.schema import validate_trace

@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from gpu_backend.config import ModelLoadError, RopeScaling
+from gpu_backend.model_config import ModelLoadError, RopeScaling
 
 
 def compute_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None = None) -> torch.Tensor:

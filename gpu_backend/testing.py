@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
-from gpu_backend.input_batch import SequenceInput, build_model_input
+from gpu_backend.engine.input_batch import SequenceInput, build_model_input
 from gpu_backend.kv_cache import KVCache
 from gpu_backend.model import CausalLM
 

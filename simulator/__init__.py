@@ -1,16 +1,27 @@
-"""pagelab simulator: the KV-cache memory core, scheduling and trace-driven simulation.
+"""pagelab simulator: the shared KV-cache memory core (simulator.core) and the trace-driven simulation.
 
 Imports no torch, triton or matplotlib: the simulator stays light and fast.
 """
-from simulator.allocator import AllocStatus, KVAllocator, MemoryBreakdown, RegionRecorder
-from simulator.block_manager import BlockManager
-from simulator.block_stats import BlockManagerStats
-from simulator.contiguous import ContiguousAllocator
-from simulator.errors import AllocationError, ConfigError, InvariantError
-from simulator.sequence import Sequence, SequenceGroup, SequenceStatus
+from simulator.core import (
+    AllocationError,
+    AllocStatus,
+    BlockManager,
+    BlockManagerStats,
+    ConfigError,
+    ContiguousAllocator,
+    InvariantError,
+    KVAllocator,
+    MemoryBreakdown,
+    RegionRecorder,
+    Scheduler,
+    SchedulerConfig,
+    Sequence,
+    SequenceGroup,
+    SequenceStatus,
+)
 
 __all__ = [
     "AllocStatus", "AllocationError", "BlockManager", "BlockManagerStats", "ConfigError",
     "ContiguousAllocator", "InvariantError", "KVAllocator", "MemoryBreakdown", "RegionRecorder",
-    "Sequence", "SequenceGroup", "SequenceStatus",
+    "Scheduler", "SchedulerConfig", "Sequence", "SequenceGroup", "SequenceStatus",
 ]

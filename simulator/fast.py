@@ -3,14 +3,14 @@
 This is the step `Scheduler.schedule()` takes when every running group is a plain decode and the free
 blocks cover all of this step's appends (so its per-group loop preempts nobody): each sequence gets one
 slot, then waiting requests are admitted. Here the appends come from the decode batch in O(blocks taken)
-(simulator/batch.py), the admissions from the scheduler itself (`admit_after_decode`), and the step time
+(decode_batch.py), the admissions from the scheduler itself (`admit_after_decode`), and the step time
 and memory row from running totals, so the step costs O(what changes), not O(running requests).
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from simulator.sequence import SequenceGroup, SequenceStatus
+from simulator.core.sequence import SequenceGroup, SequenceStatus
 from simulator.stepping import bookkeep, finish_done
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from operator import itemgetter
 import numpy as np
 import pandas as pd
 
-from simulator.allocator import MemoryBreakdown, RegionRecorder
+from simulator.core.allocator import MemoryBreakdown, RegionRecorder
 
 MEMORY_COLUMNS = ("step", "num_steps", "t_s", "dt_s", "token_states", "reservation",
                   "internal_fragmentation", "external_fragmentation", "free", "cached_free",

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from simulator.allocator import MemoryBreakdown
+from simulator.core.allocator import MemoryBreakdown
 
 if TYPE_CHECKING:
     from simulator.simulate import _Run

@@ -3,7 +3,7 @@
 Step mode runs the shared Scheduler one step at a time (simulator/stepping.py): the reference. Fast mode
 (the default) makes exactly the same decisions, with the same per-request times and block tenures, in
 O(what changes) per step instead of O(running requests): while every running request is a plain decode
-(simulator/batch.py keeps their counts lazily), a step that preempts nobody is taken by
+(simulator/decode_batch.py keeps their counts lazily), a step that preempts nobody is taken by
 simulator/fast.py (appends in bulk, admissions by the Scheduler itself), and a run of steps that cannot
 change any decision (no admission possible, no completion, no block shortage, no arrival) collapses into
 one span (simulator/span.py). Anything else - preemption, swapping, beams, parallel samples, chunked
@@ -18,15 +18,15 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from simulator.batch import DecodeBatch
-from simulator.config import SimConfig, make_allocator
+from simulator.core.scheduler import Scheduler
+from simulator.core.sequence import Sequence, SequenceGroup
+from simulator.decode_batch import DecodeBatch
 from simulator.fast import fast_step, finish_batch
-from simulator.latency import make_latency_model
 from simulator.recorder import EventRecorder, MemoryLog
 from simulator.results import request_table, summarize
-from simulator.scheduler import Scheduler
-from simulator.sequence import Sequence, SequenceGroup
+from simulator.sim_config import SimConfig, make_allocator
 from simulator.span import run_span, span_length
+from simulator.step_latency import make_latency_model
 from simulator.stepping import exact_step
 from traces.prefix import block_keys
 from traces.schema import validate_trace

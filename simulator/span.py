@@ -3,7 +3,7 @@
 A span is a run of K steps in which, were they executed one by one, every step would do the same
 thing: each running sequence gets one slot and samples one token, nobody is admitted, swapped,
 preempted, rejected or finished before the last step, and no arrival could change a decision. Then the
-K steps collapse into the decode batch's bulk advance (simulator/batch.py: the blocks the K steps take,
+K steps collapse into the decode batch's bulk advance (simulator/decode_batch.py: the blocks the K steps take,
 in the order step mode takes them), K step times computed at once (vectorized latency model, summed in
 the same order as step mode's clock) and one memory row holding the span's exact time-weighted means.
 """
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from simulator.allocator import AllocStatus
+from simulator.core.allocator import AllocStatus
 
 if TYPE_CHECKING:
     from simulator.simulate import _Run

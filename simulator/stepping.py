@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from simulator.beam import beam_step
-from simulator.latency import step_features
-from simulator.scheduler import SchedulerOutput
-from simulator.sequence import SequenceGroup, SequenceStatus
+from simulator.beam_model import beam_step
+from simulator.core.scheduler import SchedulerOutput
+from simulator.core.sequence import SequenceGroup, SequenceStatus
+from simulator.step_latency import step_features
 
 if TYPE_CHECKING:
     from simulator.simulate import _Run

@@ -3,7 +3,8 @@
 The simulator and the engine code against the frame returned by `load_trace` / `validate_trace` /
 `generate_trace`; see docs/traces.md for its columns and for which bad inputs are fixed or refused.
 """
-from traces.errors import PagelabError, TraceError
+from pagelab.errors import PagelabError
+from traces.errors import TraceError
 from traces.loaders import (
     BUNDLED,
     FORMATS,

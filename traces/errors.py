@@ -1,8 +1,5 @@
-"""Error types shared by the whole project (traces sits at the bottom of the import graph)."""
-
-
-class PagelabError(Exception):
-    """Base class for errors caused by the user's input or configuration."""
+"""Trace errors (the base class lives in pagelab.errors, shared by every package)."""
+from pagelab.errors import PagelabError
 
 
 class TraceError(PagelabError, ValueError):

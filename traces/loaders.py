@@ -11,12 +11,12 @@ import contextlib
 import csv
 import json
 import os
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pandas as pd
 
+from pagelab.atomic import atomic_write
 from traces import formats
 from traces.errors import TraceError
 from traces.schema import RawTrace, _validate, validate_trace
@@ -153,17 +153,8 @@ def save_trace(df: pd.DataFrame, path: str | os.PathLike, *, warnings: list[str]
         raise TraceError(f"{path}: cannot save a trace as {path.suffix or 'a file without extension'!r}; "
                          "use .csv, .jsonl or .parquet")
     trace = validate_trace(df, source="trace to save", warnings=warnings)
-    # A fresh unique name (not mkstemp, whose 0600 mode would survive the rename).
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     with _os_errors(str(path), "write"):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            writer(trace, tmp)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        atomic_write(path, lambda tmp: writer(trace, tmp))
     return path
 
 

@@ -12,7 +12,7 @@ from viz.blockmap import plot_block_map
 from viz.breakdown import plot_breakdown
 from viz.common import FORMATS, FigureResult, safe_stem, save_figure
 from viz.errors import VizError
-from viz.latency import plot_latency_cdf
+from viz.latency_cdf import plot_latency_cdf
 from viz.load import Run, load_runs
 from viz.snapshot import plot_block_snapshot
 from viz.sweep import applies, plot_block_size_sweep, plot_sweep_latency

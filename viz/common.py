@@ -1,9 +1,6 @@
 """Figure plumbing shared by the figure modules: creation, atomic saving, legends, axis helpers."""
 from __future__ import annotations
 
-import contextlib
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,6 +10,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from pagelab.atomic import atomic_write
 from viz.palette import SHARED_HATCH
 
 FORMATS = ("png", "svg", "pdf")
@@ -37,18 +35,7 @@ def new_figure(width: float, height: float) -> Figure:
 
 def save_figure(fig: Figure, path: Path, fmt: str) -> Path:
     """Save under a temporary name in the same folder, then rename into place."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".{fmt}", dir=path.parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, format=fmt, dpi=DPI)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    return path
+    return atomic_write(path, lambda tmp: fig.savefig(tmp, format=fmt, dpi=DPI), suffix=f".{fmt}")
 
 
 def legend_below(fig: Figure, handles: list, labels: list[str], ncol: int | None = None) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from traces.errors import PagelabError
+from pagelab.errors import PagelabError
 
 
 class KernelInputError(PagelabError, ValueError):

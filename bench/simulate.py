@@ -1,0 +1,143 @@
+"""Simulator speed benchmark (`pagelab bench simulate`): wall time and peak memory per size and allocator.
+
+Each measurement runs `simulate` on a bundled/loaded trace or on a synthetic trace of the given size,
+by default in a fresh process (multiprocessing "spawn") so that its peak resident memory is its own.
+The library returns records; the CLI prints them (e.g. as a scaling curve).
+"""
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import resource
+import sys
+import time
+from collections.abc import Sequence
+
+from simulator.core.errors import ConfigError
+from simulator.sim_config import ALLOCATORS, SimConfig
+
+DEFAULT_RATE = 15.0  # req/s: with "sharegpt" lengths, about the Azure conversation trace's tokens per second
+
+
+def _rss_mb() -> float:
+    """Peak resident memory of this process so far, in MiB (ru_maxrss is KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1 << 20) if sys.platform == "darwin" else peak / 1024
+
+
+def _load(trace: str | None, num_requests: int | None, rate: float, lengths: str, seed: int):
+    from traces import SyntheticConfig, generate_trace, load_trace
+    if trace is None:
+        if num_requests is None:
+            raise ConfigError("a synthetic benchmark trace needs a number of requests")
+        cfg = SyntheticConfig(num_requests=num_requests, rate=rate, lengths=lengths, seed=seed)
+        return generate_trace(cfg)
+    df = load_trace(trace)
+    if num_requests is not None:
+        if num_requests > len(df):
+            raise ConfigError(f"{trace} has {len(df)} requests, fewer than the {num_requests} asked for")
+        df = df.iloc[:num_requests].reset_index(drop=True)
+    return df
+
+
+def measure_once(trace: str | None, num_requests: int | None, config: SimConfig, rate: float = DEFAULT_RATE,
+                 lengths: str = "sharegpt", seed: int = 0) -> dict:
+    """Build the trace, simulate it once in this process, and report wall time and memory."""
+    from simulator.simulate import simulate
+    df = _load(trace, num_requests, rate, lengths, seed)
+    before = _rss_mb()
+    t0 = time.perf_counter()
+    result = simulate(df, config)
+    wall = time.perf_counter() - t0
+    s = result.summary
+    return {
+        "trace": trace or f"synthetic({lengths}, {rate:g} req/s)",
+        "num_requests": len(df),
+        "allocator": config.allocator,
+        "record_events": config.record_events,
+        "mode": config.mode,
+        "wall_s": wall,
+        "us_per_request": 1e6 * wall / len(df),
+        "rss_before_mb": before,
+        "peak_rss_mb": _rss_mb(),
+        "num_steps": s["num_steps"],
+        "num_memory_rows": len(result.memory),
+        "num_events": len(result.events),
+        "sim_duration_s": s["sim_duration_s"],
+        "mean_batch_size": s["mean_batch_size"],
+        "num_preemptions": s["num_preemptions"],
+    }
+
+
+def _child(conn, args: tuple, kwargs: dict) -> None:
+    try:
+        conn.send(("ok", measure_once(*args, **kwargs)))
+    except Exception as exc:  # noqa: BLE001 - handed to the parent, which re-raises it
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        conn.close()
+
+
+def _isolated(args: tuple, kwargs: dict) -> dict:
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(child, args, kwargs))
+    proc.start()
+    child.close()
+    try:
+        status, payload = parent.recv()
+    except EOFError:
+        proc.join()
+        raise RuntimeError(f"benchmark process died (exit code {proc.exitcode}; out of memory?)") from None
+    proc.join()
+    if status != "ok":
+        raise RuntimeError(f"benchmark process failed: {payload}")
+    return payload
+
+
+def bench_simulate(num_requests_list: Sequence[int | None], allocators: Sequence[str] = ("paged",), *,
+                   trace: str | None = None, events: Sequence[bool] = (False,), repeat: int = 1,
+                   rate: float = DEFAULT_RATE, lengths: str = "sharegpt", seed: int = 0,
+                   config: SimConfig | None = None, isolate: bool = True) -> list[dict]:
+    """Time `simulate` for every (size, allocator, events) combination, `repeat` times each.
+
+    `trace` None: synthetic traces of each size (`lengths`, Poisson arrivals at `rate`); else a trace path
+    or bundled name, cut to each size (None: all of it). `config` supplies everything but the allocator
+    and `record_events`. With `isolate`, each run gets its own process, so `peak_rss_mb` is that run's
+    peak (interpreter and libraries included; `rss_before_mb` is the level before simulating).
+    Returns one record per run with `wall_s`, `us_per_request`, `peak_rss_mb` and run statistics.
+    """
+    for name in allocators:
+        if name not in ALLOCATORS:
+            raise ConfigError(f"unknown allocator {name!r}; choose from {', '.join(ALLOCATORS)}")
+    if repeat < 1:
+        raise ConfigError(f"repeat must be >= 1, got {repeat}")
+    base = config or SimConfig()
+    records = []
+    for n in num_requests_list:
+        for name in allocators:
+            for ev in events:
+                cfg = dataclasses.replace(base, allocator=name, record_events=ev)
+                for i in range(repeat):
+                    args = (trace, n, cfg)
+                    kwargs = {"rate": rate, "lengths": lengths, "seed": seed}
+                    record = _isolated(args, kwargs) if isolate else measure_once(*args, **kwargs)
+                    record.update(repeat=i, isolated=isolate)
+                    records.append(record)
+    return records
+
+
+def summarize_runs(records: list[dict]) -> list[dict]:
+    """One row per (trace, size, allocator, events): min and median wall time, max peak memory."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["trace"], r["num_requests"], r["allocator"], r["record_events"]), []).append(r)
+    rows = []
+    for (trace, n, alloc, ev), rs in groups.items():
+        walls = sorted(r["wall_s"] for r in rs)
+        mid = len(walls) // 2
+        median = walls[mid] if len(walls) % 2 else (walls[mid - 1] + walls[mid]) / 2
+        rows.append({"trace": trace, "num_requests": n, "allocator": alloc, "record_events": ev,
+                     "runs": len(rs), "min_wall_s": walls[0], "median_wall_s": median,
+                     "us_per_request": 1e6 * walls[0] / n, "peak_rss_mb": max(r["peak_rss_mb"] for r in rs)})
+    return rows

@@ -1,0 +1,311 @@
+"""LLMEngine: a Llama-family model served with continuous batching by the simulator's own Scheduler.
+
+Every step: the shared `Scheduler` decides what runs (admitting, preempting by recompute or swap,
+allocating through the shared `BlockManager` or `ContiguousAllocator`); the engine performs the swap and
+copy-on-write instructions it returned, packs every scheduled prefill chunk and decode token into one
+forward (no padding), samples, appends the tokens and finishes sequences through the scheduler, in the
+same order as `simulator.simulate` does, so a replay makes the decisions a simulation makes.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from gpu_backend.cache_engine import CacheEngine
+from gpu_backend.engine.beam_search import beam_step
+from gpu_backend.engine.engine_config import EngineConfig
+from gpu_backend.engine.input_batch import SequenceInput, build_model_input
+from gpu_backend.engine.memory import kv_capacity_tokens, make_allocator, swap_tokens
+from gpu_backend.engine.params import EngineInputError, RequestOutput, SamplingParams
+from gpu_backend.engine.requests import RequestState, check_prompt
+from gpu_backend.engine.sampling import SamplingBatch, compute_logprobs, make_generator, sample
+from gpu_backend.engine.step import is_shared, plan_step, resolve_rows, start_prefills
+from gpu_backend.model import CausalLM
+from simulator.core.allocator import MemoryBreakdown, RegionRecorder
+from simulator.core.paged.block_manager import BlockManager
+from simulator.core.scheduler import Scheduler, SchedulerOutput
+from simulator.core.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class StepResult:
+    """What one engine step did (the replay records it; `generate` only collects `finished`)."""
+
+    out: SchedulerOutput
+    counts: tuple[int, int, int]  # running, waiting, swapped requests right after scheduling
+    breakdown: MemoryBreakdown | None  # memory taxonomy right after scheduling (when tracked)
+    finished: list[RequestOutput] = field(default_factory=list)
+    first_token: list[int] = field(default_factory=list)  # requests that sampled their first token
+    num_computed_tokens: int = 0  # tokens in the forward (the scheduler's budget may count fewer)
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """"auto" is CUDA when available; an unavailable or unknown device is an EngineInputError."""
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise EngineInputError(f"unknown device {device!r} ({exc}); use auto, cpu or cuda") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise EngineInputError(f"device {device!r} asked for, but CUDA is not available here")
+    return dev
+
+
+def _resolve_model(model, device: str | torch.device, dtype, backend: str, seed: int) -> CausalLM:
+    from gpu_backend.loader import resolve_model
+    from gpu_backend.ops import get_backend
+
+    if isinstance(model, CausalLM):
+        if str(device) != "auto" and resolve_device(device) != model.device:
+            raise EngineInputError(f"the model lives on {model.device}, not on the requested {device}")
+        if dtype is not None:
+            from gpu_backend.model_config import resolve_dtype
+            if resolve_dtype(dtype) != model.dtype:
+                raise EngineInputError(f"the model's dtype is {model.dtype}, not the requested {dtype}")
+        if backend != "auto" or model.attn_backend is None:
+            model.set_backend(get_backend(backend, model.device))
+        return model
+    if not isinstance(model, (str, Path)):
+        raise EngineInputError(f"model must be a preset name, a model directory or a CausalLM, got {model!r}")
+    dev = resolve_device(device)
+    return resolve_model(model, dtype=dtype, device=dev, backend=get_backend(backend, dev), seed=seed)
+
+
+class LLMEngine:
+    """Continuous-batching inference over a paged (or contiguous) KV cache managed by the shared core."""
+
+    def __init__(self, model: str | Path | CausalLM = "tiny", device: str | torch.device = "auto",
+                 backend: str = "auto", block_size: int = 16, num_blocks: int | None = None,
+                 kv_memory_gb: float | None = None, dtype: str | torch.dtype | None = None,
+                 enable_prefix_caching: bool = True, allocator: str = "paged", *, seed: int = 0,
+                 recorder: RegionRecorder | None = None, clock: Callable[[], float] | None = None,
+                 track_memory: bool = False, **options):
+        try:
+            config = EngineConfig(block_size=block_size, num_blocks=num_blocks, kv_memory_gb=kv_memory_gb,
+                                  enable_prefix_caching=enable_prefix_caching, allocator=allocator, seed=seed,
+                                  **options)
+        except TypeError as exc:
+            raise EngineInputError(f"unknown engine option: {exc}") from None
+        self.config = config
+        self.model = _resolve_model(model, device, dtype, backend, seed)
+        self.device = self.model.device
+        self.max_model_len = config.max_model_len or self.model.config.max_model_len
+        self.bytes_per_token = self.model.config.kv_bytes_per_token(self.model.dtype)
+        sched_config = config.scheduler_config(self.max_model_len)
+        self.capacity_tokens, self.capacity_source = kv_capacity_tokens(config, self.model, sched_config)
+        self.allocator = make_allocator(config, self.capacity_tokens, self.bytes_per_token,
+                                        self.max_model_len, recorder)
+        self.scheduler = Scheduler(sched_config, self.allocator)
+        paged = isinstance(self.allocator, BlockManager)
+        self.cache = CacheEngine(
+            self.model, contiguous=not paged, block_size=config.block_size,
+            num_blocks=self.allocator.num_blocks if paged else self.capacity_tokens,
+            num_cpu_blocks=self.allocator.num_cpu_blocks if paged else
+            swap_tokens(config, self.capacity_tokens, self.bytes_per_token))
+        self.track_memory = track_memory
+        # With a clock, the recorder's `now` is set when the step is scheduled and when its forward is
+        # done, so allocations and releases carry the times the simulator would give them.
+        self.recorder, self.clock = recorder, clock
+        self.eos = set(self.model.config.eos_token_ids)
+        self.generator = make_generator(seed, self.device)
+        self._requests: dict[int, RequestState] = {}
+        self._pending_logits: dict[int, torch.Tensor] = {}
+        self._next_request_id = 0
+        self._next_seq_id = 0
+
+    # ----------------------------------------------------------------- requests
+    def _new_seq_id(self) -> int:
+        self._next_seq_id += 1
+        return self._next_seq_id
+
+    def add_request(self, prompt_token_ids, params: SamplingParams, request_id: int | None = None,
+                    arrival_s: float = 0.0, check: bool = True) -> int:
+        """Queue one request; return its id. With `check`, refuse up front what could never run."""
+        rid = self._next_request_id if request_id is None else int(request_id)
+        if rid in self._requests:
+            raise EngineInputError(f"request id {rid} is already in use")
+        prompt = check_prompt(prompt_token_ids, self.model.config.vocab_size, f"request {rid}")
+        if check:
+            self._check_fits(rid, len(prompt), params)
+        self._next_request_id = max(self._next_request_id, rid + 1)
+        state = RequestState.create(rid, prompt, params, [self._new_seq_id() for _ in range(params.width)],
+                                    arrival_s, self.device)
+        self._requests[rid] = state
+        self.scheduler.add_request(state.group)
+        return rid
+
+    def _check_fits(self, rid: int, prompt_len: int, params: SamplingParams) -> None:
+        """A request longer than max_model_len, or larger than the whole pool, would never finish."""
+        final_len = prompt_len + params.max_tokens - 1
+        if final_len > self.max_model_len:
+            raise EngineInputError(f"request {rid}: {prompt_len} prompt tokens + max_tokens "
+                                   f"{params.max_tokens} need {final_len} positions, more than "
+                                   f"max_model_len {self.max_model_len}")
+        bs, width = self.config.block_size, params.width
+        if isinstance(self.allocator, BlockManager):
+            shared = prompt_len // bs
+            need = shared + width * (-(-final_len // bs) - shared)
+            have = self.allocator.num_blocks - self.allocator.watermark_blocks
+            unit = "blocks"
+        else:
+            need = width * self.allocator.reservation(Sequence(0, prompt_len, final_len))
+            have, unit = self.capacity_tokens, "slots"
+        if need > have:
+            raise EngineInputError(f"request {rid} needs up to {need} KV {unit} but the pool has {have}")
+
+    def has_unfinished(self) -> bool:
+        """Whether any request is waiting, running or swapped."""
+        return self.scheduler.has_unfinished()
+
+    # ----------------------------------------------------------------- one step
+    def step(self) -> StepResult:
+        """Schedule, move KV, run one packed forward, sample, and finish what is done."""
+        sched = self.scheduler
+        self._stamp()
+        out = sched.schedule()
+        counts = (len(sched.running), len(sched.waiting), len(sched.swapped))
+        head = sched.waiting[0] if sched.waiting else None
+        result = StepResult(out, counts, self.allocator.breakdown(head) if self.track_memory else None)
+        for group in out.rejected:
+            result.finished.append(self._requests.pop(group.request_id).rejected_output())
+        for group in out.preempted:
+            for s in group.seqs:
+                self._pending_logits.pop(s.seq_id, None)
+        if out.is_empty:
+            return result
+        self.cache.swap_out(out.blocks_to_swap_out)
+        self.cache.swap_in(out.blocks_to_swap_in)
+        self.cache.copy(out.blocks_to_copy)
+        start_prefills(out, sched.prefill_left)
+        plan = plan_step(out, sched.prefill_left, self.cache, self._pending_logits)
+        batch = build_model_input(plan.inputs, self.cache.block_size, self.device)
+        logits = self.model(batch.input_ids, batch.positions, batch.attn_metadata, self.cache.device_cache)
+        if plan.slot_copies:
+            self.cache.device_cache.copy_blocks(plan.slot_copies)
+        for seq, num in plan.advance:
+            seq.num_computed_tokens += num
+        for seq_id, row in plan.keep_rows:
+            self._pending_logits[seq_id] = logits[row]
+        if plan.pending:
+            logits = torch.cat([logits, torch.stack(plan.pending)])
+        result.num_computed_tokens = int(batch.input_ids.shape[0])
+        if self.clock is not None:
+            self.synchronize()
+            self._stamp()
+        sched.commit(out)
+        self._sample(plan, logits, result)
+        for group in sched.remove_finished():
+            result.finished.append(self._requests.pop(group.request_id).output(self.eos))
+        return result
+
+    def _stamp(self) -> None:
+        if self.clock is not None and self.recorder is not None:
+            self.recorder.now = self.clock()
+
+    def _sample(self, plan, logits: torch.Tensor, result: StepResult) -> None:
+        """Sample one token per live sequence of every group that computed logits; finish what is done."""
+        plain, beams = [], []
+        for sg, seqs, rows in plan.sampling:
+            state = self._requests[sg.group.request_id]
+            (beams if state.beam is not None else plain).append((state, seqs, resolve_rows(plan, rows)))
+            if state.num_sampling_steps == 0:
+                result.first_token.append(state.request_id)
+            state.num_sampling_steps += 1
+        if plain:
+            rows = [r for _, _, rs in plain for r in rs]
+            params = [(st.params, st.generators[s.seq_id]) for st, seqs, _ in plain for s in seqs]
+            batch = SamplingBatch([p.temperature for p, _ in params], [p.top_p for p, _ in params],
+                                  [p.top_k for p, _ in params], [g for _, g in params])
+            index = torch.tensor(rows, dtype=torch.int64, device=logits.device)
+            tokens = iter(sample(logits.index_select(0, index), batch, self.generator).tolist())
+            for state, seqs, _ in plain:
+                for seq in seqs:
+                    self._append(state, seq, next(tokens))
+        for state, seqs, rows in beams:
+            self._beam(state, seqs, compute_logprobs(logits[rows]))
+
+    def _append(self, state: RequestState, seq, token: int) -> None:
+        seq.append_token(token)
+        params = state.params
+        if token in self.eos and not params.ignore_eos:
+            state.finish_reasons[seq.seq_id] = "stop"
+            self.scheduler.finish_seq(seq)
+        elif seq.num_generated >= params.max_tokens:
+            self.scheduler.finish_seq(seq)
+
+    def _beam(self, state: RequestState, seqs, logprobs: torch.Tensor) -> None:
+        done = beam_step(state.group, seqs, logprobs, state.beam, shared=is_shared(seqs),
+                         max_tokens=state.params.max_tokens,
+                         eos=set() if state.params.ignore_eos else self.eos, allocator=self.allocator,
+                         finish=self.scheduler.finish_seq, new_seq_id=self._new_seq_id,
+                         on_copies=self.cache.copy)
+        if done is not None:
+            state.beam_result = done
+            for seq in state.group.seqs:
+                if seq.status is not SequenceStatus.FINISHED:
+                    self.scheduler.finish_seq(seq)
+
+    # ----------------------------------------------------------------- batch API
+    def generate(self, prompt_token_ids, params: SamplingParams | list[SamplingParams] | None = None
+                 ) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs come back in prompt order."""
+        prompts = list(prompt_token_ids)
+        if params is None:
+            params = SamplingParams()
+        all_params = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        if len(all_params) != len(prompts):
+            raise EngineInputError(f"{len(all_params)} SamplingParams for {len(prompts)} prompts")
+        first = self._next_request_id
+        for i, (prompt, p) in enumerate(zip(prompts, all_params, strict=True)):  # refuse before any work
+            self._check_fits(first + i, len(check_prompt(prompt, self.model.config.vocab_size,
+                                                          f"prompt {i}")), p)
+        ids = [self.add_request(prompt, p) for prompt, p in zip(prompts, all_params, strict=True)]
+        wanted, done = set(ids), {}
+        while wanted - done.keys():
+            for output in self.step().finished:
+                if output.request_id in wanted and output.outputs and \
+                        output.outputs[0].finish_reason == "rejected":
+                    self.abort_all()
+                    raise EngineInputError(
+                        f"request {output.request_id} was rejected by the scheduler: it cannot fit in the KV "
+                        f"pool ({self.capacity_tokens} slots; a sampled or beam group that was preempted is "
+                        f"re-admitted one sequence at a time, without sharing its prompt)")
+                done[output.request_id] = output
+        return [done[i] for i in ids]
+
+    def abort_all(self) -> None:
+        """Drop every queued and running request, releasing its KV memory."""
+        sched = self.scheduler
+        for group in [*sched.running, *sched.swapped, *sched.waiting]:
+            for s in group.seqs:
+                if s.status in (SequenceStatus.RUNNING, SequenceStatus.SWAPPED):
+                    self.allocator.free(s)
+                s.status = SequenceStatus.FINISHED
+        sched.running.clear()
+        sched.swapped.clear()
+        sched.waiting.clear()
+        sched.prefill_left.clear()
+        self._requests.clear()
+        self._pending_logits.clear()
+
+    def warmup(self, num_tokens: int = 64) -> None:
+        """Run a small prefill and a decode forward so that one-time costs (thread pools, kernel
+        compilation) do not land in the first measured step. Only writes pool slots nobody holds yet."""
+        if self.has_unfinished() or self.allocator.num_used_slots:
+            raise RuntimeError("warmup() must run before any request is added")
+        bs = self.cache.block_size
+        n = max(1, min(num_tokens, self.cache.device_cache.num_slots - 1))
+        table = list(range(-(-(n + 1) // bs)))
+        for step in (SequenceInput([0] * n, 0, table), SequenceInput([0], n, table)):
+            batch = build_model_input([step], bs, self.device)
+            self.model(batch.input_ids, batch.positions, batch.attn_metadata, self.cache.device_cache)
+        self.synchronize()
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (for honest wall-clock step times on a GPU)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)

@@ -1,0 +1,5 @@
+"""The base class of every error caused by the user's input or configuration (the CLI prints these)."""
+
+
+class PagelabError(Exception):
+    """Base class for errors caused by the user's input or configuration."""

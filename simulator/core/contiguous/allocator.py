@@ -1,0 +1,258 @@
+"""Contiguous KV allocation (Orca-style): one reserved region per sequence in a linear slot space."""
+from __future__ import annotations
+
+from simulator.core.allocator import AllocStatus, KVAllocator, MemoryBreakdown, RegionRecorder
+from simulator.core.contiguous.placement import PLACEMENTS, FirstFitPlacement, next_pow2
+from simulator.core.errors import AllocationError, ConfigError
+from simulator.core.sequence import Sequence, SequenceGroup, SequenceStatus
+
+POLICIES = ("max", "pow2", "oracle")
+
+
+class ContiguousAllocator(KVAllocator):
+    """Reserve `max_model_len` (max), the prompt plus the next power of two of the output (pow2), or
+    exactly the final length (oracle) for every sequence, placed by binary buddy (default) or first-fit.
+
+    Buddy rounds a region up to a power of two; the rounding (beyond the reservation) belongs to no
+    sequence's future and is reported with external fragmentation ("external fragmentation & other",
+    as in the vLLM paper's Fig. 2), so only `pow2` and `max` show internal fragmentation.
+    """
+
+    block_size = 1
+
+    def __init__(self, capacity_tokens: int, policy: str = "max", placement: str = "buddy", *,
+                 max_model_len: int = 2048, cpu_capacity_tokens: int = 0, debug: bool = False,
+                 recorder: RegionRecorder | None = None):
+        if policy not in POLICIES:
+            raise ConfigError(f"unknown reservation policy {policy!r}; choose from {', '.join(POLICIES)}")
+        if placement not in PLACEMENTS:
+            raise ConfigError(f"unknown placement {placement!r}; choose from {', '.join(PLACEMENTS)}")
+        if max_model_len < 1:
+            raise ConfigError(f"max_model_len must be >= 1, got {max_model_len}")
+        self.name = f"contiguous-{policy}"
+        self.policy = policy
+        self.placement_name = placement
+        self.capacity_tokens = capacity_tokens
+        self.max_model_len = max_model_len
+        self.debug = debug
+        self._recorder = recorder
+        self._placement = PLACEMENTS[placement](capacity_tokens)
+        self._cpu = FirstFitPlacement(cpu_capacity_tokens) if cpu_capacity_tokens > 0 else None
+        self._seqs: dict[int, Sequence] = {}
+        self._placed: dict[int, int] = {}  # seq_id -> slots taken by its region (>= reservation)
+        self._cpu_seqs: dict[int, tuple[int, int]] = {}  # seq_id -> (cpu start, slots)
+        self._tokens = 0
+        self._reserved = 0
+        self._fill_target = 0  # sum of min(final_len, reservation): slots sequences will fill
+        self._placed_total = 0
+        self.num_preemptions = 0
+
+    # ----------------------------------------------------------------- queries
+    def reservation(self, seq: Sequence) -> int:
+        """Slots the policy reserves for `seq`."""
+        if self.policy == "max":
+            return self.max_model_len
+        if seq.final_len is None:
+            raise ConfigError(f"policy {self.policy!r} needs each sequence's final length "
+                              f"(sequence {seq.seq_id} has none)")
+        if self.policy == "oracle":
+            return seq.final_len
+        # The vLLM paper's Orca (Pow2): over-reserve the output part by at most 2x ("a true output of
+        # 25 reserves 32 positions"); buddy placement then rounds the whole region to a power of two.
+        return seq.prompt_len + next_pow2(max(1, seq.final_len - seq.prompt_len))
+
+    @property
+    def num_used_slots(self) -> int:
+        """Slots inside placed regions."""
+        return self._placed_total
+
+    def can_allocate(self, group: SequenceGroup) -> AllocStatus:
+        """OK, LATER, or NEVER: a region per live sequence, each holding its reservation."""
+        seqs = group.live_seqs()
+        r = self.reservation(seqs[0])
+        if r < seqs[0].length or (seqs[0].final_len or 0) > r:
+            return AllocStatus.NEVER  # the sequence would outgrow its region
+        if r > self._placement.max_size or self._placement.empty_room(r) < len(seqs):
+            return AllocStatus.NEVER
+        return AllocStatus.OK if self._placement.can_fit(r, len(seqs)) else AllocStatus.LATER
+
+    def can_append(self, seq: Sequence, num_tokens: int = 1) -> bool:
+        """Whether the sequence's region still has `num_tokens` empty slots."""
+        return seq.region is not None and seq.num_tokens + num_tokens <= min(seq.region[1], seq._limit)
+
+    def can_append_seqs(self, seqs: list[Sequence], num_tokens: int = 1) -> bool:
+        """Whether every sequence can grow by `num_tokens` (regions are reserved up front)."""
+        return all(self.can_append(s, num_tokens) for s in seqs)
+
+    def can_fork(self, parent: Sequence) -> bool:
+        """Whether a region for a copy of `parent` fits now."""
+        return self._placement.can_fit(parent.region[1] if parent.region else self.reservation(parent))
+
+    def can_swap_out(self, group: SequenceGroup) -> bool:
+        """Whether the CPU pool holds every live sequence's tokens."""
+        need = [s.num_tokens for s in group.seqs if s.seq_id in self._seqs]
+        return self._cpu is not None and _fits_all(self._cpu, need)
+
+    def can_swap_in(self, group: SequenceGroup) -> bool:
+        """Whether every swapped sequence gets its region back now."""
+        seqs = [s for s in group.seqs if s.seq_id in self._cpu_seqs]
+        return not seqs or self._placement.can_fit(self.reservation(seqs[0]), len(seqs))
+
+    def breakdown(self, head: SequenceGroup | None = None) -> MemoryBreakdown:
+        """Taxonomy now; free space too small for the head request's region is external fragmentation."""
+        return MemoryBreakdown(*self.breakdown_slots(head))
+
+    def breakdown_slots(self, head: SequenceGroup | None = None) -> tuple[int, ...]:
+        """`breakdown` as a plain tuple in MemoryBreakdown's field order (cheap enough to call every step)."""
+        free_total = self._placement.total_free
+        live = head.live_seqs() if head is not None else None
+        if live:
+            r = self.reservation(live[0])
+            usable = self._placement.usable_free(r) if r <= self._placement.max_size else 0
+        elif self.policy == "max":  # every request reserves the same grain, queue or no queue
+            usable = self._placement.usable_free(self.max_model_len)
+        else:
+            usable = free_total
+        slack = self._placed_total - self._reserved
+        return (self.capacity_tokens, self._tokens, self._fill_target - self._tokens,
+                self._reserved - self._fill_target, slack + free_total - usable, usable, 0,
+                self._placed_total)
+
+    # ----------------------------------------------------------------- lazy decode batch (simulator)
+    def add_decode_tokens(self, num_tokens: int) -> None:
+        """Count `num_tokens` more tokens held, whose sequences the decode batch will settle later."""
+        self._tokens += num_tokens
+
+    def set_num_tokens(self, seq: Sequence, num_tokens: int) -> None:
+        """Settle a decode-batch sequence's token count."""
+        seq.num_tokens = num_tokens
+
+    # ----------------------------------------------------------------- mutations
+    def _place(self, seq: Sequence, size: int) -> int:
+        start = self._placement.alloc(size)
+        placed = self._placement.placed_size(size)
+        seq.region = (start, size)
+        self._seqs[seq.seq_id] = seq
+        self._placed[seq.seq_id] = placed
+        self._tokens += seq.num_tokens
+        self._reserved += size
+        self._fill_target += min(seq.final_len or size, size)
+        self._placed_total += placed
+        if self._recorder is not None:
+            self._recorder.acquire(start, placed, seq.request_id)
+        return start
+
+    def _unplace(self, seq: Sequence) -> None:
+        start, size = seq.region
+        self._placement.free(start)
+        self._tokens -= seq.num_tokens
+        self._reserved -= size
+        self._fill_target -= min(seq.final_len or size, size)
+        self._placed_total -= self._placed.pop(seq.seq_id)
+        del self._seqs[seq.seq_id]
+        seq.region = None
+        if self._recorder is not None:
+            self._recorder.release(start, seq.num_tokens)
+
+    def allocate(self, group: SequenceGroup) -> int:
+        """Place one region per live sequence (no sharing between them); return 0 cached tokens."""
+        seqs = group.live_seqs()
+        for s in seqs:
+            if s.seq_id in self._seqs or s.seq_id in self._cpu_seqs:
+                raise AllocationError(f"sequence {s.seq_id} already holds a region")
+        status = self.can_allocate(group)
+        if status is not AllocStatus.OK:
+            raise AllocationError(f"request {group.request_id}: cannot place {len(seqs)} region(s) of "
+                                  f"{self.reservation(seqs[0])} slots now ({status.value})")
+        for s in seqs:
+            s.num_tokens = s.length
+            s.num_cached_tokens = 0
+            self._place(s, self.reservation(s))
+        self._check()
+        return 0
+
+    def append_slots(self, seq: Sequence, num_tokens: int = 1) -> list[tuple[int, ...]]:
+        """Fill `num_tokens` more reserved slots; nothing is ever copied."""
+        if seq.seq_id not in self._seqs or seq.status is SequenceStatus.FINISHED:
+            raise AllocationError(f"cannot append to sequence {seq.seq_id}: it holds no region "
+                                  f"({seq.status.value})")
+        if num_tokens < 0:
+            raise AllocationError(f"cannot append a negative number of tokens ({num_tokens})")
+        if seq.num_tokens + num_tokens > seq.region[1]:
+            raise AllocationError(f"sequence {seq.seq_id} would outgrow its {seq.region[1]}-slot region")
+        if seq.num_tokens + num_tokens > seq._limit:
+            raise AllocationError(f"sequence {seq.seq_id} would grow past its final length {seq.final_len}")
+        seq.num_tokens += num_tokens
+        self._tokens += num_tokens
+        self._check()
+        return []
+
+    def fork(self, parent: Sequence, child: Sequence) -> list[tuple[int, ...]]:
+        """Give `child` its own region and copy the parent's tokens into it."""
+        if parent.seq_id not in self._seqs:
+            raise AllocationError(f"cannot fork sequence {parent.seq_id}: it holds no region")
+        if child.seq_id in self._seqs:
+            raise AllocationError(f"cannot fork into sequence {child.seq_id}: it already holds a region")
+        child.num_tokens = parent.num_tokens
+        start = self._place(child, parent.region[1])
+        self._check()
+        return [(parent.region[0], start, parent.num_tokens)]
+
+    def free(self, seq: Sequence) -> None:
+        """Release the sequence's region (device or CPU)."""
+        if seq.seq_id in self._seqs:
+            self._unplace(seq)
+        elif seq.seq_id in self._cpu_seqs:
+            self._cpu.free(self._cpu_seqs.pop(seq.seq_id)[0])
+        else:
+            raise AllocationError(f"cannot free sequence {seq.seq_id}: it holds no region (freed twice?)")
+        seq.num_tokens = 0
+        self._check()
+
+    def swap_out(self, group: SequenceGroup) -> list[tuple[int, ...]]:
+        """Copy each live sequence's tokens to the CPU pool and release its region."""
+        if not self.can_swap_out(group):
+            raise AllocationError(f"request {group.request_id}: CPU swap pool cannot hold it")
+        copies = []
+        for s in [s for s in group.seqs if s.seq_id in self._seqs]:
+            cpu_start = self._cpu.alloc(max(1, s.num_tokens))
+            copies.append((s.region[0], cpu_start, s.num_tokens))
+            self._cpu_seqs[s.seq_id] = (cpu_start, s.num_tokens)
+            self._unplace(s)
+        self._check()
+        return copies
+
+    def swap_in(self, group: SequenceGroup) -> list[tuple[int, ...]]:
+        """Reserve fresh regions and copy the tokens back from the CPU pool."""
+        if not self.can_swap_in(group):
+            raise AllocationError(f"request {group.request_id}: no room to swap back in")
+        copies = []
+        for s in [s for s in group.seqs if s.seq_id in self._cpu_seqs]:
+            cpu_start, n = self._cpu_seqs.pop(s.seq_id)
+            self._cpu.free(cpu_start)
+            start = self._place(s, self.reservation(s))
+            copies.append((cpu_start, start, n))
+        self._check()
+        return copies
+
+    def _check(self) -> None:
+        if self.debug:
+            self.check_invariants()
+
+    def check_invariants(self) -> None:
+        """Recompute spans and sums from scratch; raise InvariantError on any mismatch."""
+        from simulator.core.invariants import check_contiguous
+        check_contiguous(self)
+
+
+def _fits_all(placement, sizes: list[int]) -> bool:
+    free = sorted((size for _, size in placement.free_spans()), reverse=True)
+    for need in sorted(sizes, reverse=True):
+        for i, hole in enumerate(free):
+            if hole >= max(1, need):
+                free[i] -= max(1, need)
+                break
+        else:
+            return False
+    return True
+

@@ -1,0 +1,396 @@
+"""The paged KV-cache allocator: blocks, ref counts, prefix caching, copy-on-write and swapping.
+
+Physical block state lives in flat lists indexed by block id (ref count, filled slots, content key), so
+the hot paths are a handful of list operations. Free blocks sit in two pools: blocks with no cached
+content (a stack) and blocks whose content stays reusable until evicted (an LRU OrderedDict, O(1) to
+remove a block on a cache hit). New blocks come from the first pool before anything is evicted.
+Block-level pool operations live in block_pool.py, CPU swapping in block_swap.py (same folder).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+
+from simulator.core.allocator import AllocStatus, KVAllocator, MemoryBreakdown, RegionRecorder
+from simulator.core.errors import AllocationError, ConfigError
+from simulator.core.paged.block_pool import BlockPool
+from simulator.core.paged.block_stats import BlockManagerStats
+from simulator.core.paged.block_swap import SwapMixin
+from simulator.core.sequence import Sequence, SequenceGroup, SequenceStatus, shares_allocation
+
+_NO_COPIES: list = []
+
+
+class BlockManager(BlockPool, SwapMixin, KVAllocator):
+    """Paged allocator over `num_blocks` blocks of `block_size` token slots (vLLM's BlockSpaceManager)."""
+
+    name = "paged"
+
+    def __init__(self, num_blocks: int, block_size: int, *, num_cpu_blocks: int = 0,
+                 enable_prefix_caching: bool = True, watermark: float = 0.0,
+                 capacity_tokens: int | None = None, debug: bool = False,
+                 hash_fn: Callable[[object], int] = hash, recorder: RegionRecorder | None = None):
+        if block_size < 1:
+            raise ConfigError(f"block_size must be >= 1, got {block_size}")
+        if num_blocks < 0 or num_cpu_blocks < 0:
+            raise ConfigError(f"block counts must be >= 0, got {num_blocks} GPU / {num_cpu_blocks} CPU")
+        if not 0.0 <= watermark < 1.0:
+            raise ConfigError(f"watermark must be in [0, 1), got {watermark}")
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.capacity_tokens = num_blocks * block_size if capacity_tokens is None else capacity_tokens
+        if self.capacity_tokens < num_blocks * block_size:
+            raise ConfigError(f"capacity {self.capacity_tokens} is smaller than {num_blocks} blocks of "
+                              f"{block_size}")
+        self.enable_prefix_caching = enable_prefix_caching
+        self.watermark_blocks = int(watermark * num_blocks)
+        self.debug = debug
+        self.stats = BlockManagerStats()
+        self._hash_fn = hash_fn
+        self._recorder = recorder
+        # The simulator's EventRecorder takes whole runs of blocks at once; any other recorder gets the
+        # per-region calls of the RegionRecorder interface.
+        self._bulk_recorder = recorder if hasattr(recorder, "acquire_blocks") else None
+        self._ref = [0] * num_blocks
+        self._filled = [0] * num_blocks
+        self._key: list[tuple | None] = [None] * num_blocks  # (parent key, content, extra) of full blocks
+        self._hash: list[int | None] = [None] * num_blocks
+        self._cached: dict[int, int] = {}  # content hash -> block id
+        self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # stack: lowest id first
+        self._free_cached: OrderedDict[int, None] = OrderedDict()  # LRU order, oldest first
+        self._seqs: dict[int, Sequence] = {}  # sequences holding device blocks
+        self._total_filled = 0
+        self._internal = 0  # slots of final blocks that their sequence will never fill
+        self.num_cpu_blocks = num_cpu_blocks
+        self._cpu_ref = [0] * num_cpu_blocks
+        self._cpu_filled = [0] * num_cpu_blocks
+        self._cpu_key: list[tuple | None] = [None] * num_cpu_blocks
+        self._cpu_free: list[int] = list(range(num_cpu_blocks - 1, -1, -1))
+        self._cpu_seqs: dict[int, Sequence] = {}
+
+    @classmethod
+    def from_capacity(cls, capacity_tokens: int, block_size: int, **kwargs) -> BlockManager:
+        """A manager over `capacity_tokens` slots; the remainder `C mod block_size` is unusable."""
+        return cls(capacity_tokens // block_size, block_size, capacity_tokens=capacity_tokens, **kwargs)
+
+    # ----------------------------------------------------------------- queries
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks that can be handed out now, cached-but-unreferenced ones included."""
+        return len(self._free) + len(self._free_cached)
+
+    @property
+    def num_cached_free_blocks(self) -> int:
+        """Free blocks still holding reusable prefix content."""
+        return len(self._free_cached)
+
+    @property
+    def num_used_blocks(self) -> int:
+        """Blocks referenced by at least one sequence."""
+        return self.num_blocks - len(self._free) - len(self._free_cached)
+
+    @property
+    def num_used_slots(self) -> int:
+        """Slots inside referenced blocks."""
+        return self.num_used_blocks * self.block_size
+
+    @property
+    def num_free_cpu_blocks(self) -> int:
+        """Free blocks in the CPU swap pool."""
+        return len(self._cpu_free)
+
+    @property
+    def num_internal_slots(self) -> int:
+        """Slots of final blocks that their sequences will never fill (before capping by empty slots)."""
+        return self._internal
+
+    def ref_count(self, block_id: int) -> int:
+        """Current ref count of a device block."""
+        return self._ref[block_id]
+
+    def num_filled(self, block_id: int) -> int:
+        """Slots of a device block that hold tokens."""
+        return self._filled[block_id]
+
+    def _blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def _lookup(self, seq: Sequence) -> list[int]:
+        """Device blocks holding this sequence's leading full blocks (never its last token)."""
+        if not self.enable_prefix_caching or (seq.token_ids is None and not seq.prefix_keys):
+            return []  # nothing to match (a simulated prompt without prefix keys)
+        bs = self.block_size
+        hits: list[int] = []
+        parent_key: tuple | None = None
+        parent_hash: int | None = None
+        for i in range((seq.length - 1) // bs):
+            content = seq.block_content(i, bs)
+            if content is None:
+                break
+            h = self._hash_fn((parent_hash, content, seq.extra_key))
+            bid = self._cached.get(h)
+            # Compare the whole key, not only the hash, so a collision can never alias two prefixes.
+            if bid is None or self._key[bid] != (parent_key, content, seq.extra_key):
+                break
+            hits.append(bid)
+            parent_key, parent_hash = self._key[bid], h
+        return hits
+
+    def can_allocate(self, group: SequenceGroup) -> AllocStatus:
+        """OK, LATER, or NEVER for the group's prompt (prefix hits on referenced blocks cost nothing)."""
+        seqs = group.live_seqs()
+        if not seqs:
+            raise AllocationError(f"request {group.request_id}: every sequence has finished")
+        if len(seqs) > 1 and shares_allocation(seqs):
+            seqs = seqs[:1]
+        bs = self.block_size
+        needed = 0
+        for s in seqs:
+            needed += -(-s.length // bs)
+        # A sequence whose final length can never fit would preempt itself forever: refuse it now.
+        final = max(-(-max(s.length, s.final_len or 0) // bs) for s in seqs)
+        if max(needed, final) > self.num_blocks - self.watermark_blocks:
+            return AllocStatus.NEVER
+        # Hits on referenced blocks cost nothing; hits on evictable ones use up a free block like a miss.
+        required = needed
+        for s in seqs:
+            for b in self._lookup(s):
+                if self._ref[b] > 0:
+                    required -= 1
+        if len(self._free) + len(self._free_cached) - required < self.watermark_blocks:
+            return AllocStatus.LATER
+        return AllocStatus.OK
+
+    def can_append(self, seq: Sequence, num_tokens: int = 1) -> bool:
+        """Whether enough free blocks exist to grow `seq` by `num_tokens` (copy-on-write included)."""
+        return seq.num_tokens + num_tokens <= seq._limit and \
+            self._blocks_needed_to_append(seq, num_tokens) <= self.num_free_blocks
+
+    def can_append_seqs(self, seqs: list[Sequence], num_tokens: int = 1) -> bool:
+        """Whether all `seqs` can grow by `num_tokens` each at once."""
+        need = 0
+        for s in seqs:
+            if s.num_tokens + num_tokens > s._limit:
+                return False
+            need += self._blocks_needed_to_append(s, num_tokens)
+        return need <= self.num_free_blocks
+
+    def _blocks_needed_to_append(self, seq: Sequence, k: int) -> int:
+        n, bs = seq.num_tokens, self.block_size
+        new = self._blocks_for(n + k) - self._blocks_for(n)
+        if n % bs and k > 0 and self._ref[seq.block_table[-1]] > 1:
+            new += 1  # the shared partial last block must be copied first
+        return new
+
+    def can_fork(self, parent: Sequence) -> bool:
+        """Forking shares every block, so it always fits."""
+        return True
+
+    def breakdown(self, head: SequenceGroup | None = None) -> MemoryBreakdown:
+        """Taxonomy now; for paged memory the waiting queue does not matter (any free block fits)."""
+        return MemoryBreakdown(*self.breakdown_slots(head))
+
+    def breakdown_slots(self, head: SequenceGroup | None = None) -> tuple[int, ...]:
+        """`breakdown` as a plain tuple in MemoryBreakdown's field order (cheap enough to call every step)."""
+        bs = self.block_size
+        num_free = len(self._free) + len(self._free_cached)
+        used = (self.num_blocks - num_free) * bs
+        empty = used - self._total_filled
+        internal = min(self._internal, empty)
+        return (self.capacity_tokens, self._total_filled, empty - internal, internal,
+                self.capacity_tokens - self.num_blocks * bs, num_free * bs, len(self._free_cached) * bs, used)
+
+    # ----------------------------------------------------------------- mutations
+    def allocate(self, group: SequenceGroup) -> int:
+        """Give the group's live sequences blocks for all their tokens; return prefix-cached tokens.
+
+        Sequences of equal length (a fresh prompt, n samples or a beam) share every block; sequences that
+        diverged (a group re-admitted after a recompute preemption) are allocated one by one.
+        """
+        seqs = group.live_seqs()
+        for s in seqs:
+            if s.seq_id in self._seqs or s.seq_id in self._cpu_seqs:
+                raise AllocationError(f"sequence {s.seq_id} already holds blocks")
+        status = self.can_allocate(group)
+        if status is not AllocStatus.OK:
+            raise AllocationError(f"request {group.request_id}: cannot allocate its blocks now "
+                                  f"({status.value}); {self.num_free_blocks} free")
+        if len(seqs) == 1 or shares_allocation(seqs):
+            hit = self._allocate_one(seqs[0], group.request_id)
+            for s in seqs[1:]:
+                for bid in seqs[0].block_table:
+                    self._incref(bid, group.request_id)
+                s.block_table = list(seqs[0].block_table)
+                s.num_tokens = seqs[0].num_tokens
+                s.num_cached_tokens = seqs[0].num_cached_tokens
+                self._seqs[s.seq_id] = s
+                self._count_internal(s)
+        else:
+            hit = sum(self._allocate_one(s, group.request_id) for s in seqs)
+        if self.debug:
+            self.check_invariants()
+        return hit
+
+    def _allocate_one(self, seq: Sequence, rid: int) -> int:
+        bs, n = self.block_size, seq.length
+        hits = self._lookup(seq)
+        if self.enable_prefix_caching:
+            self.stats.prefix_queries += (n - 1) // bs
+        self.stats.prefix_hits += len(hits)
+        table: list[int] = []
+        seq.block_table = table
+        for bid in hits:
+            self._incref(bid, rid)
+            table.append(bid)
+        first = len(hits)
+        count = self._blocks_for(n) - first
+        if len(self._free) < count:  # evictions interleave with publishing: keep them in step
+            for i in range(first, first + count):
+                bid = self._take(rid)
+                filled = min(bs, n - i * bs)
+                self._filled[bid] = filled
+                self._total_filled += filled
+                table.append(bid)
+                if filled == bs:
+                    self._register_full(seq, i, bid)
+        elif count:
+            new = self._take_many(count, rid)
+            filled = self._filled
+            for bid in new:
+                filled[bid] = bs
+            filled[new[-1]] = n - (first + len(new) - 1) * bs
+            self._total_filled += n - first * bs
+            table.extend(new)
+            # Only blocks with known content can be published (simulated decode tokens have none).
+            num_full = n // bs if self.enable_prefix_caching else 0
+            if seq.token_ids is None:
+                num_full = min(num_full, len(seq.prefix_keys))
+            for i in range(first, num_full):
+                self._register_full(seq, i, table[i])
+        seq.num_tokens = n
+        self._seqs[seq.seq_id] = seq
+        self._count_internal(seq)
+        seq.num_cached_tokens = len(hits) * bs
+        return seq.num_cached_tokens
+
+    def append_slot(self, seq: Sequence) -> list[tuple[int, int]]:
+        """Grow `seq` by one token; the common case (room in an unshared last block) allocates nothing."""
+        n = seq.num_tokens
+        table = seq.block_table
+        if n % self.block_size and n < seq._limit and self._ref[table[-1]] == 1 \
+                and seq.seq_id in self._seqs and not self.debug and seq.token_ids is None:
+            self._filled[table[-1]] += 1
+            self._total_filled += 1
+            seq.num_tokens = n + 1
+            return _NO_COPIES
+        return self.append_slots(seq, 1)
+
+    def append_slots(self, seq: Sequence, num_tokens: int = 1) -> list[tuple[int, int]]:
+        """Grow `seq` by `num_tokens` in O(new blocks); return the copy-on-write (src, dst) pairs."""
+        if seq.seq_id not in self._seqs:
+            state = "finished" if seq.status is SequenceStatus.FINISHED else "not allocated (or swapped out)"
+            raise AllocationError(f"cannot append to sequence {seq.seq_id}: it is {state}")
+        if seq.status is SequenceStatus.FINISHED:
+            raise AllocationError(f"cannot append to sequence {seq.seq_id}: it is finished")
+        if num_tokens < 0:
+            raise AllocationError(f"cannot append a negative number of tokens ({num_tokens})")
+        if num_tokens == 0:
+            return _NO_COPIES
+        if seq.num_tokens + num_tokens > seq._limit:
+            raise AllocationError(f"sequence {seq.seq_id} would grow past its final length {seq.final_len}")
+        if not self.can_append(seq, num_tokens):
+            raise AllocationError(
+                f"out of KV blocks: sequence {seq.seq_id} needs "
+                f"{self._blocks_needed_to_append(seq, num_tokens)} blocks, {self.num_free_blocks} free")
+        bs, rid = self.block_size, seq.request_id
+        n, table = seq.num_tokens, seq.block_table
+        copies = _NO_COPIES
+        rem = n % bs
+        if rem:
+            last = table[-1]
+            if self._ref[last] > 1:  # never write a shared block in place: copy it first
+                new = self._take(rid)
+                self._filled[new] = rem
+                self._total_filled += rem
+                self._decref(last)
+                table[-1] = new
+                copies = [(last, new)]
+                self.stats.cow_copies += 1
+            last = table[-1]
+            fill = min(num_tokens, bs - rem)
+            self._filled[last] += fill
+            self._total_filled += fill
+            left = num_tokens - fill
+        else:
+            left = num_tokens
+        if left > 0:
+            self._total_filled += left
+            nb = -(-left // bs)
+            free = self._free
+            if len(free) >= nb and (self._recorder is None or self._bulk_recorder is not None):
+                new = self._take_many(nb, rid)  # no eviction: one slice of the free stack
+                filled = self._filled
+                for bid in new:
+                    filled[bid] = bs
+                filled[new[-1]] = left - (nb - 1) * bs
+                table.extend(new)
+            else:
+                for _ in range(nb):
+                    bid = self._take(rid)
+                    self._filled[bid] = min(bs, left)
+                    left -= self._filled[bid]
+                    table.append(bid)
+        seq.num_tokens = n + num_tokens
+        if seq.token_ids is not None and self.enable_prefix_caching:
+            for i in range(n // bs, seq.num_tokens // bs):
+                self._register_full(seq, i, table[i])
+        if not seq._internal_counted:
+            self._count_internal(seq)
+        if self.debug:
+            self.check_invariants()
+        return copies
+
+    def _count_internal(self, seq: Sequence) -> None:
+        """Once a sequence holds its final block, the slots past its final length are internal waste."""
+        final = seq.final_len
+        if final is not None and len(seq.block_table) * self.block_size >= final:
+            waste = len(seq.block_table) * self.block_size - final
+            self._internal += waste - seq._internal_counted
+            seq._internal_counted = waste
+
+    def fork(self, parent: Sequence, child: Sequence) -> list[tuple[int, int]]:
+        """Let `child` share every block of `parent`; nothing is copied."""
+        if parent.seq_id not in self._seqs:
+            raise AllocationError(f"cannot fork sequence {parent.seq_id}: it holds no device blocks")
+        if child.seq_id in self._seqs or child.seq_id in self._cpu_seqs:
+            raise AllocationError(f"cannot fork into sequence {child.seq_id}: it already holds blocks")
+        for bid in parent.block_table:
+            self._incref(bid, parent.request_id)
+        child.block_table = list(parent.block_table)
+        child.num_tokens = parent.num_tokens
+        self._seqs[child.seq_id] = child
+        if self.debug:
+            self.check_invariants()
+        return _NO_COPIES
+
+    def free(self, seq: Sequence) -> None:
+        """Release the sequence's blocks (last block first, so tails are evicted before shared heads)."""
+        if seq.seq_id in self._seqs:
+            self._release_device(seq)
+        elif seq.seq_id in self._cpu_seqs:
+            del self._cpu_seqs[seq.seq_id]
+            for cid in seq.cpu_block_table:
+                self._cpu_decref(cid)
+            seq.cpu_block_table = []
+        else:
+            raise AllocationError(f"cannot free sequence {seq.seq_id}: it holds no blocks (freed twice?)")
+        seq.num_tokens = 0
+        if self.debug:
+            self.check_invariants()
+
+    # ----------------------------------------------------------------- debugging
+    def check_invariants(self) -> None:
+        """Recompute ref counts, pools and fill levels from the block tables; raise on any mismatch."""
+        from simulator.core.invariants import check_block_manager
+        check_block_manager(self)
+

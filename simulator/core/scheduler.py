@@ -1,0 +1,272 @@
+"""Iteration-level (continuous) batching, shared by the simulator and the GPU engine.
+
+Each call to `schedule()` decides one step: running groups first (each live sequence gets the slot
+for its newest token; when memory runs out the most recently admitted group is preempted), then
+swapped groups come back, then waiting groups are admitted first-come first-served. The caller runs
+the step (simulated or on the device), records sampled tokens, and calls `finish_seq` for sequences
+that are done.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from simulator.core.allocator import AllocStatus, KVAllocator
+from simulator.core.errors import ConfigError
+from simulator.core.sequence import Sequence, SequenceGroup, SequenceStatus, shares_allocation
+
+PREEMPTION_MODES = ("recompute", "swap")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Batching limits and policies."""
+
+    max_num_seqs: int = 256
+    # Default: max(max_model_len, 2048) + max_num_seqs, so the longest admissible prompt always fits next to
+    # a full batch of decodes (vLLM's max(max_model_len, 2048) lets one long prompt block the queue until the
+    # batch drains); 512 when chunking.
+    max_num_batched_tokens: int | None = None
+    max_model_len: int = 2048
+    enable_chunked_prefill: bool = False
+    preemption_mode: str = "recompute"
+
+    def __post_init__(self) -> None:
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise ConfigError(f"preemption mode must be one of {PREEMPTION_MODES}, "
+                              f"got {self.preemption_mode!r}")
+        if self.max_num_seqs < 1 or self.max_model_len < 1:
+            raise ConfigError("max_num_seqs and max_model_len must be >= 1")
+        budget = self.token_budget
+        if budget < self.max_num_seqs:
+            raise ConfigError(f"max_num_batched_tokens ({budget}) must be >= max_num_seqs "
+                              f"({self.max_num_seqs}) so every running sequence can decode")
+        if not self.enable_chunked_prefill and budget < self.max_model_len:
+            raise ConfigError(f"max_num_batched_tokens ({budget}) must be >= max_model_len "
+                              f"({self.max_model_len}) unless chunked prefill is enabled")
+
+    @property
+    def token_budget(self) -> int:
+        """Tokens one step may compute."""
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        return 512 if self.enable_chunked_prefill else max(self.max_model_len, 2048) + self.max_num_seqs
+
+
+@dataclass
+class ScheduledGroup:
+    """A group's work in one step: a prefill chunk (`num_new_tokens` of its prompt) or one decode token
+    per live sequence."""
+
+    group: SequenceGroup
+    num_new_tokens: int
+    is_prefill: bool
+    completes_prefill: bool  # the chunk reaches the end of the prompt, so tokens are sampled
+
+
+@dataclass
+class SchedulerOutput:
+    """What to run this step, and the memory operations the engine must perform first."""
+
+    scheduled: list[ScheduledGroup] = field(default_factory=list)
+    admitted: list[SequenceGroup] = field(default_factory=list)
+    preempted: list[SequenceGroup] = field(default_factory=list)
+    rejected: list[SequenceGroup] = field(default_factory=list)
+    swapped_in: list[SequenceGroup] = field(default_factory=list)
+    blocks_to_copy: list[tuple[int, ...]] = field(default_factory=list)
+    blocks_to_swap_in: list[tuple[int, ...]] = field(default_factory=list)
+    blocks_to_swap_out: list[tuple[int, ...]] = field(default_factory=list)
+    num_batched_tokens: int = 0
+
+    @property
+    def is_empty(self) -> bool:
+        """Nothing to compute this step."""
+        return not self.scheduled
+
+
+class Scheduler:
+    """FCFS continuous batching over one allocator (paged or contiguous)."""
+
+    def __init__(self, config: SchedulerConfig, allocator: KVAllocator):
+        self.config = config
+        self.token_budget = config.token_budget  # tokens one step may compute
+        self.allocator = allocator
+        self.waiting: deque[SequenceGroup] = deque()
+        self.running: list[SequenceGroup] = []  # admission order: the last one is preempted first
+        self.swapped: deque[SequenceGroup] = deque()
+        self.num_preemptions = 0
+        # Per group: prompt tokens still to compute (prefill / recompute), keyed by request id.
+        self.prefill_left: dict[int, int] = {}
+        self.hit_tokens: dict[int, int] = {}
+
+    def add_request(self, group: SequenceGroup) -> None:
+        """Queue a new request."""
+        for s in group.seqs:
+            s.status = SequenceStatus.WAITING
+        self.waiting.append(group)
+
+    def has_unfinished(self) -> bool:
+        """Whether any request is waiting, running or swapped."""
+        return bool(self.waiting or self.running or self.swapped)
+
+    def _live(self, group: SequenceGroup) -> list[Sequence]:
+        return [s for s in group.seqs if s.status is not SequenceStatus.FINISHED]
+
+    def _prefill_tokens(self, seqs: list[Sequence]) -> int:
+        """Tokens a (re)admitted group computes: one shared prompt, or each diverged sequence."""
+        if len(seqs) == 1 or shares_allocation(seqs):
+            return seqs[0].length
+        return sum(s.length for s in seqs)
+
+    def schedule(self) -> SchedulerOutput:
+        """Decide the next step."""
+        out = SchedulerOutput()
+        budget = self.config.token_budget
+        queue = deque(self.running)
+        kept: list[SequenceGroup] = []
+        while queue:
+            group = queue.popleft()
+            left = self.prefill_left.get(group.request_id, 0)
+            if left:  # a chunked prefill in progress: its blocks are already allocated
+                chunk = min(left, budget - out.num_batched_tokens)
+                if chunk <= 0:
+                    kept.append(group)
+                    continue
+                out.scheduled.append(ScheduledGroup(group, chunk, True, chunk == left))
+                out.num_batched_tokens += chunk
+                kept.append(group)
+                continue
+            seqs = self._live(group)
+            while not self.allocator.can_append_seqs(seqs):
+                victim = queue.pop() if queue else group
+                self._preempt(victim, out)
+                if victim is group:
+                    break
+            else:
+                for s in seqs:
+                    out.blocks_to_copy.extend(self.allocator.append_slot(s))
+                out.scheduled.append(ScheduledGroup(group, len(seqs), False, False))
+                out.num_batched_tokens += len(seqs)
+                kept.append(group)
+        self.running = kept
+        if not out.preempted:
+            self._swap_in(out, budget)
+        if not out.preempted and not self.swapped:
+            self._admit(out, budget)
+        return out
+
+    def admit_after_decode(self, num_decode_tokens: int) -> SchedulerOutput:
+        """The rest of `schedule()` for a step in which every running group decodes and none is preempted,
+        the caller having given each of them its slot (in bulk): swapped groups come back, then waiting
+        ones are admitted. `scheduled` lists only those; `num_batched_tokens` includes the decode tokens."""
+        out = SchedulerOutput(num_batched_tokens=num_decode_tokens)
+        if self.swapped or self.waiting:
+            self._swap_in(out, self.token_budget)
+            if not self.swapped:
+                self._admit(out, self.token_budget)
+        return out
+
+    def remove_groups(self, groups: list[SequenceGroup]) -> None:
+        """Remove the given finished groups from the running list (what `remove_finished` does, without
+        looking at every running group)."""
+        for g in groups:
+            self.running.remove(g)
+            self.prefill_left.pop(g.request_id, None)
+
+    def _swap_in(self, out: SchedulerOutput, budget: int) -> None:
+        while self.swapped:
+            group = self.swapped[0]
+            seqs = self._live(group)
+            if len(self.running) >= self.config.max_num_seqs or \
+                    out.num_batched_tokens + len(seqs) > budget or not self.allocator.can_swap_in(group):
+                return
+            self.swapped.popleft()
+            out.blocks_to_swap_in.extend(self.allocator.swap_in(group))
+            for s in seqs:
+                s.status = SequenceStatus.RUNNING
+                out.blocks_to_copy.extend(self.allocator.append_slot(s))
+            out.swapped_in.append(group)
+            out.scheduled.append(ScheduledGroup(group, len(seqs), False, False))
+            out.num_batched_tokens += len(seqs)
+            self.running.append(group)
+
+    def _admit(self, out: SchedulerOutput, budget: int) -> None:
+        while self.waiting:
+            group = self.waiting[0]
+            seqs = self._live(group)
+            if seqs[0].length > self.config.max_model_len or \
+                    (seqs[0].final_len or 0) >= self.config.max_model_len + 1:
+                self.waiting.popleft()
+                self._reject(group, out)
+                continue
+            status = self.allocator.can_allocate(group)
+            if status is AllocStatus.NEVER:
+                self.waiting.popleft()
+                self._reject(group, out)
+                continue
+            room = budget - out.num_batched_tokens
+            need = self._prefill_tokens(seqs)
+            if status is AllocStatus.LATER or len(self.running) >= self.config.max_num_seqs or room <= 0:
+                return
+            if not self.config.enable_chunked_prefill and need > room:
+                return  # the whole prompt must fit in this step's token budget
+            self.waiting.popleft()
+            hit = self.allocator.allocate(group)
+            self.hit_tokens.setdefault(group.request_id, hit)
+            left = max(1, need - hit)
+            chunk = min(left, room)
+            for s in seqs:
+                s.status = SequenceStatus.RUNNING
+            self.prefill_left[group.request_id] = left
+            out.admitted.append(group)
+            out.scheduled.append(ScheduledGroup(group, chunk, True, chunk == left))
+            out.num_batched_tokens += chunk
+            self.running.append(group)
+
+    def _reject(self, group: SequenceGroup, out: SchedulerOutput) -> None:
+        for s in group.seqs:
+            s.status = SequenceStatus.FINISHED
+        out.rejected.append(group)
+
+    def _preempt(self, group: SequenceGroup, out: SchedulerOutput) -> None:
+        """Swap the group out if configured and possible, else free it for recomputation."""
+        self.num_preemptions += 1
+        out.preempted.append(group)
+        mid_prefill = self.prefill_left.pop(group.request_id, None) is not None
+        seqs = self._live(group)
+        # A partly computed prompt is not worth swapping (and its progress would be lost): recompute it.
+        if self.config.preemption_mode == "swap" and not mid_prefill and self.allocator.can_swap_out(group):
+            out.blocks_to_swap_out.extend(self.allocator.swap_out(group))
+            for s in seqs:
+                s.status = SequenceStatus.SWAPPED
+            self.swapped.append(group)
+            return
+        for s in seqs:
+            self.allocator.free(s)
+            s.status = SequenceStatus.WAITING
+        self.waiting.appendleft(group)
+
+    def commit(self, out: SchedulerOutput) -> None:
+        """Account for the step having run: prefill chunks are now computed."""
+        for sg in out.scheduled:
+            if sg.is_prefill:
+                rid = sg.group.request_id
+                left = self.prefill_left[rid] - sg.num_new_tokens
+                if left:
+                    self.prefill_left[rid] = left
+                else:
+                    del self.prefill_left[rid]
+
+    def finish_seq(self, seq: Sequence) -> None:
+        """Free a finished sequence; drop its group from the running list once all are done."""
+        self.allocator.free(seq)
+        seq.status = SequenceStatus.FINISHED
+
+    def remove_finished(self) -> list[SequenceGroup]:
+        """Remove and return groups whose sequences have all finished."""
+        done = [g for g in self.running if g.is_finished]
+        if done:
+            self.running = [g for g in self.running if not g.is_finished]
+            for g in done:
+                self.prefill_left.pop(g.request_id, None)
+        return done

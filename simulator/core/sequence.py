@@ -1,0 +1,148 @@
+"""Sequences and sequence groups: what the allocators and the scheduler manage."""
+from __future__ import annotations
+
+import enum
+from collections.abc import Hashable
+from collections.abc import Sequence as SeqLike
+
+
+class SequenceStatus(enum.Enum):
+    """Lifecycle of one decoding stream."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    SWAPPED = "swapped"
+    FINISHED = "finished"
+
+
+class Sequence:
+    """One decoding stream.
+
+    In the engine `token_ids` holds real tokens; in simulation it is None and the sequence is just counts
+    plus `prefix_keys`, the content keys of its first full prompt blocks (at the allocator's block size).
+    `length` is the logical length (prompt + generated tokens). `num_tokens` is the number of tokens that
+    hold a KV slot: `allocate` gives slots to all `length` tokens, `append_slot` one more (as in vLLM, the
+    token sampled in one step gets its slot when the next step schedules it). `final_len` is the most
+    slots the sequence will ever hold (prompt + output - 1: the last sampled token is never stored).
+    """
+
+    __slots__ = ("seq_id", "request_id", "prompt_len", "final_len", "token_ids", "prefix_keys",
+                 "extra_key", "num_tokens", "num_computed_tokens", "num_cached_tokens", "status",
+                 "block_table",
+                 "cpu_block_table", "region", "_internal_counted", "_limit", "num_generated")
+
+    def __init__(self, seq_id: int, prompt_len: int, final_len: int | None = None, *,
+                 request_id: int | None = None, token_ids: list[int] | None = None,
+                 prefix_keys: SeqLike[Hashable] = (), extra_key: Hashable = None):
+        if token_ids is not None and len(token_ids) < prompt_len:
+            from simulator.core.errors import AllocationError
+            raise AllocationError(
+                f"sequence {seq_id}: {len(token_ids)} token ids for a {prompt_len}-token prompt")
+        if prompt_len < 1:
+            from simulator.core.errors import AllocationError
+            raise AllocationError(f"sequence {seq_id}: prompt_len must be >= 1, got {prompt_len}")
+        if final_len is not None and final_len < prompt_len:
+            from simulator.core.errors import AllocationError
+            raise AllocationError(
+                f"sequence {seq_id}: final_len {final_len} is shorter than prompt_len {prompt_len}")
+        self.seq_id = seq_id
+        self.request_id = seq_id if request_id is None else request_id
+        self.prompt_len = prompt_len
+        # The length the sequence will reach when it finishes (known from a trace, or max_tokens);
+        # the taxonomy needs it to split empty slots into reservation and internal fragmentation.
+        self.final_len = final_len
+        self._limit = final_len if final_len is not None else 1 << 62  # allocators refuse growth past it
+        self.token_ids = token_ids
+        self.prefix_keys = tuple(prefix_keys)
+        self.extra_key = extra_key
+        self.num_generated = 0 if token_ids is None else len(token_ids) - prompt_len
+        self.num_tokens = 0
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prefix-cache hit of its last allocation (set by the allocator)
+        self.status = SequenceStatus.WAITING
+        self.block_table: list[int] = []
+        self.cpu_block_table: list[int] = []
+        self.region: tuple[int, int] | None = None  # contiguous allocator: (start, reserved slots)
+        self._internal_counted = 0
+
+    def block_content(self, index: int, block_size: int) -> Hashable | None:
+        """Content key of full block `index`, or None when the content is unknown (simulated decode)."""
+        if self.token_ids is not None:
+            start = index * block_size
+            return tuple(self.token_ids[start:start + block_size])
+        if index < len(self.prefix_keys):
+            return self.prefix_keys[index]
+        return None
+
+    def fork(self, seq_id: int) -> Sequence:
+        """A copy that will share this sequence's blocks once the allocator forks it."""
+        child = Sequence(seq_id, self.prompt_len, self.final_len, request_id=self.request_id,
+                         token_ids=None if self.token_ids is None else list(self.token_ids),
+                         prefix_keys=self.prefix_keys, extra_key=self.extra_key)
+        child.num_generated = self.num_generated
+        child.num_computed_tokens = self.num_computed_tokens
+        child.status = self.status
+        return child
+
+    @property
+    def is_finished(self) -> bool:
+        """Whether the sequence has finished."""
+        return self.status is SequenceStatus.FINISHED
+
+    @property
+    def length(self) -> int:
+        """Prompt plus generated tokens."""
+        return self.prompt_len + self.num_generated
+
+    def append_token(self, token_id: int | None = None) -> None:
+        """Record one generated token (its KV slot comes with the next `append_slot`)."""
+        self.num_generated += 1
+        if self.token_ids is not None:
+            self.token_ids.append(token_id)
+
+    def __repr__(self) -> str:
+        return (f"Sequence(id={self.seq_id}, req={self.request_id}, tokens={self.num_tokens}/"
+                f"{self.final_len}, {self.status.value}, blocks={self.block_table})")
+
+
+class SequenceGroup:
+    """The sequences of one request: n parallel samples or a beam. They share prompt blocks."""
+
+    __slots__ = ("request_id", "seqs", "arrival_s", "prompt_len", "n", "beam_width")
+
+    def __init__(self, request_id: int, seqs: list[Sequence], arrival_s: float = 0.0,
+                 n: int = 1, beam_width: int = 1):
+        if not seqs:
+            from simulator.core.errors import AllocationError
+            raise AllocationError(f"request {request_id}: a sequence group needs at least one sequence")
+        self.request_id = request_id
+        self.seqs = seqs
+        self.arrival_s = arrival_s
+        self.prompt_len = seqs[0].prompt_len
+        self.n = n
+        self.beam_width = beam_width
+
+    def get_seqs(self, status: SequenceStatus | None = None) -> list[Sequence]:
+        """The group's sequences, optionally only those with `status`."""
+        if status is None:
+            return list(self.seqs)
+        return [s for s in self.seqs if s.status is status]
+
+    def live_seqs(self) -> list[Sequence]:
+        """Sequences not yet finished."""
+        return [s for s in self.seqs if s.status is not SequenceStatus.FINISHED]
+
+    @property
+    def is_finished(self) -> bool:
+        """Whether every sequence of the group has finished."""
+        return all(s.status is SequenceStatus.FINISHED for s in self.seqs)
+
+    def __repr__(self) -> str:
+        return f"SequenceGroup(req={self.request_id}, seqs={[s.seq_id for s in self.seqs]})"
+
+
+def shares_allocation(seqs: list[Sequence]) -> bool:
+    """Whether the sequences can share one allocation (the same tokens so far)."""
+    n = seqs[0].length
+    return all(s.length == n for s in seqs) and (
+        seqs[0].token_ids is None or all(s.token_ids == seqs[0].token_ids for s in seqs))

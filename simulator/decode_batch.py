@@ -1,0 +1,222 @@
+"""Fast mode's view of the running batch: plain decodes advanced lazily, in O(events) per step.
+
+While every running request is a plain decode (one live sequence, no beam, no prefill left, nothing
+swapped), each step gives every sequence one more token. Instead of touching every sequence each step,
+the batch keeps a global count of decode steps ("phase" D) and, per sequence, the offsets that turn it
+into the sequence's token and generated counts: num_tokens = D + o, num_generated = D + g. Per step, only
+what changes is visited:
+
+- block boundaries: a sequence needs a fresh block when num_tokens % block_size == 0 before its append,
+  i.e. when D % block_size == (-o) % block_size, so sequences are bucketed by that residue (each bucket
+  in running order, the order in which step mode's scheduler takes their blocks);
+- completions: the phase at which num_generated reaches the request's output length;
+- final blocks: the phase at which a sequence takes its last block (internal fragmentation appears).
+
+The counts live only here until the batch settles a sequence (`settle`): before it finishes, and for all
+of them before any exact step (`deactivate`). Sums the step-time and memory models need (tokens held,
+context lengths) are kept as running totals.
+"""
+from __future__ import annotations
+
+import heapq
+from typing import TYPE_CHECKING
+
+from simulator.core.paged.block_manager import BlockManager
+from simulator.core.sequence import Sequence, SequenceGroup, SequenceStatus
+
+if TYPE_CHECKING:
+    from simulator.simulate import _Run
+
+
+class DecodeBatch:
+    """The running plain decodes of one simulation, with lazily advanced token counts."""
+
+    def __init__(self, run: _Run):
+        self.run = run
+        self.alloc = run.alloc
+        self.paged = isinstance(run.alloc, BlockManager)
+        self.block_size = run.alloc.block_size if self.paged else 1
+        self.eager = bool(getattr(run.alloc, "debug", False))  # debug: settle every step, check invariants
+        self.active = False
+        self.phase = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.size = 0
+        self.offset_sum = 0  # sum of o: tokens held by the batch = size * phase + offset_sum
+        self.offsets: dict[Sequence, tuple[int, int]] = {}
+        self.buckets: list[list[Sequence]] = [[] for _ in range(self.block_size)]
+        self.finish_at: dict[int, list[SequenceGroup]] = {}
+        self.finish_heap: list[int] = []
+        self.waste_at: dict[int, int] = {}  # phase -> internal-fragmentation slots that appear in it
+
+    # ----------------------------------------------------------------- membership
+    def activate(self) -> bool:
+        """Take over the running groups if all of them are plain decodes (else stay inactive)."""
+        sched = self.run.sched
+        if sched.swapped or sched.prefill_left:
+            return False
+        running = sched.running
+        for g in running:
+            if not self._joinable(g):
+                return False
+        self.active = True
+        for g in running:
+            self._add(g)
+        return True
+
+    def _joinable(self, g: SequenceGroup) -> bool:
+        if g.beam_width > 1 or len(g.seqs) != 1 or g.request_id in self.run.sched.prefill_left:
+            return False
+        s = g.seqs[0]
+        if s.status is not SequenceStatus.RUNNING or s.token_ids is not None or s.final_len is None:
+            return False
+        left = self.run.output_len[g.request_id] - s.num_generated
+        n = s.num_tokens
+        # It must finish before it could outgrow its final length (or its contiguous region).
+        if left < 1 or n + left > (s.final_len if self.paged else min(s.final_len, s.region[1])):
+            return False
+        # A shared partial last block is copied by the next append: an exact step does that.
+        return not (self.paged and n % self.block_size and self.alloc.ref_count(s.block_table[-1]) > 1)
+
+    def _add(self, g: SequenceGroup) -> None:
+        s = g.seqs[0]
+        d = self.phase
+        o = s.num_tokens - d
+        self.offsets[s] = (o, s.num_generated - d)
+        self.size += 1
+        self.offset_sum += o
+        fin = d + self.run.output_len[g.request_id] - s.num_generated
+        lst = self.finish_at.get(fin)
+        if lst is None:
+            self.finish_at[fin] = [g]
+            heapq.heappush(self.finish_heap, fin)
+        else:
+            lst.append(g)
+        if self.paged:
+            bs = self.block_size
+            self.buckets[-o % bs].append(s)
+            num_final = -(-s.final_len // bs)
+            if len(s.block_table) < num_final and not s._internal_counted:
+                at = (num_final - 1) * bs - o  # the phase whose append takes the final block
+                self.waste_at[at] = self.waste_at.get(at, 0) + num_final * bs - s.final_len
+
+    def join(self, groups: list[SequenceGroup]) -> None:
+        """Add groups that just finished their prefill (in running order), or give up on them all."""
+        for g in groups:
+            if not self._joinable(g):
+                self.deactivate()
+                return
+        for g in groups:
+            self._add(g)
+
+    def settle(self, s: Sequence) -> None:
+        """Write the sequence's current counts back to it (and to its last block)."""
+        o, og = self.offsets[s]
+        self.alloc.set_num_tokens(s, self.phase + o)
+        s.num_generated = self.phase + og
+
+    def settle_all(self) -> None:
+        """Write every sequence's counts back (the objects are then exact, the batch stays active)."""
+        for s in self.offsets:
+            self.settle(s)
+
+    def deactivate(self) -> None:
+        """Settle everything and stop: the objects are the truth again (for an exact step)."""
+        if self.active:
+            self.settle_all()
+            self.active = False
+            self._reset()
+
+    # ----------------------------------------------------------------- advancing
+    def steps_within(self, num_free_blocks: int) -> int:
+        """How many decode steps from here need at most `num_free_blocks` new blocks."""
+        b, bs = self.size, self.block_size
+        cycles = num_free_blocks // b  # every block_size steps, every sequence takes one block
+        left = num_free_blocks - cycles * b
+        extra = 0
+        for j in range(bs):
+            n = len(self.buckets[(self.phase + j) % bs])
+            if n > left:
+                break
+            left -= n
+            extra += 1
+        return cycles * bs + extra
+
+    def advance_one(self) -> bool:
+        """One decode step's appends, if the free blocks cover them (else False, and nothing happened)."""
+        d = self.phase
+        if self.paged:
+            due = self.buckets[d % self.block_size]
+            if due:
+                alloc = self.alloc
+                if len(due) > alloc.num_free_blocks:
+                    return False
+                alloc.append_decode_blocks(due)
+            if self.waste_at:
+                self.waste_at.pop(d, None)
+        self.alloc.add_decode_tokens(self.size)
+        self.phase = d + 1
+        if self.eager:
+            self.settle_all()
+            self.alloc.check_invariants()
+        return True
+
+    def advance(self, k: int, times: list[float] | None = None) -> list[Sequence]:
+        """Run `k` decode steps' appends (k > 1 only in spans, with each step's start time in `times`
+        when events are recorded); return the sequences that took a block, in the order they took them."""
+        d, bs, b = self.phase, self.block_size, self.size
+        due: list[Sequence] = []
+        if self.paged:
+            buckets = self.buckets
+            if k == 1:
+                due = buckets[d % bs]
+                block_times = None
+            else:
+                cycle = [s for j in range(min(k, bs)) for s in buckets[(d + j) % bs]]
+                due = cycle * (k // bs) if k >= bs else cycle
+                if k > bs and k % bs:
+                    due = due + [s for j in range(k % bs) for s in buckets[(d + j) % bs]]
+                block_times = None
+                if times is not None:
+                    block_times = [t for j, t in enumerate(times) for _ in buckets[(d + j) % bs]]
+            if due:
+                self.alloc.append_decode_blocks(due, block_times)
+            waste = self.waste_at
+            if waste:  # the phases just run are past: forget their entries
+                past = range(d, d + k) if k <= len(waste) else [p for p in waste if d <= p < d + k]
+                for p in past:
+                    waste.pop(p, None)
+        self.alloc.add_decode_tokens(b * k)
+        self.phase = d + k
+        if self.eager:
+            self.settle_all()
+            self.alloc.check_invariants()
+        return due
+
+    def pop_finished(self) -> list[SequenceGroup]:
+        """Groups whose last token came out in the step just run (in running order), settled and removed."""
+        lst = self.finish_at.pop(self.phase, None)
+        if lst is None:
+            return []
+        heapq.heappop(self.finish_heap)
+        bs = self.block_size
+        for g in lst:
+            s = g.seqs[0]
+            self.settle(s)
+            o, _ = self.offsets.pop(s)
+            self.size -= 1
+            self.offset_sum -= o
+            if self.paged:
+                self.buckets[-o % bs].remove(s)
+        return lst
+
+    @property
+    def tokens(self) -> int:
+        """Tokens the batch's sequences hold now (the sum of their context lengths)."""
+        return self.size * self.phase + self.offset_sum
+
+    @property
+    def next_finish(self) -> int:
+        """Steps from here to the first completion (that step included)."""
+        return self.finish_heap[0] - self.phase

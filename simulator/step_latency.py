@@ -1,0 +1,260 @@
+"""Step-latency models: how long one engine step takes, given what the step computes and reads.
+
+Every model answers the same three questions from three per-step counts (see docs/latency-model.md):
+num_batched_tokens (prefill + decode tokens computed), attn_pairs (sum of q_len * context_len) and
+kv_tokens_read (sum of context_len). A step that computes no token costs nothing.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from simulator.core.errors import ConfigError
+from simulator.specs import GPUSpec, ModelSpec, get_gpu, get_model
+
+FEATURES = ("num_batched_tokens", "attn_pairs", "kv_tokens_read")
+COEFFICIENT_NAMES = ("step_overhead_s", "s_per_token", "s_per_attn_pair", "s_per_kv_token_read")
+
+
+def step_features(q_lens: np.ndarray, context_lens: np.ndarray) -> tuple[int, int, int]:
+    """The three step counts from per-sequence query lengths and context lengths (context includes q)."""
+    q = np.asarray(q_lens, dtype=np.int64)
+    ctx = np.asarray(context_lens, dtype=np.int64)
+    return int(q.sum()), int((q * ctx).sum()), int(ctx.sum())
+
+
+class LatencyModel(Protocol):
+    """What the scheduler needs from a step-latency model."""
+
+    def step_time(self, num_batched_tokens: int, attn_pairs: int, kv_tokens_read: int) -> float: ...
+
+    def step_times(self, num_batched_tokens: np.ndarray, attn_pairs: np.ndarray,
+                   kv_tokens_read: np.ndarray) -> np.ndarray: ...
+
+    def swap_time(self, num_blocks: int, block_size: int) -> float: ...
+
+    def prefill_time(self, num_tokens: int) -> float: ...
+
+
+class _SwapAndPrefill:
+    """Costs shared by every latency model: swaps go over PCIe, recompute is a fresh prefill."""
+
+    model: ModelSpec
+    gpu: GPUSpec
+
+    def swap_time(self, num_blocks: int, block_size: int) -> float:
+        """Seconds to move num_blocks KV blocks of block_size tokens one way over PCIe."""
+        return num_blocks * block_size * self.model.bytes_per_token / self.gpu.pcie_bandwidth
+
+    def prefill_time(self, num_tokens: int) -> float:
+        """Seconds for a step that prefills one sequence of num_tokens alone (also the cost of recompute)."""
+        return self.step_time(num_tokens, num_tokens * num_tokens, num_tokens)
+
+
+@dataclass(frozen=True)
+class _RooflineCoefficients:
+    overhead_s: float
+    flops_per_token: float
+    flops_per_attn_pair: float
+    flops_rate: float
+    weight_bytes: float
+    bytes_per_token: float
+    bytes_rate: float
+
+
+@dataclass(frozen=True)
+class RooflineLatency(_SwapAndPrefill):
+    """overhead + max(FLOPs / achievable FLOP/s, HBM bytes / achievable bandwidth)."""
+
+    model: ModelSpec
+    gpu: GPUSpec
+
+    @cached_property
+    def _coef(self) -> _RooflineCoefficients:
+        m, g = self.model, self.gpu
+        return _RooflineCoefficients(
+            overhead_s=g.step_overhead_s,
+            # One multiply-add per parameter per token (embedding lookups overcount slightly; documented).
+            flops_per_token=2.0 * m.num_params,
+            # QK^T and PV: 2 FLOPs each per head dimension, per head, per layer, per (query, key) pair.
+            flops_per_attn_pair=4.0 * m.num_layers * m.num_heads * m.head_dim,
+            flops_rate=g.peak_flops * g.flops_efficiency,
+            weight_bytes=float(m.weight_bytes),
+            bytes_per_token=float(m.bytes_per_token),
+            bytes_rate=g.hbm_bandwidth * g.bandwidth_efficiency,
+        )
+
+    def terms(self, num_batched_tokens: int, attn_pairs: int, kv_tokens_read: int) -> tuple[float, float]:
+        """The compute term and the memory term of a step, in seconds, before the max and the overhead."""
+        c = self._coef
+        compute = (c.flops_per_token * num_batched_tokens + c.flops_per_attn_pair * attn_pairs) / c.flops_rate
+        # KV written by this step (one entry per computed token) plus KV read by attention.
+        memory = (c.weight_bytes + c.bytes_per_token * (kv_tokens_read + num_batched_tokens)) / c.bytes_rate
+        return compute, memory
+
+    def step_time(self, num_batched_tokens: int, attn_pairs: int, kv_tokens_read: int) -> float:
+        """Seconds for one step."""
+        if num_batched_tokens <= 0:
+            return 0.0
+        compute, memory = self.terms(num_batched_tokens, attn_pairs, kv_tokens_read)
+        return self._coef.overhead_s + max(compute, memory)
+
+    def step_times(self, num_batched_tokens: np.ndarray, attn_pairs: np.ndarray,
+                   kv_tokens_read: np.ndarray) -> np.ndarray:
+        """step_time over arrays of steps, elementwise (same float operations, same results)."""
+        tokens = np.asarray(num_batched_tokens, dtype=np.float64)
+        compute, memory = self.terms(tokens, np.asarray(attn_pairs, dtype=np.float64),
+                                     np.asarray(kv_tokens_read, dtype=np.float64))
+        return np.where(tokens > 0, self._coef.overhead_s + np.maximum(compute, memory), 0.0)
+
+
+@dataclass(frozen=True)
+class FittedLatency(_SwapAndPrefill):
+    """c0 + c1 * tokens + c2 * attn_pairs + c3 * kv_tokens_read, fitted to measured steps."""
+
+    model: ModelSpec
+    gpu: GPUSpec
+    coefficients: tuple[float, float, float, float]
+    num_samples: int = 0
+    rms_residual_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if len(self.coefficients) != 4 or not all(math.isfinite(c) and c >= 0 for c in self.coefficients):
+            raise ConfigError(
+                f"fitted latency needs 4 finite non-negative coefficients, got {self.coefficients}")
+
+    def step_time(self, num_batched_tokens: int, attn_pairs: int, kv_tokens_read: int) -> float:
+        """Seconds for one step."""
+        if num_batched_tokens <= 0:
+            return 0.0
+        c0, c1, c2, c3 = self.coefficients
+        return c0 + c1 * num_batched_tokens + c2 * attn_pairs + c3 * kv_tokens_read
+
+    def step_times(self, num_batched_tokens: np.ndarray, attn_pairs: np.ndarray,
+                   kv_tokens_read: np.ndarray) -> np.ndarray:
+        """step_time over arrays of steps, elementwise."""
+        c0, c1, c2, c3 = self.coefficients
+        tokens = np.asarray(num_batched_tokens, dtype=np.float64)
+        times = (c0 + c1 * tokens + c2 * np.asarray(attn_pairs, dtype=np.float64)
+                 + c3 * np.asarray(kv_tokens_read, dtype=np.float64))
+        return np.where(tokens > 0, times, 0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form; the model and GPU are stored by preset name."""
+        return {
+            "kind": "fitted", "model": self.model.name, "gpu": self.gpu.name,
+            "coefficients": dict(zip(COEFFICIENT_NAMES, self.coefficients, strict=True)),
+            "num_samples": self.num_samples, "rms_residual_s": self.rms_residual_s,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], model: ModelSpec | None = None,
+                  gpu: GPUSpec | None = None, source: str = "fitted profile") -> FittedLatency:
+        """Rebuild from to_dict's output; a given model/gpu must match the one the profile was fitted on."""
+        try:
+            coefs = tuple(float(data["coefficients"][k]) for k in COEFFICIENT_NAMES)
+            model_name, gpu_name = str(data["model"]), str(data["gpu"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"{source}: missing or invalid field {exc}") from None
+        for given, recorded, what in ((model, model_name, "model"), (gpu, gpu_name, "gpu")):
+            if given is not None and given.name != recorded:
+                raise ConfigError(f"{source} was fitted for {what} {recorded!r}, not {given.name!r}")
+        return cls(model=model or get_model(model_name), gpu=gpu or get_gpu(gpu_name),
+                   coefficients=coefs, num_samples=int(data.get("num_samples", 0)),
+                   rms_residual_s=float(data.get("rms_residual_s", 0.0)))
+
+
+def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Non-negative least squares for a few columns: the best feasible solution over all column subsets."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    # Columns span many orders of magnitude (1 vs attn_pairs ~1e7); scale them so lstsq is well conditioned.
+    scale = np.abs(a).max(axis=0)
+    scale[scale == 0] = 1.0
+    scaled = a / scale
+    best, best_err = np.zeros(a.shape[1]), float(b @ b)
+    for size in range(1, a.shape[1] + 1):
+        for cols in itertools.combinations(range(a.shape[1]), size):
+            sol, *_ = np.linalg.lstsq(scaled[:, cols], b, rcond=None)
+            if np.any(sol < 0):
+                continue
+            err = float(np.sum((scaled[:, cols] @ sol - b) ** 2))
+            if err < best_err:
+                best = np.zeros(a.shape[1])
+                best[list(cols)] = sol
+                best_err = err
+    return best / scale
+
+
+def fit_latency(data: Mapping[str, Any], model: ModelSpec, gpu: GPUSpec,
+                source: str = "measured steps") -> FittedLatency:
+    """Fit FittedLatency by non-negative least squares to measured steps (columns FEATURES + step_s)."""
+    columns = {}
+    for name in (*FEATURES, "step_s"):
+        if name not in data:
+            raise ConfigError(f"{source}: missing column {name!r} (need {', '.join((*FEATURES, 'step_s'))})")
+        col = np.asarray(data[name], dtype=np.float64)
+        bad = np.flatnonzero(~np.isfinite(col) | (col < 0))
+        if bad.size:
+            raise ConfigError(f"{source}: row {int(bad[0])}, column {name!r}: expected a finite value >= 0, "
+                              f"got {col[bad[0]]}")
+        columns[name] = col
+    keep = columns["num_batched_tokens"] > 0  # empty steps are defined to cost 0, not measured
+    num_kept = int(keep.sum())
+    if num_kept < 4:
+        raise ConfigError(f"{source}: need at least 4 steps with num_batched_tokens > 0, got {num_kept}")
+    features = np.column_stack([np.ones(num_kept)] + [columns[f][keep] for f in FEATURES])
+    target = columns["step_s"][keep]
+    coefs = nnls(features, target)
+    rms = float(np.sqrt(np.mean((features @ coefs - target) ** 2)))
+    return FittedLatency(model=model, gpu=gpu, coefficients=tuple(float(c) for c in coefs),
+                         num_samples=num_kept, rms_residual_s=rms)
+
+
+def load_fitted(path: str | Path, model: ModelSpec | None = None,
+                gpu: GPUSpec | None = None) -> FittedLatency:
+    """Read a fitted profile written as JSON from FittedLatency.to_dict."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read fitted latency profile ({exc.strerror})") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object")
+    return FittedLatency.from_dict(data, model, gpu, source=str(path))
+
+
+def _make_roofline(model: ModelSpec, gpu: GPUSpec, path: str | Path | None) -> LatencyModel:
+    return RooflineLatency(model, gpu)
+
+
+def _make_fitted(model: ModelSpec, gpu: GPUSpec, path: str | Path | None) -> LatencyModel:
+    if path is None:
+        raise ConfigError("latency model 'fitted' needs the path of a fitted profile (JSON)")
+    return load_fitted(path, model, gpu)
+
+
+LATENCY_MODELS: dict[str, Callable[[ModelSpec, GPUSpec, str | Path | None], LatencyModel]] = {
+    "roofline": _make_roofline,
+    "fitted": _make_fitted,
+}
+
+
+def make_latency_model(kind: str, model: ModelSpec | str, gpu: GPUSpec | str,
+                       path: str | Path | None = None) -> LatencyModel:
+    """Build a latency model by kind ('roofline' or 'fitted'); presets may be given by name."""
+    if kind not in LATENCY_MODELS:
+        raise ConfigError(f"unknown latency model {kind!r}; valid: {', '.join(sorted(LATENCY_MODELS))}")
+    model = get_model(model) if isinstance(model, str) else model
+    gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
+    return LATENCY_MODELS[kind](model, gpu, path)

@@ -1,0 +1,228 @@
+"""LLMEngine mechanics on a small random-weight model (CPU, fp32, torch backend).
+
+The reference for greedy tokens is `gpu_backend.testing.generate_simple` (the model with trivially
+assigned blocks, itself checked against transformers in test_model.py); token-for-token parity with
+transformers through the engine lives in test_engine_parity.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpu_backend import EngineInputError, LLMEngine, SamplingParams
+from gpu_backend.model import CausalLM
+from gpu_backend.model_config import ModelConfig
+from gpu_backend.model_presets import init_random_weights
+from gpu_backend.ops import get_backend
+from gpu_backend.testing import generate_simple
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+SMALL = ModelConfig(architecture="LlamaForCausalLM", vocab_size=256, hidden_size=64, intermediate_size=128,
+                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                    max_position_embeddings=256, bos_token_id=1, eos_token_ids=(2,))
+LENS = (5, 23, 40, 9)
+GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+
+
+def _model(config: ModelConfig = SMALL) -> CausalLM:
+    model = CausalLM(config, backend=get_backend("torch", "cpu"))
+    init_random_weights(model, seed=5)
+    return model
+
+
+@pytest.fixture(scope="module")
+def model() -> CausalLM:
+    return _model()
+
+
+def _prompts(lens=LENS, seed: int = 0, vocab: int = 256) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(3, vocab, n).tolist() for n in lens]
+
+
+@pytest.fixture(scope="module")
+def reference(model):
+    return generate_simple(model, _prompts(), GREEDY.max_tokens)
+
+
+def _tokens(outputs) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+def _samples(outputs) -> list[list[list[int]]]:
+    return [[o.token_ids for o in r.outputs] for r in outputs]
+
+
+def _engine(model, **kw) -> LLMEngine:
+    kw.setdefault("num_blocks", 128)
+    kw.setdefault("block_size", 4)
+    return LLMEngine(model, **kw)
+
+
+def test_greedy_batch_matches_reference_and_frees_everything(model, reference):
+    engine = _engine(model, debug=True)
+    assert _tokens(engine.generate(_prompts(), GREEDY)) == reference
+    assert engine.allocator.num_used_slots == 0
+    assert not engine.has_unfinished()
+    engine.allocator.check_invariants()
+
+
+@pytest.mark.parametrize("options", [
+    {"enable_chunked_prefill": True, "max_num_batched_tokens": 16, "max_num_seqs": 4},
+    {"max_num_seqs": 2},
+    {"block_size": 7, "num_blocks": 80},
+], ids=["chunked-prefill", "two-at-a-time", "block-size-7"])
+def test_scheduler_options_do_not_change_greedy_tokens(model, reference, options):
+    assert _tokens(_engine(model, **options).generate(_prompts(), GREEDY)) == reference
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_preemption_keeps_greedy_tokens(model, reference, mode):
+    # 22 blocks of 4 slots cannot hold the four requests (up to 49 tokens each) at once.
+    engine = _engine(model, num_blocks=22, preemption_mode=mode, swap_space_gb=0.001, watermark=0.1)
+    assert _tokens(engine.generate(_prompts(), GREEDY)) == reference
+    assert engine.scheduler.num_preemptions > 0
+    stats = engine.allocator.stats
+    assert (stats.swapped_out_blocks > 0) == (mode == "swap")
+    assert (engine.cache.cpu_bytes > 0) == (mode == "swap")
+    assert engine.allocator.num_used_slots == 0
+
+
+@pytest.mark.parametrize("allocator", ["contiguous-max", "contiguous-pow2", "contiguous-oracle"])
+def test_contiguous_allocators_give_the_paged_tokens(model, reference, allocator):
+    engine = LLMEngine(model, capacity_tokens=600, allocator=allocator, max_model_len=128)
+    assert engine.cache.block_size == 1 and engine.cache.device_cache.num_slots == 600
+    assert _tokens(engine.generate(_prompts(), GREEDY)) == reference
+    assert engine.allocator.num_used_slots == 0
+
+
+def test_prefix_cache_hits_are_skipped_and_exact(model):
+    shared = _prompts((24,), seed=9)[0]
+    prompts = [shared + tail for tail in _prompts((5, 11, 3), seed=10)]
+    reference = generate_simple(model, prompts, GREEDY.max_tokens)
+    engine = _engine(model)
+    first = engine.generate(prompts[:1], GREEDY)  # fills the cache
+    rest = engine.generate(prompts[1:], GREEDY)
+    assert _tokens(first + rest) == reference
+    assert engine.allocator.stats.prefix_hits >= 2 * (24 // 4)
+
+
+def test_seeded_samples_are_reproducible_and_share_the_prompt(model):
+    params = SamplingParams(max_tokens=8, temperature=1.0, n=3, seed=11, ignore_eos=True)
+    prompts = _prompts()
+    a = _engine(model).generate(prompts, params)
+    engine = _engine(model)
+    b = engine.generate(prompts[::-1], params)[::-1]  # other batch order, other request ids
+    samples = _samples(a)
+    assert samples == _samples(b)
+    assert all(len(s) == 3 and len({tuple(t) for t in s}) > 1 for s in samples)
+    assert engine.allocator.stats.cow_copies > 0  # samples shared the prompt's partial last block
+    other = _engine(model).generate(prompts, SamplingParams(max_tokens=8, n=3, seed=12, ignore_eos=True))
+    assert _samples(other) != samples
+
+
+def test_seeded_samples_survive_recompute_preemption(model):
+    params = SamplingParams(max_tokens=8, temperature=1.0, n=2, seed=3, ignore_eos=True)
+    prompts = _prompts()
+    roomy = _engine(model).generate(prompts, params)
+    tight = _engine(model, num_blocks=28, watermark=0.0)  # the samples diverge before they are preempted
+    outputs = tight.generate(prompts, params)
+    assert tight.scheduler.num_preemptions > 0
+    assert _samples(outputs) == _samples(roomy)
+
+
+def test_beam_width_one_is_greedy(model, reference):
+    params = SamplingParams(max_tokens=10, beam_width=1, ignore_eos=True)
+    outputs = _engine(model).generate(_prompts(), params)
+    assert _tokens(outputs) == reference
+    assert all(o.outputs[0].cumulative_logprob < 0 for o in outputs)
+
+
+def test_beam_search_returns_width_sequences_best_first(model):
+    engine = _engine(model, debug=True)
+    outputs = engine.generate(_prompts(), SamplingParams(max_tokens=6, beam_width=3, ignore_eos=True))
+    for out in outputs:
+        scores = [o.cumulative_logprob for o in out.outputs]
+        assert len(out.outputs) == 3 and scores == sorted(scores, reverse=True)
+        assert len({tuple(o.token_ids) for o in out.outputs}) == 3
+        assert all(len(o.token_ids) == 6 for o in out.outputs)
+    assert engine.allocator.num_used_slots == 0
+
+
+def test_beam_search_survives_recompute_preemption(model):
+    params = SamplingParams(max_tokens=6, beam_width=2, ignore_eos=True)
+    prompts = _prompts()
+    roomy = _engine(model).generate(prompts, params)
+    tight = _engine(model, num_blocks=26, watermark=0.0)
+    outputs = tight.generate(prompts, params)
+    assert tight.scheduler.num_preemptions > 0
+    assert _samples(outputs) == _samples(roomy)
+
+
+def test_eos_stops_a_sequence_unless_ignored():
+    model = _model()
+    probe = generate_simple(model, _prompts()[:1], 6)[0]
+    eos = probe[3]  # the 4th greedy token becomes EOS
+    stopping = _model(SMALL.replace(eos_token_ids=(eos,)))
+    params = SamplingParams(max_tokens=6, temperature=0.0)
+    out = _engine(stopping).generate(_prompts()[:1], params)[0].outputs[0]
+    assert out.token_ids == probe[: probe.index(eos) + 1] and out.finish_reason == "stop"
+    full = _engine(stopping).generate(_prompts()[:1], GREEDY)[0].outputs[0]
+    assert len(full.token_ids) == GREEDY.max_tokens and full.finish_reason == "length"
+
+
+@pytest.mark.parametrize("prompt,params,match", [
+    ([1] * 250, GREEDY, "max_model_len"),
+    ([1, 999], GREEDY, "outside the vocabulary"),
+    ([], GREEDY, "empty prompt"),
+    ([1] * 30, SamplingParams(max_tokens=200, ignore_eos=True), "pool has"),
+])
+def test_bad_requests_are_refused_before_any_work(model, prompt, params, match):
+    engine = _engine(model, num_blocks=40)
+    with pytest.raises(EngineInputError, match=match):
+        engine.generate([[5, 6, 7], prompt], params)
+    assert not engine.has_unfinished()
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"allocator": "buddy"}, "allocator must be one of"),
+    ({"block_size": 0}, "block_size must be > 0"),
+    ({"preemption_mode": "drop"}, "preemption_mode"),
+    ({"frobnicate": 1}, "unknown engine option"),
+    ({"device": "tpu"}, "unknown device"),
+])
+def test_bad_engine_options_are_typed_errors(model, kwargs, match):
+    with pytest.raises(EngineInputError, match=match):
+        LLMEngine("tiny" if "device" in kwargs else model, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"max_tokens": 0}, "max_tokens"), ({"top_p": 0.0}, "top_p"), ({"temperature": -1}, "temperature"),
+    ({"n": 2, "beam_width": 2}, "beam"),
+])
+def test_bad_sampling_params_are_typed_errors(kwargs, match):
+    with pytest.raises(EngineInputError, match=match):
+        SamplingParams(**kwargs)
+
+
+def test_pool_size_from_kv_memory(model):
+    engine = LLMEngine(model, kv_memory_gb=0.001, block_size=8)
+    per_token = SMALL.kv_bytes_per_token(model.dtype)
+    assert engine.capacity_tokens == int(0.001 * (1 << 30)) // per_token
+    assert engine.allocator.num_blocks == engine.capacity_tokens // 8
+    assert engine.cache.bytes == engine.allocator.num_blocks * 8 * per_token
+
+
+def test_beam_search_with_eos_keeps_finished_hypotheses():
+    model = _model()
+    probe = generate_simple(model, _prompts()[:1], 4)[0]
+    stopping = _model(SMALL.replace(eos_token_ids=(probe[1],)))  # greedy's 2nd token ends a sequence
+    engine = _engine(stopping, debug=True)
+    out = engine.generate(_prompts()[:1], SamplingParams(max_tokens=6, beam_width=3))[0].outputs
+    scores = [o.cumulative_logprob for o in out]
+    assert len(out) == 3 and scores == sorted(scores, reverse=True)
+    assert any(o.finish_reason == "stop" and o.token_ids[-1] == probe[1] for o in out)
+    for o in out:
+        assert len(o.token_ids) == 6 if o.finish_reason == "length" else o.token_ids[-1] == probe[1]
+    assert engine.allocator.num_used_slots == 0

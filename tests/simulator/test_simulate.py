@@ -1,0 +1,132 @@
+"""The simulation loop: the paper's mechanisms show (fast == step lives in test_simulate_fast.py)."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from simulator.sim_config import SimConfig
+from simulator.simulate import simulate
+from traces import SyntheticConfig, generate_trace, load_trace
+
+
+def _trace(**kw) -> pd.DataFrame:
+    return generate_trace(SyntheticConfig(**kw))
+
+
+def test_memory_rows_sum_to_one_and_counts_are_sane():
+    trace = _trace(num_requests=200, rate=20, lengths="sharegpt", seed=1)
+    res = simulate(trace, SimConfig(allocator="contiguous-pow2", model="opt-13b", kv_memory_gb=12,
+                                    max_model_len=2048))
+    m = res.memory
+    states = ["token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free"]
+    total = m[states].sum(axis=1)
+    np.testing.assert_allclose(total, 1.0, atol=1e-9)
+    assert (m["dt_s"] > 0).all()
+    assert res.summary["num_finished"] + res.summary["num_rejected"] == 200
+    r = res.requests.dropna(subset=["finish_s"])
+    assert (r["first_token_s"] >= r["admitted_s"]).all() and (r["finish_s"] >= r["first_token_s"]).all()
+    assert (r["admitted_s"] >= r["arrival_s"]).all()
+
+
+def test_orca_max_holds_exactly_seven_requests_under_load():
+    trace = _trace(num_requests=300, arrival="burst", lengths="sharegpt", seed=0)
+    # A token budget of 4096 keeps long prompts from blocking admission (a separate effect).
+    res = simulate(trace, SimConfig(allocator="contiguous-max", model="opt-13b", kv_memory_gb=12,
+                                    max_model_len=2048, max_num_batched_tokens=4096))
+    m = res.memory
+    assert m["num_running"].max() == 7
+    assert (m.loc[m["num_waiting"] > 0, "num_running"] == 7).all()  # full whenever someone waits
+    assert res.summary["memory"]["external_fragmentation"] == pytest.approx(0.0885, abs=0.002)
+
+
+def test_paged_batches_more_requests_than_contiguous_under_load():
+    trace = _trace(num_requests=300, arrival="burst", lengths="sharegpt", seed=0)
+    batch = {}
+    for name in ("contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged"):
+        res = simulate(trace, SimConfig(allocator=name, model="opt-13b", kv_memory_gb=12, max_model_len=2048))
+        batch[name] = res.summary["mean_batch_size"]
+    assert batch["contiguous-max"] < batch["contiguous-pow2"] < batch["contiguous-oracle"] < batch["paged"]
+
+
+def test_requests_that_never_fit_are_rejected_not_crashed():
+    trace = pd.DataFrame({"request_id": [0, 1, 2], "arrival_s": [0.0, 0.1, 0.2],
+                          "prompt_len": [100, 5000, 100], "output_len": [10, 10, 10]})
+    for name in ("paged", "contiguous-max", "contiguous-oracle"):
+        res = simulate(trace, SimConfig(allocator=name, model="opt-13b", capacity_tokens=4096,
+                                        max_model_len=2048))
+        assert res.requests["rejected"].tolist() == [False, True, False]
+        assert res.summary["num_finished"] == 2
+
+
+def test_parallel_sampling_and_beams_share_blocks():
+    trace = _trace(num_requests=30, rate=5, lengths="alpaca", seed=2)
+    used = {}
+    for label, kw in (("n1", {}), ("n4", {"n": 4}), ("beam4", {"beam_width": 4})):
+        t = trace.copy()
+        for col, v in kw.items():
+            t[col] = v
+        res = simulate(t, SimConfig(allocator="paged", model="opt-13b", kv_memory_gb=12, max_model_len=2048,
+                                    enable_prefix_caching=False))
+        assert res.summary["num_finished"] == 30
+        used[label] = res
+    assert used["n4"].summary["allocator_stats"]["cow_copies"] > 0
+    assert used["beam4"].summary["allocator_stats"]["cow_copies"] > 0
+
+
+def test_same_seed_same_result_and_seed_matters_for_beams():
+    trace = _trace(num_requests=20, rate=5, lengths="alpaca", beam_width=4, seed=5)
+    cfg = SimConfig(allocator="paged", model="opt-13b", kv_memory_gb=12, max_model_len=2048)
+    a, b = simulate(trace, cfg), simulate(trace, cfg)
+    pd.testing.assert_frame_equal(a.requests, b.requests)
+    pd.testing.assert_frame_equal(a.memory.drop(columns=[]), b.memory)
+    c = simulate(trace, dataclasses.replace(cfg, seed=99))
+    assert c.summary["allocator_stats"] != a.summary["allocator_stats"]
+
+
+def test_events_cover_allocations():
+    trace = load_trace("azure-conv").iloc[:100].reset_index(drop=True)
+    res = simulate(trace, SimConfig(allocator="paged"))
+    ev = res.events
+    assert len(ev) == res.summary["allocator_stats"]["allocated_blocks"]
+    assert (ev["t_end_s"] >= ev["t_start_s"]).all()
+    assert (ev["size"] == 16).all()
+
+
+def test_request_whose_final_length_never_fits_is_rejected_not_livelocked():
+    # The prompt fits the pool, but prompt + output does not: it would preempt itself forever.
+    trace = pd.DataFrame({"request_id": [0, 1], "arrival_s": [0.0, 0.0],
+                          "prompt_len": [100, 100], "output_len": [2000, 50]})
+    res = simulate(trace, SimConfig(allocator="paged", model="opt-13b", capacity_tokens=1024, block_size=16,
+                                    max_model_len=4096, watermark=0.0))
+    assert res.requests["rejected"].tolist() == [True, False]
+    assert res.summary["num_finished"] == 1
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_swap_preemption_on_a_tiny_pool_never_overcommits(chunked):
+    # Tiny pool, swap preemption (and chunked prefill): swapped groups must come back with room to decode.
+    trace = _trace(num_requests=40, arrival="burst", lengths="uniform", prompt_range=(8, 60),
+                   output_range=(5, 60), max_model_len=256, seed=7)
+    for mode in ("fast", "step"):
+        res = simulate(trace, SimConfig(allocator="paged", model="opt-13b", capacity_tokens=72, block_size=8,
+                                        max_model_len=256, preemption_mode="swap", swap_space_gb=1.0,
+                                        watermark=0.0, enable_chunked_prefill=chunked,
+                                        max_num_batched_tokens=64 if chunked else None, max_num_seqs=16,
+                                        debug=True, mode=mode))
+        assert res.summary["num_finished"] + res.summary["num_rejected"] == 40
+        assert res.summary["num_preemptions"] > 0
+
+
+def test_sharing_savings_order_like_the_paper():
+    from simulator.sharing import sharing_saving
+    cfg = SimConfig(allocator="paged", model="opt-13b", kv_memory_gb=12, max_model_len=2048,
+                    enable_prefix_caching=False)
+    saving = {}
+    for label, kw in (("single", {}), ("n4", {"n": 4}), ("beam4", {"beam_width": 4})):
+        trace = _trace(num_requests=80, arrival="burst", lengths="alpaca", seed=4, **kw)
+        saving[label] = sharing_saving(trace, cfg)["saving"]
+    assert saving["single"] == 0.0  # nothing is shared without samples, beams or prefix hits
+    assert 0.0 < saving["n4"] < saving["beam4"] < 1.0
