@@ -12,8 +12,9 @@ from rich.table import Table
 
 from cli import app
 from cli.common import UserError, console, err_console, user_errors
+from simulator.core.cache_config import ALLOCATORS
 
-ALL_ALLOCATORS = ["paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle"]
+ALL_ALLOCATORS = list(ALLOCATORS)
 
 
 def _version() -> str:

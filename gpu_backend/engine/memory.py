@@ -16,9 +16,9 @@ from gpu_backend.engine.params import EngineInputError
 from gpu_backend.kv_cache import KVCache
 from gpu_backend.model import CausalLM
 from simulator.core.allocator import KVAllocator, RegionRecorder
+from simulator.core.cache_config import build_allocator
 from simulator.core.errors import ConfigError
 from simulator.core.scheduler import SchedulerConfig
-from simulator.sim_config import build_allocator
 
 GIB = 1 << 30
 
@@ -88,11 +88,8 @@ def make_allocator(config: EngineConfig, capacity_tokens: int, bytes_per_token: 
                    recorder: RegionRecorder | None = None) -> KVAllocator:
     """The shared allocator over the pool, built by the same function the simulator uses."""
     try:
-        return build_allocator(
-            config.allocator, capacity_tokens, config.block_size,
-            cpu_tokens=swap_tokens(config, capacity_tokens, bytes_per_token), placement=config.placement,
-            max_model_len=max_model_len, enable_prefix_caching=config.enable_prefix_caching,
-            watermark=config.watermark, debug=config.debug, recorder=recorder)
-
+        return build_allocator(config, capacity_tokens, cpu_tokens=swap_tokens(config, capacity_tokens,
+                                                                               bytes_per_token),
+                               max_model_len=max_model_len, recorder=recorder)
     except ConfigError as exc:
         raise EngineInputError(str(exc)) from None

@@ -139,6 +139,22 @@ class KVAllocator(abc.ABC):
     def check_invariants(self) -> None:
         """Recompute the state from scratch and raise InvariantError on any mismatch."""
 
+    # Bulk decode hooks. The simulator's fast mode (simulator/decode_batch.py) advances many plain decodes
+    # at once: it counts their tokens itself and writes them back only when a sequence needs exact state.
+    # The engine never calls these; it appends one slot per token with `append_slots`.
+    @abc.abstractmethod
+    def add_decode_tokens(self, num_tokens: int) -> None:
+        """Count `num_tokens` more tokens held by decoding sequences whose counts are settled later."""
+
+    @abc.abstractmethod
+    def set_num_tokens(self, seq: Sequence, num_tokens: int) -> None:
+        """Settle a lazily advanced sequence: its token count (and the fill of its last slot holder)."""
+
+    def append_decode_blocks(self, seqs: list[Sequence], times: list[float] | None = None) -> None:
+        """Give each of `seqs`, in order, the fresh block its next token needs (paged allocators only:
+        a contiguous region is reserved whole at admission, so decoding never takes memory)."""
+        raise NotImplementedError(f"{type(self).__name__} takes no blocks while decoding")
+
     @property
     @abc.abstractmethod
     def num_used_slots(self) -> int:

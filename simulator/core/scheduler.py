@@ -155,6 +155,8 @@ class Scheduler:
             self._admit(out, budget)
         return out
 
+    # Fast-path hooks of the simulator's fast mode (simulator/fast.py): each is the tail of `schedule()` or
+    # of `remove_finished()` for a step it has already half-done in bulk; the engine does not use them.
     def admit_after_decode(self, num_decode_tokens: int) -> SchedulerOutput:
         """The rest of `schedule()` for a step in which every running group decodes and none is preempted,
         the caller having given each of them its slot (in bulk): swapped groups come back, then waiting

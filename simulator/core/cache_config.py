@@ -1,0 +1,107 @@
+"""The configuration the simulator and the engine share: the KV pool, its allocator, the scheduler's limits.
+
+`SimConfig` (simulator/sim_config.py) and `EngineConfig` (gpu_backend/engine/engine_config.py) both extend
+`CacheConfig`, so each option is declared, defaulted and validated once, and `build_allocator` turns it
+into the same allocator for both.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.core.allocator import KVAllocator, RegionRecorder
+from simulator.core.contiguous import PLACEMENTS, ContiguousAllocator
+from simulator.core.errors import ConfigError
+from simulator.core.paged import BlockManager
+from simulator.core.scheduler import PREEMPTION_MODES, SchedulerConfig
+
+# Allocator name -> contiguous reservation policy (None: the paged BlockManager). A plain dict registry.
+ALLOCATORS: dict[str, str | None] = {
+    "paged": None,
+    "contiguous-max": "max",
+    "contiguous-pow2": "pow2",
+    "contiguous-oracle": "oracle",
+}
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """KV pool size, allocator and batching limits (frozen, validated without I/O).
+
+    Pool size, first match wins: `capacity_tokens` (slots), then `kv_memory_gb`, then what the embedding
+    config derives (a GPU preset in the simulator, measured free memory in the engine).
+    """
+
+    allocator: str = "paged"
+    block_size: int = 16
+    kv_memory_gb: float | None = None
+    capacity_tokens: int | None = None
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int | None = None  # default: the model's
+    placement: str = "buddy"
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    enable_chunked_prefill: bool = False
+    preemption_mode: str = "recompute"
+    swap_space_gb: float | None = 4.0
+    enable_prefix_caching: bool = True
+    watermark: float = 0.01
+    seed: int = 0
+    debug: bool = False  # run the allocator's invariant checks after every mutation (slow)
+
+    def __post_init__(self) -> None:
+        problems = self.problems()
+        if problems:
+            raise ConfigError("; ".join(problems))
+
+    def problems(self) -> list[str]:
+        """Every invalid option, as one message each (empty when the config is valid)."""
+        out = []
+        if self.allocator not in ALLOCATORS:
+            out.append(f"allocator must be one of {', '.join(ALLOCATORS)}, got {self.allocator!r}")
+        if self.placement not in PLACEMENTS:
+            out.append(f"placement must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
+        if self.preemption_mode not in PREEMPTION_MODES:
+            out.append(f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}, "
+                       f"got {self.preemption_mode!r}")
+        positive = (("block_size", self.block_size), ("capacity_tokens", self.capacity_tokens),
+                    ("kv_memory_gb", self.kv_memory_gb), ("max_model_len", self.max_model_len),
+                    ("max_num_seqs", self.max_num_seqs),
+                    ("max_num_batched_tokens", self.max_num_batched_tokens))
+        out += [f"{name} must be > 0, got {value}" for name, value in positive
+                if value is not None and not value > 0]
+        if not 0 < self.gpu_memory_utilization <= 1:
+            out.append(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.swap_space_gb is not None and not self.swap_space_gb >= 0:
+            out.append(f"swap_space_gb must be >= 0, got {self.swap_space_gb}")
+        if not 0 <= self.watermark < 1:
+            out.append(f"watermark must be in [0, 1), got {self.watermark}")
+        return out
+
+    @property
+    def is_paged(self) -> bool:
+        """Whether the pool is managed by the BlockManager (else by a ContiguousAllocator)."""
+        return ALLOCATORS.get(self.allocator) is None
+
+    def scheduler_config(self, max_model_len: int) -> SchedulerConfig:
+        """The shared scheduler's limits, with `max_model_len` resolved against the model."""
+        return SchedulerConfig(max_num_seqs=self.max_num_seqs,
+                               max_num_batched_tokens=self.max_num_batched_tokens,
+                               max_model_len=max_model_len,
+                               enable_chunked_prefill=self.enable_chunked_prefill,
+                               preemption_mode=self.preemption_mode)
+
+
+def build_allocator(config: CacheConfig, capacity: int, *, cpu_tokens: int, max_model_len: int,
+                    recorder: RegionRecorder | None = None) -> KVAllocator:
+    """The configured allocator over `capacity` slots (the one factory of the simulator and the engine)."""
+    policy = ALLOCATORS[config.allocator]
+    if policy is None:
+        bm = BlockManager.from_capacity(
+            capacity, config.block_size, num_cpu_blocks=cpu_tokens // config.block_size,
+            enable_prefix_caching=config.enable_prefix_caching, watermark=config.watermark,
+            debug=config.debug, recorder=recorder)
+        if bm.num_blocks == 0:
+            raise ConfigError(f"a KV pool of {capacity} slots holds no block of {config.block_size} tokens")
+        return bm
+    return ContiguousAllocator(capacity, policy, config.placement, max_model_len=max_model_len,
+                               cpu_capacity_tokens=cpu_tokens, debug=config.debug, recorder=recorder)
