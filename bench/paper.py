@@ -98,6 +98,33 @@ def paged_free_causes(trace: pd.DataFrame, base: SimConfig = BASE) -> dict[str, 
             "free_blocks_under_watermark": mean(np.minimum(free, wm), dt > 0)}
 
 
+# Paged settings that might explain free memory under saturation (docs/paper-reproduction.md).
+PAGED_VARIANTS = {
+    "default (watermark 0.01, block 16, budget 8192)": {},
+    "watermark 0": {"watermark": 0.0},
+    "budget 2,560 (vLLM v0.1 default)": {"max_num_batched_tokens": 2560},
+    "budget 16,384": {"max_num_batched_tokens": 16384},
+    "chunked prefill (budget 512)": {"enable_chunked_prefill": True, "max_num_batched_tokens": None},
+    "block 8": {"block_size": 8},
+    "block 32": {"block_size": 32},
+    "watermark 0, block 8": {"watermark": 0.0, "block_size": 8},
+}
+
+
+def paged_variants_table(trace: pd.DataFrame, base: SimConfig = BASE) -> str:
+    """Markdown: paged token / free shares, whole run and saturated, under each of PAGED_VARIANTS."""
+    lines = ["| variant | token % whole run | free % whole run | token % saturated | free % saturated "
+             "| drain % of time | preemptions | batch |", "|---|---|---|---|---|---|---|---|"]
+    for name, change in PAGED_VARIANTS.items():
+        r = simulate(trace, dataclasses.replace(base, allocator="paged", record_events=False, **change))
+        run, sat = window_shares(r.memory, False), window_shares(r.memory, True)
+        lines.append(f"| {name} | {100 * run['token_states']:.1f} | {100 * run['free']:.1f} "
+                     f"| {100 * sat['token_states']:.1f} | {100 * sat['free']:.1f} "
+                     f"| {100 * (1 - saturated_time_share(r.memory)):.1f} | {r.summary['num_preemptions']} "
+                     f"| {r.summary['mean_batch_size']:.2f} |")
+    return "\n".join(lines)
+
+
 def fig2_table(results: dict[str, SimResult], paper: dict[str, float] | None = None) -> str:
     """Markdown: the five memory states per allocator, whole run and saturated window, with the paper's
     token-state share where it has one (its Fig. 2 is ShareGPT only)."""
@@ -132,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="write one run folder per trace here (for `pagelab plot`)")
     ap.add_argument("--placement", default="buddy", choices=("buddy", "first-fit"))
     ap.add_argument("--free-causes", action="store_true",
-                    help="also analyse the paged pool's free blocks on the ShareGPT burst (step mode)")
+                    help="also analyse the paged pool's free blocks on the ShareGPT burst (step mode, and "
+                         "under other watermarks, budgets and block sizes)")
     args = ap.parse_args(argv)
     base = dataclasses.replace(BASE, placement=args.placement, record_events=args.out is not None)
     results = run_paper(base=base)
@@ -144,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n## Paged free blocks under saturation (sharegpt-burst, after each step with a queue)\n")
         causes = paged_free_causes(generate_trace(TRACES["sharegpt-burst"]), base)
         print("\n".join(f"- {k}: {v:.3f}" for k, v in causes.items()))
+        print(f"\n{paged_variants_table(generate_trace(TRACES['sharegpt-burst']), base)}")
     if args.out is not None:
         from cli.runs import write_run
         from traces.stats import trace_info
