@@ -1,6 +1,8 @@
 """The paper-reproduction script: saturated-window shares; the paper's orderings on the ShareGPT burst."""
 from __future__ import annotations
 
+import dataclasses
+
 import pandas as pd
 import pytest
 
@@ -10,10 +12,12 @@ from bench.paper import (
     TRACES,
     fig2_table,
     fig13_table,
+    paged_free_causes,
     run_paper,
     saturated_time_share,
     window_shares,
 )
+from traces import SyntheticConfig, generate_trace
 
 
 def _rows(dt, waiting, token, free):
@@ -55,3 +59,15 @@ def test_tables_name_every_allocator(sharegpt_burst):
     assert "sharegpt-2rps, paper | 7.00 | 9.81 | 13.62 | 30.42" in fig13
     row = next(line for line in fig13.splitlines() if "pagelab" in line)
     assert row.count("|") == len(ALLOCATORS) + 2
+
+
+def test_paged_free_causes_separates_watermark_and_head_of_line():
+    trace = generate_trace(SyntheticConfig(num_requests=300, arrival="burst", lengths="sharegpt", seed=1))
+    with_wm = paged_free_causes(trace, BASE)
+    without = paged_free_causes(trace, dataclasses.replace(BASE, watermark=0.0))
+    assert without["free_blocks_under_watermark"] == 0.0
+    assert 0.0 < with_wm["free_blocks_under_watermark"] <= 9  # 1 % of 983 blocks
+    for causes in (with_wm, without):
+        # Under FCFS the pool admits whenever the head fits, so the head mostly does not.
+        assert causes["head_does_not_fit_time_share"] > 0.5
+        assert 0.0 < causes["head_preempted_time_share"] < 1.0
