@@ -110,6 +110,33 @@ def test_prefix_cache_hits_equal_transformers(pair, hf_greedy, name):
     assert stats.prefix_hits >= 3 * (35 // 8)  # every later request reuses the system prompt's 4 blocks
 
 
+@pytest.mark.parametrize("name", ["llama", "qwen2"])
+def test_chunked_prefill_preempted_midway_equals_transformers(pair, hf_greedy, name):
+    """A long prompt preempted in the middle of its chunked prefill (11 blocks of 4: the short request's
+    decode needs the room) must not find its never-computed blocks in the prefix cache on re-admission."""
+    ours, _ = pair(name)
+    vocab = ours.config.vocab_size
+    prompts = [_prompts(vocab, (4,), seed=3)[0], _prompts(vocab, (33,), seed=4)[0]]
+    engine = LLMEngine(ours, block_size=4, num_blocks=11, enable_chunked_prefill=True,
+                       max_num_batched_tokens=4, max_num_seqs=2)
+    preempted_midway = []
+    for i, prompt in enumerate(prompts):
+        engine.add_request(prompt, GREEDY, request_id=i)
+    got: dict[int, list[int]] = {}
+    while engine.has_unfinished():
+        left = dict(engine.scheduler.prefill_left)
+        result = engine.step()
+        preempted_midway += [(g.request_id, 33 - left[g.request_id]) for g in result.out.preempted
+                             if g.request_id in left]
+        for out in result.finished:
+            got[out.request_id] = out.outputs[0].token_ids
+    assert [rid for rid, _ in preempted_midway] == [1]
+    assert [got[0], got[1]] == hf_greedy(name, prompts)
+    # The re-admitted prompt hit only blocks whose K/V the first attempt had computed (and did hit them).
+    computed = preempted_midway[0][1]
+    assert 0 < engine.allocator.stats.prefix_hit_tokens <= computed
+
+
 @pytest.mark.parametrize("allocator", ["contiguous-max", "contiguous-pow2", "contiguous-oracle"])
 def test_contiguous_allocators_equal_transformers(pair, hf_greedy, allocator):
     ours, _ = pair("llama")

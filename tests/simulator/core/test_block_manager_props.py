@@ -112,11 +112,22 @@ class PagedMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def swap_in(self, data):
         group = data.draw(st.sampled_from(self.swapped))
-        if not self.bm.can_swap_in(group):
+        status = self.bm.can_swap_in(group)
+        if status is not AllocStatus.OK:
             return
-        self._apply(self.bm.swap_in(group), self.cpu, self.gpu)
+        copies = self.bm.swap_in(group)
+        # Only blocks not still cached on the device are copied; the re-shared ones hold the same tokens.
+        self._apply(copies, self.cpu, self.gpu)
         self.swapped.remove(group)
         self.running.append(group)
+        # OK promises the slot of each sequence's next token too, as the scheduler takes it at once.
+        for s in group.seqs:
+            if not s.is_finished and s.num_tokens < s.final_len:
+                assert self.bm.can_append(s, 1)
+                start = s.num_tokens
+                s.token_ids.append(0)
+                self._apply(self.bm.append_slot(s), self.gpu, self.gpu)
+                self._write(s, start)
 
     @invariant()
     def every_sequence_reads_its_own_tokens(self):
