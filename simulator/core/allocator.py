@@ -90,9 +90,9 @@ class KVAllocator(abc.ABC):
         `num_new_tokens`: tokens past the cached prefix this step computes (None: all); an allocator with
         a prefix cache publishes only the blocks they complete."""
 
+    @abc.abstractmethod
     def cache_blocks(self, group: SequenceGroup, num_left: int) -> None:
-        """Publish the group's blocks computed once `num_left` prompt tokens are left (no prefix cache:
-        nothing to do)."""
+        """Publish the group's blocks computed once `num_left` of its prompt tokens are left to compute."""
 
     @abc.abstractmethod
     def can_append(self, seq: Sequence, num_tokens: int = 1) -> bool:

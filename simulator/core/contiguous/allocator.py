@@ -76,6 +76,9 @@ class ContiguousAllocator(KVAllocator):
             return AllocStatus.NEVER
         return AllocStatus.OK if self._placement.can_fit(r, len(seqs)) else AllocStatus.LATER
 
+    def cache_blocks(self, group: SequenceGroup, num_left: int) -> None:
+        """No prefix cache here: nothing to publish."""
+
     def can_append(self, seq: Sequence, num_tokens: int = 1) -> bool:
         """Whether the sequence's region still has `num_tokens` empty slots."""
         return seq.region is not None and seq.num_tokens + num_tokens <= min(seq.region[1], seq._limit)

@@ -276,16 +276,15 @@ class BlockManager(BlockPool, PrefixCacheMixin, SwapMixin, KVAllocator):
     def append_slots(self, seq: Sequence, num_tokens: int = 1) -> list[tuple[int, int]]:
         """Grow `seq` by `num_tokens` in O(new blocks); return the copy-on-write (src, dst) pairs."""
         n = seq.num_tokens
-        rem = n % self.block_size
-        # The common case: the tokens fit in the sequence's own, partly filled last block and complete no
-        # block that would need publishing, so nothing is allocated or checked beyond this.
-        if rem and 0 < num_tokens and (rem + num_tokens < self.block_size or rem + num_tokens ==
-                                       self.block_size and seq.token_ids is None) \
-                and n + num_tokens <= seq._limit and self._ref[seq.block_table[-1]] == 1 \
-                and seq.seq_id in self._seqs and not self.debug:
-            self._filled[seq.block_table[-1]] += num_tokens
-            self._total_filled += num_tokens
-            seq.num_tokens = n + num_tokens
+        table = seq.block_table
+        # The common case, one decode token: it fits in the sequence's own, partly filled last block and
+        # completes no block that would need publishing, so nothing is allocated or checked beyond this.
+        if num_tokens == 1 and n % self.block_size and n < seq._limit and self._ref[table[-1]] == 1 \
+                and seq.seq_id in self._seqs and not self.debug \
+                and (seq.token_ids is None or (n + 1) % self.block_size):
+            self._filled[table[-1]] += 1
+            self._total_filled += 1
+            seq.num_tokens = n + 1
             return _NO_COPIES
         if seq.seq_id not in self._seqs:
             state = "finished" if seq.status is SequenceStatus.FINISHED else "not allocated (or swapped out)"
@@ -302,9 +301,10 @@ class BlockManager(BlockPool, PrefixCacheMixin, SwapMixin, KVAllocator):
             raise AllocationError(
                 f"out of KV blocks: sequence {seq.seq_id} needs "
                 f"{self._blocks_needed_to_append(seq, num_tokens)} blocks, {self.num_free_blocks} free")
-        bs, rid, table = self.block_size, seq.request_id, seq.block_table
+        bs, rid = self.block_size, seq.request_id
         copies = _NO_COPIES
         left = num_tokens
+        rem = n % bs
         if rem:
             last = table[-1]
             if self._ref[last] > 1:  # never write a shared block in place: copy it first
