@@ -111,6 +111,21 @@ def test_prefix_cache_hits_equal_transformers(pair, hf_greedy, name):
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen2"])
+def test_swap_in_resharing_cached_prefix_equals_transformers(pair, hf_greedy, name):
+    """Swapped requests sharing a system prompt come back onto the still-cached prefix blocks (copying
+    only the rest): the K/V they read there must be theirs."""
+    ours, _ = pair(name)
+    vocab = ours.config.vocab_size
+    system = _prompts(vocab, (24,), seed=5)[0]
+    prompts = [system + tail for tail in _prompts(vocab, (5, 9, 2, 12), seed=6)]
+    engine = LLMEngine(ours, block_size=8, num_blocks=9, preemption_mode="swap", swap_space_gb=0.001)
+    assert _greedy(engine, prompts) == hf_greedy(name, prompts)
+    stats = engine.allocator.stats
+    assert engine.scheduler.num_preemptions > 0 and stats.swapped_in_blocks > 0
+    assert stats.swapped_in_blocks < stats.swapped_out_blocks  # some blocks were shared again, not copied
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2"])
 def test_chunked_prefill_preempted_midway_equals_transformers(pair, hf_greedy, name):
     """A long prompt preempted in the middle of its chunked prefill (11 blocks of 4: the short request's
     decode needs the room) must not find its never-computed blocks in the prefix cache on re-admission."""

@@ -6,11 +6,12 @@ written in place, an aliased prefix or a lost copy shows up as a sequence readin
 """
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from simulator import AllocStatus, BlockManager, Sequence, SequenceGroup
+from simulator import AllocationError, AllocStatus, BlockManager, Sequence, SequenceGroup
 
 
 class PagedMachine(RuleBasedStateMachine):
@@ -128,6 +129,16 @@ class PagedMachine(RuleBasedStateMachine):
                 s.token_ids.append(0)
                 self._apply(self.bm.append_slot(s), self.gpu, self.gpu)
                 self._write(s, start)
+
+    @rule()
+    def reset_prefix_cache(self):
+        if self.bm.num_used_blocks:
+            with pytest.raises(AllocationError, match="still in use"):
+                self.bm.reset_prefix_cache()
+            return
+        cached = self.bm.num_cached_free_blocks
+        assert self.bm.reset_prefix_cache() == cached
+        assert self.bm.num_cached_free_blocks == 0 and self.bm.num_free_blocks == self.bm.num_blocks
 
     @invariant()
     def every_sequence_reads_its_own_tokens(self):
