@@ -96,8 +96,8 @@ class PrefixCacheMixin:
                 self._register_full(s, i, s.block_table[i])
 
     def reset_prefix_cache(self) -> int:
-        """Forget every cached block; return how many were dropped. Refused while any block is in use
-        (its content would stay referenced but could be published twice), as vLLM refuses it."""
+        """Forget every cached block; return how many were dropped. Refused, as in vLLM, while any block is
+        in use: its holder would keep content the cache no longer knows about, so hits would be lost."""
         used = self.num_blocks - len(self._free) - len(self._free_cached)
         if used:
             raise AllocationError(f"cannot reset the prefix cache: {used} blocks are still in use "
