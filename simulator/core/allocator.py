@@ -84,8 +84,15 @@ class KVAllocator(abc.ABC):
         """Whether the group's live sequences can get slots for all their tokens now."""
 
     @abc.abstractmethod
-    def allocate(self, group: SequenceGroup) -> int:
-        """Give every live sequence of the group slots for its tokens; return prefix-cached tokens."""
+    def allocate(self, group: SequenceGroup, num_new_tokens: int | None = None) -> int:
+        """Give every live sequence of the group slots for its tokens; return prefix-cached tokens.
+
+        `num_new_tokens`: tokens past the cached prefix this step computes (None: all); an allocator with
+        a prefix cache publishes only the blocks they complete."""
+
+    @abc.abstractmethod
+    def cache_blocks(self, group: SequenceGroup, num_left: int) -> None:
+        """Publish the group's blocks computed once `num_left` of its prompt tokens are left to compute."""
 
     @abc.abstractmethod
     def can_append(self, seq: Sequence, num_tokens: int = 1) -> bool:
@@ -124,8 +131,9 @@ class KVAllocator(abc.ABC):
         """Move the group's KV to the CPU pool; return device -> CPU copies."""
 
     @abc.abstractmethod
-    def can_swap_in(self, group: SequenceGroup) -> bool:
-        """Whether the device pool can take the group's KV back now."""
+    def can_swap_in(self, group: SequenceGroup) -> AllocStatus:
+        """OK, LATER, or NEVER: whether the device pool can take the group's KV back (and give each
+        sequence the slot of its next token)."""
 
     @abc.abstractmethod
     def swap_in(self, group: SequenceGroup) -> list[tuple[int, ...]]:

@@ -143,6 +143,8 @@ class Scheduler:
                     continue
                 out.scheduled.append(ScheduledGroup(group, chunk, True, chunk == left))
                 out.num_batched_tokens += chunk
+                # The blocks this chunk completes become prefix-cache hits only now that it runs.
+                self.allocator.cache_blocks(group, left - chunk)
                 kept.append(group)
                 continue
             seqs = self._live(group)
@@ -188,8 +190,14 @@ class Scheduler:
         while self.swapped:
             group = self.swapped[0]
             seqs = self._live(group)
-            if len(self.running) >= self.config.max_num_seqs or \
-                    out.num_batched_tokens + len(seqs) > budget or not self.allocator.can_swap_in(group):
+            if len(self.running) >= self.config.max_num_seqs or out.num_batched_tokens + len(seqs) > budget:
+                return
+            status = self.allocator.can_swap_in(group)
+            if status is AllocStatus.NEVER:  # it outgrew the pool: it would wait forever (as vLLM: drop it)
+                self.swapped.popleft()
+                self._reject(group, out)
+                continue
+            if status is AllocStatus.LATER:
                 return
             self.swapped.popleft()
             out.blocks_to_swap_in.extend(self.allocator.swap_in(group))
@@ -233,7 +241,8 @@ class Scheduler:
             room = budget - out.num_batched_tokens
             need = self._prefill_tokens(seqs)
             self.waiting.popleft()
-            hit = self.allocator.allocate(group)
+            # Only the blocks this step computes are published (the budget caps the first chunk).
+            hit = self.allocator.allocate(group, room)
             self.hit_tokens.setdefault(group.request_id, hit)
             left = max(1, need - hit)
             chunk = min(left, room)
@@ -247,6 +256,8 @@ class Scheduler:
 
     def _reject(self, group: SequenceGroup, out: SchedulerOutput) -> None:
         for s in group.seqs:
+            if s.status is SequenceStatus.SWAPPED:
+                self.allocator.free(s)
             s.status = SequenceStatus.FINISHED
         out.rejected.append(group)
 

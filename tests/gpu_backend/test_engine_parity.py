@@ -110,6 +110,48 @@ def test_prefix_cache_hits_equal_transformers(pair, hf_greedy, name):
     assert stats.prefix_hits >= 3 * (35 // 8)  # every later request reuses the system prompt's 4 blocks
 
 
+@pytest.mark.parametrize("name", ["llama", "qwen2"])
+def test_swap_in_resharing_cached_prefix_equals_transformers(pair, hf_greedy, name):
+    """Swapped requests sharing a system prompt come back onto the still-cached prefix blocks (copying
+    only the rest): the K/V they read there must be theirs."""
+    ours, _ = pair(name)
+    vocab = ours.config.vocab_size
+    system = _prompts(vocab, (24,), seed=5)[0]
+    prompts = [system + tail for tail in _prompts(vocab, (5, 9, 2, 12), seed=6)]
+    engine = LLMEngine(ours, block_size=8, num_blocks=9, preemption_mode="swap", swap_space_gb=0.001)
+    assert _greedy(engine, prompts) == hf_greedy(name, prompts)
+    stats = engine.allocator.stats
+    assert engine.scheduler.num_preemptions > 0 and stats.swapped_in_blocks > 0
+    assert stats.swapped_in_blocks < stats.swapped_out_blocks  # some blocks were shared again, not copied
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2"])
+def test_chunked_prefill_preempted_midway_equals_transformers(pair, hf_greedy, name):
+    """A long prompt preempted in the middle of its chunked prefill (11 blocks of 4: the short request's
+    decode needs the room) must not find its never-computed blocks in the prefix cache on re-admission."""
+    ours, _ = pair(name)
+    vocab = ours.config.vocab_size
+    prompts = [_prompts(vocab, (4,), seed=3)[0], _prompts(vocab, (33,), seed=4)[0]]
+    engine = LLMEngine(ours, block_size=4, num_blocks=11, enable_chunked_prefill=True,
+                       max_num_batched_tokens=4, max_num_seqs=2)
+    preempted_midway = []
+    for i, prompt in enumerate(prompts):
+        engine.add_request(prompt, GREEDY, request_id=i)
+    got: dict[int, list[int]] = {}
+    while engine.has_unfinished():
+        left = dict(engine.scheduler.prefill_left)
+        result = engine.step()
+        preempted_midway += [(g.request_id, 33 - left[g.request_id]) for g in result.out.preempted
+                             if g.request_id in left]
+        for out in result.finished:
+            got[out.request_id] = out.outputs[0].token_ids
+    assert [rid for rid, _ in preempted_midway] == [1]
+    assert [got[0], got[1]] == hf_greedy(name, prompts)
+    # The re-admitted prompt hit only blocks whose K/V the first attempt had computed (and did hit them).
+    computed = preempted_midway[0][1]
+    assert 0 < engine.allocator.stats.prefix_hit_tokens <= computed
+
+
 @pytest.mark.parametrize("allocator", ["contiguous-max", "contiguous-pow2", "contiguous-oracle"])
 def test_contiguous_allocators_equal_transformers(pair, hf_greedy, allocator):
     ours, _ = pair("llama")

@@ -80,6 +80,9 @@ class ContiguousAllocator(KVAllocator):
             return AllocStatus.NEVER
         return AllocStatus.OK if self._placement.can_fit(r, len(seqs)) else AllocStatus.LATER
 
+    def cache_blocks(self, group: SequenceGroup, num_left: int) -> None:
+        """No prefix cache here: nothing to publish."""
+
     def can_append(self, seq: Sequence, num_tokens: int = 1) -> bool:
         """Whether the sequence's region still has `num_tokens` empty slots."""
         return seq.region is not None and seq.num_tokens + num_tokens <= min(seq.region[1], seq._limit)
@@ -97,10 +100,15 @@ class ContiguousAllocator(KVAllocator):
         need = [s.num_tokens for s in group.seqs if s.seq_id in self._seqs]
         return self._cpu is not None and _fits_all(self._cpu, need)
 
-    def can_swap_in(self, group: SequenceGroup) -> bool:
-        """Whether every swapped sequence gets its region back now."""
+    def can_swap_in(self, group: SequenceGroup) -> AllocStatus:
+        """OK, LATER, or NEVER: whether every swapped sequence gets its region back."""
         seqs = [s for s in group.seqs if s.seq_id in self._cpu_seqs]
-        return not seqs or self._placement.can_fit(self.reservation(seqs[0]), len(seqs))
+        if not seqs:
+            return AllocStatus.OK
+        r = self.reservation(seqs[0])
+        if r > self._placement.max_size or self._placement.empty_room(r) < len(seqs):
+            return AllocStatus.NEVER
+        return AllocStatus.OK if self._placement.can_fit(r, len(seqs)) else AllocStatus.LATER
 
     def breakdown(self, head: SequenceGroup | None = None) -> MemoryBreakdown:
         """Taxonomy now; free space too small for the head request's region is external fragmentation."""
@@ -158,7 +166,7 @@ class ContiguousAllocator(KVAllocator):
         if self._recorder is not None:
             self._recorder.release(start, seq.num_tokens)
 
-    def allocate(self, group: SequenceGroup) -> int:
+    def allocate(self, group: SequenceGroup, num_new_tokens: int | None = None) -> int:
         """Place one region per live sequence (no sharing between them); return 0 cached tokens."""
         seqs = group.live_seqs()
         for s in seqs:
@@ -228,7 +236,7 @@ class ContiguousAllocator(KVAllocator):
 
     def swap_in(self, group: SequenceGroup) -> list[tuple[int, ...]]:
         """Reserve fresh regions and copy the tokens back from the CPU pool."""
-        if not self.can_swap_in(group):
+        if self.can_swap_in(group) is not AllocStatus.OK:
             raise AllocationError(f"request {group.request_id}: no room to swap back in")
         copies = []
         for s in [s for s in group.seqs if s.seq_id in self._cpu_seqs]:

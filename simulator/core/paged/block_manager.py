@@ -4,7 +4,8 @@ Physical block state lives in flat lists indexed by block id (ref count, filled 
 the hot paths are a handful of list operations. Free blocks sit in two pools: blocks with no cached
 content (a stack) and blocks whose content stays reusable until evicted (an LRU OrderedDict, O(1) to
 remove a block on a cache hit). New blocks come from the first pool before anything is evicted.
-Block-level pool operations live in block_pool.py, CPU swapping in block_swap.py (same folder).
+Block-level pool operations live in block_pool.py, prefix caching in prefix_cache.py, CPU swapping in
+block_swap.py (same folder).
 """
 from __future__ import annotations
 
@@ -16,12 +17,13 @@ from simulator.core.errors import AllocationError, ConfigError
 from simulator.core.paged.block_pool import BlockPool
 from simulator.core.paged.block_stats import BlockManagerStats
 from simulator.core.paged.block_swap import SwapMixin
+from simulator.core.paged.prefix_cache import PrefixCacheMixin
 from simulator.core.sequence import Sequence, SequenceGroup, SequenceStatus, shares_allocation
 
 _NO_COPIES: list = []
 
 
-class BlockManager(BlockPool, SwapMixin, KVAllocator):
+class BlockManager(BlockPool, PrefixCacheMixin, SwapMixin, KVAllocator):
     """Paged allocator over `num_blocks` blocks of `block_size` token slots (vLLM's BlockSpaceManager)."""
 
     name = "paged"
@@ -45,12 +47,21 @@ class BlockManager(BlockPool, SwapMixin, KVAllocator):
         self.enable_prefix_caching = enable_prefix_caching
         self.watermark_blocks = int(watermark * num_blocks)
         self.debug = debug
-        self.stats = BlockManagerStats()
         self._hash_fn = hash_fn
         self._recorder = recorder
         # The simulator's EventRecorder takes whole runs of blocks at once; any other recorder gets the
         # per-region calls of the RegionRecorder interface.
         self._bulk_recorder = recorder if hasattr(recorder, "acquire_blocks") else None
+        self.num_cpu_blocks = num_cpu_blocks
+        self.reset()
+
+    def reset(self) -> None:
+        """Return to the state of a new manager (between runs): every block free, nothing cached, counters
+        zero. Sequences still holding blocks lose them."""
+        for s in list(getattr(self, "_seqs", {}).values()) + list(getattr(self, "_cpu_seqs", {}).values()):
+            s.block_table, s.cpu_block_table, s.num_tokens, s._internal_counted = [], [], 0, 0
+        num_blocks, num_cpu_blocks = self.num_blocks, self.num_cpu_blocks
+        self.stats = BlockManagerStats()
         self._ref = [0] * num_blocks
         self._filled = [0] * num_blocks
         self._key: list[tuple | None] = [None] * num_blocks  # (parent key, content, extra) of full blocks
@@ -61,7 +72,6 @@ class BlockManager(BlockPool, SwapMixin, KVAllocator):
         self._seqs: dict[int, Sequence] = {}  # sequences holding device blocks
         self._total_filled = 0
         self._internal = 0  # slots of final blocks that their sequence will never fill
-        self.num_cpu_blocks = num_cpu_blocks
         self._cpu_ref = [0] * num_cpu_blocks
         self._cpu_filled = [0] * num_cpu_blocks
         self._cpu_key: list[tuple | None] = [None] * num_cpu_blocks
@@ -114,27 +124,6 @@ class BlockManager(BlockPool, SwapMixin, KVAllocator):
 
     def _blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
-
-    def _lookup(self, seq: Sequence) -> list[int]:
-        """Device blocks holding this sequence's leading full blocks (never its last token)."""
-        if not self.enable_prefix_caching or (seq.token_ids is None and not seq.prefix_keys):
-            return []  # nothing to match (a simulated prompt without prefix keys)
-        bs = self.block_size
-        hits: list[int] = []
-        parent_key: tuple | None = None
-        parent_hash: int | None = None
-        for i in range((seq.length - 1) // bs):
-            content = seq.block_content(i, bs)
-            if content is None:
-                break
-            h = self._hash_fn((parent_hash, content, seq.extra_key))
-            bid = self._cached.get(h)
-            # Compare the whole key, not only the hash, so a collision can never alias two prefixes.
-            if bid is None or self._key[bid] != (parent_key, content, seq.extra_key):
-                break
-            hits.append(bid)
-            parent_key, parent_hash = self._key[bid], h
-        return hits
 
     def can_allocate(self, group: SequenceGroup) -> AllocStatus:
         """OK, LATER, or NEVER for the group's prompt (prefix hits on referenced blocks cost nothing)."""
@@ -201,11 +190,14 @@ class BlockManager(BlockPool, SwapMixin, KVAllocator):
                 self.capacity_tokens - self.num_blocks * bs, num_free * bs, len(self._free_cached) * bs, used)
 
     # ----------------------------------------------------------------- mutations
-    def allocate(self, group: SequenceGroup) -> int:
+    def allocate(self, group: SequenceGroup, num_new_tokens: int | None = None) -> int:
         """Give the group's live sequences blocks for all their tokens; return prefix-cached tokens.
 
-        Sequences of equal length (a fresh prompt, n samples or a beam) share every block; sequences that
-        diverged (a group re-admitted after a recompute preemption) are allocated one by one.
+        `num_new_tokens` is how many tokens past the cached prefix this step computes (None: all of them);
+        only the full blocks they complete are published to the prefix cache, the rest by `cache_blocks`
+        as later chunks are scheduled. Sequences of equal length (a fresh prompt, n samples or a beam)
+        share every block; sequences that diverged (a group re-admitted after a recompute preemption) are
+        allocated one by one, and prefilled in that order.
         """
         seqs = group.live_seqs()
         for s in seqs:
@@ -215,8 +207,9 @@ class BlockManager(BlockPool, SwapMixin, KVAllocator):
         if status is not AllocStatus.OK:
             raise AllocationError(f"request {group.request_id}: cannot allocate its blocks now "
                                   f"({status.value}); {self.num_free_blocks} free")
+        budget = (1 << 62) if num_new_tokens is None else num_new_tokens
         if len(seqs) == 1 or shares_allocation(seqs):
-            hit = self._allocate_one(seqs[0], group.request_id)
+            hit = self._allocate_one(seqs[0], group.request_id, budget)
             for s in seqs[1:]:
                 for bid in seqs[0].block_table:
                     self._incref(bid, group.request_id)
@@ -226,17 +219,24 @@ class BlockManager(BlockPool, SwapMixin, KVAllocator):
                 self._seqs[s.seq_id] = s
                 self._count_internal(s)
         else:
-            hit = sum(self._allocate_one(s, group.request_id) for s in seqs)
+            hit = 0
+            for s in seqs:
+                got = self._allocate_one(s, group.request_id, budget)
+                hit += got
+                budget = max(0, budget - (s.length - got))
         if self.debug:
             self.check_invariants()
         return hit
 
-    def _allocate_one(self, seq: Sequence, rid: int) -> int:
+    def _allocate_one(self, seq: Sequence, rid: int, budget: int) -> int:
+        """Blocks for every token of `seq`; publish the full ones within `budget` tokens past the hit."""
         bs, n = self.block_size, seq.length
         hits = self._lookup(seq)
         if self.enable_prefix_caching:
             self.stats.prefix_queries += (n - 1) // bs
+            self.stats.prefix_query_tokens += n
         self.stats.prefix_hits += len(hits)
+        self.stats.prefix_hit_tokens += len(hits) * bs
         table: list[int] = []
         seq.block_table = table
         for bid in hits:
@@ -244,27 +244,27 @@ class BlockManager(BlockPool, SwapMixin, KVAllocator):
             table.append(bid)
         first = len(hits)
         count = self._blocks_for(n) - first
+        # Only computed blocks with known content are published (simulated decode tokens have none).
+        num_full = min(n, first * bs + budget) // bs if self.enable_prefix_caching else 0
+        if seq.token_ids is None:
+            num_full = min(num_full, len(seq.prefix_keys))
         if len(self._free) < count:  # evictions interleave with publishing: keep them in step
             for i in range(first, first + count):
-                bid = self._take(rid)
+                bid = self._take(1, rid)[0]
                 filled = min(bs, n - i * bs)
                 self._filled[bid] = filled
                 self._total_filled += filled
                 table.append(bid)
-                if filled == bs:
+                if i < num_full:
                     self._register_full(seq, i, bid)
         elif count:
-            new = self._take_many(count, rid)
+            new = self._take(count, rid)
             filled = self._filled
             for bid in new:
                 filled[bid] = bs
             filled[new[-1]] = n - (first + len(new) - 1) * bs
             self._total_filled += n - first * bs
             table.extend(new)
-            # Only blocks with known content can be published (simulated decode tokens have none).
-            num_full = n // bs if self.enable_prefix_caching else 0
-            if seq.token_ids is None:
-                num_full = min(num_full, len(seq.prefix_keys))
             for i in range(first, num_full):
                 self._register_full(seq, i, table[i])
         seq.num_tokens = n
@@ -273,20 +273,19 @@ class BlockManager(BlockPool, SwapMixin, KVAllocator):
         seq.num_cached_tokens = len(hits) * bs
         return seq.num_cached_tokens
 
-    def append_slot(self, seq: Sequence) -> list[tuple[int, int]]:
-        """Grow `seq` by one token; the common case (room in an unshared last block) allocates nothing."""
+    def append_slots(self, seq: Sequence, num_tokens: int = 1) -> list[tuple[int, int]]:
+        """Grow `seq` by `num_tokens` in O(new blocks); return the copy-on-write (src, dst) pairs."""
         n = seq.num_tokens
         table = seq.block_table
-        if n % self.block_size and n < seq._limit and self._ref[table[-1]] == 1 \
-                and seq.seq_id in self._seqs and not self.debug and seq.token_ids is None:
+        # The common case, one decode token: it fits in the sequence's own, partly filled last block and
+        # completes no block that would need publishing, so nothing is allocated or checked beyond this.
+        if num_tokens == 1 and n % self.block_size and n < seq._limit and self._ref[table[-1]] == 1 \
+                and seq.seq_id in self._seqs and not self.debug \
+                and (seq.token_ids is None or (n + 1) % self.block_size):
             self._filled[table[-1]] += 1
             self._total_filled += 1
             seq.num_tokens = n + 1
             return _NO_COPIES
-        return self.append_slots(seq, 1)
-
-    def append_slots(self, seq: Sequence, num_tokens: int = 1) -> list[tuple[int, int]]:
-        """Grow `seq` by `num_tokens` in O(new blocks); return the copy-on-write (src, dst) pairs."""
         if seq.seq_id not in self._seqs:
             state = "finished" if seq.status is SequenceStatus.FINISHED else "not allocated (or swapped out)"
             raise AllocationError(f"cannot append to sequence {seq.seq_id}: it is {state}")
@@ -296,50 +295,39 @@ class BlockManager(BlockPool, SwapMixin, KVAllocator):
             raise AllocationError(f"cannot append a negative number of tokens ({num_tokens})")
         if num_tokens == 0:
             return _NO_COPIES
-        if seq.num_tokens + num_tokens > seq._limit:
+        if n + num_tokens > seq._limit:
             raise AllocationError(f"sequence {seq.seq_id} would grow past its final length {seq.final_len}")
         if not self.can_append(seq, num_tokens):
             raise AllocationError(
                 f"out of KV blocks: sequence {seq.seq_id} needs "
                 f"{self._blocks_needed_to_append(seq, num_tokens)} blocks, {self.num_free_blocks} free")
         bs, rid = self.block_size, seq.request_id
-        n, table = seq.num_tokens, seq.block_table
         copies = _NO_COPIES
+        left = num_tokens
         rem = n % bs
         if rem:
             last = table[-1]
             if self._ref[last] > 1:  # never write a shared block in place: copy it first
-                new = self._take(rid)
+                new = self._take(1, rid)[0]
                 self._filled[new] = rem
                 self._total_filled += rem
                 self._decref(last)
                 table[-1] = new
                 copies = [(last, new)]
                 self.stats.cow_copies += 1
-            last = table[-1]
             fill = min(num_tokens, bs - rem)
-            self._filled[last] += fill
+            self._filled[table[-1]] += fill
             self._total_filled += fill
-            left = num_tokens - fill
-        else:
-            left = num_tokens
+            left -= fill
         if left > 0:
             self._total_filled += left
             nb = -(-left // bs)
-            free = self._free
-            if len(free) >= nb and (self._recorder is None or self._bulk_recorder is not None):
-                new = self._take_many(nb, rid)  # no eviction: one slice of the free stack
-                filled = self._filled
-                for bid in new:
-                    filled[bid] = bs
-                filled[new[-1]] = left - (nb - 1) * bs
-                table.extend(new)
-            else:
-                for _ in range(nb):
-                    bid = self._take(rid)
-                    self._filled[bid] = min(bs, left)
-                    left -= self._filled[bid]
-                    table.append(bid)
+            new = self._take(nb, rid)
+            filled = self._filled
+            for bid in new:
+                filled[bid] = bs
+            filled[new[-1]] = left - (nb - 1) * bs
+            table.extend(new)
         seq.num_tokens = n + num_tokens
         if seq.token_ids is not None and self.enable_prefix_caching:
             for i in range(n // bs, seq.num_tokens // bs):
@@ -349,6 +337,9 @@ class BlockManager(BlockPool, SwapMixin, KVAllocator):
         if self.debug:
             self.check_invariants()
         return copies
+
+    # One token is the common call (a decode step); it takes the same path.
+    append_slot = append_slots
 
     def _count_internal(self, seq: Sequence) -> None:
         """Once a sequence holds its final block, the slots past its final length are internal waste."""

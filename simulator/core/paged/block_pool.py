@@ -2,9 +2,9 @@
 
 A mixin of `BlockManager` (block_manager.py), which owns the state it works on: flat lists
 indexed by block id (`_ref`, `_filled`, `_key`, `_hash`), the free stack `_free`, the LRU of cached free
-blocks `_free_cached` and the content index `_cached`. Split out to keep each module readable; the
-per-block paths (`_take`, `_decref`) are the reference, the bulk paths (`_take_many`, the fast case of
-`_release_device`) do exactly what a loop over them would do.
+blocks `_free_cached` and the content index `_cached`. Split out to keep each module readable; `_take`
+serves one block or many (a slice of the free stack unless it must evict), and the fast case of
+`_release_device` does exactly what a loop of `_decref` would do.
 """
 from __future__ import annotations
 
@@ -41,50 +41,52 @@ class BlockPool:
     _total_filled: int
     _internal: int
 
-    def _take(self, request_id: int) -> int:
-        if self._free:
-            bid = self._free.pop()
-        elif self._free_cached:
-            bid, _ = self._free_cached.popitem(last=False)
-            del self._cached[self._hash[bid]]
-            self._key[bid] = self._hash[bid] = None
-            self._filled[bid] = 0
-            self.stats.evictions += 1
-        else:
-            raise AllocationError(f"out of KV blocks: all {self.num_blocks} blocks are in use")
-        self._ref[bid] = 1
-        self.stats.allocated_blocks += 1
-        if self._bulk_recorder is not None:
-            self._bulk_recorder.acquire_blocks((bid,), self.block_size, request_id)
-        elif self._recorder is not None:
-            self._recorder.acquire(bid * self.block_size, self.block_size, request_id)
-        return bid
-
-    def _take_many(self, num: int, request_id: int | list[int],
-                   times: list[float] | None = None) -> list[int]:
-        """`num` blocks taken in the order `_take` would take them, with ref count 1; `request_id` is one
-        id or one per block, `times` (events only) when each was taken if not now."""
+    def _take(self, num: int, request_id: int | list[int], times: list[float] | None = None) -> list[int]:
+        """`num` blocks with ref count 1: from the free stack (lowest id first), then the least recently
+        used cached ones, evicted. `request_id` is one id or one per block; `times` (events only) says
+        when each was taken if not now."""
         free = self._free
-        if len(free) < num or (self._recorder is not None and self._bulk_recorder is None):
-            # Evictions, or a per-region recorder: one block at a time.
-            rids = [request_id] * num if isinstance(request_id, int) else request_id
-            if times is None or self._recorder is None:
-                return [self._take(rid) for rid in rids]
-            rec, now, new = self._recorder, self._recorder.now, []
-            for rid, t in zip(rids, times, strict=True):
-                rec.now = t
-                new.append(self._take(rid))
-            rec.now = now
+        if len(free) >= num and (self._recorder is None or self._bulk_recorder is not None):
+            # No eviction: one slice off the top of the stack, in the order repeated pops give.
+            new = free[len(free) - num:]
+            del free[len(free) - num:]
+            new.reverse()
+            ref = self._ref
+            for bid in new:
+                ref[bid] = 1
+            self.stats.allocated_blocks += num
+            if self._bulk_recorder is not None:
+                self._bulk_recorder.acquire_blocks(new, self.block_size, request_id, times)
             return new
-        new = free[len(free) - num:]
-        del free[len(free) - num:]
-        new.reverse()  # the stack's top first, as repeated pops give them
-        ref = self._ref
-        for bid in new:
-            ref[bid] = 1
+        if len(free) + len(self._free_cached) < num:
+            raise AllocationError(f"out of KV blocks: {num} needed, {len(free) + len(self._free_cached)} "
+                                  f"of {self.num_blocks} free")
+        # Evictions, or a per-region recorder: one block at a time, each recorded when it is taken.
+        rids = [request_id] * num if isinstance(request_id, int) else request_id
+        rec, bulk = self._recorder, self._bulk_recorder
+        now = rec.now if rec is not None and times is not None else None
+        new = []
+        for k, rid in enumerate(rids):
+            if free:
+                bid = free.pop()
+            else:
+                bid, _ = self._free_cached.popitem(last=False)
+                del self._cached[self._hash[bid]]
+                self._key[bid] = self._hash[bid] = None
+                self._filled[bid] = 0
+                self.stats.evictions += 1
+            self._ref[bid] = 1
+            if rec is not None:
+                if times is not None:
+                    rec.now = times[k]
+                if bulk is not None:
+                    bulk.acquire_blocks((bid,), self.block_size, rid)
+                else:
+                    rec.acquire(bid * self.block_size, self.block_size, rid)
+            new.append(bid)
+        if now is not None:
+            rec.now = now
         self.stats.allocated_blocks += num
-        if self._bulk_recorder is not None:
-            self._bulk_recorder.acquire_blocks(new, self.block_size, request_id, times)
         return new
 
     def _incref(self, bid: int, request_id: int) -> None:
@@ -122,32 +124,13 @@ class BlockPool:
             self._filled[bid] = 0
             self._free.append(bid)
 
-    def _register_full(self, seq: Sequence, index: int, bid: int) -> None:
-        """Give full block `index` of `seq` its chained content key and publish it in the cache."""
-        if not self.enable_prefix_caching or self._key[bid] is not None:
-            return
-        content = seq.block_content(index, self.block_size)
-        if content is None:
-            return
-        if index == 0:
-            parent_key = parent_hash = None
-        else:
-            parent = seq.block_table[index - 1]
-            parent_key, parent_hash = self._key[parent], self._hash[parent]
-            if parent_key is None:
-                return  # an unkeyed parent breaks the chain; nothing after it can be matched
-        h = self._hash_fn((parent_hash, content, seq.extra_key))
-        self._key[bid] = (parent_key, content, seq.extra_key)
-        self._hash[bid] = h
-        self._cached.setdefault(h, bid)  # an identical or colliding block already published wins
-
     # ----------------------------------------------------------------- lazy decode batch (simulator)
     def append_decode_blocks(self, seqs: list[Sequence], times: list[float] | None = None) -> None:
         """Give each of `seqs`, in order, the fresh block its next token needs, as `append_slot` does when a
         sequence's last block is full (a sequence may appear again for a later step). For the simulator's
         lazy decode batch, which counts tokens itself and settles them with `set_num_tokens`."""
         rids = [s.request_id for s in seqs] if self._recorder is not None else 0
-        new = self._take_many(len(seqs), rids, times)
+        new = self._take(len(seqs), rids, times)
         filled, bs = self._filled, self.block_size
         for s, bid in zip(seqs, new, strict=True):
             table = s.block_table

@@ -10,6 +10,8 @@ class BlockManagerStats:
 
     prefix_queries: int = 0  # full prompt blocks looked up in the prefix cache
     prefix_hits: int = 0  # of those, found
+    prefix_query_tokens: int = 0  # prompt tokens of the sequences looked up (vLLM v1's `queries`)
+    prefix_hit_tokens: int = 0  # of those, found in the cache (vLLM v1's `hits`)
     evictions: int = 0  # cached blocks reused for other content
     cow_copies: int = 0
     swapped_out_blocks: int = 0

@@ -5,6 +5,7 @@ A mixin of `BlockManager` (block_manager.py), which owns the state: `_cpu_ref`, 
 """
 from __future__ import annotations
 
+from simulator.core.allocator import AllocStatus
 from simulator.core.errors import AllocationError
 from simulator.core.sequence import SequenceGroup
 
@@ -17,12 +18,46 @@ class SwapMixin:
         blocks = {b for s in group.seqs if s.seq_id in self._seqs for b in s.block_table}
         return len(blocks) <= len(self._cpu_free)
 
-    def can_swap_in(self, group: SequenceGroup) -> bool:
-        """Whether the device has room (above the watermark) for the group's distinct CPU blocks, plus one
-        block per sequence for the slot each gets right after coming back."""
+    def _swap_in_plan(self, seqs: list) -> tuple[dict[int, int], int]:
+        """CPU blocks of `seqs` still cached on the device (CPU id -> device block), and how many free
+        device blocks swapping them in and giving each sequence its next slot takes."""
+        bs = self.block_size
+        resident: dict[int, int] = {}
+        seen: set[int] = set()
+        sharers: dict[int, int] = {}  # partly filled last block -> sequences appending to it
+        need = 0
+        for s in seqs:
+            for cid in s.cpu_block_table:
+                if cid in seen:
+                    continue
+                seen.add(cid)
+                saved = self._cpu_key[cid]
+                bid = self._cached.get(saved[1]) if saved is not None else None
+                if bid is not None and self._key[bid] == saved[0]:
+                    resident[cid] = bid
+                    need += self._ref[bid] == 0  # a cached free block leaves the free pool
+                else:
+                    need += 1
+            if s.num_tokens % bs == 0:
+                need += 1  # the next token starts a new block
+            else:  # every sequence but the last appending to a shared partial block writes to a copy
+                last = s.cpu_block_table[-1]
+                sharers[last] = sharers.get(last, 0) + 1
+                need += sharers[last] > 1
+        return resident, need
+
+    def can_swap_in(self, group: SequenceGroup) -> AllocStatus:
+        """OK, LATER, or NEVER for bringing the group back and giving each sequence its next slot: full
+        blocks still cached on the device are shared again and cost nothing unless they were free."""
         seqs = [s for s in group.seqs if s.seq_id in self._cpu_seqs]
-        blocks = {b for s in seqs for b in s.cpu_block_table}
-        return self.num_free_blocks - len(blocks) - len(seqs) >= self.watermark_blocks
+        if not seqs:
+            return AllocStatus.OK
+        _, need = self._swap_in_plan(seqs)
+        if need > self.num_blocks - self.watermark_blocks:
+            return AllocStatus.NEVER
+        if self.num_free_blocks - need < self.watermark_blocks:
+            return AllocStatus.LATER
+        return AllocStatus.OK
 
     def _cpu_decref(self, cid: int) -> None:
         self._cpu_ref[cid] -= 1
@@ -56,25 +91,38 @@ class SwapMixin:
         return list(mapping.items())
 
     def swap_in(self, group: SequenceGroup) -> list[tuple[int, int]]:
-        """Bring the group's blocks back from the CPU pool into fresh device blocks."""
+        """Bring the group's blocks back; full blocks still cached on the device are shared again (as
+        vLLM's prefix-caching allocator does), the rest are copied into fresh blocks."""
         seqs = [s for s in group.seqs if s.seq_id in self._cpu_seqs]
-        if not self.can_swap_in(group):
-            raise AllocationError(f"request {group.request_id}: not enough free device blocks to swap in")
-        mapping: dict[int, int] = {}
+        status = self.can_swap_in(group)
+        if status is not AllocStatus.OK:
+            raise AllocationError(f"request {group.request_id}: cannot swap in now ({status.value}); "
+                                  f"{self.num_free_blocks} device blocks free")
+        rid = group.request_id
+        resident, _ = self._swap_in_plan(seqs)
+        # Claim the blocks shared again before taking fresh ones, which could otherwise evict them.
+        for bid in resident.values():
+            self._incref(bid, rid)
+        unclaimed = set(resident)
+        mapping: dict[int, int] = dict(resident)
+        copies: list[tuple[int, int]] = []
         for s in seqs:
             table = []
             for cid in s.cpu_block_table:
                 bid = mapping.get(cid)
-                if bid is None:
-                    bid = mapping[cid] = self._take(group.request_id)
+                if cid in unclaimed:
+                    unclaimed.discard(cid)  # its first holder: the reference was taken above
+                elif bid is not None:
+                    self._incref(bid, rid)
+                else:
+                    bid = mapping[cid] = self._take(1, rid)[0]
                     self._filled[bid] = self._cpu_filled[cid]
                     self._total_filled += self._cpu_filled[cid]
                     saved = self._cpu_key[cid]
                     if saved is not None:
                         self._key[bid], self._hash[bid] = saved
                         self._cached.setdefault(saved[1], bid)
-                else:
-                    self._incref(bid, group.request_id)
+                    copies.append((cid, bid))
                 table.append(bid)
             s.block_table = table
         for s in seqs:
@@ -84,7 +132,7 @@ class SwapMixin:
             s.cpu_block_table = []
             self._seqs[s.seq_id] = s
             self._count_internal(s)
-        self.stats.swapped_in_blocks += len(mapping)
+        self.stats.swapped_in_blocks += len(copies)
         if self.debug:
             self.check_invariants()
-        return list(mapping.items())
+        return copies

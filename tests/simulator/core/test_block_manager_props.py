@@ -6,11 +6,12 @@ written in place, an aliased prefix or a lost copy shows up as a sequence readin
 """
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from simulator import AllocStatus, BlockManager, Sequence, SequenceGroup
+from simulator import AllocationError, AllocStatus, BlockManager, Sequence, SequenceGroup
 
 
 class PagedMachine(RuleBasedStateMachine):
@@ -112,11 +113,32 @@ class PagedMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def swap_in(self, data):
         group = data.draw(st.sampled_from(self.swapped))
-        if not self.bm.can_swap_in(group):
+        status = self.bm.can_swap_in(group)
+        if status is not AllocStatus.OK:
             return
-        self._apply(self.bm.swap_in(group), self.cpu, self.gpu)
+        copies = self.bm.swap_in(group)
+        # Only blocks not still cached on the device are copied; the re-shared ones hold the same tokens.
+        self._apply(copies, self.cpu, self.gpu)
         self.swapped.remove(group)
         self.running.append(group)
+        # OK promises the slot of each sequence's next token too, as the scheduler takes it at once.
+        for s in group.seqs:
+            if not s.is_finished and s.num_tokens < s.final_len:
+                assert self.bm.can_append(s, 1)
+                start = s.num_tokens
+                s.token_ids.append(0)
+                self._apply(self.bm.append_slot(s), self.gpu, self.gpu)
+                self._write(s, start)
+
+    @rule()
+    def reset_prefix_cache(self):
+        if self.bm.num_used_blocks:
+            with pytest.raises(AllocationError, match="still in use"):
+                self.bm.reset_prefix_cache()
+            return
+        cached = self.bm.num_cached_free_blocks
+        assert self.bm.reset_prefix_cache() == cached
+        assert self.bm.num_cached_free_blocks == 0 and self.bm.num_free_blocks == self.bm.num_blocks
 
     @invariant()
     def every_sequence_reads_its_own_tokens(self):

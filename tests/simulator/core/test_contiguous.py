@@ -234,7 +234,7 @@ class ContiguousMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def swap_in(self, data):
         g = data.draw(st.sampled_from(self.swapped))
-        if self.ca.can_swap_in(g):
+        if self.ca.can_swap_in(g) is AllocStatus.OK:
             self.ca.swap_in(g)
             self.swapped.remove(g)
             self.running.append(g)
