@@ -14,6 +14,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     context_settings=HELP,
+    rich_markup_mode=None,  # plain click help: wraps at any width instead of cutting option names with "..."
     help="pagelab: see where KV-cache memory goes in LLM serving.",
 )
 
@@ -56,10 +57,8 @@ def spread_goodput(argv: list[str]) -> list[str]:
     return out
 
 
-def _usage_error(exc) -> None:
-    """A bad option value (e.g. `--num 1e11` for a whole number) as one line, like every other error."""
-    if exc.__class__.__name__ == "NoArgsIsHelpError":
-        return
+def _one_line(exc) -> None:
+    """A usage error (e.g. `--num 1e11` for a whole number) as one line, like every other error."""
     from rich.markup import escape
 
     from cli.common import err_console
@@ -72,11 +71,21 @@ def _usage_error(exc) -> None:
 
 def main() -> None:
     """Console-script entry point."""
-    from typer import rich_utils
+    from typer._click.exceptions import ClickException
+    from typer.exceptions import Abort
 
-    rich_utils.rich_format_error = _usage_error  # typer prints usage errors in a multi-line panel
     signal.signal(signal.SIGTERM, _terminate)
-    app(args=spread_goodput(sys.argv[1:]), prog_name="pagelab")
+    try:
+        code = app(args=spread_goodput(sys.argv[1:]), prog_name="pagelab", standalone_mode=False)
+    except ClickException as exc:
+        if exc.__class__.__name__ == "NoArgsIsHelpError":
+            exc.show()  # prints the help
+        else:
+            _one_line(exc)
+        sys.exit(exc.exit_code)
+    except Abort:
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 # Command modules register themselves on `app`; keep these imports at the bottom.

@@ -14,7 +14,8 @@ from rich.table import Table
 from cli import app
 from cli.common import UserError, console, err_console, pick_one, user_errors
 
-trace_app = typer.Typer(no_args_is_help=True, help="Generate, inspect and convert request traces.")
+trace_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                        help="Generate, inspect and convert request traces.")
 app.add_typer(trace_app, name="trace")
 
 _NAMED_LENGTHS = ("fixed", "uniform", "sharegpt", "alpaca")
