@@ -134,8 +134,8 @@ def _emit(rows: list[dict], title: str, as_json: bool) -> None:
         console.print_json(json.dumps(rows))
         return
     table = Table(title=title, box=box.SIMPLE_HEAVY)
-    for key in rows[0]:
-        table.add_column(key, justify="right")
+    for key in rows[0]:  # spaced headers wrap on words when the terminal is narrow
+        table.add_column(key.replace("_", " "), justify="right", overflow="fold")
     for row in rows:
         table.add_row(*(f"{v:.4g}" if isinstance(v, float) else str(v) for v in row.values()))
     console.print(table)
@@ -209,7 +209,8 @@ def engine_bench(
     """CPU output throughput: the paged engine vs transformers' padded batched generate (tiny model)."""
     from bench.engine import compare
 
-    limit = pick_one("--limit/--num-prompts", limit, num_prompts) or 64
+    limit = pick_one("--limit/--num-prompts", limit, num_prompts)
+    limit = 64 if limit is None else limit
     if limit < 1:
         raise UserError(f"--limit/--num-prompts must be >= 1, got {limit}")
     r = compare(trace=trace, limit=limit, max_model_len=max_model_len,

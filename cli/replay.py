@@ -133,7 +133,16 @@ def replay_cmd(
     with Bars("replaying") as bars:
         for n in names:
             bars.add(n, len(df))
-        replay_to_dir(df, configs, info, out, table_format, lambda n, done, total: bars.update(n, done),
-                      metadata=meta, before_write=show)
+        try:
+            replay_to_dir(df, configs, info, out, table_format, lambda n, done, total: bars.update(n, done),
+                          metadata=meta, before_write=show)
+        except MemoryError:
+            raise UserError("the KV pool (--kv-memory-gb / --num-blocks) does not fit in this machine's "
+                            "memory; give a smaller pool") from None
+        except RuntimeError as exc:  # torch's allocators (CPU and CUDA out-of-memory) raise RuntimeErrors
+            if "out of memory" not in str(exc) and "allocate" not in str(exc):
+                raise
+            raise UserError(f"the KV pool (--kv-memory-gb / --num-blocks) does not fit on the device: "
+                            f"{str(exc).splitlines()[0]}") from None
     if out is not None:
         err_console.print(f"wrote {out}", markup=False)

@@ -59,6 +59,8 @@ CASES = [
     (("replay", "tiny.csv", "--kv-memory-gb", "inf"), "--kv-memory-gb must be a finite number, got inf"),
     (("replay", "tiny.csv", "--time-scale", "nan"), "--time-scale must be a finite number"),
     (("replay", "tiny.csv", "--max-model-len", "0"), "max_model_len must be > 0"),
+    (("replay", "tiny.csv", "--kv-memory-gb", "1e6"), "does not fit in this machine's memory"),
+    (("bench", "engine", "--num-prompts", "0"), "--limit/--num-prompts must be >= 1, got 0"),
     (("simulate", "--bogus"), "No such option: --bogus"),
 ]
 
