@@ -9,8 +9,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.metrics import (_weighted_percentile, bench_metrics, latency_stats, overload_warning,
-                               parse_goodput, queue_lengths, rejection_warning)
+from simulator.metrics import (
+    _weighted_percentile,
+    bench_metrics,
+    latency_stats,
+    overload_warning,
+    parse_goodput,
+    queue_lengths,
+    rejection_warning,
+)
 
 
 def table(rows: list[tuple]) -> pd.DataFrame:
