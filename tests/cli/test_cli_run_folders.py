@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from clirun import env, one_line_error, pagelab
+from clirun import env, one_line_error, pagelab, start
 
 SIM = ("simulate", "azure-conv", "--limit", "20", "-a", "paged", "--kv-memory-gb", "2")
 
@@ -103,9 +103,8 @@ def test_sigterm_during_the_write_leaves_no_hidden_folder(tmp_path):
 
 
 def test_cli_installs_the_sigterm_handler(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-c", "from cli import main; main()", "simulate", "--out", "r"],
-                            cwd=tmp_path, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(3)  # loading and simulating the whole bundled trace takes longer than this
+    proc = start("simulate", "--mode", "step", "--out", "r", cwd=tmp_path)
+    time.sleep(3)  # step mode over the whole bundled trace takes minutes
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 128 + signal.SIGTERM
     assert os.listdir(tmp_path) == []
