@@ -113,18 +113,23 @@ def run_transformers(hf_model, work: BenchRequests, batch_size: int = 16) -> dic
 
 
 def compare(model_name: str = "tiny", trace: str = "azure-conv", limit: int = 64, hf_batch_size: int = 16,
-            seed: int = 0, max_model_len: int | None = None, **engine_options) -> dict:
+            seed: int = 0, max_model_len: int | None = None, progress=None, **engine_options) -> dict:
     """Engine vs transformers on one workload (CPU, fp32): both results and the speed-up.
 
-    `max_model_len` clips prompts (as the replay does) so that prompt + output fit in it.
+    `max_model_len` clips prompts (as the replay does) so that prompt + output fit in it;
+    `progress(message)`, when given, is told when each phase starts (the runs take minutes).
     """
+    say = progress or (lambda message: None)
     from gpu_backend.model_presets import build_preset
     from gpu_backend.ops import get_backend
 
     model = build_preset(model_name, dtype=torch.float32, backend=get_backend("torch", "cpu"), seed=seed)
     work = bench_requests(model, trace, limit, seed, max_model_len)
+    say(f"engine: {len(work.prompts)} requests, {work.num_output_tokens} output tokens")
     engine = run_engine(model, work, device="cpu", **engine_options)
+    say(f"engine: {engine['tokens_per_s']:.1f} tok/s; transformers: batches of {hf_batch_size}")
     hf = run_transformers(to_transformers(model), work, hf_batch_size)
+    say(f"transformers: {hf['tokens_per_s']:.1f} tok/s")
     return {"workload": {"trace": trace, "limit": limit, "max_model_len": max_model_len,
                          "prompt_tokens": int(sum(map(len, work.prompts))),
                          "output_tokens": work.num_output_tokens,

@@ -2,15 +2,17 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import typer
 from rich import box
 from rich.table import Table
 
 from cli import app
-from cli.common import UserError, console, user_errors
+from cli.common import UserError, console, err_console, names_list, pick_one, user_errors
+from cli.common import save_result as write_result
 
-bench_app = typer.Typer(no_args_is_help=True,
+bench_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
                         help="Benchmarks: memory core, simulator, attention kernels, engine.")
 app.add_typer(bench_app, name="bench")
 
@@ -59,6 +61,9 @@ def attention(
     seed: int = typer.Option(0, help="Seed of the random inputs."),
     threads: int = typer.Option(None, help="torch CPU threads (default: torch's choice)."),
     as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON instead of a table."),
+    save_result: bool = typer.Option(False, "--save-result", help="Save the result as JSON (vLLM bench)."),
+    result_dir: Path = typer.Option(None, "--result-dir", help="Folder of the result JSON (default: .)."),
+    result_filename: str = typer.Option(None, "--result-filename", help="Name of the result JSON."),
 ) -> None:
     """Paged decode attention (Triton, torch) vs contiguous SDPA over batch x context x heads x head_dim."""
     import dataclasses
@@ -87,6 +92,8 @@ def attention(
     config = dataclasses.replace(default_config(str(torch_device)),
                                  **{k: v for k, v in overrides.items() if v is not None})
     result = run_attention_bench(config)
+    write_result("bench attention", {"result": result.to_dict()}, save=save_result, result_dir=result_dir,
+                result_filename=result_filename)
     if as_json:
         console.print_json(json.dumps(result.to_dict()))
         return
@@ -127,8 +134,8 @@ def _emit(rows: list[dict], title: str, as_json: bool) -> None:
         console.print_json(json.dumps(rows))
         return
     table = Table(title=title, box=box.SIMPLE_HEAVY)
-    for key in rows[0]:
-        table.add_column(key, justify="right")
+    for key in rows[0]:  # spaced headers wrap on words when the terminal is narrow
+        table.add_column(key.replace("_", " "), justify="right", overflow="fold")
     for row in rows:
         table.add_row(*(f"{v:.4g}" if isinstance(v, float) else str(v) for v in row.values()))
     console.print(table)
@@ -143,6 +150,9 @@ def core(
     chunk: int = typer.Option(64, help="Tokens per bulk append_slots call."),
     repeat: int = typer.Option(3, help="Repetitions (the best is reported)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    save_result: bool = typer.Option(False, "--save-result", help="Save the result as JSON (vLLM bench)."),
+    result_dir: Path = typer.Option(None, "--result-dir", help="Folder of the result JSON (default: .)."),
+    result_filename: str = typer.Option(None, "--result-filename", help="Name of the result JSON."),
 ) -> None:
     """BlockManager decode workload: single-token append_slot vs bulk append_slots."""
     from bench.core import DecodeWorkload, bench_core
@@ -150,6 +160,8 @@ def core(
     if min(num_seqs, num_tokens, block_size, chunk, repeat) < 1:
         raise UserError("every option must be >= 1")
     r = bench_core(DecodeWorkload(num_seqs, num_tokens, block_size, chunk=chunk), repeat=repeat)
+    write_result("bench core", {"result": r}, save=save_result, result_dir=result_dir,
+                result_filename=result_filename)
     _emit([r], "memory core: decode-heavy workload", as_json)
 
 
@@ -164,6 +176,9 @@ def simulate_bench(
     events: bool = typer.Option(False, help="Record pool tenures too (as `simulate --out` does)."),
     repeat: int = typer.Option(3, help="Runs per point (min and median reported)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    save_result: bool = typer.Option(False, "--save-result", help="Save the result as JSON (vLLM bench)."),
+    result_dir: Path = typer.Option(None, "--result-dir", help="Folder of the result JSON (default: .)."),
+    result_filename: str = typer.Option(None, "--result-filename", help="Name of the result JSON."),
 ) -> None:
     """Wall time and peak memory of `simulate` (each run in its own process): the scaling curve."""
     from bench.simulate import bench_simulate, summarize_runs
@@ -171,25 +186,39 @@ def simulate_bench(
     counts = list(_int_list(sizes, "--num") or [None])
     if trace == "synthetic" and counts == [None]:
         raise UserError("--trace synthetic needs --num")
-    records = bench_simulate(counts, allocator or ["paged"], trace=None if trace == "synthetic" else trace,
-                             events=(events,), repeat=repeat)
-    _emit(summarize_runs(records), "simulate: wall time and peak RSS", as_json)
+    records = bench_simulate(counts, names_list(allocator) or ["paged"],
+                             trace=None if trace == "synthetic" else trace, events=(events,), repeat=repeat)
+    rows = summarize_runs(records)
+    write_result("bench simulate", {"result": rows, "runs": records}, save=save_result, result_dir=result_dir,
+                result_filename=result_filename)
+    _emit(rows, "simulate: wall time and peak RSS", as_json)
 
 
 @bench_app.command("engine")
 @user_errors
 def engine_bench(
-    limit: int = typer.Option(64, help="Requests from the trace."),
+    limit: int = typer.Option(None, "--limit", help="Requests from the trace (default 64)."),
+    num_prompts: int = typer.Option(None, "--num-prompts", help="Same as --limit (vLLM's name)."),
     trace: str = typer.Option("azure-conv", help="Trace path or bundled name."),
     max_model_len: int = typer.Option(1024, help="Clip prompts so prompt + output fit in this."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    save_result: bool = typer.Option(False, "--save-result", help="Save the result as JSON (vLLM bench)."),
+    result_dir: Path = typer.Option(None, "--result-dir", help="Folder of the result JSON (default: .)."),
+    result_filename: str = typer.Option(None, "--result-filename", help="Name of the result JSON."),
 ) -> None:
     """CPU output throughput: the paged engine vs transformers' padded batched generate (tiny model)."""
     from bench.engine import compare
 
-    r = compare(trace=trace, limit=limit, max_model_len=max_model_len)
+    limit = pick_one("--limit/--num-prompts", limit, num_prompts)
+    limit = 64 if limit is None else limit
+    if limit < 1:
+        raise UserError(f"--limit/--num-prompts must be >= 1, got {limit}")
+    r = compare(trace=trace, limit=limit, max_model_len=max_model_len,
+                progress=lambda message: err_console.print(f"bench engine: {message}", markup=False))
     row = {"requests": limit, "output_tokens": r["workload"]["output_tokens"],
            "engine_tok_s": r["engine"]["tokens_per_s"],
            "transformers_tok_s": r["transformers"]["tokens_per_s"],
            "speedup": r["speedup"], "threads": r["threads"]}
+    write_result("bench engine", {"result": r}, save=save_result, result_dir=result_dir,
+                result_filename=result_filename)
     _emit([row], "engine vs transformers (CPU, fp32, tiny model)", as_json)

@@ -1,19 +1,25 @@
-"""Shared CLI helpers: consoles and user-facing errors."""
+"""Shared CLI helpers: consoles, user-facing errors and warnings, comma lists, progress, saved results."""
 from __future__ import annotations
 
 import functools
+import json
+import os
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from pagelab.atomic import atomic_dir, atomic_write_bytes  # noqa: F401  (re-exported for commands)
 from pagelab.errors import PagelabError
 
-# Piped output gets a wide console so tables are not squeezed to 80 columns.
-console = Console(width=None if sys.stdout.isatty() else 160)
-err_console = Console(stderr=True, soft_wrap=True)
+# Piped output gets a wide console unless COLUMNS says otherwise; a terminal keeps its own width.
+console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160, highlight=False,
+                  emoji=False)
+err_console = Console(stderr=True, soft_wrap=True, highlight=False, emoji=False)
 
 
 class UserError(PagelabError):
@@ -28,7 +34,9 @@ def user_errors(func: Callable) -> Callable:
         try:
             return func(*args, **kwargs)
         except _user_error_types() as exc:
-            err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+            # User text (file names, cells) may contain [ ] or :x:; print it literally, never as markup.
+            message = " ".join(str(exc).split("\n"))
+            err_console.print(f"[bold red]error:[/] {escape(message)}", emoji=False)
             raise typer.Exit(code=2) from None
 
     return wrapper
@@ -37,3 +45,79 @@ def user_errors(func: Callable) -> Callable:
 def _user_error_types() -> tuple[type[BaseException], ...]:
     """The exception types that mean 'the user gave bad input'."""
     return (UserError, FileNotFoundError, PagelabError)
+
+
+def warn(message: str) -> None:
+    """One yellow warning line on stderr; the message is printed literally."""
+    err_console.print(f"[yellow]warning:[/] {escape(message)}", emoji=False)
+
+
+def names_list(values: Iterable[str] | None) -> list[str]:
+    """Repeated and/or comma-separated option values as one list (`-a paged,contiguous-max -a ...`)."""
+    return [x.strip() for v in values or [] for x in str(v).split(",") if x.strip()]
+
+
+def pick_one(option: str, *values):
+    """The one value given among aliases of an option (e.g. --limit / --num-prompts); refuse conflicts."""
+    given = [v for v in values if v is not None]
+    if len(set(given)) > 1:
+        raise UserError(f"{option} given twice with different values: {', '.join(map(str, given))}")
+    return given[0] if given else None
+
+
+class LogProgress:
+    """Progress for logs: when stderr is not a terminal, one line per 10% of the work or per minute."""
+
+    def __init__(self, label: str, total: int, every_s: float = 60.0, step: float = 0.1):
+        self.label, self.total, self.every_s, self.step = label, max(total, 1), every_s, step
+        self.start = self.last_t = time.monotonic()
+        self.last_frac = 0.0
+
+    def update(self, done: int) -> None:
+        """Print a line when another tenth is done or a minute has passed since the last line."""
+        now = time.monotonic()
+        frac = done / self.total
+        if frac - self.last_frac >= self.step or now - self.last_t >= self.every_s or (
+                done >= self.total and self.last_frac < 1):
+            self.last_t, self.last_frac = now, frac
+            err_console.print(f"{escape(self.label)}: {done:,}/{self.total:,} ({100 * frac:.0f}%) after "
+                              f"{now - self.start:.0f} s", emoji=False)
+
+
+def stderr_is_terminal() -> bool:
+    """Whether stderr is an interactive terminal (then rich draws live bars)."""
+    return err_console.is_terminal
+
+
+def finite_float(value: float | None, option: str, *, minimum: float | None = None) -> float | None:
+    """Refuse nan and inf (and values below `minimum`) for a float option; None passes."""
+    import math
+
+    if value is None:
+        return None
+    if not math.isfinite(value):
+        raise UserError(f"{option} must be a finite number, got {value}")
+    if minimum is not None and value < minimum:
+        raise UserError(f"{option} must be >= {minimum:g}, got {value:g}")
+    return value
+
+
+def save_result(command: str, payload: dict, *, save: bool, result_dir: Path | None,
+                result_filename: str | None) -> Path | None:
+    """Write the command's result JSON (vLLM's --save-result/--result-dir/--result-filename) atomically."""
+    if not save and result_dir is None and result_filename is None:
+        return None
+    from cli.runs import clean_json, run_metadata
+
+    name = result_filename or f"pagelab-{command.replace(' ', '-')}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path = Path(result_dir or ".") / name
+    if path.is_dir():
+        raise UserError(f"--result-filename {name}: {path} is a folder")
+    data = {**run_metadata(command), **payload}
+    try:
+        atomic_write_bytes(path, (json.dumps(clean_json(data), indent=2) + "\n").encode())
+    except OSError as exc:
+        raise UserError(f"cannot write the result {path}: {exc.strerror or exc}") from None
+    err_console.print(f"saved result {escape(str(path))}", emoji=False)
+    return path
+

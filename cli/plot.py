@@ -1,12 +1,32 @@
 """`pagelab plot`: draw every figure that applies to one or more run folders."""
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 
 import typer
 
 from cli import app
 from cli.common import UserError, err_console, user_errors
+
+
+def _run_end(run_dir: Path) -> float | None:
+    """The longest simulated (or measured) duration among a run folder's allocators, if it says."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        return max(float(s["sim_duration_s"]) for s in summary["allocators"].values())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _check_at(at: float, run_dirs: list[Path]) -> None:
+    """--at must be a finite time within the runs (a snapshot after the end shows nothing)."""
+    if not math.isfinite(at) or at < 0:
+        raise UserError(f"--at must be a finite time >= 0 s (got {at})")
+    ends = [e for e in map(_run_end, run_dirs) if e is not None]
+    if ends and at > max(ends):
+        raise UserError(f"--at {at:g} s is after the end of the run(s) ({max(ends):,.3f} s)")
 
 
 @app.command("plot")
@@ -17,7 +37,7 @@ def plot_cmd(
     out: Path = typer.Option(None, "--out", "-o",
                              help="Folder for the figures (default: RUN_DIR/figures for one run, "
                                   "./figures for several)."),
-    fmt: str = typer.Option("png", "--format", "-f", help="png, svg or pdf."),
+    fmt: str = typer.Option("png", "--image-format", "--format", "-f", help="png, svg or pdf."),
     only: list[str] = typer.Option(None, "--only",
                                    help="Draw only these figures (repeat or comma-separate): breakdown, "
                                         "memory_over_time, block_map, block_snapshot, latency_cdf, "
@@ -31,10 +51,10 @@ def plot_cmd(
     names = [n.strip() for item in only or [] for n in item.split(",") if n.strip()] or None
     if out is None:
         out = run_dirs[0] / "figures" if len(run_dirs) == 1 else Path("figures")
-    if at is not None and at < 0:
-        raise UserError(f"--at must be a time >= 0 s (got {at})")
+    if at is not None:
+        _check_at(at, run_dirs)
     written = plot_runs(list(run_dirs), out, fmt, names, at=at)
     for path in written:
-        err_console.print(f"wrote {path}", highlight=False)
+        err_console.print(f"wrote {path}", markup=False)
     if not written:
         err_console.print("no figure applies to these run folders", highlight=False)

@@ -1,33 +1,36 @@
 """`pagelab replay`: run a trace's requests on the real engine and write a run folder like `simulate`."""
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
 import typer
-from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cli import app
-from cli.common import UserError, console, err_console, user_errors
-from simulator.core.cache_config import ALLOCATORS
+from cli.common import UserError, console, err_console, finite_float, user_errors
+from cli.serving import Bars, allocators, check_metric_options, load_workload, report
 
-ALL_ALLOCATORS = list(ALLOCATORS)
 DEFAULT_LIMIT = 64
 
 
 def replay_to_dir(df, configs: dict, info: dict, out: Path | None, table_format: str = "parquet",
-                  progress: Callable[[str, int, int], None] | None = None) -> dict:
-    """Replay `df` once per allocator config, then write every result at once (all or nothing)."""
+                  progress: Callable[[str, int, int], None] | None = None, *, metadata: dict | None = None,
+                  before_write: Callable[[dict], dict] | None = None) -> dict:
+    """Replay `df` once per allocator config, then write every result at once (all or nothing).
+
+    `before_write(results)` (e.g. printing the tables) returns extra top-level summary entries.
+    """
     from gpu_backend.replay import replay
 
     results = {}
     for name, cfg in configs.items():
         report = None if progress is None else (lambda done, total, n=name: progress(n, done, total))
         results[name] = replay(df, cfg, progress=report)
+    extra = before_write(results) if before_write is not None else {}
     if out is not None:
         from cli.runs import write_run
-        write_run(out, info, results, table_format)
+        write_run(out, info, results, table_format, metadata=metadata, extra_summary=extra)
     return results
 
 
@@ -35,6 +38,7 @@ def replay_to_dir(df, configs: dict, info: dict, out: Path | None, table_format:
 @user_errors
 def replay_cmd(
     trace: str = typer.Argument(None, help="Trace file or bundled name (default: azure-conv)."),
+    trace_opt: str = typer.Option(None, "--trace", help="The trace, as an option (same as the argument)."),
     model: str = typer.Option("tiny", help="Model preset (tiny, tiny-qwen2, llama-1b-shape) or a local "
                                            "Hugging Face directory."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
@@ -42,8 +46,13 @@ def replay_cmd(
     dtype: str = typer.Option(None, help="float32, float16 or bfloat16 (default: fp32 on CPU)."),
     allocator: list[str] = typer.Option(None, "--allocator", "-a",
                                         help="paged, contiguous-max, contiguous-pow2, contiguous-oracle "
-                                             "(repeat; default: paged)."),
-    limit: int = typer.Option(DEFAULT_LIMIT, help="Replay only the first N requests."),
+                                             "(repeat or comma-separate; default: paged)."),
+    limit: int = typer.Option(None, "--limit", help=f"Replay only the first N requests (default "
+                                                    f"{DEFAULT_LIMIT})."),
+    num_prompts: int = typer.Option(None, "--num-prompts", help="Same as --limit (vLLM's name)."),
+    rate: float = typer.Option(None, "--request-rate", "--rate",
+                               help="Re-time arrivals to this mean rate (req/s); inf: all at t=0."),
+    burstiness: float = typer.Option(None, help="With --request-rate: gamma gaps of this shape (vLLM)."),
     time_scale: float = typer.Option(1.0, "--time-scale", help="Multiply arrival times (0: all at once)."),
     block_size: int = typer.Option(16, help="Paged block size in tokens."),
     num_blocks: int = typer.Option(None, help="KV pool size in blocks (default: from --kv-memory-gb)."),
@@ -52,39 +61,48 @@ def replay_cmd(
     max_model_len: int = typer.Option(None, help="Longest sequence (default: the model's); longer prompts "
                                                  "are clipped."),
     max_num_seqs: int = typer.Option(256, help="Most sequences running at once."),
+    max_concurrency: int = typer.Option(None, help="Most requests in flight (vLLM bench); a cap on "
+                                                   "--max-num-seqs, see docs/run-format.md."),
     max_num_batched_tokens: int = typer.Option(None, help="Token budget of one step."),
     preemption: str = typer.Option("recompute", help="recompute or swap."),
     swap_space_gb: float = typer.Option(None, help="CPU swap pool in GiB, allocated on first use (default: "
                                                    "4 GiB, at most the KV pool's size)."),
     prefix_caching: bool = typer.Option(True, help="Reuse cached prefix blocks (paged)."),
     seed: int = typer.Option(0, help="Seed of prompt tokens, weights of presets and sampling."),
-    out: Path = typer.Option(None, "--out", "-o", help="Write a run folder here."),
+    out: Path = typer.Option(None, "--out", "-o", help="Write a run folder here (new, empty, or a run "
+                                                        "with --overwrite)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the pagelab run already in --out."),
     table_format: str = typer.Option("parquet", "--table-format", help="parquet or csv."),
+    percentile_metrics: str = typer.Option(None, help="Metrics with percentiles: ttft,tpot,itl,e2el."),
+    metric_percentiles: str = typer.Option(None, help="Percentiles to report, e.g. 50,90,99 (default 99)."),
+    goodput: list[str] = typer.Option(None, help="SLOs in ms, e.g. ttft:200 tpot:50 (ttft, tpot, e2el)."),
+    save_result: bool = typer.Option(False, "--save-result", help="Save the metrics as JSON (vLLM bench)."),
+    result_dir: Path = typer.Option(None, "--result-dir", help="Folder of the result JSON (default: .)."),
+    result_filename: str = typer.Option(None, "--result-filename", help="Name of the result JSON."),
 ) -> None:
     """Replay a trace on the real engine and measure time and memory (same run folder as simulate)."""
-    from cli.simulate import _version, comparison_table
+    from cli.runs import check_out, run_metadata, trace_hash
     from gpu_backend.engine.engine_config import EngineConfig
     from gpu_backend.replay import ReplayConfig
-    from traces import load_trace
-    from traces.stats import trace_info
 
-    names = allocator or ["paged"]
-    for name in names:
-        if name not in ALL_ALLOCATORS:
-            raise UserError(f"unknown allocator {name!r}; choose from {', '.join(ALL_ALLOCATORS)}")
+    names = allocators(allocator, ["paged"])
     if table_format not in ("parquet", "csv"):
         raise UserError(f"--table-format must be parquet or csv, got {table_format!r}")
-    if limit < 1:
-        raise UserError(f"--limit must be >= 1, got {limit}")
-    if time_scale < 0:
-        raise UserError(f"--time-scale must be >= 0, got {time_scale}")
-    warnings: list[str] = []
-    df = load_trace(trace or "azure-conv", warnings=warnings)
-    for w in warnings:
-        err_console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
-    df = df.iloc[:limit].reset_index(drop=True)
-    source = trace or "azure-conv"
-    info = {"source": source, **trace_info(df), "limit": limit, "time_scale": time_scale}
+    finite_float(time_scale, "--time-scale", minimum=0)
+    finite_float(kv_memory_gb, "--kv-memory-gb")
+    finite_float(swap_space_gb, "--swap-space-gb")
+    if max_concurrency is not None:
+        if max_concurrency < 1:
+            raise UserError(f"--max-concurrency must be >= 1, got {max_concurrency}")
+        max_num_seqs = min(max_num_seqs, max_concurrency)
+    kinds, percentiles, slos = check_metric_options(percentile_metrics, metric_percentiles, goodput)
+    if out is not None:
+        check_out(out, overwrite)
+    df, info = load_workload(trace, trace_opt, limit, num_prompts, rate, burstiness, seed,
+                             default_limit=DEFAULT_LIMIT)
+    info["time_scale"] = time_scale
+    source, limit = info["source"], info["limit"]
+    version = run_metadata("replay")["versions"]["pagelab"]
     configs = {}
     for name in names:
         engine = EngineConfig(block_size=block_size, num_blocks=num_blocks, kv_memory_gb=kv_memory_gb,
@@ -94,20 +112,37 @@ def replay_cmd(
                               preemption_mode=preemption, swap_space_gb=swap_space_gb)
         configs[name] = ReplayConfig(model=model, device=device, backend=backend, dtype=dtype, engine=engine,
                                      time_scale=time_scale, seed=seed,
-                                     extra={"trace": source, "limit": limit, "pagelab_version": _version()})
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err_console, transient=True) as bar:
-        tasks = {n: bar.add_task(f"replaying {n}", total=len(df)) for n in names}
-        update = lambda n, done, total: bar.update(tasks[n], completed=done)  # noqa: E731
-        results = replay_to_dir(df, configs, info, out, table_format, update)
-    console.print(comparison_table({n: r.summary for n, r in results.items()}))
-    for name, res in results.items():
-        m = res.summary["measured"]
-        step = m["step_time_s"]
-        clipped = m["num_clipped_prompts"]
-        console.print(f"{name}: {res.summary['num_steps']} steps on {m['device']} ({m['backend']}), "
-                      f"step time p50 {1e3 * (step['p50'] or 0):.1f} ms, "
-                      f"KV pool {m['kv_pool_bytes'] / 2**20:.0f} MiB"
-                      + (f", {clipped} prompts clipped to max_model_len" if clipped else ""))
+                                     extra={"trace": source, "limit": limit, "pagelab_version": version,
+                                            "max_concurrency": max_concurrency})
+
+    def show(results: dict) -> dict:
+        metrics = report("replay", results, info, kinds, percentiles, slos, save=save_result,
+                         result_dir=result_dir, result_filename=result_filename)
+        for name, res in results.items():
+            m = res.summary["measured"]
+            step = m["step_time_s"]
+            clipped = m["num_clipped_prompts"]
+            console.print(f"{name}: {res.summary['num_steps']} steps on {m['device']} ({m['backend']}), "
+                          f"step time p50 {1e3 * (step['p50'] or 0):.1f} ms, "
+                          f"KV pool {m['kv_pool_bytes'] / 2**20:.0f} MiB"
+                          + (f", {clipped} prompts clipped to max_model_len" if clipped else ""))
+        return {"serving_metrics": metrics}
+
+    meta = {**run_metadata("replay"), "trace_sha256": trace_hash(source),
+            "config": {n: dataclasses.asdict(c) for n, c in configs.items()}}
+    with Bars("replaying") as bars:
+        for n in names:
+            bars.add(n, len(df))
+        try:
+            replay_to_dir(df, configs, info, out, table_format, lambda n, done, total: bars.update(n, done),
+                          metadata=meta, before_write=show)
+        except MemoryError:
+            raise UserError("the KV pool (--kv-memory-gb / --num-blocks) does not fit in this machine's "
+                            "memory; give a smaller pool") from None
+        except RuntimeError as exc:  # torch's allocators (CPU and CUDA out-of-memory) raise RuntimeErrors
+            if "out of memory" not in str(exc) and "allocate" not in str(exc):
+                raise
+            raise UserError(f"the KV pool (--kv-memory-gb / --num-blocks) does not fit on the device: "
+                            f"{str(exc).splitlines()[0]}") from None
     if out is not None:
-        err_console.print(f"wrote {out}")
+        err_console.print(f"wrote {out}", markup=False)

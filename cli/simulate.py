@@ -2,136 +2,149 @@
 from __future__ import annotations
 
 import dataclasses
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import typer
-from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from cli import app
-from cli.common import UserError, console, err_console, user_errors
+from cli.common import UserError, err_console, finite_float, user_errors
+from cli.serving import Bars, allocators, check_metric_options, load_workload, report
 from simulator.core.cache_config import ALLOCATORS
 
 ALL_ALLOCATORS = list(ALLOCATORS)
+# A paged pool is bookkept with Python objects per block (~80 bytes each): past this many blocks a pool
+# that the trace cannot fill is refused instead of built (see pool_problem).
+MAX_IDLE_POOL_BLOCKS = 2**21
 
 
-def _version() -> str:
-    try:
-        return version("pagelab")
-    except PackageNotFoundError:
-        return "unknown"
+def pool_problem(df, config) -> str | None:
+    """Why the configured pool is absurdly large for this trace, or None.
 
-
-def _pct(x) -> str:
-    return "-" if x is None else f"{100 * x:.1f}"
-
-
-def _num(x, fmt: str = ".2f") -> str:
-    return "-" if x is None else format(x, fmt)
-
-
-def comparison_table(summaries: dict[str, dict]) -> Table:
-    """The side-by-side table printed after a run."""
-    t = Table(title="KV-cache memory and serving metrics (time-weighted over the run)")
-    cols = ["allocator", "token%", "resv%", "intern%", "extern%", "free%", "batch",
-            "out tok/s", "norm s/tok", "TTFT p50", "TTFT p99", "preempt", "reject"]
-    for c in cols:
-        t.add_column(c, justify="left" if c == "allocator" else "right")
-    for name, s in summaries.items():
-        m = s["memory"]
-        t.add_row(name, _pct(m["token_states"]), _pct(m["reservation"]), _pct(m["internal_fragmentation"]),
-                  _pct(m["external_fragmentation"]), _pct(m["free"]), _num(s["mean_batch_size"]),
-                  _num(s["throughput_tokens_per_s"], ".0f"), _num(s["normalized_latency_s_per_token"], ".4f"),
-                  _num(s["ttft_s"]["p50"], ".3f"), _num(s["ttft_s"]["p99"], ".3f"),
-                  str(s["num_preemptions"]), str(s["num_rejected"]))
-    return t
+    A pool is refused when it has more than MAX_IDLE_POOL_BLOCKS blocks AND more slots than the trace
+    could ever occupy: at most max_num_seqs requests run at once, each holding at most max_model_len
+    slots per sequence (twice that, for the rounding of pow2/buddy reservations).
+    """
+    capacity = config.capacity()
+    blocks = capacity // config.block_size if config.is_paged else capacity // 16
+    width = int(max(df["n"].max(), df["beam_width"].max()))
+    bound = 2 * min(len(df), config.max_num_seqs) * config.resolved_max_model_len * width
+    if blocks <= MAX_IDLE_POOL_BLOCKS or capacity <= bound:
+        return None
+    gib = bound * config.model_spec.bytes_per_token / 2**30
+    return (f"the KV pool holds {capacity:,} token slots, but this trace can never use more than {bound:,} "
+            f"(at most {min(len(df), config.max_num_seqs):,} requests at once x max_model_len "
+            f"{config.resolved_max_model_len:,} x {width} sequence(s) x 2); give at most "
+            f"--kv-memory-gb {gib:.3g} or --capacity-tokens {bound}")
 
 
 @app.command("simulate")
 @user_errors
 def simulate_cmd(
     trace: str = typer.Argument(None, help="Trace file or bundled name (default: azure-conv)."),
+    trace_opt: str = typer.Option(None, "--trace", help="The trace, as an option (same as the argument)."),
     allocator: list[str] = typer.Option(None, "--allocator", "-a",
                                         help="paged, contiguous-max, contiguous-pow2, contiguous-oracle "
-                                             "(repeat; default: all four)."),
-    model: str = typer.Option("llama-3-8b", help="Model preset."),
-    gpu: str = typer.Option("a100-80gb", help="GPU preset."),
+                                             "(repeat or comma-separate; default: all four)."),
+    model: str = typer.Option("llama-3-8b", help="Model preset (see `pagelab presets`)."),
+    gpu: str = typer.Option("a100-80gb", help="GPU preset (see `pagelab presets`)."),
     kv_memory_gb: float = typer.Option(None, help="KV-cache size in GiB (overrides the GPU arithmetic)."),
     capacity_tokens: int = typer.Option(None, help="KV capacity in token slots (overrides everything)."),
     block_size: int = typer.Option(16, help="Paged block size in tokens."),
     max_model_len: int = typer.Option(None, help="Longest sequence (default: the model's)."),
     max_num_seqs: int = typer.Option(256, help="Most requests running at once."),
+    max_concurrency: int = typer.Option(None, help="Most requests in flight (vLLM bench); simulated as a "
+                                                   "cap on --max-num-seqs, see docs/run-format.md."),
     max_num_batched_tokens: int = typer.Option(None, help="Token budget of one step."),
     chunked_prefill: bool = typer.Option(False, help="Split long prompts across steps."),
     preemption: str = typer.Option("recompute", help="recompute or swap."),
     prefix_caching: bool = typer.Option(True, help="Reuse cached prefix blocks (paged)."),
-    placement: str = typer.Option("buddy", help="Contiguous placement: buddy or first-fit."),
+    placement: str = typer.Option(None, help="Contiguous placement: buddy (default) or first-fit; "
+                                             "only with a contiguous allocator."),
     latency: str = typer.Option("roofline", help="roofline, or a fitted latency profile (JSON)."),
-    rate: float = typer.Option(None, help="Rescale arrivals to this mean rate (requests/s)."),
-    limit: int = typer.Option(None, help="Use only the first N requests."),
-    seed: int = typer.Option(0, help="Random seed (beam search model)."),
+    rate: float = typer.Option(None, "--request-rate", "--rate",
+                               help="Re-time arrivals to this mean rate (req/s); inf: all at t=0."),
+    burstiness: float = typer.Option(None, help="With --request-rate: fresh gamma gaps of this shape "
+                                                "(1 Poisson, <1 burstier), as vLLM bench."),
+    limit: int = typer.Option(None, "--limit", help="Use only the first N requests."),
+    num_prompts: int = typer.Option(None, "--num-prompts", help="Same as --limit (vLLM's name)."),
+    seed: int = typer.Option(0, help="Random seed (beam search model, --burstiness arrivals)."),
     mode: str = typer.Option("fast", help="fast (event-driven spans) or step (reference)."),
     events: bool = typer.Option(True, help="Record pool tenures for block maps."),
-    out: Path = typer.Option(None, "--out", "-o", help="Write a run folder here."),
+    out: Path = typer.Option(None, "--out", "-o", help="Write a run folder here (new, empty, or a run "
+                                                        "with --overwrite)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the pagelab run already in --out."),
     table_format: str = typer.Option("parquet", "--table-format", help="parquet or csv."),
     plot: bool = typer.Option(False, help="Draw the figures into OUT/figures after simulating."),
     sharing: bool = typer.Option(False, help="Also measure the blocks saved by sharing (paged, step mode)."),
+    percentile_metrics: str = typer.Option(None, help="Metrics with percentiles: ttft,tpot,itl,e2el "
+                                                      "(default ttft,tpot,itl)."),
+    metric_percentiles: str = typer.Option(None, help="Percentiles to report, e.g. 50,90,99 (default 99)."),
+    goodput: list[str] = typer.Option(None, help="SLOs in ms, e.g. ttft:200 tpot:50 (ttft, tpot, e2el)."),
+    save_result: bool = typer.Option(False, "--save-result", help="Save the metrics as JSON (vLLM bench)."),
+    result_dir: Path = typer.Option(None, "--result-dir", help="Folder of the result JSON (default: .)."),
+    result_filename: str = typer.Option(None, "--result-filename", help="Name of the result JSON."),
 ) -> None:
     """Replay a request trace against KV-cache allocators and compare where the memory goes."""
+    from cli.runs import check_out, run_metadata, trace_hash
     from simulator.sim_config import SimConfig
     from simulator.simulate import simulate
-    from traces import default_trace_path, load_trace, rescale_rate
-    from traces.stats import trace_info
 
-    names = allocator or ALL_ALLOCATORS
-    for name in names:
-        if name not in ALL_ALLOCATORS:
-            raise UserError(f"unknown allocator {name!r}; choose from {', '.join(ALL_ALLOCATORS)}")
+    names = allocators(allocator, ALL_ALLOCATORS)
+    if placement is not None and all(ALLOCATORS[n] is None for n in names):
+        raise UserError("--placement only applies to contiguous allocators (-a contiguous-max, ...); "
+                        "the paged allocator places blocks anywhere")
     if table_format not in ("parquet", "csv"):
         raise UserError(f"--table-format must be parquet or csv, got {table_format!r}")
     if plot and out is None:
         raise UserError("--plot needs --out (the figures go to OUT/figures)")
-    warnings: list[str] = []
-    source = trace or str(default_trace_path())
-    df = load_trace(source if trace else "azure-conv", warnings=warnings)
-    for w in warnings:
-        err_console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
-    if limit is not None:
-        if limit < 1:
-            raise UserError(f"--limit must be >= 1, got {limit}")
-        df = df.iloc[:limit].reset_index(drop=True)
-    if rate is not None:
-        df = rescale_rate(df, rate)
-    info = {"source": trace or "azure-conv", **trace_info(df), "rate_override": rate, "limit": limit}
+    finite_float(kv_memory_gb, "--kv-memory-gb")
+    if max_concurrency is not None:
+        if max_concurrency < 1:
+            raise UserError(f"--max-concurrency must be >= 1, got {max_concurrency}")
+        max_num_seqs = min(max_num_seqs, max_concurrency)
+    kinds, percentiles, slos = check_metric_options(percentile_metrics, metric_percentiles, goodput)
+    if out is not None:
+        check_out(out, overwrite)
+    df, info = load_workload(trace, trace_opt, limit, num_prompts, rate, burstiness, seed)
     base = SimConfig(model=model, gpu=gpu, kv_memory_gb=kv_memory_gb, capacity_tokens=capacity_tokens,
-                     block_size=block_size, max_model_len=max_model_len, placement=placement,
+                     block_size=block_size, max_model_len=max_model_len, placement=placement or "buddy",
                      max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                      enable_chunked_prefill=chunked_prefill, preemption_mode=preemption,
                      enable_prefix_caching=prefix_caching, latency=latency, seed=seed, mode=mode,
                      record_events=events and out is not None,
-                     extra={"trace": info["source"], "rate": rate, "pagelab_version": _version()})
+                     extra={"trace": info["source"], "rate": info["rate_override"],
+                            "max_concurrency": max_concurrency,
+                            "pagelab_version": run_metadata("simulate")["versions"]["pagelab"]})
+    for name in names:
+        problem = pool_problem(df, dataclasses.replace(base, allocator=name))
+        if problem:
+            raise UserError(problem)
     results = {}
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err_console, transient=True) as progress:
+    with Bars("simulating") as bars:
         for name in names:
-            task = progress.add_task(f"simulating {name}", total=len(df))
-            cfg = dataclasses.replace(base, allocator=name)
-            report = lambda done, total, t=task: progress.update(t, completed=done)  # noqa: E731
-            results[name] = simulate(df, cfg, progress=report)
-    console.print(comparison_table({n: r.summary for n, r in results.items()}))
+            bars.add(name, len(df))
+            report_progress = lambda done, total, n=name: bars.update(n, done)  # noqa: E731
+            results[name] = simulate(df, dataclasses.replace(base, allocator=name), progress=report_progress)
+    extra = {}
     if sharing:
         from simulator.sharing import sharing_saving
         r = sharing_saving(df, dataclasses.replace(base, allocator="paged"))
-        console.print(f"sharing saves {100 * r['saving']:.1f}% of blocks (paged, step average): "
-                      f"{r['mean_physical_blocks']:.0f} physical vs "
-                      f"{r['mean_logical_blocks']:.0f} logical blocks")
+        extra["sharing"] = r
+        err_console.print(f"sharing saves {100 * r['saving']:.1f}% of blocks (paged, step average): "
+                          f"{r['mean_physical_blocks']:.0f} physical vs "
+                          f"{r['mean_logical_blocks']:.0f} logical blocks")
+    metrics = report("simulate", results, info, kinds, percentiles, slos, save=save_result,
+                     result_dir=result_dir, result_filename=result_filename, extra=extra)
     if out is not None:
         from cli.runs import write_run
-        write_run(out, info, results, table_format)
-        err_console.print(f"wrote {out}")
+        meta = {**run_metadata("simulate"), "trace_sha256": trace_hash(info["source"]),
+                "config": base.to_dict() | {"allocators": names}}
+        write_run(out, info, results, table_format, metadata=meta,
+                  extra_summary={**extra, "serving_metrics": metrics})
+        err_console.print(f"wrote {out}", markup=False)
         if plot:
             from viz import plot_runs
             paths = plot_runs([out], out / "figures")
-            err_console.print(f"drew {len(paths)} figures into {out / 'figures'}")
+            err_console.print(f"drew {len(paths)} figures into {out / 'figures'}", markup=False)
+
+

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,12 +12,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from cli import app
-from cli.common import UserError, console, err_console, user_errors
+from cli.common import UserError, console, err_console, pick_one, user_errors
 
-trace_app = typer.Typer(no_args_is_help=True, help="Generate, inspect and convert request traces.")
+trace_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                        help="Generate, inspect and convert request traces.")
 app.add_typer(trace_app, name="trace")
 
 _NAMED_LENGTHS = ("fixed", "uniform", "sharegpt", "alpaca")
+MAX_GENERATED = 10**8  # ~10 GB of intermediate arrays; larger traces are better made in pieces
 
 
 @contextlib.contextmanager
@@ -55,10 +58,14 @@ def _shared_prefix(text: str | None) -> dict[str, object]:
 @user_errors
 def gen(
     out: Path = typer.Option(..., "--out", "-o", help="Output file: .csv, .jsonl or .parquet."),
-    num: int = typer.Option(1000, "--num", help="Number of requests."),
+    num: int = typer.Option(None, "--num", help="Number of requests (default 1000)."),
+    num_prompts: int = typer.Option(None, "--num-prompts", help="Same as --num (vLLM's name)."),
     arrival: str = typer.Option("poisson", help="Arrival process: poisson, gamma or burst (all at t=0)."),
-    rate: float = typer.Option(1.0, help="Mean arrival rate in requests/s (poisson, gamma)."),
-    cv: float = typer.Option(1.0, help="Coefficient of variation of the gaps (gamma)."),
+    rate: float = typer.Option(1.0, "--request-rate", "--rate",
+                               help="Mean arrival rate in requests/s; inf: all at t=0 (burst)."),
+    cv: float = typer.Option(None, help="Coefficient of variation of the gaps (gamma; default 1)."),
+    burstiness: float = typer.Option(None, help="vLLM's gamma shape (1 Poisson, <1 burstier): gamma "
+                                                "arrivals with cv = 1/sqrt(burstiness)."),
     lengths: str = typer.Option(
         "sharegpt", "--lengths", "--lengths-from",
         help="fixed, uniform, sharegpt, alpaca (synthetic stand-ins), or a trace file / bundled name "
@@ -80,8 +87,22 @@ def gen(
     from traces.stats import trace_info
 
     kind = lengths if lengths in _NAMED_LENGTHS else "resample"
+    num = pick_one("--num/--num-prompts", num, num_prompts)
+    num = 1000 if num is None else num
+    if num > MAX_GENERATED:
+        raise UserError(f"--num {num:,} is more requests than trace gen makes (at most {MAX_GENERATED:,})")
+    if burstiness is not None:
+        if cv is not None:
+            raise UserError("give --burstiness or --cv, not both (cv = 1/sqrt(burstiness))")
+        if not (math.isfinite(burstiness) and burstiness > 0):
+            raise UserError(f"--burstiness must be a finite number > 0, got {burstiness}")
+        arrival, cv = "gamma", 1 / math.sqrt(burstiness)
+    if math.isnan(rate):
+        raise UserError("--request-rate must be > 0 requests/s, or inf (all at t=0)")
+    if math.isinf(rate) and rate > 0:
+        arrival = "burst"
     config = SyntheticConfig(
-        num_requests=num, arrival=arrival, rate=rate, cv=cv, lengths=kind,
+        num_requests=num, arrival=arrival, rate=rate, cv=1.0 if cv is None else cv, lengths=kind,
         prompt_len=prompt_len, output_len=output_len,
         prompt_range=_range(prompt_range, "--prompt-range"),
         output_range=_range(output_range, "--output-range"),
@@ -93,7 +114,7 @@ def gen(
         trace = generate_trace(config, warnings=warnings)
         save_trace(trace, out, warnings=warnings)
     info = trace_info(trace)
-    console.print(f"wrote {info['num_requests']} requests to {out} (mean prompt "
+    console.print(f"wrote {info['num_requests']} requests to {escape(str(out))} (mean prompt "
                   f"{info['prompt_len']['mean']:.1f}, mean output {info['output_len']['mean']:.1f} tokens)",
                   highlight=False)
 
@@ -107,7 +128,7 @@ def _fmt(value: float | None, digits: int = 1) -> str:
 
 def _info_table(name: str, info: dict) -> Table:
     """The rich table printed by `trace info`."""
-    table = Table(title=f"trace {name}", show_header=True, header_style="bold")
+    table = Table(title=f"trace {escape(name)}", show_header=True, header_style="bold")
     table.add_column("")
     for col in ("mean", "p50", "p90", "p99", "max"):
         table.add_column(col, justify="right")
@@ -133,7 +154,8 @@ def _info_table(name: str, info: dict) -> Table:
 @user_errors
 def info(
     path: str = typer.Argument(..., help="Trace file or bundled name (azure-conv, azure-code, ...)."),
-    format: str = typer.Option("auto", "--format", help="Input format (auto-detected by default)."),
+    format: str = typer.Option("auto", "--input-format", "--format",
+                               help="Input format (auto-detected by default)."),
     as_json: bool = typer.Option(False, "--json", help="Print the statistics as JSON."),
     plot: Path = typer.Option(None, "--plot", help="Also save an overview figure (format from suffix)."),
 ) -> None:
@@ -156,7 +178,7 @@ def info(
                             f"imported ({exc})") from None
         fmt = plot.suffix.lstrip(".").lower() or "png"
         written = save_trace_overview(trace, plot, fmt)
-        err_console.print(f"wrote {written}", highlight=False)
+        err_console.print(f"wrote {escape(str(written))}", highlight=False)
 
 
 @trace_app.command("convert")
@@ -164,7 +186,8 @@ def info(
 def convert(
     src: str = typer.Argument(..., metavar="IN", help="Trace file (any supported format) or bundled name."),
     dst: Path = typer.Argument(..., metavar="OUT", help="Output file: .csv, .jsonl or .parquet."),
-    format: str = typer.Option("auto", "--format", help="Input format (auto-detected by default)."),
+    format: str = typer.Option("auto", "--input-format", "--format",
+                               help="Input format (auto-detected by default)."),
 ) -> None:
     """Convert a trace to pagelab's canonical CSV, JSONL or Parquet."""
     from traces import load_trace, save_trace
@@ -172,4 +195,4 @@ def convert(
     with _printing_warnings() as warnings:
         trace = load_trace(src, format, warnings=warnings)
         save_trace(trace, dst, warnings=warnings)
-    console.print(f"converted {len(trace)} requests: {src} -> {dst}", highlight=False)
+    console.print(f"converted {len(trace)} requests: {escape(src)} -> {escape(str(dst))}", highlight=False)

@@ -15,7 +15,7 @@ from traces.loaders import (
     save_trace,
 )
 from traces.schema import CANONICAL_COLUMNS, PREFIX_COLUMNS, TraceWarning, validate_trace
-from traces.synthetic import SyntheticConfig, generate_trace, rescale_rate
+from traces.synthetic import SyntheticConfig, generate_trace, rescale_rate, respace_arrivals
 
 __all__ = [
     "BUNDLED",
@@ -32,6 +32,7 @@ __all__ = [
     "load_length_pairs",
     "load_trace",
     "rescale_rate",
+    "respace_arrivals",
     "save_trace",
     "validate_trace",
 ]

@@ -97,7 +97,7 @@ def burstgpt(path: Path, source: str, warnings: list[str] | None) -> RawTrace:
 def _relative(raw: RawTrace, scale: float) -> RawTrace:
     """Arrival column to seconds since the earliest request; bad cells are left for the validator."""
     df = raw.frame
-    if "arrival_s" in df:
+    if "arrival_s" in df and len(df):  # an empty table (header only) is refused by the validator
         num = pd.to_numeric(df["arrival_s"], errors="coerce").to_numpy(dtype=np.float64) * scale
         ok = np.isfinite(num)
         if ok.all():
@@ -186,7 +186,8 @@ def mooncake(path: Path, source: str, warnings: list[str] | None) -> RawTrace:
 
 def _numeric_if_clean(col: pd.Series) -> pd.Series:
     """An object column as int64 when every cell is a JSON integer, else unchanged (checked later)."""
-    if set(map(type, col)) == {int}:
+    # JSON integers have no size limit: wider than int64 stays object, for the validator to refuse.
+    if set(map(type, col)) == {int} and min(col) >= -(2**63) and max(col) < 2**63:
         return col.astype(np.int64)
     return col
 

@@ -125,9 +125,17 @@ def _validate(raw: RawTrace, source: str, warnings: list[str] | None) -> pd.Data
 
 
 def _numbers(values: pd.Series, col: str, fail) -> np.ndarray:
-    """Values as float64, failing on the first one that is missing, not a number, or not finite."""
+    """Values as float64, failing on the first one that is missing, not a number, not finite, or a boolean."""
     if values.dtype.kind in "iu":
         return values.to_numpy(dtype=np.float64)
+    # pandas would read true/false as 1/0; a boolean is never a count or a time.
+    if values.dtype.kind == "b":
+        fail(0, col, f"boolean value {bool(values.iloc[0])!r} is not a number")
+    if values.dtype == object:
+        flags = values.map(lambda v: isinstance(v, (bool, np.bool_))).to_numpy(bool)
+        if flags.any():
+            pos = int(np.argmax(flags))
+            fail(pos, col, f"boolean value {bool(values.iloc[pos])!r} is not a number")
     num = pd.to_numeric(values, errors="coerce").to_numpy(dtype=np.float64)
     bad = ~np.isfinite(num)
     if bad.any():

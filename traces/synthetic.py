@@ -180,3 +180,24 @@ def rescale_rate(trace: pd.DataFrame, rate: float) -> pd.DataFrame:
     out = trace.copy()
     out["arrival_s"] = (arrival - arrival.min()) * ((len(arrival) - 1) / duration / rate)
     return out
+
+
+def respace_arrivals(trace: pd.DataFrame, rate: float, burstiness: float | None = None,
+                     seed: int = 0) -> pd.DataFrame:
+    """Arrivals at mean `rate` req/s: inf puts every request at t=0 (as `vllm bench serve`); with
+    `burstiness` (vLLM's gamma shape: 1 is Poisson, lower is burstier) fresh seeded gamma gaps replace the
+    trace's own; otherwise the trace's gaps are scaled (`rescale_rate`)."""
+    if rate == float("inf"):
+        out = trace.copy()
+        out["arrival_s"] = 0.0
+        return out
+    if burstiness is None:
+        return rescale_rate(trace, rate)
+    if not (burstiness > 0 and np.isfinite(burstiness)):
+        raise TraceError(f"burstiness must be a finite number > 0 (got {burstiness!r})")
+    if not (rate > 0 and np.isfinite(rate)):
+        raise TraceError(f"rate must be > 0 requests/s (got {rate!r})")
+    gaps = np.random.default_rng(seed).gamma(burstiness, 1.0 / (rate * burstiness), len(trace) - 1)
+    out = trace.copy()
+    out["arrival_s"] = np.concatenate(([0.0], np.cumsum(gaps)))
+    return out

@@ -69,6 +69,10 @@ class CacheConfig:
                     ("max_num_batched_tokens", self.max_num_batched_tokens))
         out += [f"{name} must be > 0, got {value}" for name, value in positive
                 if value is not None and not value > 0]
+        # inf passes `> 0` but would size an endless pool; nan fails it above.
+        sizes = (("kv_memory_gb", self.kv_memory_gb), ("swap_space_gb", self.swap_space_gb))
+        out += [f"{name} must be a finite number, got {value}" for name, value in sizes
+                if value is not None and value == float("inf")]
         if not 0 < self.gpu_memory_utilization <= 1:
             out.append(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.swap_space_gb is not None and not self.swap_space_gb >= 0:

@@ -166,7 +166,7 @@ def test_cli_replay_writes_a_run_folder(tmp_path):
             "-a", "contiguous-oracle", "--out", str(out)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    assert sorted(p.name for p in out.iterdir()) == ["contiguous-oracle", "paged", "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["contiguous-oracle", "paged", "run.json", "summary.json"]
     assert "paged" in result.output and "contiguous-oracle" in result.output
 
 

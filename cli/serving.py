@@ -1,0 +1,121 @@
+"""What simulate and replay share: picking the workload, checking options, reporting and saving results."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from cli.common import LogProgress, UserError, console, err_console, names_list, pick_one, save_result, warn
+from cli.report import (
+    memory_table,
+    parse_metrics,
+    parse_percentiles,
+    serving_metrics,
+    serving_table,
+    warn_about,
+)
+from simulator.core.cache_config import ALLOCATORS
+from simulator.metrics import parse_goodput
+
+
+def allocators(values: list[str] | None, default: list[str]) -> list[str]:
+    """-a values (repeated or comma-separated), checked against the registry."""
+    names = names_list(values) or default
+    for name in names:
+        if name not in ALLOCATORS:
+            raise UserError(f"unknown allocator {name!r}; choose from {', '.join(ALLOCATORS)}")
+    return list(dict.fromkeys(names))
+
+
+def load_workload(trace_arg: str | None, trace_opt: str | None, limit: int | None, num_prompts: int | None,
+                  rate: float | None, burstiness: float | None, seed: int,
+                  default_limit: int | None = None) -> tuple[pd.DataFrame, dict]:
+    """The trace (positional or --trace), cut to --limit/--num-prompts and re-timed by --request-rate."""
+    from traces import load_trace, respace_arrivals
+    from traces.stats import trace_info
+
+    source = pick_one("the trace (positional or --trace)", trace_arg, trace_opt) or "azure-conv"
+    limit = pick_one("--limit/--num-prompts", limit, num_prompts)
+    limit = default_limit if limit is None else limit
+    if limit is not None and limit < 1:
+        raise UserError(f"--limit/--num-prompts must be >= 1, got {limit}")
+    if rate is not None and (math.isnan(rate) or rate <= 0):
+        raise UserError(f"--request-rate/--rate must be > 0 requests/s, or inf (all at t=0); got {rate}")
+    if burstiness is not None:
+        if not (math.isfinite(burstiness) and burstiness > 0):
+            raise UserError(f"--burstiness must be a finite number > 0, got {burstiness}")
+        if rate is None or math.isinf(rate):
+            raise UserError("--burstiness shapes the gaps between arrivals: it needs a finite --request-rate")
+    warnings: list[str] = []
+    try:
+        df = load_trace(source, warnings=warnings)
+    finally:
+        for w in warnings:
+            warn(w)
+    if limit is not None:
+        df = df.iloc[:limit].reset_index(drop=True)
+    if rate is not None:
+        df = respace_arrivals(df, rate, burstiness, seed)
+    # JSON has no infinity: an infinite rate is recorded as the string "inf".
+    info = {"source": source, **trace_info(df), "rate_override": "inf" if rate == math.inf else rate,
+            "burstiness": burstiness, "limit": limit}
+    return df, info
+
+
+def check_metric_options(percentile_metrics: str | None, metric_percentiles: str | None,
+                         goodput: list[str] | None) -> tuple[tuple, tuple, dict]:
+    """Parse --percentile-metrics, --metric-percentiles and --goodput before any work."""
+    try:
+        slos = parse_goodput(goodput)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    return parse_metrics(percentile_metrics), parse_percentiles(metric_percentiles), slos
+
+
+class Bars:
+    """A live bar per task on a terminal; log lines (per 10% or per minute) when stderr is redirected."""
+
+    def __init__(self, verb: str):
+        self.verb = verb
+        self.rich = err_console.is_terminal
+        self.progress = (Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                  TimeElapsedColumn(), console=err_console, transient=True)
+                         if self.rich else None)
+        self.tasks: dict[str, object] = {}
+
+    def __enter__(self):
+        if self.progress:
+            self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.progress:
+            self.progress.__exit__(*exc)
+
+    def add(self, name: str, total: int) -> None:
+        """A new bar (or log line series) for `name`."""
+        self.tasks[name] = (self.progress.add_task(f"{self.verb} {name}", total=total) if self.progress
+                            else LogProgress(f"{self.verb} {name}", total))
+
+    def update(self, name: str, done: int, total: int | None = None) -> None:
+        """Report `done` of `name`'s requests."""
+        task = self.tasks[name]
+        if self.progress:
+            self.progress.update(task, completed=done)
+        else:
+            task.update(done)
+
+
+def report(command: str, results: dict, info: dict, kinds, percentiles, slos, *, save: bool,
+           result_dir: Path | None, result_filename: str | None, extra: dict | None = None) -> dict:
+    """Print the memory and serving tables and the warnings; save the result JSON if asked."""
+    metrics = serving_metrics(results, kinds, percentiles, slos)
+    console.print(memory_table({n: r.summary for n, r in results.items()}))
+    console.print(serving_table(metrics, kinds, percentiles))
+    warn_about(results)
+    save_result(command, {"trace": info, "metrics": metrics, **(extra or {}),
+                          "summaries": {n: r.summary for n, r in results.items()}},
+                save=save, result_dir=result_dir, result_filename=result_filename)
+    return metrics

@@ -1,0 +1,110 @@
+"""`--out`: the user's files survive, destinations are checked before the work, runs describe themselves."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from clirun import env, one_line_error, pagelab, start
+
+SIM = ("simulate", "azure-conv", "--limit", "20", "-a", "paged", "--kv-memory-gb", "2")
+
+
+def test_out_refuses_a_folder_that_is_not_a_run_and_keeps_its_files(tmp_path):
+    (tmp_path / "u").mkdir()
+    (tmp_path / "u" / "notes.txt").write_text("x")
+    line = one_line_error(pagelab(*SIM, "--out", "u", cwd=tmp_path))
+    assert "not a pagelab run" in line and "notes.txt" in line
+    assert (tmp_path / "u" / "notes.txt").read_text() == "x"
+    assert sorted(p.name for p in (tmp_path / "u").iterdir()) == ["notes.txt"]
+
+
+def test_out_naming_a_file_is_refused_and_the_file_survives(tmp_path):
+    (tmp_path / "f.txt").write_text("hi")
+    line = one_line_error(pagelab(*SIM, "--out", "f.txt", cwd=tmp_path))
+    assert "is a file" in line
+    assert (tmp_path / "f.txt").read_text() == "hi"
+
+
+def test_an_existing_run_is_replaced_only_with_overwrite(tmp_path):
+    assert pagelab(*SIM, "--out", "r", cwd=tmp_path).returncode == 0
+    first = json.loads((tmp_path / "r" / "run.json").read_text())["created_utc"]
+    line = one_line_error(pagelab(*SIM, "--out", "r", cwd=tmp_path))
+    assert "--overwrite" in line
+    assert json.loads((tmp_path / "r" / "run.json").read_text())["created_utc"] == first
+    done = pagelab(*SIM, "-a", "contiguous-max", "--out", "r", "--overwrite", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["contiguous-max", "paged", "run.json",
+                                                                 "summary.json"]
+
+
+@pytest.mark.parametrize("out, message", [
+    ("f.txt/sub", "which is a file"),
+    (".", "not a pagelab run"),
+    ("/proc/pagelab-run", "folders in /proc"),  # "cannot create" as root, "no permission" otherwise
+])
+def test_unusable_destinations_are_refused_before_the_simulation(tmp_path, out, message):
+    (tmp_path / "f.txt").write_text("hi")
+    # A trace that takes minutes to simulate: the refusal must come before it is even loaded.
+    start = time.monotonic()
+    line = one_line_error(pagelab("simulate", "--out", out, cwd=tmp_path))
+    assert message in line
+    assert time.monotonic() - start < 30
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.txt"]
+
+
+def test_run_folder_is_self_describing_and_follows_the_umask(tmp_path):
+    result = subprocess.run(["/bin/sh", "-c", f'umask 022 && exec "{sys.executable}" -c '
+                             '"from cli import main; main()" ' + " ".join(SIM) + " --out r --sharing"],
+                            cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    run = tmp_path / "r"
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["command"] == "simulate" and meta["argv"][1:4] == ["simulate", "azure-conv", "--limit"]
+    assert meta["trace_sha256"].startswith("sha256:") and len(meta["trace_sha256"]) == 7 + 64
+    assert meta["versions"]["python"].count(".") == 2 and meta["versions"]["pagelab"]
+    assert meta["config"]["kv_memory_gb"] == 2 and meta["config"]["allocators"] == ["paged"]
+    assert meta["created_utc"].endswith("+00:00")
+    summary = json.loads((run / "summary.json").read_text())
+    assert 0 <= summary["sharing"]["saving"] <= 1
+    assert summary["serving_metrics"]["paged"]["completed"] == 20
+    assert run.stat().st_mode & 0o777 == 0o755
+    assert (run / "paged").stat().st_mode & 0o777 == 0o755
+    assert (run / "run.json").stat().st_mode & 0o777 == 0o644
+
+
+def test_temp_folders_of_killed_runs_are_removed(tmp_path):
+    stale = tmp_path / ".r.tmp-999999999-deadbeef"  # no such process
+    stale.mkdir()
+    (stale / "half.parquet").write_text("")
+    result = pagelab(*SIM, "--out", "r", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert not stale.exists()
+    assert "left behind by a killed run" in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
+
+
+def test_sigterm_during_the_write_leaves_no_hidden_folder(tmp_path):
+    code = ("import sys, time; from cli import _terminate; import signal; "
+            "signal.signal(signal.SIGTERM, _terminate); from pagelab.atomic import atomic_dir\n"
+            "with atomic_dir('r') as tmp:\n"
+            "    (tmp / 'part').write_text('x'); print('writing', flush=True); time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, env=env(), stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline().strip() == "writing"
+    assert any(p.name.startswith(".r.tmp-") for p in tmp_path.iterdir())
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_installs_the_sigterm_handler(tmp_path):
+    proc = start("simulate", "--mode", "step", "--out", "r", cwd=tmp_path)
+    time.sleep(3)  # step mode over the whole bundled trace takes minutes
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    assert os.listdir(tmp_path) == []

@@ -1,0 +1,106 @@
+"""vllm-bench conventions and discoverability: metrics tables, goodput, saved results, aliases, warnings."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from clirun import pagelab
+
+SIM = ("simulate", "azure-conv", "--num-prompts", "30", "--kv-memory-gb", "2")
+
+
+def test_tables_in_ms_fit_80_columns_and_show_goodput(tmp_path):
+    r = pagelab(*SIM, "-a", "paged,contiguous-max", "--goodput", "ttft:200", "tpot:50",
+                "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "90,99",
+                cwd=tmp_path, COLUMNS="80")
+    assert r.returncode == 0, r.stderr
+    for label in ("Mean TTFT (ms)", "Median TPOT (ms)", "P90 ITL (ms)", "P99 E2E latency (ms)",
+                  "Request goodput (req/s)", "Total token throughput (tok/s)", "Completed requests"):
+        assert label in r.stdout
+    assert "max" in r.stdout.split("Serving metrics")[1].splitlines()[2]  # one column per allocator
+    assert max(map(len, r.stdout.splitlines())) <= 80
+    for cmd in (("simulate", "-h"), ("replay", "-h"), ("trace", "gen", "-h"), ("-h",)):
+        h = pagelab(*cmd, COLUMNS="80")
+        assert h.returncode == 0 and max(map(len, h.stdout.splitlines())) <= 80 and "…" not in h.stdout
+
+
+def test_save_result_json_matches_the_run_folder(tmp_path):
+    r = pagelab(*SIM, "-a", "paged", "--goodput", "e2el:5000", "--save-result", "--result-dir", "res",
+                "--result-filename", "x.json", "--out", "run", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    saved = json.loads((tmp_path / "res" / "x.json").read_text())
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    m = saved["metrics"]["paged"]
+    assert m == summary["serving_metrics"]["paged"]
+    assert m["completed"] + m["rejected"] == 30 and m["goodput_slos_ms"] == {"e2el": 5000.0}
+    assert 0 < m["request_goodput"] <= m["request_throughput"]
+    assert saved["command"] == "simulate" and saved["argv"][1] == "simulate"
+    bench = pagelab("bench", "core", "--num-tokens", "2000", "--repeat", "1", "--save-result", cwd=tmp_path)
+    assert bench.returncode == 0, bench.stderr
+    [path] = tmp_path.glob("pagelab-bench-core-*.json")
+    assert json.loads(path.read_text())["result"]["tokens"] > 0
+
+
+def test_request_rate_inf_sends_everything_at_zero_and_is_recorded(tmp_path):
+    r = pagelab(*SIM, "-a", "paged", "--request-rate", "inf", "--out", "run", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["trace"]["rate_override"] == "inf" and summary["trace"]["duration_s"] == 0
+
+
+def test_burstiness_is_seeded_and_changes_the_arrivals(tmp_path):
+    def arrivals(*extra):
+        out = tmp_path / f"r{len(list(tmp_path.iterdir()))}"
+        r = pagelab(*SIM, "-a", "paged", "--request-rate", "5", *extra, "--out", out, "--table-format", "csv")
+        assert r.returncode == 0, r.stderr
+        return (out / "paged" / "requests.csv").read_text().splitlines()[1:]
+
+    assert arrivals("--burstiness", "0.3", "--seed", "1") == arrivals("--burstiness", "0.3", "--seed", "1")
+    assert arrivals("--burstiness", "0.3", "--seed", "1") != arrivals("--burstiness", "0.3", "--seed", "2")
+    assert arrivals("--burstiness", "0.3") != arrivals()
+
+
+def test_aliases_give_the_same_run(tmp_path):
+    a = pagelab("simulate", "--trace", "azure-conv", "--limit", "30", "--kv-memory-gb", "2", "-a", "paged",
+                "--rate", "3", "--save-result", "--result-filename", "a.json", cwd=tmp_path)
+    b = pagelab(*SIM, "-a", "paged", "--request-rate", "3", "--save-result", "--result-filename", "b.json",
+                cwd=tmp_path)
+    assert a.returncode == b.returncode == 0, a.stderr + b.stderr
+    ma, mb = (json.loads((tmp_path / f).read_text())["metrics"] for f in ("a.json", "b.json"))
+    assert ma == mb
+
+
+def test_rejections_and_overload_are_warned_with_counts(tmp_path):
+    r = pagelab("simulate", "azure-conv", "--limit", "300", "-a", "paged", "--max-model-len", "1024",
+                "--request-rate", "300", "--kv-memory-gb", "1", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    rejected = [line for line in r.stderr.splitlines() if "were rejected" in line]
+    assert len(rejected) == 1 and "longer than max_model_len 1,024" in rejected[0]
+    count = int(rejected[0].split("paged: ")[1].split(" of ")[0])
+    assert f"Rejected requests {count}" in " ".join(r.stdout.split())
+    assert "overloaded: the waiting queue grew" in r.stderr
+    calm = pagelab(*SIM, "-a", "paged", "--max-model-len", "8192", cwd=tmp_path)
+    assert "warning" not in calm.stderr
+
+
+def test_progress_lines_in_logs(tmp_path):
+    r = pagelab(*SIM, "-a", "paged,contiguous-pow2", cwd=tmp_path)
+    assert "simulating paged: 30/30 (100%)" in r.stderr
+    assert "simulating contiguous-pow2: 30/30 (100%)" in r.stderr
+
+
+@pytest.mark.parametrize("args, expect", [(("--version",), "pagelab "), (("-h",), "Usage: pagelab"),
+                                          (("trace", "-h"), "Usage: pagelab trace"),
+                                          (("presets",), "llama-3-8b")])
+def test_discoverability(args, expect):
+    r = pagelab(*args)
+    assert r.returncode == 0, r.stderr
+    assert expect in r.stdout
+
+
+def test_presets_json_has_the_numbers():
+    r = pagelab("presets", "--json")
+    rows = json.loads(r.stdout)
+    llama = next(m for m in rows["models"] if m["model"] == "llama-3-8b")
+    assert llama["kv_kib_per_token"] == 128 and llama["max_model_len"] == 8192
+    assert {g["gpu"] for g in rows["gpus"]} >= {"a100-80gb", "h100-80gb"}

@@ -1,0 +1,105 @@
+"""simulator.metrics: vllm-bench style statistics from a per-request table."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulator.metrics import (
+    _weighted_percentile,
+    bench_metrics,
+    latency_stats,
+    overload_warning,
+    parse_goodput,
+    queue_lengths,
+    rejection_warning,
+)
+
+
+def table(rows: list[tuple]) -> pd.DataFrame:
+    """A request table from (arrival, admitted, first_token, finish, prompt, output) rows."""
+    df = pd.DataFrame(rows, columns=["arrival_s", "admitted_s", "first_token_s", "finish_s", "prompt_len",
+                                     "output_len"], dtype=float)
+    df["n"] = 1
+    df["beam_width"] = 1
+    df["rejected"] = df["admitted_s"].isna()
+    df["ttft_s"] = df["first_token_s"] - df["arrival_s"]
+    out = df["output_len"]
+    df["tpot_s"] = np.where(out > 1, (df["finish_s"] - df["first_token_s"]) / (out - 1), np.nan)
+    df["e2e_s"] = df["finish_s"] - df["arrival_s"]
+    return df
+
+
+NAN = float("nan")
+REQS = table([(0, 0, 0.1, 1.1, 10, 11),   # ttft 100 ms, tpot 100 ms (10 gaps)
+              (0, 0, 0.3, 0.5, 20, 3),    # ttft 300 ms, tpot 100 ms (2 gaps)
+              (1, 1, 1.05, 1.05, 5, 1),   # ttft 50 ms, no tpot (1 token)
+              (2, NAN, NAN, NAN, 9000, 5)])  # rejected
+
+
+def test_counts_throughputs_and_latencies_in_ms():
+    m = bench_metrics(REQS, duration_s=2.0, metrics=("ttft", "tpot", "itl", "e2el"), percentiles=(50, 99))
+    assert (m["completed"], m["rejected"]) == (3, 1)
+    assert m["total_output_tokens"] == 15 and m["total_input_tokens"] == 35
+    assert m["request_throughput"] == 1.5 and m["output_throughput"] == 7.5
+    assert m["total_token_throughput"] == 25.0
+    assert m["mean_ttft_ms"] == pytest.approx(150) and m["median_ttft_ms"] == pytest.approx(100)
+    assert m["mean_tpot_ms"] == pytest.approx(100)
+    assert m["mean_e2el_ms"] == pytest.approx((1100 + 500 + 50) / 3)
+
+
+def test_mean_itl_is_total_decode_time_over_total_gaps():
+    reqs = table([(0, 0, 0, 1.0, 1, 11), (0, 0, 0, 3.0, 1, 4)])  # 10 gaps of 100 ms, 3 gaps of 1 s
+    s = latency_stats(reqs, "itl", (99,))
+    assert s["mean"] == pytest.approx(4000 / 13)
+    assert s["median"] == pytest.approx(100) and s["p99"] == pytest.approx(1000)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 1e3, allow_nan=False), st.integers(1, 20)), min_size=1, max_size=30),
+       st.floats(0.5, 100))
+def test_weighted_percentile_equals_the_repeated_sample(pairs, q):
+    values = np.array([v for v, _ in pairs])
+    weights = np.array([w for _, w in pairs], dtype=float)
+    expect = np.percentile(np.repeat(values, weights.astype(int)), q, method="inverted_cdf")
+    assert _weighted_percentile(values, weights, q) == pytest.approx(expect)
+
+
+def test_goodput_counts_requests_within_every_slo():
+    m = bench_metrics(REQS, 2.0, goodput=parse_goodput(["ttft:200", "tpot:100"]))
+    assert m["request_goodput"] == 1.0  # the 100 ms and the 50 ms TTFT requests (no TPOT: passes)
+    m = bench_metrics(REQS, 2.0, goodput=parse_goodput(["e2el:600"]))
+    assert m["request_goodput"] == 1.0  # 500 ms and 50 ms
+
+
+@pytest.mark.parametrize("items, message", [(["ttft"], "METRIC:MILLISECONDS"), (["x:1"], "one of"),
+                                            (["tpot:inf"], "positive")])
+def test_parse_goodput_refuses(items, message):
+    with pytest.raises(ValueError, match=message):
+        parse_goodput(items)
+
+
+def test_rejection_warning_gives_reasons_and_counts():
+    text = rejection_warning(REQS, max_model_len=2048, capacity_tokens=100_000)
+    assert text.startswith("1 of 4 requests were rejected (1 longer than max_model_len 2,048")
+    assert rejection_warning(REQS, max_model_len=10_000, capacity_tokens=100).startswith(
+        "1 of 4 requests were rejected (1 need more KV slots than the pool's 100)")
+    assert rejection_warning(REQS.iloc[:3], 2048, 100) is None
+
+
+def test_overload_warning_only_when_the_queue_keeps_growing():
+    n = 200
+    arrival = np.arange(n, dtype=float)
+    # Service admits one request every 2 s: the queue grows linearly (overload) ...
+    slow = table([(a, 2 * i, 2 * i + 0.1, 2 * i + 1, 5, 5) for i, a in enumerate(arrival)])
+    assert queue_lengths(slow, np.array([100.0]))[0] == 101 - 51
+    text = overload_warning(slow, duration_s=2 * n)
+    assert text is not None and "overloaded" in text
+    # ... one every 0.5 s keeps up: no warning.
+    fast = table([(a, a + 0.5, a + 0.6, a + 1, 5, 5) for a in arrival])
+    assert overload_warning(fast, duration_s=n + 1) is None
+    assert not math.isnan(fast["tpot_s"].iloc[0])
