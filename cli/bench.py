@@ -10,7 +10,7 @@ from rich.table import Table
 
 from cli import app
 from cli.common import UserError, console, err_console, names_list, pick_one, user_errors
-from cli.common import save_result as write_result
+from cli.runs import save_result as write_result
 
 bench_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
                         help="Benchmarks: memory core, simulator, attention kernels, engine.")

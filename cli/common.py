@@ -2,12 +2,10 @@
 from __future__ import annotations
 
 import functools
-import json
 import os
 import sys
 import time
 from collections.abc import Callable, Iterable
-from pathlib import Path
 
 import typer
 from rich.console import Console
@@ -100,24 +98,4 @@ def finite_float(value: float | None, option: str, *, minimum: float | None = No
     if minimum is not None and value < minimum:
         raise UserError(f"{option} must be >= {minimum:g}, got {value:g}")
     return value
-
-
-def save_result(command: str, payload: dict, *, save: bool, result_dir: Path | None,
-                result_filename: str | None) -> Path | None:
-    """Write the command's result JSON (vLLM's --save-result/--result-dir/--result-filename) atomically."""
-    if not save and result_dir is None and result_filename is None:
-        return None
-    from cli.runs import clean_json, run_metadata
-
-    name = result_filename or f"pagelab-{command.replace(' ', '-')}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path = Path(result_dir or ".") / name
-    if path.is_dir():
-        raise UserError(f"--result-filename {name}: {path} is a folder")
-    data = {**run_metadata(command), **payload}
-    try:
-        atomic_write_bytes(path, (json.dumps(clean_json(data), indent=2) + "\n").encode())
-    except OSError as exc:
-        raise UserError(f"cannot write the result {path}: {exc.strerror or exc}") from None
-    err_console.print(f"saved result {escape(str(path))}", emoji=False)
-    return path
 

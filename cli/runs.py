@@ -8,13 +8,15 @@ import math
 import os
 import platform
 import sys
+import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import pandas as pd
+from rich.markup import escape
 
-from cli.common import UserError, atomic_dir, warn
-from pagelab.atomic import remove_stale_temp_dirs
+from cli.common import UserError, atomic_dir, err_console, warn
+from pagelab.atomic import atomic_write_bytes, remove_stale_temp_dirs
 
 RUN_MARKER = "run.json"  # top-level metadata; its presence makes a folder a pagelab run
 
@@ -155,3 +157,21 @@ def write_run(out: Path, trace_info: dict, results: dict, table_format: str = "p
     except OSError as exc:
         raise UserError(f"cannot write the run folder {out}: {exc.strerror or exc}") from None
     return out
+
+
+def save_result(command: str, payload: dict, *, save: bool, result_dir: Path | None,
+                result_filename: str | None) -> Path | None:
+    """Write the command's result JSON (vLLM's --save-result/--result-dir/--result-filename) atomically."""
+    if not save and result_dir is None and result_filename is None:
+        return None
+    name = result_filename or f"pagelab-{command.replace(' ', '-')}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path = Path(result_dir or ".") / name
+    if path.is_dir():
+        raise UserError(f"--result-filename {name}: {path} is a folder")
+    data = {**run_metadata(command), **payload}
+    try:
+        atomic_write_bytes(path, (json.dumps(clean_json(data), indent=2) + "\n").encode())
+    except OSError as exc:
+        raise UserError(f"cannot write the result {path}: {exc.strerror or exc}") from None
+    err_console.print(f"saved result {escape(str(path))}", emoji=False)
+    return path

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cli.common import LogProgress, UserError, console, err_console, names_list, pick_one, save_result, warn
+from cli.common import LogProgress, UserError, console, err_console, names_list, pick_one, warn
 from cli.report import (
     memory_table,
     parse_metrics,
@@ -16,6 +16,7 @@ from cli.report import (
     serving_table,
     warn_about,
 )
+from cli.runs import save_result
 from simulator.core.cache_config import ALLOCATORS
 from simulator.metrics import parse_goodput
 
