@@ -13,7 +13,7 @@ TORCH_SPEC ?= torch==2.13.0
 endif
 TORCH_PIP_ARGS ?=
 
-.PHONY: run test lint bench env clean
+.PHONY: run test lint bench paper env clean
 
 env: $(VENV)/.installed
 
@@ -30,6 +30,11 @@ run: env
 test: env
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
+
+# The vLLM paper's Fig. 2 / Fig. 13 tables (docs/paper-reproduction.md) and the README's lead figure.
+paper: env
+	$(PY) -m bench.paper --free-causes --out runs
+	$(VENV)/bin/pagelab plot runs/paper-sharegpt-burst --only breakdown --out runs/paper-sharegpt-burst/figures
 
 bench: env
 	$(PY) -m pytest -q benchmarks --benchmark-enable --benchmark-only

@@ -9,12 +9,10 @@ taken when a step is scheduled and released when its forward is done, as in the 
 """
 from __future__ import annotations
 
-import math
 import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -22,8 +20,9 @@ import pandas as pd
 from gpu_backend.engine.engine_config import EngineConfig
 from gpu_backend.engine.llm_engine import LLMEngine
 from gpu_backend.engine.params import SamplingParams
-from simulator.recorder import EventRecorder, MemoryLog
+from simulator.recorder import EventRecorder
 from simulator.results import request_table, summarize
+from simulator.run_state import RunState
 from traces.schema import validate_trace
 
 
@@ -105,10 +104,6 @@ def make_engine(config: ReplayConfig, model=None, recorder: EventRecorder | None
                      track_memory=True, **opts)
 
 
-class _ReplayRun(SimpleNamespace):
-    """The attributes `simulator.results` reads from a simulation run, filled by the replay."""
-
-
 def replay(trace: pd.DataFrame, config: ReplayConfig, model=None,
            progress: Callable[[int, int], None] | None = None) -> ReplayResult:
     """Replay `trace` on an engine built from `config` (over `model`, a CausalLM, when given)."""
@@ -122,86 +117,59 @@ def replay(trace: pd.DataFrame, config: ReplayConfig, model=None,
     num = len(trace)
     prompt_lens, num_clipped = clip_prompts(trace, engine.max_model_len)
     prompts = make_prompts(trace, prompt_lens, engine.model.config.vocab_size, config.seed)
-    output = trace["output_len"].to_numpy(np.int64)
-    n, beam = trace["n"].to_numpy(np.int64), trace["beam_width"].to_numpy(np.int64)
-    run = _ReplayRun(
-        cfg=SimpleNamespace(allocator=engine.config.allocator,
-                            enable_prefix_caching=engine.config.enable_prefix_caching),
-        alloc=engine.allocator, block_size=engine.allocator.block_size, trace=trace,
-        arrival=trace["arrival_s"].to_numpy(np.float64) * config.time_scale, prompt=prompt_lens,
-        output=output, n=n, beam=beam, admitted=np.full(num, np.nan), first_token=np.full(num, np.nan),
-        finish=np.full(num, np.nan), preemptions=np.zeros(num, np.int64), rejected=np.zeros(num, bool),
-        hit_tokens=np.zeros(num, np.int64), now=0.0, step=0, busy_s=0.0, batch_s=0.0)
-    mem, step_times, computed = MemoryLog(), [], 0
+    ec = engine.config
+    run = RunState(allocator=ec.allocator, enable_prefix_caching=ec.enable_prefix_caching,
+                   alloc=engine.allocator, sched=engine.scheduler, trace=trace,
+                   arrival=trace["arrival_s"].to_numpy(np.float64) * config.time_scale, prompt=prompt_lens)
+    arrival = run.arrival.tolist()
+    step_times, computed = [], 0
     nxt = 0
     while nxt < num or engine.has_unfinished():
         now = clock()
-        while nxt < num and run.arrival[nxt] <= now:
-            engine.add_request(prompts[nxt], request_params(int(output[nxt]), int(n[nxt]), int(beam[nxt]),
-                                                            config.seed + nxt),
-                               request_id=nxt, arrival_s=float(run.arrival[nxt]), check=False)
+        while nxt < num and arrival[nxt] <= now:
+            params = request_params(int(run.output[nxt]), int(run.n[nxt]), int(run.beam[nxt]),
+                                    config.seed + nxt)
+            engine.add_request(prompts[nxt], params, request_id=nxt, arrival_s=arrival[nxt], check=False)
             nxt += 1
         if not engine.has_unfinished():
-            _idle_until(run, mem, engine, float(run.arrival[nxt]), clock)
+            _idle_until(run, arrival[nxt], clock)
             continue
         start = clock()
         res = engine.step()
         engine.synchronize()
         end = clock()
-        _bookkeep(run, res, start, end, engine)
+        run.record_schedule(res.out, start)
+        for i in res.first_token:
+            run.first_token[i] = end
+        for o in res.finished:
+            if not run.rejected[o.request_id]:
+                run.finish[o.request_id] = end
+                run.num_done += 1
         if res.out.is_empty:
             if res.out.rejected:
                 continue
             if nxt < num:
-                _idle_until(run, mem, engine, float(run.arrival[nxt]), clock)
+                _idle_until(run, arrival[nxt], clock)
                 continue
             raise RuntimeError("scheduler stalled with work left and no future arrival (a bug)")
         dt = end - start
-        mem.add_breakdown(run.step, start, dt, res.breakdown, res.counts, res.out.num_batched_tokens,
-                          run.block_size)
+        run.record_step(start, dt, res.breakdown, res.counts, res.out.num_batched_tokens)
         step_times.append(dt)
         computed += res.num_computed_tokens
-        run.busy_s += dt
-        run.batch_s += dt * res.counts[0]
         run.now = end
-        run.step += 1
         if progress is not None:
-            progress(int(np.count_nonzero(~np.isnan(run.finish) | run.rejected)), num)
+            progress(run.num_done, num)
     run.now = clock()
-    return _result(run, mem, recorder, engine, config, step_times, computed, num_clipped)
+    return _result(run, recorder, engine, config, step_times, computed, num_clipped)
 
 
-def _idle_until(run: _ReplayRun, mem: MemoryLog, engine: LLMEngine, t: float,
-                clock: Callable[[], float]) -> None:
-    """Wait for the next arrival, recording the idle gap like the simulator does."""
+def _idle_until(run: RunState, t: float, clock: Callable[[], float]) -> None:
+    """Wait on the wall clock for the next arrival, logging the gap as the simulator does."""
     now = clock()
+    run.record_idle(now, t)
     if t > now:
-        sched = engine.scheduler
-        head = sched.waiting[0] if sched.waiting else None
-        counts = (len(sched.running), len(sched.waiting), len(sched.swapped))
-        mem.add_breakdown(run.step, now, t - now, engine.allocator.breakdown(head), counts, 0, run.block_size,
-                          num_steps=0)
         time.sleep(t - now)
     run.now = clock()
-
-
-def _bookkeep(run: _ReplayRun, res, start: float, end: float, engine: LLMEngine) -> None:
-    """Per-request times and counters, as `simulate._bookkeep` and `_sample` record them."""
-    out = res.out
-    for g in out.rejected:
-        run.rejected[g.request_id] = True
-    for g in out.admitted:
-        i = g.request_id
-        if math.isnan(run.admitted[i]):
-            run.admitted[i] = start
-            run.hit_tokens[i] = engine.scheduler.hit_tokens.get(i, 0)
-    for g in out.preempted:
-        run.preemptions[g.request_id] += 1
-    for i in res.first_token:
-        run.first_token[i] = end
-    for o in res.finished:
-        if not run.rejected[o.request_id]:
-            run.finish[o.request_id] = end
 
 
 def _stats(values: list[float]) -> dict:
@@ -213,12 +181,12 @@ def _stats(values: list[float]) -> dict:
             "total": float(v.sum())}
 
 
-def _result(run: _ReplayRun, mem: MemoryLog, recorder: EventRecorder, engine: LLMEngine, config: ReplayConfig,
+def _result(run: RunState, recorder: EventRecorder, engine: LLMEngine, config: ReplayConfig,
             step_times: list[float], computed: int, num_clipped: int) -> ReplayResult:
     import torch
 
     requests = request_table(run)
-    memory = mem.to_frame()
+    memory = run.mem.to_frame()
     summary = summarize(run, requests, memory, run.now)
     cuda = engine.device.type == "cuda"
     summary["measured"] = {

@@ -19,24 +19,23 @@ context lengths) are kept as running totals.
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING
 
+from simulator.core.allocator import KVAllocator
 from simulator.core.paged.block_manager import BlockManager
+from simulator.core.scheduler import Scheduler
 from simulator.core.sequence import Sequence, SequenceGroup, SequenceStatus
-
-if TYPE_CHECKING:
-    from simulator.simulate import _Run
 
 
 class DecodeBatch:
     """The running plain decodes of one simulation, with lazily advanced token counts."""
 
-    def __init__(self, run: _Run):
-        self.run = run
-        self.alloc = run.alloc
-        self.paged = isinstance(run.alloc, BlockManager)
-        self.block_size = run.alloc.block_size if self.paged else 1
-        self.eager = bool(getattr(run.alloc, "debug", False))  # debug: settle every step, check invariants
+    def __init__(self, alloc: KVAllocator, sched: Scheduler, output_len: list[int]):
+        self.alloc = alloc
+        self.sched = sched
+        self.output_len = output_len  # per request row: tokens to generate
+        self.paged = isinstance(alloc, BlockManager)
+        self.block_size = alloc.block_size if self.paged else 1
+        self.eager = bool(getattr(alloc, "debug", False))  # debug: settle every step, check invariants
         self.active = False
         self.phase = 0
         self._reset()
@@ -53,7 +52,7 @@ class DecodeBatch:
     # ----------------------------------------------------------------- membership
     def activate(self) -> bool:
         """Take over the running groups if all of them are plain decodes (else stay inactive)."""
-        sched = self.run.sched
+        sched = self.sched
         if sched.swapped or sched.prefill_left:
             return False
         running = sched.running
@@ -66,12 +65,12 @@ class DecodeBatch:
         return True
 
     def _joinable(self, g: SequenceGroup) -> bool:
-        if g.beam_width > 1 or len(g.seqs) != 1 or g.request_id in self.run.sched.prefill_left:
+        if g.beam_width > 1 or len(g.seqs) != 1 or g.request_id in self.sched.prefill_left:
             return False
         s = g.seqs[0]
         if s.status is not SequenceStatus.RUNNING or s.token_ids is not None or s.final_len is None:
             return False
-        left = self.run.output_len[g.request_id] - s.num_generated
+        left = self.output_len[g.request_id] - s.num_generated
         n = s.num_tokens
         # It must finish before it could outgrow its final length (or its contiguous region).
         if left < 1 or n + left > (s.final_len if self.paged else min(s.final_len, s.region[1])):
@@ -86,7 +85,7 @@ class DecodeBatch:
         self.offsets[s] = (o, s.num_generated - d)
         self.size += 1
         self.offset_sum += o
-        fin = d + self.run.output_len[g.request_id] - s.num_generated
+        fin = d + self.output_len[g.request_id] - s.num_generated
         lst = self.finish_at.get(fin)
         if lst is None:
             self.finish_at[fin] = [g]

@@ -8,16 +8,12 @@ and memory row from running totals, so the step costs O(what changes), not O(run
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from simulator.core.sequence import SequenceGroup, SequenceStatus
-from simulator.stepping import bookkeep, finish_done
-
-if TYPE_CHECKING:
-    from simulator.simulate import _Run
+from simulator.sim_state import SimState
+from simulator.stepping import finish_done, prefill_context
 
 
-def fast_step(run: _Run) -> bool:
+def fast_step(run: SimState) -> bool:
     """Take the next step the fast way; False (with the batch settled) when it needs the exact step."""
     batch, sched = run.batch, run.sched
     b = batch.size
@@ -30,25 +26,19 @@ def fast_step(run: _Run) -> bool:
     if sched.waiting or sched.swapped:
         out = sched.admit_after_decode(b)
         if out.admitted or out.rejected:
-            bookkeep(run, out)
+            run.record_schedule(out, run.now)
         scheduled = out.scheduled
         for sg in scheduled:
-            g = sg.group
-            seqs = [s for s in g.seqs if s.status is not SequenceStatus.FINISHED]
-            n = seqs[0].length
-            base = n if all(s.length == n for s in seqs) else sum(s.length for s in seqs)
             chunk = sg.num_new_tokens
-            ctx = base - sched.prefill_left[g.request_id] + chunk
+            ctx = prefill_context(sched, sg)
             num_tokens += chunk
             pairs += chunk * ctx
             kv += ctx
     dt = run.latency.step_time(num_tokens, pairs, kv)
     run.mem.add_slots(run.step, 1, run.now, dt, run.alloc.breakdown_slots(run.head()), run.counts(),
                       num_tokens, run.block_size)
-    run.busy_s += dt
-    run.batch_s += dt * len(sched.running)
+    run.add_busy(dt, len(sched.running), 1)
     run.set_clock(run.now + dt)
-    run.step += 1
     done = finish_batch(run) if batch.finish_heap[0] == batch.phase else []
     if scheduled:
         sched.commit(out)
@@ -73,7 +63,7 @@ def fast_step(run: _Run) -> bool:
     return True
 
 
-def finish_batch(run: _Run) -> list[SequenceGroup]:
+def finish_batch(run: SimState) -> list[SequenceGroup]:
     """Finish the batch's requests whose last token came out in the step just run; return their groups."""
     done = run.batch.pop_finished()
     for g in done:

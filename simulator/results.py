@@ -1,20 +1,16 @@
 """Per-request table and run summary from a finished simulation (or a measured replay)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import pandas as pd
 
 from simulator.core.allocator import MemoryBreakdown
-
-if TYPE_CHECKING:
-    from simulator.simulate import _Run
+from simulator.run_state import RunState
 
 STATES = MemoryBreakdown.STATES
 
 
-def request_table(run: _Run) -> pd.DataFrame:
+def request_table(run: RunState) -> pd.DataFrame:
     """One row per request with times and derived latencies (NaN where undefined)."""
     t = run.trace
     out = run.output.astype(np.float64)
@@ -61,7 +57,7 @@ def memory_summary(memory: pd.DataFrame) -> dict:
             float(np.dot(memory["block_occupancy"].to_numpy(), w) / total))
 
 
-def summarize(run: _Run, requests: pd.DataFrame, memory: pd.DataFrame, wall_s: float) -> dict:
+def summarize(run: RunState, requests: pd.DataFrame, memory: pd.DataFrame, wall_s: float) -> dict:
     """The run's SUMMARY (see docs/run-format.md)."""
     finished = requests[requests["finish_s"].notna()]
     duration = run.now
@@ -69,10 +65,10 @@ def summarize(run: _Run, requests: pd.DataFrame, memory: pd.DataFrame, wall_s: f
     mem, token_occ, block_occ = memory_summary(memory)
     stats = getattr(run.alloc, "stats", None)
     hit_rate = None
-    if stats is not None and run.cfg.enable_prefix_caching and stats.prefix_queries:
+    if stats is not None and run.enable_prefix_caching and stats.prefix_queries:
         hit_rate = stats.prefix_hits / stats.prefix_queries
     return {
-        "allocator": run.cfg.allocator,
+        "allocator": run.allocator,
         "capacity_tokens": int(run.alloc.capacity_tokens),
         "block_size": int(run.block_size),
         "num_blocks": int(getattr(run.alloc, "num_blocks", run.alloc.capacity_tokens)),

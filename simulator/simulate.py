@@ -15,20 +15,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
 
-from simulator.core.scheduler import Scheduler
-from simulator.core.sequence import Sequence, SequenceGroup
-from simulator.decode_batch import DecodeBatch
 from simulator.fast import fast_step, finish_batch
-from simulator.recorder import EventRecorder, MemoryLog
 from simulator.results import request_table, summarize
-from simulator.sim_config import SimConfig, make_allocator
+from simulator.sim_config import SimConfig
+from simulator.sim_state import SimState
 from simulator.span import run_span, span_length
-from simulator.step_latency import make_latency_model
 from simulator.stepping import exact_step
-from traces.prefix import block_keys
 from traces.schema import validate_trace
 
 
@@ -43,93 +37,9 @@ class SimResult:
     events: pd.DataFrame
 
 
-class _Run:
-    """Mutable state of one simulation (kept in one place so the loops stay short)."""
-
-    def __init__(self, trace: pd.DataFrame, config: SimConfig):
-        self.cfg = config
-        self.recorder = EventRecorder() if config.record_events else None
-        self.alloc = make_allocator(config, self.recorder)
-        self.block_size = self.alloc.block_size
-        self.sched = Scheduler(config.scheduler_config(), self.alloc)
-        self.latency = make_latency_model(
-            "roofline" if config.latency == "roofline" else "fitted", config.model, config.gpu,
-            path=None if config.latency == "roofline" else config.latency)
-        self.rng = np.random.default_rng(config.seed)
-        self.trace = trace
-        self.arrival = trace["arrival_s"].to_numpy(np.float64)
-        self.prompt = trace["prompt_len"].to_numpy(np.int64)
-        self.output = trace["output_len"].to_numpy(np.int64)
-        self.n = trace["n"].to_numpy(np.int64)
-        self.beam = trace["beam_width"].to_numpy(np.int64)
-        # Plain-list copies: the loops index them one request at a time, which numpy does slowly.
-        self.arrival_s: list[float] = self.arrival.tolist()
-        self.output_len: list[int] = self.output.tolist()
-        self._prompt_len: list[int] = self.prompt.tolist()
-        self._width: list[int] = np.where(self.beam > 1, self.beam, self.n).tolist()
-        has_prefix = "prefix_blocks" in trace.columns and config.allocator == "paged"
-        self.prefix = trace["prefix_blocks"].to_numpy() if has_prefix else None
-        self.prefix_bs = trace["prefix_block_size"].to_numpy() if has_prefix else None
-        self.num_requests = num = len(trace)
-        self.admitted = np.full(num, np.nan)
-        self.first_token = np.full(num, np.nan)
-        self.finish = np.full(num, np.nan)
-        self.preemptions = np.zeros(num, np.int64)
-        self.rejected = np.zeros(num, bool)
-        self.hit_tokens = np.zeros(num, np.int64)
-        self.num_done = 0  # finished or rejected requests
-        self.mem = MemoryLog()
-        self.now = 0.0
-        self.step = 0
-        self.next = 0
-        self.next_seq_id = 0
-        self.busy_s = 0.0
-        self.batch_s = 0.0  # integral of the number of running requests over busy time
-        self.batch = DecodeBatch(self)
-        self.blocked_head: SequenceGroup | None = None  # head of the queue after the last fast step
-
-    def new_seq_id(self) -> int:
-        """A fresh sequence id."""
-        self.next_seq_id += 1
-        return self.next_seq_id
-
-    def make_group(self, i: int) -> SequenceGroup:
-        """The sequence group of request row `i` (n samples or a beam share the prompt)."""
-        p = self._prompt_len[i]
-        final = p + self.output_len[i] - 1
-        keys = ()
-        if self.prefix is not None and isinstance(self.prefix[i], (list, tuple, np.ndarray)):
-            keys = block_keys(self.prefix[i], int(self.prefix_bs[i]), self.block_size, p)
-        seqs = [Sequence(self.new_seq_id(), p, final, request_id=i, prefix_keys=keys)
-                for _ in range(self._width[i])]
-        return SequenceGroup(i, seqs, self.arrival_s[i], n=int(self.n[i]), beam_width=int(self.beam[i]))
-
-    def head(self) -> SequenceGroup | None:
-        """The request at the head of the waiting queue."""
-        return self.sched.waiting[0] if self.sched.waiting else None
-
-    def counts(self) -> tuple[int, int, int]:
-        """Running, waiting and swapped requests."""
-        s = self.sched
-        return len(s.running), len(s.waiting), len(s.swapped)
-
-    def set_clock(self, t: float) -> None:
-        """Advance simulated time (and the event recorder's clock)."""
-        self.now = t
-        if self.recorder is not None:
-            self.recorder.now = t
-
-    def idle_until(self, t: float) -> None:
-        """Nothing to run until the next arrival: record the idle gap (it counts in time-weighted means)."""
-        if t > self.now:
-            self.mem.add_breakdown(self.step, self.now, t - self.now, self.alloc.breakdown(self.head()),
-                                   self.counts(), 0, self.block_size, num_steps=0)
-        self.set_clock(max(t, self.now))
-
-
 def simulate(trace: pd.DataFrame, config: SimConfig,
              progress: Callable[[int, int], None] | None = None,
-             observer: Callable[[_Run], None] | None = None) -> SimResult:
+             observer: Callable[[SimState], None] | None = None) -> SimResult:
     """Replay `trace` against the configured allocator and scheduler.
 
     `observer`, if given, is called with the run state after every loop iteration (a step, or a span in
@@ -137,7 +47,7 @@ def simulate(trace: pd.DataFrame, config: SimConfig,
     """
     wall0 = time.perf_counter()
     trace = validate_trace(trace, source="trace")
-    run = _Run(trace, config)
+    run = SimState.start(trace, config)
     num = run.num_requests
     sched, batch, arrival = run.sched, run.batch, run.arrival_s
     fast = config.mode == "fast"
@@ -174,7 +84,7 @@ def simulate(trace: pd.DataFrame, config: SimConfig,
     return _result(run, time.perf_counter() - wall0)
 
 
-def _result(run: _Run, wall_s: float) -> SimResult:
+def _result(run: SimState, wall_s: float) -> SimResult:
     config = run.cfg.to_dict()
     requests = request_table(run)
     memory = run.mem.to_frame()

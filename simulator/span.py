@@ -9,44 +9,23 @@ the same order as step mode's clock) and one memory row holding the span's exact
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-from simulator.core.allocator import AllocStatus
-
-if TYPE_CHECKING:
-    from simulator.simulate import _Run
+from simulator.core.scheduler import Admission
+from simulator.sim_state import SimState
 
 _NO_SPAN = (0, None)
-
-
-def _admission_blocked(run: _Run, num_decode_tokens: int) -> bool:
-    """Whether `Scheduler._admit` would leave the head waiting, and keep doing so while memory shrinks."""
-    sched = run.sched
-    head = sched.waiting[0]
-    seqs = head.live_seqs()
-    limit = sched.config.max_model_len
-    if seqs[0].length > limit or (seqs[0].final_len or 0) > limit:
-        return False  # it would be rejected now
-    status = run.alloc.can_allocate(head)
-    if status is AllocStatus.NEVER:
-        return False
-    room = sched.token_budget - num_decode_tokens
-    if status is AllocStatus.LATER or len(sched.running) >= sched.config.max_num_seqs or room <= 0:
-        return True
-    return not sched.config.enable_chunked_prefill and sched._prefill_tokens(seqs) > room
 
 
 _SMALL = 24  # spans up to this many steps are computed with scalar Python (numpy's call overhead dominates)
 
 
-def span_length(run: _Run) -> tuple[int, tuple | None]:
+def span_length(run: SimState) -> tuple[int, tuple | None]:
     """How many steps can be advanced at once from here (0: take a single step), with their durations
     and the clock at the start of each (and after the last)."""
     batch, sched = run.batch, run.sched
     b = batch.size
-    if not b or (sched.waiting and not _admission_blocked(run, b)):
+    if not b or (sched.waiting and sched.head_admission(sched.token_budget - b) is not Admission.WAIT):
         return _NO_SPAN
     k = batch.next_finish  # the first completion ends the span (its step included)
     if batch.paged:  # stop before the step in which some sequence would find no block
@@ -88,7 +67,7 @@ def span_length(run: _Run) -> tuple[int, tuple | None]:
     return (k, (dts[:k], clock[:k + 1])) if k >= 2 else _NO_SPAN
 
 
-def run_span(run: _Run, k: int, timing: tuple) -> None:
+def run_span(run: SimState, k: int, timing: tuple) -> None:
     """Execute `k` decode steps at once and log one memory row with the span's time-weighted means."""
     dts, clock = timing
     batch = run.batch
@@ -101,13 +80,11 @@ def run_span(run: _Run, k: int, timing: tuple) -> None:
         _log_span(run, k, dts, total)
         times = clock[:k].tolist() if run.recorder is not None and batch.paged else None
     batch.advance(k, times)
-    run.busy_s += total
-    run.batch_s += total * len(run.sched.running)
+    run.add_busy(total, len(run.sched.running), k)
     run.set_clock(float(clock[k]))
-    run.step += k
 
 
-def _log_small_span(run: _Run, k: int, dts: list[float], total: float) -> None:
+def _log_small_span(run: SimState, k: int, dts: list[float], total: float) -> None:
     """`_log_span` for a few steps, in scalar arithmetic: the states after each step, weighted by its time."""
     alloc, batch = run.alloc, run.batch
     b = batch.size
@@ -150,7 +127,7 @@ def _log_small_span(run: _Run, k: int, dts: list[float], total: float) -> None:
                     acc_allocated * scale, run.counts(), b, blocks_used)
 
 
-def _log_span(run: _Run, k: int, dts: np.ndarray, total: float) -> None:
+def _log_span(run: SimState, k: int, dts: np.ndarray, total: float) -> None:
     """The exact time-weighted mean of each memory state over the span's steps (states after each step's
     appends, as step mode logs them)."""
     alloc, batch = run.alloc, run.batch

@@ -6,23 +6,20 @@ do not apply. It works on the objects alone (the decode batch must be settled fi
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from simulator.beam_model import beam_step
-from simulator.core.scheduler import SchedulerOutput
+from simulator.core.scheduler import ScheduledGroup, Scheduler, SchedulerOutput
 from simulator.core.sequence import SequenceGroup, SequenceStatus
+from simulator.sim_state import SimState
 from simulator.step_latency import step_features
 
-if TYPE_CHECKING:
-    from simulator.simulate import _Run
 
-
-def exact_step(run: _Run) -> None:
+def exact_step(run: SimState) -> None:
     """Schedule and run one step with the shared Scheduler, exactly as step mode does."""
     out = run.sched.schedule()
-    bookkeep(run, out)
+    run.record_schedule(out, run.now)
     if out.is_empty:
         if out.rejected:
             return
@@ -31,45 +28,32 @@ def exact_step(run: _Run) -> None:
             return
         raise RuntimeError("scheduler stalled with work left and no future arrival (a bug)")
     dt = step_time(run, out)
-    run.mem.add_breakdown(run.step, run.now, dt, run.alloc.breakdown(run.head()), run.counts(),
-                          out.num_batched_tokens, run.block_size)
-    run.busy_s += dt
-    run.batch_s += dt * len(run.sched.running)
+    run.record_step(run.now, dt, run.alloc.breakdown(run.head()), run.counts(), out.num_batched_tokens)
     run.set_clock(run.now + dt)
-    run.step += 1
     run.sched.commit(out)
     sample(run, out)
 
 
-def bookkeep(run: _Run, out: SchedulerOutput) -> None:
-    """Record rejections, first admissions and preemptions of the step's output."""
-    for g in out.rejected:
-        run.rejected[g.request_id] = True
-        run.num_done += 1
-    for g in out.admitted:
-        i = g.request_id
-        if math.isnan(run.admitted[i]):
-            run.admitted[i] = run.now
-            run.hit_tokens[i] = run.sched.hit_tokens.get(i, 0)
-    for g in out.preempted:
-        run.preemptions[g.request_id] += 1
+def prefill_context(sched: Scheduler, sg: ScheduledGroup) -> int:
+    """Context length a prefill chunk attends to: the tokens computed before it plus the chunk itself."""
+    seqs = [s for s in sg.group.seqs if s.status is not SequenceStatus.FINISHED]
+    n = seqs[0].length
+    base = n if all(s.length == n for s in seqs) else sum(s.length for s in seqs)
+    return base - sched.prefill_left[sg.group.request_id] + sg.num_new_tokens
 
 
-def step_time(run: _Run, out: SchedulerOutput) -> float:
+def step_time(run: SimState, out: SchedulerOutput) -> float:
     """Roofline (or fitted) time of the step plus any swap traffic over PCIe."""
     q_lens, ctx_lens = [], []
     for sg in out.scheduled:
-        seqs = [s for s in sg.group.seqs if s.status is not SequenceStatus.FINISHED]
         if sg.is_prefill:
-            left = run.sched.prefill_left[sg.group.request_id]
-            n = seqs[0].length
-            base = n if all(s.length == n for s in seqs) else sum(s.length for s in seqs)
             q_lens.append(sg.num_new_tokens)
-            ctx_lens.append(base - left + sg.num_new_tokens)
+            ctx_lens.append(prefill_context(run.sched, sg))
         else:
-            for s in seqs:
-                q_lens.append(1)
-                ctx_lens.append(s.num_tokens)
+            for s in sg.group.seqs:
+                if s.status is not SequenceStatus.FINISHED:
+                    q_lens.append(1)
+                    ctx_lens.append(s.num_tokens)
     dt = run.latency.step_time(*step_features(np.asarray(q_lens), np.asarray(ctx_lens)))
     swapped = out.blocks_to_swap_in + out.blocks_to_swap_out
     if swapped:
@@ -78,7 +62,7 @@ def step_time(run: _Run, out: SchedulerOutput) -> float:
     return dt
 
 
-def sample(run: _Run, out: SchedulerOutput) -> list[SequenceGroup]:
+def sample(run: SimState, out: SchedulerOutput) -> list[SequenceGroup]:
     """Every group that computed logits this step samples one token per live sequence; finish the done."""
     touched = []
     for sg in out.scheduled:
@@ -95,7 +79,7 @@ def sample(run: _Run, out: SchedulerOutput) -> list[SequenceGroup]:
     return touched
 
 
-def finish_done(run: _Run, groups: list[SequenceGroup], remove: bool = True) -> list[SequenceGroup]:
+def finish_done(run: SimState, groups: list[SequenceGroup], remove: bool = True) -> list[SequenceGroup]:
     """Free requests that reached their output length; fork/prune the beams that go on. Return the
     finished groups (removed from the running list unless `remove` is false)."""
     done = []

@@ -4,20 +4,19 @@ Off by default, on in tests (`debug=True`)."""
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING
 
+from simulator.core.allocator import KVAllocator
 from simulator.core.errors import InvariantError
 
-if TYPE_CHECKING:
-    from simulator.core.contiguous.allocator import ContiguousAllocator
-    from simulator.core.paged.block_manager import BlockManager
+# The checkers read the allocators' private state; they take the interface type so that this module,
+# which both allocators import, imports neither of them.
 
 
 def _fail(msg: str) -> None:
     raise InvariantError(msg)
 
 
-def check_block_manager(bm: BlockManager) -> None:
+def check_block_manager(bm: KVAllocator) -> None:
     """Ref counts match block tables, pools partition the blocks, fill levels match sequence lengths."""
     bs = bm.block_size
     refs = Counter(b for s in bm._seqs.values() for b in s.block_table)
@@ -75,7 +74,7 @@ def check_block_manager(bm: BlockManager) -> None:
         _fail(f"taxonomy does not add up: {b}")
 
 
-def check_contiguous(ca: ContiguousAllocator) -> None:
+def check_contiguous(ca: KVAllocator) -> None:
     """Regions never overlap, free space + regions cover the pool exactly, sums match."""
     spans = sorted([(s.region[0], ca._placed[s.seq_id]) for s in ca._seqs.values()]
                    + list(ca._placement.free_spans()))

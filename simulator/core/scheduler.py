@@ -8,6 +8,7 @@ that are done.
 """
 from __future__ import annotations
 
+import enum
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -16,6 +17,14 @@ from simulator.core.errors import ConfigError
 from simulator.core.sequence import Sequence, SequenceGroup, SequenceStatus, shares_allocation
 
 PREEMPTION_MODES = ("recompute", "swap")
+
+
+class Admission(enum.Enum):
+    """What admission does with the request at the head of the waiting queue."""
+
+    ADMIT = "admit"
+    WAIT = "wait"
+    REJECT = "reject"
 
 
 @dataclass(frozen=True)
@@ -192,26 +201,37 @@ class Scheduler:
             out.num_batched_tokens += len(seqs)
             self.running.append(group)
 
+    def head_admission(self, room: int) -> Admission:
+        """What admission would do now with the request at the head of the queue, given `room` tokens
+        left in this step's budget (a query: nothing changes). WAIT is stable while memory only shrinks
+        and the running set does not change, which lets the simulator skip steps (simulator/span.py)."""
+        group = self.waiting[0]
+        seqs = self._live(group)
+        limit = self.config.max_model_len
+        if seqs[0].length > limit or (seqs[0].final_len or 0) > limit:
+            return Admission.REJECT
+        status = self.allocator.can_allocate(group)
+        if status is AllocStatus.NEVER:
+            return Admission.REJECT
+        if status is AllocStatus.LATER or len(self.running) >= self.config.max_num_seqs or room <= 0:
+            return Admission.WAIT
+        if not self.config.enable_chunked_prefill and self._prefill_tokens(seqs) > room:
+            return Admission.WAIT  # the whole prompt must fit in this step's token budget
+        return Admission.ADMIT
+
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
         while self.waiting:
+            decision = self.head_admission(budget - out.num_batched_tokens)
+            if decision is Admission.WAIT:
+                return
             group = self.waiting[0]
+            if decision is Admission.REJECT:
+                self.waiting.popleft()
+                self._reject(group, out)
+                continue
             seqs = self._live(group)
-            if seqs[0].length > self.config.max_model_len or \
-                    (seqs[0].final_len or 0) >= self.config.max_model_len + 1:
-                self.waiting.popleft()
-                self._reject(group, out)
-                continue
-            status = self.allocator.can_allocate(group)
-            if status is AllocStatus.NEVER:
-                self.waiting.popleft()
-                self._reject(group, out)
-                continue
             room = budget - out.num_batched_tokens
             need = self._prefill_tokens(seqs)
-            if status is AllocStatus.LATER or len(self.running) >= self.config.max_num_seqs or room <= 0:
-                return
-            if not self.config.enable_chunked_prefill and need > room:
-                return  # the whole prompt must fit in this step's token budget
             self.waiting.popleft()
             hit = self.allocator.allocate(group)
             self.hit_tokens.setdefault(group.request_id, hit)

@@ -97,6 +97,20 @@ def test_contiguous_allocators_give_the_paged_tokens(model, reference, allocator
     assert engine.allocator.num_used_slots == 0
 
 
+def test_engine_pow2_reservation_is_capped_at_max_model_len(model):
+    # 70 prompt tokens + 50 outputs: uncapped Pow2 would reserve 70 + 64 = 134 > max_model_len 128 slots,
+    # more than this 128-slot pool; capped, the request is admitted into one 128-slot region.
+    engine = LLMEngine(model, capacity_tokens=128, allocator="contiguous-pow2", max_model_len=128)
+    params = SamplingParams(max_tokens=51, temperature=0.0, ignore_eos=True)
+    engine.add_request(_prompts((70,), seed=3)[0], params)
+    engine.step()
+    (group,) = engine.scheduler.running
+    assert group.seqs[0].region[1] == 128 and engine.allocator.num_used_slots == 128
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.allocator.num_used_slots == 0
+
+
 def test_prefix_cache_hits_are_skipped_and_exact(model):
     shared = _prompts((24,), seed=9)[0]
     prompts = [shared + tail for tail in _prompts((5, 11, 3), seed=10)]

@@ -11,7 +11,8 @@ POLICIES = ("max", "pow2", "oracle")
 
 class ContiguousAllocator(KVAllocator):
     """Reserve `max_model_len` (max), the prompt plus the next power of two of the output (pow2), or
-    exactly the final length (oracle) for every sequence, placed by binary buddy (default) or first-fit.
+    exactly the final length (oracle) for every sequence, never more than `max_model_len`, placed by
+    binary buddy (default) or first-fit.
 
     Buddy rounds a region up to a power of two; the rounding (beyond the reservation) belongs to no
     sequence's future and is reported with external fragmentation ("external fragmentation & other",
@@ -56,10 +57,13 @@ class ContiguousAllocator(KVAllocator):
             raise ConfigError(f"policy {self.policy!r} needs each sequence's final length "
                               f"(sequence {seq.seq_id} has none)")
         if self.policy == "oracle":
-            return seq.final_len
+            return min(seq.final_len, self.max_model_len)
         # The vLLM paper's Orca (Pow2): over-reserve the output part by at most 2x ("a true output of
-        # 25 reserves 32 positions"); buddy placement then rounds the whole region to a power of two.
-        return seq.prompt_len + next_pow2(max(1, seq.final_len - seq.prompt_len))
+        # 25 reserves 32 positions"), but never past the model's maximum length: no output can outgrow
+        # max_model_len - prompt, and Orca (Max), "the space up to the maximum sequence length", is the
+        # most generous policy. Without the cap a 1,100 + 600 token request would ask for a 4,096-slot buddy
+        # block. Buddy placement then rounds the whole region to a power of two.
+        return min(self.max_model_len, seq.prompt_len + next_pow2(max(1, seq.final_len - seq.prompt_len)))
 
     @property
     def num_used_slots(self) -> int:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -34,6 +34,34 @@ def test_reservation_policies(contiguous, make_group, placement):
         b = ca.breakdown()
         assert b.token_states == 30 and b.reservation == 70
         assert b.internal_fragmentation == want - 100
+
+
+def test_pow2_is_capped_at_max_model_len(contiguous, make_group):
+    # 1,100 + next_pow2(600) = 2,124 > 2,048: uncapped, buddy would need a 4,096-slot block.
+    ca = contiguous(8192, "pow2", "buddy", max_model_len=2048)
+    g = make_group(1100, 1700)
+    ca.allocate(g)
+    assert g.seqs[0].region[1] == 2048
+    assert ca.num_used_slots == 2048
+    assert ca.breakdown().internal_fragmentation == 2048 - 1700
+    # The largest admissible request (final length max_model_len) still fits its capped region.
+    assert ca.can_allocate(make_group(1, 2048)) is AllocStatus.OK
+    assert ca.can_allocate(make_group(1, 2049)) is AllocStatus.NEVER
+
+
+@settings(max_examples=300, deadline=None)
+@given(max_model_len=st.integers(1, 4096), data=st.data())
+def test_no_reservation_exceeds_max_model_len(max_model_len, data):
+    prompt = data.draw(st.integers(1, max_model_len))
+    final = data.draw(st.integers(prompt, max_model_len))
+    seq = Sequence(1, prompt, final)
+    for policy in ("max", "pow2", "oracle"):
+        for placement in ("buddy", "first-fit"):
+            ca = ContiguousAllocator(next_pow2(max_model_len), policy, placement, max_model_len=max_model_len)
+            r = ca.reservation(seq)
+            assert final <= r <= max_model_len  # never outgrown, never past the model's length
+            # One buddy block of max_model_len rounded up: any admissible request fits the empty pool.
+            assert ca.can_allocate(SequenceGroup(1, [Sequence(2, prompt, final)])) is not AllocStatus.NEVER
 
 
 def test_buddy_rounding_of_oracle_counts_as_external_not_internal(contiguous, make_group):
@@ -210,6 +238,12 @@ class ContiguousMachine(RuleBasedStateMachine):
             self.ca.swap_in(g)
             self.swapped.remove(g)
             self.running.append(g)
+
+    @invariant()
+    def regions_within_max_model_len(self):
+        for g in getattr(self, "running", []):
+            for s in g.seqs:
+                assert s.final_len <= s.region[1] <= self.ca.max_model_len
 
     @invariant()
     def sums(self):
