@@ -105,7 +105,7 @@ def test_quick_tour_runs_as_written(tmp_path):
         shown = shlex.join(argv)
         output = proc.stdout[-2000:] + proc.stderr[-2000:]
         assert proc.returncode == 0, f"{shown}: exit {proc.returncode}\n{output}"
-        assert proc.stdout.strip(), f"{shown}: printed nothing"
+        assert (proc.stdout + proc.stderr).strip(), f"{shown}: printed nothing"
         for path in expected_outputs(argv):
             target = tmp_path / path
             assert target.exists(), f"{shown}: did not write {path}"
