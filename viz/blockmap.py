@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from matplotlib.colors import to_rgb
 from matplotlib.patches import Patch
 
 from viz.common import FigureResult, hatch_shared, legend_below, new_figure, shared_legend, time_label
 from viz.load import AllocatorRun, Run
-from viz.palette import FREE_RGB, allocator_color, allocator_label, lighten, owner_rgb
+from viz.palette import FREE_RGB, STATE_COLORS, STATE_LABELS, allocator_color, allocator_label, owner_rgb
 from viz.raster import OwnerRaster, rasterize_owners
 from viz.snapshot import peak_time
+from viz.titles import figure_title
 
 DEFAULT_TIME_BINS = 400  # about one image column per screen pixel of a panel
 MIN_TIME_BINS = 100
@@ -17,7 +19,9 @@ CONTESTED_BUDGET = 2_500_000  # partly covered (cell, tenure) entries one raster
 NEAREST_MAX_ROWS = 600   # taller images are shrunk on screen: blend rows instead of skipping them
 DEFAULT_MAX_ROWS = 512
 MAX_TENURES = 8_000_000  # beyond this only an early time window is drawn (memory, not speed)
-UNFILLED_LIGHTEN = 0.65  # never-filled slots (internal fragmentation) are drawn this much lighter
+# Never-filled slots are internal fragmentation: drawn in its state colour, as in the snapshot and the
+# breakdown, not as a lighter owner colour (which has no single legend swatch and means "reserved" there).
+UNFILLED_RGB = to_rgb(STATE_COLORS["internal_fragmentation"])
 ZOOM_LIFETIMES = 8       # zoom window width in median request lifetimes
 ZOOM_MAX_SHARE = 0.25    # no zoom row when the window would cover more of the run than this
 
@@ -98,13 +102,13 @@ def block_map_raster(alloc: AllocatorRun, t_start: float, t_end: float, num_bins
 
 
 def owner_image(raster: OwnerRaster) -> np.ndarray:
-    """RGB image (rows x bins x 3): owner colours, lighter where never filled, white where free."""
+    """RGB image (rows x bins x 3): owner colours, red where never filled (internal frag.), white free."""
     rgb = np.empty(raster.owner.shape + (3,))
     rgb[...] = FREE_RGB
     held = raster.owner >= 0
     rgb[held] = owner_rgb(raster.owner[held])
     if raster.unfilled is not None:
-        rgb[raster.unfilled] = lighten(rgb[raster.unfilled], UNFILLED_LIGHTEN)
+        rgb[raster.unfilled] = UNFILLED_RGB
     return rgb
 
 
@@ -175,12 +179,11 @@ def plot_block_map(run: Run, num_bins: int = DEFAULT_TIME_BINS, max_rows: int = 
     for row in range(nrows):
         axes[row, 0].set_ylabel("pool position (token slot)")
     span = "" if t_end >= run_end_time(run) else f" (first {t_end:.0f} s)"
-    fig.suptitle(f"KV pool block map: {run.label}{span}")
+    fig.suptitle(figure_title(f"KV pool block map: {run.label}{span}", [run]))
     sample = owner_rgb(np.array([0]))[0]
-    handles = [Patch(facecolor=FREE_RGB, edgecolor="0.5"), Patch(color=sample)]
-    handles.append(Patch(color=lighten(sample, UNFILLED_LIGHTEN)))
+    handles = [Patch(facecolor=FREE_RGB, edgecolor="0.5"), Patch(color=sample), Patch(color=UNFILLED_RGB)]
     labels = ["free (over half the cell)", "held (colour = request holding most of the cell)",
-              "held but never filled (internal fragmentation)"]
+              STATE_LABELS["internal_fragmentation"] + " (held, never filled)"]
     if window:
         handles.append(Patch(facecolor="none", edgecolor="black", linestyle="--"))
         labels.append("zoom window")

@@ -8,6 +8,7 @@ from matplotlib.patches import Patch
 from viz.common import FigureResult, new_figure
 from viz.load import Run
 from viz.palette import STATE_COLORS, STATE_LABELS, STATE_ORDER, allocator_label
+from viz.titles import figure_title
 
 MIN_LABELLED_SHARE = 0.025  # segments thinner than this get no text (it would not fit)
 
@@ -46,7 +47,7 @@ def plot_breakdown(runs: list[Run]) -> FigureResult:
     ax.set_ylim(0, 100)
     ax.set_xlim(-0.6, n - 0.4)
     ax.set_ylabel("share of KV cache capacity (%)")
-    ax.set_title("KV cache memory breakdown (time-weighted)")
+    ax.set_title(figure_title("KV cache memory breakdown (time-weighted)", runs), fontsize="medium")
     handles = [Patch(color=STATE_COLORS[s]) for s in reversed(STATE_ORDER)]
     fig.legend(handles, [STATE_LABELS[s] for s in reversed(STATE_ORDER)], loc="outside right center",
                frameon=False, fontsize="small")

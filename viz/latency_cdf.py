@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import numpy as np
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from viz.common import FigureResult, legend_below, new_figure, use_log_scale
+from viz.common import FigureResult, legend_below, new_figure
 from viz.downsample import cdf_points
 from viz.load import Run, series_label
 from viz.palette import LINESTYLES, allocator_color, allocator_label
+from viz.titles import figure_title
 
 METRICS = {
     "ttft_s": ("TTFT", "time to first token (s)"),
@@ -29,11 +31,35 @@ def latency_cdf_data(runs: list[Run], max_points: int = 2000
     return data
 
 
+def latency_scale(data: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]) -> str:
+    """One x scale for all three panels: "log" when every drawn value is positive, else "linear".
+
+    Latencies are heavy-tailed, and a TPOT panel that alone turned linear (its values spanning under
+    two decades) squeezed the bulk of requests against the axis next to log TTFT and normalized panels.
+    """
+    values = np.concatenate([v[0] for series in data.values() for v in series.values()] or [np.zeros(0)])
+    return "log" if len(values) and bool(np.all(values > 0)) else "linear"
+
+
+def _log_axis(ax, values: np.ndarray) -> None:
+    """Log x axis; spanning under two decades it is labelled at 1-2-5 steps in plain numbers.
+
+    (matplotlib's default then labels every minor tick in scientific notation, and they overlap.)
+    """
+    ax.set_xscale("log")
+    v = values[np.isfinite(values) & (values > 0)]
+    if len(v) and np.log10(v.max() / v.min()) < 2.0:
+        ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: f"{x:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+
+
 def plot_latency_cdf(runs: list[Run]) -> FigureResult:
     """Three panels of empirical CDFs, colour = allocator, line style = run."""
     data = latency_cdf_data(runs)
     multi = len(runs) > 1
-    fig = new_figure(12.0, 4.0)
+    scale = latency_scale(data)
+    fig = new_figure(12.0, 4.2)
     axes = fig.subplots(1, len(METRICS), sharey=True)
     handles, labels = [], []
     for ax, (metric, (title, xlabel)) in zip(axes, METRICS.items(), strict=True):
@@ -49,9 +75,8 @@ def plot_latency_cdf(runs: list[Run]) -> FigureResult:
                     handles.append(line)
                     name = allocator_label(alloc.name)
                     labels.append(f"{run.label}: {name}" if multi else name)
-        values = np.concatenate([v[0] for v in data[metric].values()] or [np.zeros(0)])
-        if use_log_scale(values):
-            ax.set_xscale("log")
+        if scale == "log":
+            _log_axis(ax, np.concatenate([v[0] for v in data[metric].values()] or [np.zeros(0)]))
         else:
             ax.ticklabel_format(axis="x", useOffset=False)
         ax.set_title(title)
@@ -59,6 +84,6 @@ def plot_latency_cdf(runs: list[Run]) -> FigureResult:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("fraction of finished requests")
     axes[0].set_ylim(0, 1.02)
-    fig.suptitle("Latency distributions")
+    fig.suptitle(figure_title("Latency distributions", runs))
     legend_below(fig, handles, labels, ncol=4)
     return FigureResult("latency_cdf", fig, data)

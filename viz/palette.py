@@ -13,11 +13,12 @@ ALLOCATOR_ORDER = ("paged", "contiguous-max", "contiguous-pow2", "contiguous-ora
 ALLOCATOR_COLORS = {
     "paged": "#0072B2",              # blue
     "contiguous-max": "#D55E00",     # vermillion
-    "contiguous-pow2": "#E69F00",    # orange
+    # Not Okabe-Ito's orange: next to Max's vermillion the two read as one hue in a CDF.
+    "contiguous-pow2": "#009E73",    # bluish green
     "contiguous-oracle": "#CC79A7",  # reddish purple
 }
 # Names outside the four known allocators (future policies) still get a stable, distinct colour.
-_EXTRA_ALLOCATOR_COLORS = ("#009E73", "#56B4E9", "#000000", "#F0E442")
+_EXTRA_ALLOCATOR_COLORS = ("#E69F00", "#56B4E9", "#000000", "#F0E442")
 
 ALLOCATOR_LABELS = {
     "paged": "paged (vLLM)",
@@ -45,7 +46,10 @@ STATE_LABELS = {
     "free": "free",
 }
 
-QUEUE_COLORS = {"num_running": "#4477AA", "num_waiting": "#CCBB44", "num_swapped": "#AA3377"}
+# Queue lines share panels with no state colour, but their legend sits next to the states' one: Tol's
+# blue and purple plus black, never a state's colour (waiting used to be external fragmentation's yellow).
+QUEUE_COLORS = {"num_running": "#4477AA", "num_waiting": "#AA3377", "num_swapped": "#000000"}
+QUEUE_LINESTYLES = {"num_running": "-", "num_waiting": "-", "num_swapped": "--"}
 QUEUE_LABELS = {"num_running": "running", "num_waiting": "waiting", "num_swapped": "swapped"}
 
 # Block maps colour thousands of requests; these only need to tell neighbours apart. Reds and

@@ -28,6 +28,7 @@ from viz.palette import (
     lighten,
     owner_rgb,
 )
+from viz.titles import figure_title
 
 SLOT_FREE, SLOT_TOKEN, SLOT_RESERVED, SLOT_INTERNAL, SLOT_HOLE = range(5)
 
@@ -200,7 +201,7 @@ def plot_block_snapshot(run: Run, at: float | None = None, name: str = "block_sn
         per = f"{row_span} slots per row" + (f", every {stride}th slot drawn" if stride > 1 else "")
         ax.set_xlabel(f"slot offset within row ({per})")
         ax.set_ylabel("first slot of row")
-    fig.suptitle(f"KV pool snapshot: {run.label}")
+    fig.suptitle(figure_title(f"KV pool snapshot: {run.label}", [run]))
     sample = owner_rgb(np.array([0]))[0]
     handles = [Patch(color=sample), Patch(color=lighten(sample, RESERVED_LIGHTEN)),
                Patch(color=STATE_COLORS["internal_fragmentation"]),

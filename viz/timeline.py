@@ -11,12 +11,14 @@ from viz.load import AllocatorRun, Run
 from viz.palette import (
     QUEUE_COLORS,
     QUEUE_LABELS,
+    QUEUE_LINESTYLES,
     STATE_COLORS,
     STATE_LABELS,
     STATE_ORDER,
     allocator_color,
     allocator_label,
 )
+from viz.titles import figure_title
 
 QUEUES = ("num_running", "num_waiting", "num_swapped")
 
@@ -36,6 +38,40 @@ def memory_series(alloc: AllocatorRun, max_bins: int = DEFAULT_MAX_BINS) -> dict
         "used": downsample_steps(t, dt, 1.0 - mem["free"].to_numpy(float), max_bins),
         "queues": downsample_steps(t, dt, mem[list(QUEUES)].to_numpy(float), max_bins),
     }
+
+
+def _queue_line(ax, queues: Binned, j: int, q: str, num_rows: int) -> None:
+    """One queue's mean (and min/max band when downsampled) as a step line."""
+    x, mean = _steps(queues, queues.mean[:, j])
+    ax.plot(x, mean, drawstyle="steps-post", color=QUEUE_COLORS[q], linestyle=QUEUE_LINESTYLES[q],
+            linewidth=0.9, label=QUEUE_LABELS[q])
+    if len(queues.edges) - 1 < num_rows:
+        _, lo = _steps(queues, queues.lo[:, j])
+        _, hi = _steps(queues, queues.hi[:, j])
+        ax.fill_between(x, lo, hi, step="post", color=QUEUE_COLORS[q], alpha=0.25, linewidth=0)
+
+
+def _plot_queues(ax, queues: Binned, num_rows: int):
+    """Running and swapped on `ax`; waiting on its own right-hand axis (returned), or None if nobody waits.
+
+    A saturated run queues thousands of requests while a few dozen run: on one scale the running
+    line would lie flat on zero.
+    """
+    for j, q in enumerate(QUEUES):
+        if q != "num_waiting":
+            _queue_line(ax, queues, j, q, num_rows)
+    ax.set_ylabel("running,\nswapped")
+    ax.set_ylim(bottom=0)
+    j = QUEUES.index("num_waiting")
+    if not np.nanmax(queues.hi[:, j], initial=0.0) > 0:
+        return None
+    ax_w = ax.twinx()
+    _queue_line(ax_w, queues, j, "num_waiting", num_rows)
+    colour = QUEUE_COLORS["num_waiting"]
+    ax_w.set_ylabel("waiting", color=colour)
+    ax_w.tick_params(axis="y", colors=colour)
+    ax_w.set_ylim(bottom=0)
+    return ax_w
 
 
 def plot_memory_over_time(run: Run, max_bins: int = DEFAULT_MAX_BINS, name: str = "memory_over_time"
@@ -69,22 +105,13 @@ def plot_memory_over_time(run: Run, max_bins: int = DEFAULT_MAX_BINS, name: str 
         ax_mem.set_ylabel("capacity (%)")
         ax_mem.set_title(f"{allocator_label(alloc.name)}: KV memory by state", loc="left",
                          fontsize="medium", color=allocator_color(alloc.name))
-        queues = series["queues"]
-        for j, q in enumerate(QUEUES):
-            x, mean = _steps(queues, queues.mean[:, j])
-            ax_q.plot(x, mean, drawstyle="steps-post", color=QUEUE_COLORS[q], linewidth=0.9)
-            if len(queues.edges) - 1 < len(alloc.memory):
-                _, lo = _steps(queues, queues.lo[:, j])
-                _, hi = _steps(queues, queues.hi[:, j])
-                ax_q.fill_between(x, lo, hi, step="post", color=QUEUE_COLORS[q], alpha=0.25, linewidth=0)
-        ax_q.set_ylabel("requests")
-        ax_q.set_ylim(bottom=0)
+        _plot_queues(ax_q, series["queues"], len(alloc.memory))
     axes[-1].set_xlim(0, t_max if t_max > 0 else 1.0)
     axes[-1].set_xlabel(time_label(next(iter(run.allocators.values())).config.get("source")))
-    fig.suptitle(f"Memory over time: {run.label}")
+    fig.suptitle(figure_title(f"Memory over time: {run.label}", [run]))
     handles = [Patch(color=STATE_COLORS[s]) for s in STATE_ORDER]
     labels = [STATE_LABELS[s] for s in STATE_ORDER]
-    handles += [Line2D([], [], color=QUEUE_COLORS[q]) for q in QUEUES]
+    handles += [Line2D([], [], color=QUEUE_COLORS[q], linestyle=QUEUE_LINESTYLES[q]) for q in QUEUES]
     labels += [QUEUE_LABELS[q] for q in QUEUES]
     if downsampled:
         handles.append(Line2D([], [], color="black", linewidth=0.6))
@@ -118,7 +145,7 @@ def plot_batch_size(runs: list[Run], max_bins: int = DEFAULT_MAX_BINS) -> Figure
         ax.set_ylabel("running requests")
         ax.set_ylim(bottom=0)
         ax.set_xlim(left=0)
-        ax.set_title(f"Batch size over time: {run.label}", loc="left", fontsize="medium")
+        ax.set_title(figure_title(f"Batch size over time: {run.label}", [run]), loc="left", fontsize="medium")
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize="small")
         source = next(iter(run.allocators.values())).config.get("source")
         ax.set_xlabel(time_label(source))

@@ -49,7 +49,7 @@ def test_block_map_rasters_side_by_side(run):
     assert image[1, 1].tolist() == image[2, 1].tolist() != [1.0, 1.0, 1.0]  # one colour per request
     labels = [t.get_text() for t in result.figure.legends[0].get_texts()]
     assert "shared block, ref count 2" in labels
-    assert "held but never filled (internal fragmentation)" in labels
+    assert "internal fragmentation (held, never filled)" in labels
 
 
 def test_zoom_row_for_long_runs(run):

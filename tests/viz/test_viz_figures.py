@@ -56,16 +56,18 @@ def _rgb(hex_colour: str) -> tuple[float, float, float]:
 def test_memory_over_time_panels_series_and_labels(run):
     result = plot_memory_over_time(run)
     axes = result.figure.axes
-    assert len(axes) == 4  # memory + queues for each of two allocators
-    mem_ax, queue_ax = axes[0], axes[1]
+    assert len(axes) == 6  # memory + queues for each of two allocators, then each one's waiting axis
+    mem_ax, queue_ax, waiting_ax = axes[0], axes[1], axes[4]
     fills = [c for c in mem_ax.collections if isinstance(c, PolyCollection)]
     assert len(fills) == 5
     assert [tuple(np.round(f.get_facecolor()[0][:3], 4)) for f in fills] == \
         [tuple(np.round(_rgb(STATE_COLORS[s]), 4)) for s in STATES]
-    assert len(queue_ax.lines) == 3
+    assert [line.get_label() for line in queue_ax.lines] == ["running", "swapped"]
+    assert [line.get_label() for line in waiting_ax.lines] == ["waiting"]
+    assert waiting_ax.get_shared_x_axes().joined(waiting_ax, queue_ax)
     assert "paged" in mem_ax.get_title(loc="left") and "contiguous (Max)" in axes[2].get_title(loc="left")
-    assert mem_ax.get_ylabel() == "capacity (%)" and queue_ax.get_ylabel() == "requests"
-    assert axes[-1].get_xlabel() == "simulated time (s)"
+    assert mem_ax.get_ylabel() == "capacity (%)" and queue_ax.get_ylabel() == "running,\nswapped"
+    assert axes[3].get_xlabel() == "simulated time (s)"
     assert axes[0].get_shared_x_axes().joined(axes[0], axes[3])
     states = result.data["paged"]["states"]
     mem = run.allocators["paged"].memory
@@ -89,7 +91,9 @@ def test_memory_over_time_downsamples_long_runs_keeping_the_peak(run):
     assert np.nanmax(series["states"].mean[:, 0]) < 0.6         # ... though the mean hides it
     mem_ax = result.figure.axes[0]
     assert len(mem_ax.lines) == 1                               # the peak envelope line
-    assert len([c for c in result.figure.axes[1].collections if isinstance(c, PolyCollection)]) == 3
+    bands = [c for ax in (result.figure.axes[1], result.figure.axes[4]) for c in ax.collections
+             if isinstance(c, PolyCollection)]
+    assert len(bands) == 3                                      # min/max band of each queue
 
 
 def test_latency_cdf_data_is_the_empirical_distribution(run):
