@@ -56,8 +56,8 @@ def simulate_cmd(
     allocator: list[str] = typer.Option(None, "--allocator", "-a",
                                         help="paged, contiguous-max, contiguous-pow2, contiguous-oracle "
                                              "(repeat; default: all four)."),
-    model: str = typer.Option("llama-3-8b", help="Model preset."),
-    gpu: str = typer.Option("a100-80gb", help="GPU preset."),
+    model: str = typer.Option(None, help="Model preset (default: llama-3-8b, or the --profile's)."),
+    gpu: str = typer.Option(None, help="GPU preset (default: a100-80gb, or the --profile's)."),
     kv_memory_gb: float = typer.Option(None, help="KV-cache size in GiB (overrides the GPU arithmetic)."),
     capacity_tokens: int = typer.Option(None, help="KV capacity in token slots (overrides everything)."),
     block_size: int = typer.Option(16, help="Paged block size in tokens."),
@@ -78,6 +78,14 @@ def simulate_cmd(
     table_format: str = typer.Option("parquet", "--table-format", help="parquet or csv."),
     plot: bool = typer.Option(False, help="Draw the figures into OUT/figures after simulating."),
     sharing: bool = typer.Option(False, help="Also measure the blocks saved by sharing (paged, step mode)."),
+    profile: str = typer.Option(None, help="Fitted latency profile: a bundled name (cpu-tiny) or a JSON file "
+                                           "from pagelab calibrate; --model/--gpu default to its own."),
+    step_times_from: Path = typer.Option(None, "--step-times-from", metavar="REAL_RUN",
+                                         help="Retrace a replay: its pool, scheduler options, trace and "
+                                              "measured step times (forces --mode step)."),
+    config_from: Path = typer.Option(None, "--config-from", metavar="REAL_RUN",
+                                     help="Simulate a replay's run: its pool, scheduler options and trace as "
+                                          "run (arrivals, clipped prompts), timed by the latency model."),
 ) -> None:
     """Replay a request trace against KV-cache allocators and compare where the memory goes."""
     from simulator.sim_config import SimConfig
@@ -104,6 +112,7 @@ def simulate_cmd(
         df = df.iloc[:limit].reset_index(drop=True)
     if rate is not None:
         df = rescale_rate(df, rate)
+    model, gpu, latency = _latency_choice(model, gpu, latency, profile)
     info = {"source": trace or "azure-conv", **trace_info(df), "rate_override": rate, "limit": limit}
     base = SimConfig(model=model, gpu=gpu, kv_memory_gb=kv_memory_gb, capacity_tokens=capacity_tokens,
                      block_size=block_size, max_model_len=max_model_len, placement=placement,
@@ -112,6 +121,14 @@ def simulate_cmd(
                      enable_prefix_caching=prefix_caching, latency=latency, seed=seed, mode=mode,
                      record_events=events and out is not None,
                      extra={"trace": info["source"], "rate": rate, "pagelab_version": _version()})
+    measured = None
+    if step_times_from is not None or config_from is not None:
+        from cli.calibrate import replay_twin
+        if step_times_from is not None and config_from is not None:
+            raise UserError("give --step-times-from or --config-from, not both")
+        name, df, base, measured = replay_twin(step_times_from or config_from, df if trace else None, base,
+                                               step_times=step_times_from is not None)
+        names = [name]
     results = {}
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err_console, transient=True) as progress:
@@ -119,7 +136,7 @@ def simulate_cmd(
             task = progress.add_task(f"simulating {name}", total=len(df))
             cfg = dataclasses.replace(base, allocator=name)
             report = lambda done, total, t=task: progress.update(t, completed=done)  # noqa: E731
-            results[name] = simulate(df, cfg, progress=report)
+            results[name] = simulate(df, cfg, progress=report, step_times=measured)
     console.print(comparison_table({n: r.summary for n, r in results.items()}))
     if sharing:
         from simulator.sharing import sharing_saving
@@ -135,3 +152,13 @@ def simulate_cmd(
             from viz import plot_runs
             paths = plot_runs([out], out / "figures")
             err_console.print(f"drew {len(paths)} figures into {out / 'figures'}")
+
+
+def _latency_choice(model: str | None, gpu: str | None, latency: str, profile: str | None):
+    """(model, gpu, latency) after --profile: a profile fixes the latency model and the default presets."""
+    if profile is None:
+        return model or "llama-3-8b", gpu or "a100-80gb", latency
+    from simulator.step_latency import load_fitted
+
+    fitted = load_fitted(profile)
+    return model or fitted.model.name, gpu or fitted.gpu.name, profile

@@ -6,6 +6,12 @@ trace output length (ignore_eos). Arrivals are honoured on the wall clock after 
 (0: everything arrives at once). The loop mirrors `simulate()` step for step; time is measured: each
 step's wall time (synchronized on a GPU) is its `dt_s`, and events carry wall-clock times (blocks are
 taken when a step is scheduled and released when its forward is done, as in the simulator).
+
+Arrivals are checked against recorded times only - the end of the previous step, or the arrival the loop
+slept until - never a fresh clock reading, so `simulate --step-times-from` can replay the same decisions
+(a request arriving during the loop's bookkeeping joins at the next check, a few microseconds later).
+Besides the simulator's tables, a replay writes `steps`: one row per engine step with the step-latency
+model's inputs and the measured duration (what `pagelab calibrate` fits).
 """
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ from gpu_backend.engine.params import SamplingParams
 from simulator.recorder import EventRecorder
 from simulator.results import request_table, summarize
 from simulator.run_state import RunState
+from simulator.step_latency import step_features
 from traces.schema import validate_trace
 
 
@@ -49,6 +56,28 @@ class ReplayResult:
     requests: pd.DataFrame
     memory: pd.DataFrame
     events: pd.DataFrame
+    steps: pd.DataFrame | None = None
+
+
+STEP_COLUMNS = ("step", "t_s", "dt_s", "num_batched_tokens", "num_prefill_tokens", "num_prefill_seqs",
+                "num_decode_seqs", "batch_size", "sum_context", "attn_pairs", "kv_tokens_read",
+                "num_swapped_blocks")
+
+
+def step_row(step: int, start: float, dt: float, out, q_lens: list[int], context_lens: list[int]) -> tuple:
+    """One row of the steps table (STEP_COLUMNS) from a step's schedule and its forward's inputs."""
+    prefills = [sg for sg in out.scheduled if sg.is_prefill]
+    num_prefill_tokens = sum(sg.num_new_tokens for sg in prefills)
+    tokens, pairs, kv = step_features(np.asarray(q_lens, dtype=np.int64), np.asarray(context_lens, np.int64))
+    swapped = len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out)
+    return (step, start, dt, tokens, num_prefill_tokens, len(prefills), len(q_lens) - len(prefills),
+            len(q_lens), kv, pairs, kv, swapped)
+
+
+def steps_frame(rows: list[tuple]) -> pd.DataFrame:
+    """The steps table with its documented dtypes (docs/run-format.md)."""
+    df = pd.DataFrame(rows, columns=list(STEP_COLUMNS))
+    return df.astype({c: np.float64 if c in ("t_s", "dt_s") else np.int64 for c in STEP_COLUMNS})
 
 
 def clip_prompts(trace: pd.DataFrame, max_model_len: int) -> tuple[np.ndarray, int]:
@@ -122,10 +151,10 @@ def replay(trace: pd.DataFrame, config: ReplayConfig, model=None,
                    alloc=engine.allocator, sched=engine.scheduler, trace=trace,
                    arrival=trace["arrival_s"].to_numpy(np.float64) * config.time_scale, prompt=prompt_lens)
     arrival = run.arrival.tolist()
-    step_times, computed = [], 0
+    step_times, step_rows, computed = [], [], 0
     nxt = 0
     while nxt < num or engine.has_unfinished():
-        now = clock()
+        now = run.now  # a recorded time (see the module docstring), not a fresh clock reading
         while nxt < num and arrival[nxt] <= now:
             params = request_params(int(run.output[nxt]), int(run.n[nxt]), int(run.beam[nxt]),
                                     config.seed + nxt)
@@ -153,6 +182,7 @@ def replay(trace: pd.DataFrame, config: ReplayConfig, model=None,
                 continue
             raise RuntimeError("scheduler stalled with work left and no future arrival (a bug)")
         dt = end - start
+        step_rows.append(step_row(run.step, start, dt, res.out, res.q_lens, res.context_lens))
         run.record_step(start, dt, res.breakdown, res.counts, res.out.num_batched_tokens)
         step_times.append(dt)
         computed += res.num_computed_tokens
@@ -160,16 +190,23 @@ def replay(trace: pd.DataFrame, config: ReplayConfig, model=None,
         if progress is not None:
             progress(run.num_done, num)
     run.now = clock()
-    return _result(run, recorder, engine, config, step_times, computed, num_clipped)
+    result = _result(run, recorder, engine, config, step_times, computed, num_clipped)
+    result.steps = steps_frame(step_rows)
+    return result
 
 
 def _idle_until(run: RunState, t: float, clock: Callable[[], float]) -> None:
-    """Wait on the wall clock for the next arrival, logging the gap as the simulator does."""
+    """Wait on the wall clock for the next arrival, logging the gap as the simulator does.
+
+    The loop's clock then reads `t` itself (what the simulator's clock reads after the same gap), so the
+    next arrival check admits exactly the requests the simulator's would; the sleep's overshoot is
+    measured in the next step's start.
+    """
     now = clock()
     run.record_idle(now, t)
     if t > now:
         time.sleep(t - now)
-    run.now = clock()
+    run.now = max(t, run.now)
 
 
 def _stats(values: list[float]) -> dict:
