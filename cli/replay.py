@@ -58,6 +58,9 @@ def replay_cmd(
                                                    "4 GiB, at most the KV pool's size)."),
     prefix_caching: bool = typer.Option(True, help="Reuse cached prefix blocks (paged)."),
     seed: int = typer.Option(0, help="Seed of prompt tokens, weights of presets and sampling."),
+    clock: str = typer.Option("wall", help="wall, or cpu: a virtual clock of the process's CPU time that "
+                                           "jumps over idle gaps (CPU engine; steadier on a shared machine, "
+                                           "see docs/calibration.md)."),
     out: Path = typer.Option(None, "--out", "-o", help="Write a run folder here."),
     table_format: str = typer.Option("parquet", "--table-format", help="parquet or csv."),
 ) -> None:
@@ -76,6 +79,8 @@ def replay_cmd(
         raise UserError(f"--table-format must be parquet or csv, got {table_format!r}")
     if limit < 1:
         raise UserError(f"--limit must be >= 1, got {limit}")
+    if clock not in ("wall", "cpu"):
+        raise UserError(f"--clock must be wall or cpu, got {clock!r}")
     if time_scale < 0:
         raise UserError(f"--time-scale must be >= 0, got {time_scale}")
     warnings: list[str] = []
@@ -93,7 +98,7 @@ def replay_cmd(
                               max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                               preemption_mode=preemption, swap_space_gb=swap_space_gb)
         configs[name] = ReplayConfig(model=model, device=device, backend=backend, dtype=dtype, engine=engine,
-                                     time_scale=time_scale, seed=seed,
+                                     time_scale=time_scale, seed=seed, clock=clock,
                                      extra={"trace": source, "limit": limit, "pagelab_version": _version()})
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err_console, transient=True) as bar:
