@@ -89,8 +89,8 @@ def _sim_latency(folder: Path):
     from simulator.step_latency import make_latency_model
 
     cfg = read_config(folder)
-    if cfg.get("source") == "replay" or "latency" not in cfg:
-        return None
+    if cfg.get("source") == "replay" or "latency" not in cfg or "step_times_from" in (cfg.get("extra") or {}):
+        return None  # measured, or timed by a replay's step times rather than its latency model
     fitted = cfg["latency"] != "roofline"
     try:
         return make_latency_model("fitted" if fitted else "roofline", cfg["model"], cfg["gpu"],
@@ -215,6 +215,8 @@ def replay_twin(real_run: Path, trace_df: pd.DataFrame | None, base, step_times:
     config = dataclasses.replace(base, **copied, model=sim_model_name(str(cfg["model"])),
                                  gpu="cpu" if str(cfg.get("device", "")).startswith("cpu") else base.gpu,
                                  kv_memory_gb=None, mode="step" if step_times else base.mode,
-                                 swap_space_gb=swap / GIB if swap else base.swap_space_gb)
+                                 swap_space_gb=swap / GIB if swap else base.swap_space_gb,
+                                 extra={**base.extra, ("step_times_from" if step_times else "config_from"):
+                                        str(folder)})
     measured = MeasuredSteps.from_memory(run.memory, source=str(folder)) if step_times else None
     return name, trace_df, config, measured
