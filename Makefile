@@ -51,7 +51,8 @@ profile: env
 	  --output-range 8:300 --max-model-len 4096 --seed 12 --out runs/profile/cal2.csv
 	for i in 1 2; do rm -rf runs/profile/replay$$i; $(VENV)/bin/pagelab replay runs/profile/cal$$i.csv --limit 48 \
 	  --model $(MODEL) --device $(DEVICE) --backend $(BACKEND) --clock $(CLOCK) --out runs/profile/replay$$i || exit 1; done
-	$(VENV)/bin/pagelab calibrate runs/profile/replay1 runs/profile/replay2 --gpu $(GPU) --out $(PROFILE)
+	$(VENV)/bin/pagelab calibrate runs/profile/replay1 runs/profile/replay2 --gpu $(GPU) --objective relative \
+	  --out $(PROFILE)
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info

@@ -54,6 +54,8 @@ def calibrate_cmd(
                                        "required for GPU runs, e.g. h100-80gb)."),
     allocator: str = typer.Option(None, help="Fit only this allocator's folder of each run."),
     min_steps: int = typer.Option(20, help="Fewest measured steps a fit accepts."),
+    objective: str = typer.Option("absolute", help="absolute (least squares in seconds: total time right) or "
+                                                   "relative (every step weighs alike)."),
 ) -> None:
     """Fit the step-latency model to measured replays; print the fit quality and write a profile."""
     from simulator.calibrate import calibrate
@@ -62,7 +64,9 @@ def calibrate_cmd(
     for run in runs:
         for name, folder in allocator_dirs(run, allocator):
             measured.append((f"{run}/{name}", read_config(folder), read_steps(folder)))
-    profile = calibrate(measured, gpu=gpu, min_steps=min_steps)
+    if objective not in ("absolute", "relative"):
+        raise UserError(f"--objective must be absolute or relative, got {objective!r}")
+    profile = calibrate(measured, gpu=gpu, min_steps=min_steps, relative=objective == "relative")
     payload = json.dumps(profile.to_dict(), indent=2) + "\n"
     atomic_write_bytes(out, payload.encode())
     fit = profile.meta["fit"]

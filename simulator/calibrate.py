@@ -47,7 +47,7 @@ def check_steps(steps: pd.DataFrame, source: str) -> None:
 
 
 def calibrate(runs: Sequence[tuple[str, dict, pd.DataFrame]], gpu: str | None = None,
-              min_steps: int = MIN_STEPS) -> FittedLatency:
+              min_steps: int = MIN_STEPS, relative: bool = False) -> FittedLatency:
     """Fit a profile to the steps of measured runs, given as (source, config.json, steps table) each.
 
     All runs must share the model, device, backend, dtype and block size (a profile stands for one of
@@ -79,9 +79,10 @@ def calibrate(runs: Sequence[tuple[str, dict, pd.DataFrame]], gpu: str | None = 
                           "(replay more requests)")
     data = {f: table[f].to_numpy(np.float64) for f in (*FEATURES, DECODE_FEATURE)}
     data["step_s"] = table["dt_s"].to_numpy(np.float64)
-    fitted = fit_latency(data, model, get_gpu(gpu), source="steps")
+    fitted = fit_latency(data, model, get_gpu(gpu), source="steps", relative=relative)
     meta = {"device": device, "backend": first.get("backend"), "dtype": first.get("dtype"),
-            "engine_model": first.get("model"), "fitted_on": [s for s, _, _ in runs]}
+            "engine_model": first.get("model"), "fitted_on": [s for s, _, _ in runs],
+            "objective": "relative" if relative else "absolute"}
     profile = FittedLatency(model=fitted.model, gpu=fitted.gpu, coefficients=fitted.coefficients,
                             num_samples=fitted.num_samples, rms_residual_s=fitted.rms_residual_s,
                             block_size=int(first["block_size"]), meta=meta)

@@ -218,9 +218,9 @@ def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def fit_latency(data: Mapping[str, Any], model: ModelSpec, gpu: GPUSpec,
-                source: str = "measured steps") -> FittedLatency:
+                source: str = "measured steps", relative: bool = False) -> FittedLatency:
     """Fit FittedLatency by non-negative least squares to measured steps (columns FEATURES + step_s, and
-    num_decode_seqs for the fifth coefficient when present)."""
+    num_decode_seqs for the fifth coefficient when present); `relative` minimises relative residuals."""
     columns = {}
     names = (*FEATURES, DECODE_FEATURE) if DECODE_FEATURE in data else FEATURES
     for name in (*names, "step_s"):
@@ -238,7 +238,11 @@ def fit_latency(data: Mapping[str, Any], model: ModelSpec, gpu: GPUSpec,
         raise ConfigError(f"{source}: need at least 4 steps with num_batched_tokens > 0, got {num_kept}")
     features = np.column_stack([np.ones(num_kept)] + [columns[f][keep] for f in names])
     target = columns["step_s"][keep]
-    coefs = nnls(features, target)
+    if relative:  # minimise relative residuals: every step counts alike, short decodes as much as prefills
+        weight = 1.0 / np.maximum(target, 1e-9)
+        coefs = nnls(features * weight[:, None], target * weight)
+    else:
+        coefs = nnls(features, target)
     rms = float(np.sqrt(np.mean((features @ coefs - target) ** 2)))
     return FittedLatency(model=model, gpu=gpu, coefficients=tuple(float(c) for c in coefs),
                          num_samples=num_kept, rms_residual_s=rms)

@@ -1,4 +1,4 @@
-"""`pagelab calibrate`, `simulate --profile / --step-times-from` and `pagelab compare` on a tiny CPU replay."""
+"""`pagelab calibrate`, `simulate --profile / --step-times-from` and `pagelab compare` on a CPU replay."""
 from __future__ import annotations
 
 import json
@@ -48,8 +48,8 @@ def replayed(tmp_path_factory):
     path = tmp / "trace.csv"
     save_trace(trace, path)
     out = tmp / "real"
-    result = run("replay", path, "--model", "tiny", "--device", "cpu", "--backend", "torch", "--num-blocks", 12,
-                 "--max-model-len", 256, "--no-prefix-caching", "--out", out)
+    result = run("replay", path, "--model", "tiny", "--device", "cpu", "--backend", "torch",
+                 "--num-blocks", 12, "--max-model-len", 256, "--no-prefix-caching", "--out", out)
     assert result.exit_code == 0, result.output
     return tmp, out
 
@@ -79,8 +79,8 @@ def test_calibrate_simulate_compare_loop(replayed):
 
     sim = tmp / "sim"
     trace = tmp / "trace.csv"
-    result = run("simulate", trace, "--profile", profile, "--allocator", "paged", "--capacity-tokens", 12 * 16,
-                 "--max-model-len", 256, "--no-prefix-caching", "--out", sim)
+    result = run("simulate", trace, "--profile", profile, "--allocator", "paged",
+                 "--capacity-tokens", 12 * 16, "--max-model-len", 256, "--no-prefix-caching", "--out", sim)
     assert result.exit_code == 0, result.output
     assert json.loads((sim / "paged" / "config.json").read_text())["latency"] == str(profile)
 
@@ -116,7 +116,8 @@ def test_bundled_profile_works_by_name(tmp_path):
     assert "paged" in result.output
 
 
-@pytest.mark.parametrize("case", ["no-steps", "too-few", "unknown-profile", "other-model", "other-block-size"])
+@pytest.mark.parametrize("case", ["no-steps", "too-few", "unknown-profile", "other-model",
+                                  "other-block-size"])
 def test_bad_input_is_a_one_line_error_with_exit_2(replayed, tmp_path, case):
     tmp, real = replayed
     if case == "no-steps":
@@ -124,7 +125,8 @@ def test_bad_input_is_a_one_line_error_with_exit_2(replayed, tmp_path, case):
         assert run("simulate", "--limit", 5, "-a", "paged", "--out", sim).exit_code == 0
         args, match = ["calibrate", sim, "--out", tmp_path / "p.json"], "no steps table"
     elif case == "too-few":
-        args, match = ["calibrate", real, "--out", tmp_path / "p.json", "--min-steps", 10_000], "too few steps"
+        args = ["calibrate", real, "--out", tmp_path / "p.json", "--min-steps", 10_000]
+        match = "too few steps"
     elif case == "unknown-profile":
         args, match = ["simulate", "--profile", "no-such-gpu", "--limit", 5], "neither a file nor a bundled"
     elif case == "other-model":

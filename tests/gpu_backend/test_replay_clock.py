@@ -1,4 +1,4 @@
-"""The replay's clocks and its steps table: the CPU-time clock jumps over idle gaps, steps match memory rows."""
+"""The replay's clocks and steps table: the CPU-time clock jumps over idle gaps, steps match memory rows."""
 from __future__ import annotations
 
 import time

@@ -9,8 +9,8 @@ from simulator.core.errors import ConfigError
 from simulator.measured_steps import MeasuredSteps
 from simulator.sim_config import SimConfig
 from simulator.simulate import simulate
-from simulator.step_latency import FittedLatency, load_fitted
 from simulator.specs import get_gpu, get_model
+from simulator.step_latency import FittedLatency, load_fitted
 from traces import SyntheticConfig, generate_trace
 
 TRUE = (2e-3, 3e-6, 1e-9, 2e-8, 5e-4)  # overhead, per token, per attention pair, per KV token, per decode
@@ -119,8 +119,8 @@ def _trace(**kw):
     return trace
 
 
-CFG = SimConfig(model="tiny", gpu="cpu", allocator="paged", capacity_tokens=400, block_size=16, max_model_len=128,
-                mode="step", enable_prefix_caching=False)
+CFG = SimConfig(model="tiny", gpu="cpu", allocator="paged", capacity_tokens=400, block_size=16,
+                max_model_len=128, mode="step", enable_prefix_caching=False)
 
 
 def test_measured_step_times_drive_the_clock_and_keep_the_decisions():
