@@ -93,6 +93,20 @@ def test_calibrate_simulate_compare_loop(replayed):
     assert comparison["throughput"]["sim"] > 0 and comparison["throughput"]["real"] > 0
     assert (report / "latency_overlay.png").stat().st_size > 0
 
+    # --config-from: the replay's pool and trace as run, timed by the profile; the per-step time error
+    # is the profile's on the measured steps (what calibrate printed as its fit quality).
+    twin = tmp / "twin"
+    result = run("simulate", "--profile", profile, "--config-from", real, "--out", twin)
+    assert result.exit_code == 0, result.output
+    config = json.loads((twin / "paged" / "config.json").read_text())
+    assert config["capacity_tokens"] == 12 * 16 and config["max_model_len"] == 256
+    assert not config["enable_prefix_caching"] and config["extra"]["config_from"].endswith("paged")
+    result = run("compare", twin, real, "--out", tmp / "twin-report")
+    assert result.exit_code == 0, result.output
+    step = json.loads((tmp / "twin-report" / "comparison.json").read_text())["step_time"]
+    assert step["basis"] == "latency model on the measured steps"
+    assert step["median_abs"] == pytest.approx(data["fit"]["median_abs_rel_error"])
+
 
 def test_step_times_from_a_replay_gives_equal_memory_at_every_step(replayed):
     tmp, real = replayed
@@ -117,7 +131,7 @@ def test_bundled_profile_works_by_name(tmp_path):
 
 
 @pytest.mark.parametrize("case", ["no-steps", "too-few", "unknown-profile", "other-model",
-                                  "other-block-size"])
+                                  "other-block-size", "both-twins"])
 def test_bad_input_is_a_one_line_error_with_exit_2(replayed, tmp_path, case):
     tmp, real = replayed
     if case == "no-steps":
@@ -132,9 +146,11 @@ def test_bad_input_is_a_one_line_error_with_exit_2(replayed, tmp_path, case):
     elif case == "other-model":
         args, match = ["simulate", "--profile", "cpu-tiny", "--model", "llama-3-8b", "--limit", 5], \
             "fitted for model 'tiny', not 'llama-3-8b'"
-    else:
+    elif case == "other-block-size":
         args, match = ["simulate", "--profile", "cpu-tiny", "--block-size", 32, "--limit", 5], \
             "fitted for block size 16, not 32"
+    else:
+        args, match = ["simulate", "--step-times-from", real, "--config-from", real], "not both"
     result = run_process(*args)
     assert result.returncode == 2, result.stderr
     lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
