@@ -57,7 +57,8 @@ def test_cpu_clock_jumps_over_idle_gaps_instead_of_sleeping(model):
 
 def test_steps_table_matches_memory_rows_and_drives_an_equal_simulation(model):
     trace = _trace(num=16, gap=0.05)
-    engine = EngineConfig(capacity_tokens=320, block_size=16, max_model_len=128, enable_prefix_caching=False)
+    trace.loc[:7, "arrival_s"] = 0.0  # a burst fills the pool whatever the step times: preemptions
+    engine = EngineConfig(capacity_tokens=240, block_size=16, max_model_len=128, enable_prefix_caching=False)
     rep = replay(trace, ReplayConfig(device="cpu", engine=engine), model=model)
     steps = rep.steps
     assert list(steps.columns) == list(STEP_COLUMNS)
@@ -66,7 +67,7 @@ def test_steps_table_matches_memory_rows_and_drives_an_equal_simulation(model):
     assert (steps["num_batched_tokens"].to_numpy() == busy["num_batched_tokens"].to_numpy()).all()
     assert (steps["num_prefill_tokens"] + steps["num_decode_seqs"] == steps["num_batched_tokens"]).all()
     assert rep.summary["num_preemptions"] > 0  # recompute preemptions make the retrace worth testing
-    sim = simulate(trace, SimConfig(model="tiny", gpu="cpu", capacity_tokens=320, block_size=16,
+    sim = simulate(trace, SimConfig(model="tiny", gpu="cpu", capacity_tokens=240, block_size=16,
                                     max_model_len=128, enable_prefix_caching=False),
                    step_times=MeasuredSteps.from_memory(rep.memory))
     cols = ["step", "num_steps", "token_states", "reservation", "internal_fragmentation",
