@@ -13,7 +13,7 @@ TORCH_SPEC ?= torch==2.13.0
 endif
 TORCH_PIP_ARGS ?=
 
-.PHONY: run test lint bench paper env clean
+.PHONY: run test lint bench paper profile env clean
 
 env: $(VENV)/.installed
 
@@ -38,6 +38,26 @@ paper: env
 
 bench: env
 	$(PY) -m pytest -q benchmarks --benchmark-enable --benchmark-only
+
+# A latency profile for this machine in one command (docs/calibration.md), e.g. on a GPU:
+#   make profile DEVICE=cuda MODEL=llama-1b-shape GPU=h100-80gb BACKEND=triton PROFILE=h100-1b.json
+# Two replays of synthetic calibration traces (wide ranges of prompt lengths and batch sizes), then a fit.
+DEVICE ?= cpu
+MODEL ?= tiny
+BACKEND ?= torch
+GPU ?= cpu
+CLOCK ?= $(if $(filter cpu,$(DEVICE)),cpu,wall)
+PROFILE ?= runs/profile/$(GPU)-$(MODEL).json
+profile: env
+	mkdir -p runs/profile
+	$(VENV)/bin/pagelab trace gen --num 48 --arrival poisson --rate 1.5 --lengths uniform --prompt-range 16:3000 \
+	  --output-range 8:300 --max-model-len 4096 --seed 11 --out runs/profile/cal1.csv
+	$(VENV)/bin/pagelab trace gen --num 48 --arrival poisson --rate 4 --lengths uniform --prompt-range 16:3000 \
+	  --output-range 8:300 --max-model-len 4096 --seed 12 --out runs/profile/cal2.csv
+	for i in 1 2; do rm -rf runs/profile/replay$$i; $(VENV)/bin/pagelab replay runs/profile/cal$$i.csv --limit 48 \
+	  --model $(MODEL) --device $(DEVICE) --backend $(BACKEND) --clock $(CLOCK) --out runs/profile/replay$$i || exit 1; done
+	$(VENV)/bin/pagelab calibrate runs/profile/replay1 runs/profile/replay2 --gpu $(GPU) --objective relative \
+	  --out $(PROFILE)
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info

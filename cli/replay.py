@@ -69,6 +69,9 @@ def replay_cmd(
                                                    "4 GiB, at most the KV pool's size)."),
     prefix_caching: bool = typer.Option(True, help="Reuse cached prefix blocks (paged)."),
     seed: int = typer.Option(0, help="Seed of prompt tokens, weights of presets and sampling."),
+    clock: str = typer.Option("wall", help="wall, or cpu: a virtual clock of the process's CPU time that "
+                                           "jumps over idle gaps (CPU engine; steadier on a shared machine, "
+                                           "see docs/calibration.md)."),
     out: Path = typer.Option(None, "--out", "-o", help="Write a run folder here (new, empty, or a run "
                                                         "with --overwrite)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the pagelab run already in --out."),
@@ -88,6 +91,8 @@ def replay_cmd(
     names = allocators(allocator, ["paged"])
     if table_format not in ("parquet", "csv"):
         raise UserError(f"--table-format must be parquet or csv, got {table_format!r}")
+    if clock not in ("wall", "cpu"):
+        raise UserError(f"--clock must be wall or cpu, got {clock!r}")
     finite_float(time_scale, "--time-scale", minimum=0)
     finite_float(kv_memory_gb, "--kv-memory-gb")
     finite_float(swap_space_gb, "--swap-space-gb")
@@ -111,7 +116,7 @@ def replay_cmd(
                               max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                               preemption_mode=preemption, swap_space_gb=swap_space_gb)
         configs[name] = ReplayConfig(model=model, device=device, backend=backend, dtype=dtype, engine=engine,
-                                     time_scale=time_scale, seed=seed,
+                                     time_scale=time_scale, seed=seed, clock=clock,
                                      extra={"trace": source, "limit": limit, "pagelab_version": version,
                                             "max_concurrency": max_concurrency})
 

@@ -150,6 +150,9 @@ def write_run(out: Path, trace_info: dict, results: dict, table_format: str = "p
                 write_table(res.requests, d / "requests", table_format)
                 write_table(res.memory, d / "memory", table_format)
                 write_table(res.events, d / "events", table_format)
+                steps = getattr(res, "steps", None)  # replays: one row per engine step (pagelab calibrate)
+                if steps is not None:
+                    write_table(steps, d / "steps", table_format)
             write_json(tmp / "summary.json", {"trace": trace_info, **(extra_summary or {}),
                                               "allocators": {n: r.summary for n, r in results.items()}})
             write_json(tmp / RUN_MARKER, {**(metadata or run_metadata("run")), "trace": trace_info,

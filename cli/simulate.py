@@ -45,8 +45,10 @@ def simulate_cmd(
     allocator: list[str] = typer.Option(None, "--allocator", "-a",
                                         help="paged, contiguous-max, contiguous-pow2, contiguous-oracle "
                                              "(repeat or comma-separate; default: all four)."),
-    model: str = typer.Option("llama-3-8b", help="Model preset (see `pagelab presets`)."),
-    gpu: str = typer.Option("a100-80gb", help="GPU preset (see `pagelab presets`)."),
+    model: str = typer.Option(None, help="Model preset (see `pagelab presets`; default: llama-3-8b, or the "
+                                         "--profile's)."),
+    gpu: str = typer.Option(None, help="GPU preset (see `pagelab presets`; default: a100-80gb, or the "
+                                       "--profile's)."),
     kv_memory_gb: float = typer.Option(None, help="KV-cache size in GiB (overrides the GPU arithmetic)."),
     capacity_tokens: int = typer.Option(None, help="KV capacity in token slots (overrides everything)."),
     block_size: int = typer.Option(16, help="Paged block size in tokens."),
@@ -83,6 +85,14 @@ def simulate_cmd(
     save_result: bool = typer.Option(False, "--save-result", help="Save the metrics as JSON (vLLM bench)."),
     result_dir: Path = typer.Option(None, "--result-dir", help="Folder of the result JSON (default: .)."),
     result_filename: str = typer.Option(None, "--result-filename", help="Name of the result JSON."),
+    profile: str = typer.Option(None, help="Fitted latency profile: a bundled name (cpu-tiny) or a JSON file "
+                                           "from pagelab calibrate; --model/--gpu default to its own."),
+    step_times_from: Path = typer.Option(None, "--step-times-from", metavar="REAL_RUN",
+                                         help="Retrace a replay: its pool, scheduler options, trace and "
+                                              "measured step times (forces --mode step)."),
+    config_from: Path = typer.Option(None, "--config-from", metavar="REAL_RUN",
+                                     help="Simulate a replay's run: its pool, scheduler options and trace as "
+                                          "run (arrivals, clipped prompts), timed by the latency model."),
 ) -> None:
     """Replay a request trace against KV-cache allocators and compare where the memory goes."""
     from cli.runs import check_out, run_metadata, trace_hash
@@ -105,7 +115,10 @@ def simulate_cmd(
     kinds, percentiles, slos = check_metric_options(percentile_metrics, metric_percentiles, goodput)
     if out is not None:
         check_out(out, overwrite)
+    if step_times_from is not None and config_from is not None:
+        raise UserError("give --step-times-from or --config-from, not both")
     df, info = load_workload(trace, trace_opt, limit, num_prompts, rate, burstiness, seed)
+    model, gpu, latency = _latency_choice(model, gpu, latency, profile)
     base = SimConfig(model=model, gpu=gpu, kv_memory_gb=kv_memory_gb, capacity_tokens=capacity_tokens,
                      block_size=block_size, max_model_len=max_model_len, placement=placement or "buddy",
                      max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
@@ -115,6 +128,14 @@ def simulate_cmd(
                      extra={"trace": info["source"], "rate": info["rate_override"],
                             "max_concurrency": max_concurrency,
                             "pagelab_version": run_metadata("simulate")["versions"]["pagelab"]})
+    measured = None
+    if step_times_from is not None or config_from is not None:
+        from cli.calibrate import replay_twin
+
+        name, df, base, measured = replay_twin(step_times_from or config_from,
+                                               df if (trace or trace_opt) else None, base,
+                                               step_times=step_times_from is not None)
+        names = [name]
     for name in names:
         problem = pool_problem(df, dataclasses.replace(base, allocator=name))
         if problem:
@@ -124,7 +145,8 @@ def simulate_cmd(
         for name in names:
             bars.add(name, len(df))
             report_progress = lambda done, total, n=name: bars.update(n, done)  # noqa: E731
-            results[name] = simulate(df, dataclasses.replace(base, allocator=name), progress=report_progress)
+            results[name] = simulate(df, dataclasses.replace(base, allocator=name), progress=report_progress,
+                                     step_times=measured)
     extra = {}
     if sharing:
         from simulator.sharing import sharing_saving
@@ -148,3 +170,11 @@ def simulate_cmd(
             err_console.print(f"drew {len(paths)} figures into {out / 'figures'}", markup=False)
 
 
+def _latency_choice(model: str | None, gpu: str | None, latency: str, profile: str | None):
+    """(model, gpu, latency) after --profile: a profile fixes the latency model and the default presets."""
+    if profile is None:
+        return model or "llama-3-8b", gpu or "a100-80gb", latency
+    from simulator.step_latency import load_fitted
+
+    fitted = load_fitted(profile)
+    return model or fitted.model.name, gpu or fitted.gpu.name, profile

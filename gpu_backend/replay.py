@@ -6,6 +6,19 @@ trace output length (ignore_eos). Arrivals are honoured on the wall clock after 
 (0: everything arrives at once). The loop mirrors `simulate()` step for step; time is measured: each
 step's wall time (synchronized on a GPU) is its `dt_s`, and events carry wall-clock times (blocks are
 taken when a step is scheduled and released when its forward is done, as in the simulator).
+
+Arrivals are checked against recorded times only - the end of the previous step, or the arrival the loop
+slept until - never a fresh clock reading, so `simulate --step-times-from` can replay the same decisions
+(a request arriving during the loop's bookkeeping joins at the next check, a few microseconds later).
+With `clock="cpu"` (CPU engine only) the replay runs on a virtual clock instead: it advances by the
+process's CPU time while the engine works and jumps straight to the next arrival while it idles (no
+sleeping). On a shared machine, wall-clock step times carry every time slice other processes take
+(measured here: the same replay twice differs by ~20% in median latency); CPU time carries only this
+engine's own work, which is what a calibration should see. torch runs on one thread for such a replay,
+so CPU time is the step's compute time.
+
+Besides the simulator's tables, a replay writes `steps`: one row per engine step with the step-latency
+model's inputs and the measured duration (what `pagelab calibrate` fits).
 """
 from __future__ import annotations
 
@@ -16,14 +29,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+import torch
 
 from gpu_backend.engine.engine_config import EngineConfig
 from gpu_backend.engine.llm_engine import LLMEngine
-from gpu_backend.engine.params import SamplingParams
+from gpu_backend.engine.params import EngineInputError, SamplingParams
 from simulator.recorder import EventRecorder
 from simulator.results import request_table, summarize
 from simulator.run_state import RunState
+from simulator.step_latency import step_features
 from traces.schema import validate_trace
+
+CLOCKS = ("wall", "cpu")
 
 
 @dataclass(frozen=True)
@@ -37,6 +54,7 @@ class ReplayConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     time_scale: float = 1.0
     seed: int = 0
+    clock: str = "wall"  # or "cpu": the virtual CPU-time clock (module docstring)
     extra: dict = field(default_factory=dict, compare=False)  # labels copied into config.json
 
 
@@ -49,6 +67,28 @@ class ReplayResult:
     requests: pd.DataFrame
     memory: pd.DataFrame
     events: pd.DataFrame
+    steps: pd.DataFrame | None = None
+
+
+STEP_COLUMNS = ("step", "t_s", "dt_s", "num_batched_tokens", "num_prefill_tokens", "num_prefill_seqs",
+                "num_decode_seqs", "batch_size", "sum_context", "attn_pairs", "kv_tokens_read",
+                "num_swapped_blocks")
+
+
+def step_row(step: int, start: float, dt: float, out, q_lens: list[int], context_lens: list[int]) -> tuple:
+    """One row of the steps table (STEP_COLUMNS) from a step's schedule and its forward's inputs."""
+    prefills = [sg for sg in out.scheduled if sg.is_prefill]
+    num_prefill_tokens = sum(sg.num_new_tokens for sg in prefills)
+    tokens, pairs, kv = step_features(np.asarray(q_lens, dtype=np.int64), np.asarray(context_lens, np.int64))
+    swapped = len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out)
+    return (step, start, dt, tokens, num_prefill_tokens, len(prefills), len(q_lens) - len(prefills),
+            len(q_lens), kv, pairs, kv, swapped)
+
+
+def steps_frame(rows: list[tuple]) -> pd.DataFrame:
+    """The steps table with its documented dtypes (docs/run-format.md)."""
+    df = pd.DataFrame(rows, columns=list(STEP_COLUMNS))
+    return df.astype({c: np.float64 if c in ("t_s", "dt_s") else np.int64 for c in STEP_COLUMNS})
 
 
 def clip_prompts(trace: pd.DataFrame, max_model_len: int) -> tuple[np.ndarray, int]:
@@ -108,12 +148,51 @@ def replay(trace: pd.DataFrame, config: ReplayConfig, model=None,
            progress: Callable[[int, int], None] | None = None) -> ReplayResult:
     """Replay `trace` on an engine built from `config` (over `model`, a CausalLM, when given)."""
     trace = validate_trace(trace, source="trace")
-    t0 = time.perf_counter()
-    clock = lambda: time.perf_counter() - t0  # noqa: E731
+    if config.clock not in CLOCKS:
+        raise EngineInputError(f"clock must be one of {', '.join(CLOCKS)}, got {config.clock!r}")
+    clock = ReplayClock(config.clock)
     recorder = EventRecorder()
     engine = make_engine(config, model, recorder, clock)
+    if config.clock == "cpu" and engine.device.type != "cpu":
+        raise EngineInputError(f"--clock cpu measures a CPU engine; this replay runs on {engine.device}")
+    threads = torch.get_num_threads()
+    if config.clock == "cpu":
+        torch.set_num_threads(1)  # CPU time of one thread is the step's compute time
+    try:
+        return _replay(trace, config, engine, recorder, clock, progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+class ReplayClock:
+    """Seconds since the run started: wall time, or the virtual CPU-time clock (module docstring)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._read = time.perf_counter if kind == "wall" else time.process_time
+        self.start()
+
+    def start(self) -> None:
+        """Time 0 is now (called once the model and the pool exist)."""
+        self._base = self._read()
+
+    def __call__(self) -> float:
+        return self._read() - self._base
+
+    def wait_until(self, t: float) -> None:
+        """Sleep until `t` (wall), or jump there (cpu: idle time is not CPU time)."""
+        now = self()
+        if t > now:
+            if self.kind == "wall":
+                time.sleep(t - now)
+            else:
+                self._base -= t - now
+
+
+def _replay(trace: pd.DataFrame, config: ReplayConfig, engine: LLMEngine, recorder: EventRecorder,
+            clock: ReplayClock, progress: Callable[[int, int], None] | None) -> ReplayResult:
     engine.warmup()
-    t0 = time.perf_counter()  # the clock starts once the model and the pool exist
+    clock.start()  # the clock starts once the model and the pool exist
     num = len(trace)
     prompt_lens, num_clipped = clip_prompts(trace, engine.max_model_len)
     prompts = make_prompts(trace, prompt_lens, engine.model.config.vocab_size, config.seed)
@@ -122,10 +201,10 @@ def replay(trace: pd.DataFrame, config: ReplayConfig, model=None,
                    alloc=engine.allocator, sched=engine.scheduler, trace=trace,
                    arrival=trace["arrival_s"].to_numpy(np.float64) * config.time_scale, prompt=prompt_lens)
     arrival = run.arrival.tolist()
-    step_times, computed = [], 0
+    step_times, step_rows, computed = [], [], 0
     nxt = 0
     while nxt < num or engine.has_unfinished():
-        now = clock()
+        now = run.now  # a recorded time (see the module docstring), not a fresh clock reading
         while nxt < num and arrival[nxt] <= now:
             params = request_params(int(run.output[nxt]), int(run.n[nxt]), int(run.beam[nxt]),
                                     config.seed + nxt)
@@ -153,6 +232,7 @@ def replay(trace: pd.DataFrame, config: ReplayConfig, model=None,
                 continue
             raise RuntimeError("scheduler stalled with work left and no future arrival (a bug)")
         dt = end - start
+        step_rows.append(step_row(run.step, start, dt, res.out, res.q_lens, res.context_lens))
         run.record_step(start, dt, res.breakdown, res.counts, res.out.num_batched_tokens)
         step_times.append(dt)
         computed += res.num_computed_tokens
@@ -160,16 +240,21 @@ def replay(trace: pd.DataFrame, config: ReplayConfig, model=None,
         if progress is not None:
             progress(run.num_done, num)
     run.now = clock()
-    return _result(run, recorder, engine, config, step_times, computed, num_clipped)
+    result = _result(run, recorder, engine, config, step_times, computed, num_clipped)
+    result.steps = steps_frame(step_rows)
+    return result
 
 
-def _idle_until(run: RunState, t: float, clock: Callable[[], float]) -> None:
-    """Wait on the wall clock for the next arrival, logging the gap as the simulator does."""
-    now = clock()
-    run.record_idle(now, t)
-    if t > now:
-        time.sleep(t - now)
-    run.now = clock()
+def _idle_until(run: RunState, t: float, clock: ReplayClock) -> None:
+    """Wait on the wall clock for the next arrival, logging the gap as the simulator does.
+
+    The loop's clock then reads `t` itself (what the simulator's clock reads after the same gap), so the
+    next arrival check admits exactly the requests the simulator's would; the sleep's overshoot is
+    measured in the next step's start.
+    """
+    run.record_idle(clock(), t)
+    clock.wait_until(t)
+    run.now = max(t, run.now)
 
 
 def _stats(values: list[float]) -> dict:
@@ -204,5 +289,6 @@ def _result(run: RunState, recorder: EventRecorder, engine: LLMEngine, config: R
            **engine.config.to_dict(), "allocator": engine.config.allocator,
            "capacity_tokens": int(engine.capacity_tokens), "capacity_source": engine.capacity_source,
            "max_model_len": int(engine.max_model_len), "bytes_per_token": int(engine.bytes_per_token),
-           "time_scale": config.time_scale, "seed": config.seed, "num_clipped_prompts": num_clipped}
+           "time_scale": config.time_scale, "seed": config.seed, "num_clipped_prompts": num_clipped,
+           "clock": config.clock}
     return ReplayResult(cfg, summary, requests, memory, recorder.to_frame(run.now))

@@ -34,7 +34,7 @@ def fast_step(run: SimState) -> bool:
             num_tokens += chunk
             pairs += chunk * ctx
             kv += ctx
-    dt = run.latency.step_time(num_tokens, pairs, kv)
+    dt = run.latency.step_time(num_tokens, pairs, kv, b)
     run.mem.add_slots(run.step, 1, run.now, dt, run.alloc.breakdown_slots(run.head()), run.counts(),
                       num_tokens, run.block_size)
     run.add_busy(dt, len(sched.running), 1)

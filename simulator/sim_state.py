@@ -9,6 +9,7 @@ import pandas as pd
 from simulator.core.scheduler import Scheduler
 from simulator.core.sequence import Sequence, SequenceGroup
 from simulator.decode_batch import DecodeBatch
+from simulator.measured_steps import MeasuredSteps
 from simulator.recorder import EventRecorder
 from simulator.run_state import RunState
 from simulator.sim_config import SimConfig, make_allocator
@@ -27,6 +28,7 @@ class SimState(RunState):
     next: int = 0  # the next trace row to arrive
     next_seq_id: int = 0
     blocked_head: SequenceGroup | None = None  # head of the queue after the last fast step
+    measured: MeasuredSteps | None = None  # replay step times that replace the latency model (step mode)
 
     @classmethod
     def start(cls, trace: pd.DataFrame, config: SimConfig) -> SimState:
@@ -35,7 +37,7 @@ class SimState(RunState):
         alloc = make_allocator(config, recorder)
         fitted = config.latency != "roofline"
         latency = make_latency_model("fitted" if fitted else "roofline", config.model, config.gpu,
-                                     path=config.latency if fitted else None)
+                                     path=config.latency if fitted else None, block_size=config.block_size)
         return cls(allocator=config.allocator, enable_prefix_caching=config.enable_prefix_caching,
                    alloc=alloc, sched=Scheduler(config.scheduler_config(), alloc), trace=trace,
                    arrival=trace["arrival_s"].to_numpy(np.float64),

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from simulator.fast import fast_step, finish_batch
+from simulator.measured_steps import MeasuredSteps
 from simulator.results import request_table, summarize
 from simulator.sim_config import SimConfig
 from simulator.sim_state import SimState
@@ -39,18 +40,21 @@ class SimResult:
 
 def simulate(trace: pd.DataFrame, config: SimConfig,
              progress: Callable[[int, int], None] | None = None,
-             observer: Callable[[SimState], None] | None = None) -> SimResult:
+             observer: Callable[[SimState], None] | None = None,
+             step_times: MeasuredSteps | None = None) -> SimResult:
     """Replay `trace` against the configured allocator and scheduler.
 
     `observer`, if given, is called with the run state after every loop iteration (a step, or a span in
-    fast mode); it must not change anything.
+    fast mode); it must not change anything. `step_times`, if given, replaces the latency model with a
+    replay's measured step times (simulator/measured_steps.py) and forces step mode.
     """
     wall0 = time.perf_counter()
     trace = validate_trace(trace, source="trace")
     run = SimState.start(trace, config)
+    run.measured = step_times
     num = run.num_requests
     sched, batch, arrival = run.sched, run.batch, run.arrival_s
-    fast = config.mode == "fast"
+    fast = config.mode == "fast" and step_times is None
     next_report = 2000
     while run.next < num or sched.has_unfinished():
         while run.next < num and arrival[run.next] <= run.now:

@@ -41,7 +41,7 @@ def span_length(run: SimState) -> tuple[int, tuple | None]:
         # A step that starts at or after the next arrival would enqueue (and maybe admit) it. Steps only
         # get longer as contexts grow, so the first one bounds how many can start before the arrival.
         arrival = run.arrival_s[run.next]
-        first = run.latency.step_time(b, tokens + b, tokens + b)
+        first = run.latency.step_time(b, tokens + b, tokens + b, b)
         if now + first >= arrival:
             return _NO_SPAN
         k = min(k, int((arrival - now) / first) + 2)
@@ -54,13 +54,13 @@ def span_length(run: SimState) -> tuple[int, tuple | None]:
                 k = j
                 break
             ctx += b
-            dt = step_time(b, ctx, ctx)
+            dt = step_time(b, ctx, ctx, b)
             dts.append(dt)
             t += dt  # the same sequence of additions as step mode's clock
             clock.append(t)
         return (k, (dts, clock)) if k >= 2 else _NO_SPAN
     ctx = tokens + b * np.arange(1, k + 1, dtype=np.int64)
-    dts = run.latency.step_times(np.full(k, b, dtype=np.int64), ctx, ctx)
+    dts = run.latency.step_times(np.full(k, b, dtype=np.int64), ctx, ctx, b)
     clock = np.cumsum(np.concatenate(([now], dts)))  # sequential sums: step mode's clock, bit for bit
     if arrival is not None:
         k = min(k, int(np.searchsorted(clock[:k], arrival, side="left")))

@@ -83,7 +83,17 @@ MODELS: dict[str, ModelSpec] = {
         name="llama-3.2-1b", num_layers=16, hidden_size=2048, num_heads=32, num_kv_heads=8, head_dim=64,
         intermediate_size=8192, vocab_size=128256, num_params=1_235_814_400, max_model_len=131072,
     ),
+    # The engine's `tiny` preset (gpu_backend/model_presets.py), fp32 on a CPU: lets the simulator stand
+    # for CPU replays (calibrated profile simulator/profiles/cpu-tiny.json).
+    "tiny": ModelSpec(
+        name="tiny", num_layers=4, hidden_size=256, num_heads=4, num_kv_heads=2, head_dim=64,
+        intermediate_size=688, vocab_size=1024, num_params=3_426_560, max_model_len=4096, dtype_bytes=4,
+    ),
 }
+
+# Engine model presets whose shape is a simulator preset under another name (a fitted profile of a replay
+# on `llama-1b-shape` applies to simulations of `llama-3.2-1b`).
+ENGINE_MODEL_ALIASES: dict[str, str] = {"llama-1b-shape": "llama-3.2-1b"}
 
 # Datasheet figures (NVIDIA A100 / H100 / H200 datasheets, SXM form factor). Memory is the marketed
 # capacity read as GiB, which is what nvidia-smi reports as total (40960 / 81920 MiB); bf16 peak is the
@@ -106,7 +116,18 @@ GPUS: dict[str, GPUSpec] = {
         name="h200", memory_bytes=141 * GIB, hbm_bandwidth=4.8e12, peak_flops=989.4e12,
         pcie_bandwidth=64e9, flops_efficiency=0.5, bandwidth_efficiency=0.8, step_overhead_s=1.5e-3,
     ),
+    # The CPU the engine's CPU replays run on (this project's 2-vCPU EPYC guest): rough figures, only the
+    # roofline would use them; simulations of CPU replays should use a fitted profile (cpu-tiny).
+    "cpu": GPUSpec(
+        name="cpu", memory_bytes=24 * GIB, hbm_bandwidth=20e9, peak_flops=100e9,
+        pcie_bandwidth=10e9, flops_efficiency=0.3, bandwidth_efficiency=0.5, step_overhead_s=2e-3,
+    ),
 }
+
+
+def sim_model_name(engine_model: str) -> str:
+    """The simulator preset that stands for an engine model preset (same name unless aliased)."""
+    return ENGINE_MODEL_ALIASES.get(engine_model, engine_model)
 
 
 def get_model(name: str) -> ModelSpec:

@@ -6,11 +6,10 @@ kv_tokens_read (sum of context_len). A step that computes no token costs nothing
 """
 from __future__ import annotations
 
-import itertools
 import json
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Protocol
@@ -22,6 +21,11 @@ from simulator.specs import GPUSpec, ModelSpec, get_gpu, get_model
 
 FEATURES = ("num_batched_tokens", "attn_pairs", "kv_tokens_read")
 COEFFICIENT_NAMES = ("step_overhead_s", "s_per_token", "s_per_attn_pair", "s_per_kv_token_read")
+# Optional fifth count and coefficient: decode sequences in the step, each costing s_per_decode_seq on top
+# of its token (a CPU engine's per-sequence work; a GPU's decode is mostly reading KV, which kv_tokens_read
+# already prices). Profiles without it keep 4 coefficients.
+DECODE_FEATURE = "num_decode_seqs"
+DECODE_COEFFICIENT = "s_per_decode_seq"
 
 
 def step_features(q_lens: np.ndarray, context_lens: np.ndarray) -> tuple[int, int, int]:
@@ -32,12 +36,14 @@ def step_features(q_lens: np.ndarray, context_lens: np.ndarray) -> tuple[int, in
 
 
 class LatencyModel(Protocol):
-    """What the scheduler needs from a step-latency model."""
+    """What the scheduler needs from a step-latency model (`num_decode_seqs`: sequences that decode one
+    token in the step, the rest of num_batched_tokens being prefill; models may ignore it)."""
 
-    def step_time(self, num_batched_tokens: int, attn_pairs: int, kv_tokens_read: int) -> float: ...
+    def step_time(self, num_batched_tokens: int, attn_pairs: int, kv_tokens_read: int,
+                  num_decode_seqs: int = 0) -> float: ...
 
     def step_times(self, num_batched_tokens: np.ndarray, attn_pairs: np.ndarray,
-                   kv_tokens_read: np.ndarray) -> np.ndarray: ...
+                   kv_tokens_read: np.ndarray, num_decode_seqs: np.ndarray | int = 0) -> np.ndarray: ...
 
     def swap_time(self, num_blocks: int, block_size: int) -> float: ...
 
@@ -100,15 +106,16 @@ class RooflineLatency(_SwapAndPrefill):
         memory = (c.weight_bytes + c.bytes_per_token * (kv_tokens_read + num_batched_tokens)) / c.bytes_rate
         return compute, memory
 
-    def step_time(self, num_batched_tokens: int, attn_pairs: int, kv_tokens_read: int) -> float:
-        """Seconds for one step."""
+    def step_time(self, num_batched_tokens: int, attn_pairs: int, kv_tokens_read: int,
+                  num_decode_seqs: int = 0) -> float:
+        """Seconds for one step (the roofline prices decode tokens like prefill ones)."""
         if num_batched_tokens <= 0:
             return 0.0
         compute, memory = self.terms(num_batched_tokens, attn_pairs, kv_tokens_read)
         return self._coef.overhead_s + max(compute, memory)
 
     def step_times(self, num_batched_tokens: np.ndarray, attn_pairs: np.ndarray,
-                   kv_tokens_read: np.ndarray) -> np.ndarray:
+                   kv_tokens_read: np.ndarray, num_decode_seqs: np.ndarray | int = 0) -> np.ndarray:
         """step_time over arrays of steps, elementwise (same float operations, same results)."""
         tokens = np.asarray(num_batched_tokens, dtype=np.float64)
         compute, memory = self.terms(tokens, np.asarray(attn_pairs, dtype=np.float64),
@@ -118,87 +125,105 @@ class RooflineLatency(_SwapAndPrefill):
 
 @dataclass(frozen=True)
 class FittedLatency(_SwapAndPrefill):
-    """c0 + c1 * tokens + c2 * attn_pairs + c3 * kv_tokens_read, fitted to measured steps."""
+    """c0 + c1 * tokens + c2 * attn_pairs + c3 * kv_tokens_read [+ c4 * decode seqs], fitted to measurements.
+
+    `block_size` (when known) is the block size of the runs it was fitted on: paged attention's cost
+    depends on it, so a profile is refused for simulations with another one. `meta` carries the fit's
+    provenance and quality (written to and read from the JSON profile, never used for timing).
+    """
 
     model: ModelSpec
     gpu: GPUSpec
-    coefficients: tuple[float, float, float, float]
+    coefficients: tuple[float, ...]  # 4, or 5 with s_per_decode_seq
     num_samples: int = 0
     rms_residual_s: float = 0.0
+    block_size: int | None = None
+    meta: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
-        if len(self.coefficients) != 4 or not all(math.isfinite(c) and c >= 0 for c in self.coefficients):
+        if len(self.coefficients) not in (4, 5) or not all(math.isfinite(c) and c >= 0
+                                                           for c in self.coefficients):
             raise ConfigError(
-                f"fitted latency needs 4 finite non-negative coefficients, got {self.coefficients}")
+                f"fitted latency needs 4 or 5 finite non-negative coefficients, got {self.coefficients}")
 
-    def step_time(self, num_batched_tokens: int, attn_pairs: int, kv_tokens_read: int) -> float:
+    def step_time(self, num_batched_tokens: int, attn_pairs: int, kv_tokens_read: int,
+                  num_decode_seqs: int = 0) -> float:
         """Seconds for one step."""
         if num_batched_tokens <= 0:
             return 0.0
-        c0, c1, c2, c3 = self.coefficients
-        return c0 + c1 * num_batched_tokens + c2 * attn_pairs + c3 * kv_tokens_read
+        c0, c1, c2, c3 = self.coefficients[:4]
+        t = c0 + c1 * num_batched_tokens + c2 * attn_pairs + c3 * kv_tokens_read
+        return t + self.coefficients[4] * num_decode_seqs if len(self.coefficients) == 5 else t
 
     def step_times(self, num_batched_tokens: np.ndarray, attn_pairs: np.ndarray,
-                   kv_tokens_read: np.ndarray) -> np.ndarray:
+                   kv_tokens_read: np.ndarray, num_decode_seqs: np.ndarray | int = 0) -> np.ndarray:
         """step_time over arrays of steps, elementwise."""
-        c0, c1, c2, c3 = self.coefficients
+        c0, c1, c2, c3 = self.coefficients[:4]
         tokens = np.asarray(num_batched_tokens, dtype=np.float64)
         times = (c0 + c1 * tokens + c2 * np.asarray(attn_pairs, dtype=np.float64)
                  + c3 * np.asarray(kv_tokens_read, dtype=np.float64))
+        if len(self.coefficients) == 5:
+            times = times + self.coefficients[4] * np.asarray(num_decode_seqs, dtype=np.float64)
         return np.where(tokens > 0, times, 0.0)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form; the model and GPU are stored by preset name."""
-        return {
+        out = {
             "kind": "fitted", "model": self.model.name, "gpu": self.gpu.name,
-            "coefficients": dict(zip(COEFFICIENT_NAMES, self.coefficients, strict=True)),
+            "coefficients": dict(zip((*COEFFICIENT_NAMES, DECODE_COEFFICIENT)[:len(self.coefficients)],
+                                     self.coefficients, strict=True)),
             "num_samples": self.num_samples, "rms_residual_s": self.rms_residual_s,
         }
+        if self.block_size is not None:
+            out["block_size"] = self.block_size
+        return {**out, **dict(self.meta)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], model: ModelSpec | None = None,
-                  gpu: GPUSpec | None = None, source: str = "fitted profile") -> FittedLatency:
-        """Rebuild from to_dict's output; a given model/gpu must match the one the profile was fitted on."""
+                  gpu: GPUSpec | None = None, source: str = "fitted profile",
+                  block_size: int | None = None) -> FittedLatency:
+        """Rebuild from to_dict's output; a given model/gpu/block size must match the profile's."""
         try:
             coefs = tuple(float(data["coefficients"][k]) for k in COEFFICIENT_NAMES)
+            if DECODE_COEFFICIENT in data["coefficients"]:
+                coefs += (float(data["coefficients"][DECODE_COEFFICIENT]),)
             model_name, gpu_name = str(data["model"]), str(data["gpu"])
+            recorded_bs = None if data.get("block_size") is None else int(data["block_size"])
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"{source}: missing or invalid field {exc}") from None
         for given, recorded, what in ((model, model_name, "model"), (gpu, gpu_name, "gpu")):
             if given is not None and given.name != recorded:
                 raise ConfigError(f"{source} was fitted for {what} {recorded!r}, not {given.name!r}")
+        if block_size is not None and recorded_bs is not None and block_size != recorded_bs:
+            raise ConfigError(f"{source} was fitted for block size {recorded_bs}, not {block_size}")
+        known = {"kind", "model", "gpu", "coefficients", "num_samples", "rms_residual_s", "block_size"}
         return cls(model=model or get_model(model_name), gpu=gpu or get_gpu(gpu_name),
                    coefficients=coefs, num_samples=int(data.get("num_samples", 0)),
-                   rms_residual_s=float(data.get("rms_residual_s", 0.0)))
+                   rms_residual_s=float(data.get("rms_residual_s", 0.0)), block_size=recorded_bs,
+                   meta={k: v for k, v in data.items() if k not in known})
 
 
 def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Non-negative least squares for a few columns: the best feasible solution over all column subsets."""
+    """Non-negative least squares (scipy.optimize.nnls) on rescaled columns."""
+    from scipy.optimize import nnls as scipy_nnls  # imported here: `import simulator` stays light
+
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
-    # Columns span many orders of magnitude (1 vs attn_pairs ~1e7); scale them so lstsq is well conditioned.
+    # Columns span many orders of magnitude (1 vs attn_pairs ~1e7); scale them so the solver is well
+    # conditioned.
     scale = np.abs(a).max(axis=0)
     scale[scale == 0] = 1.0
-    scaled = a / scale
-    best, best_err = np.zeros(a.shape[1]), float(b @ b)
-    for size in range(1, a.shape[1] + 1):
-        for cols in itertools.combinations(range(a.shape[1]), size):
-            sol, *_ = np.linalg.lstsq(scaled[:, cols], b, rcond=None)
-            if np.any(sol < 0):
-                continue
-            err = float(np.sum((scaled[:, cols] @ sol - b) ** 2))
-            if err < best_err:
-                best = np.zeros(a.shape[1])
-                best[list(cols)] = sol
-                best_err = err
-    return best / scale
+    sol, _ = scipy_nnls(a / scale, b)
+    return sol / scale
 
 
 def fit_latency(data: Mapping[str, Any], model: ModelSpec, gpu: GPUSpec,
-                source: str = "measured steps") -> FittedLatency:
-    """Fit FittedLatency by non-negative least squares to measured steps (columns FEATURES + step_s)."""
+                source: str = "measured steps", relative: bool = False) -> FittedLatency:
+    """Fit FittedLatency by non-negative least squares to measured steps (columns FEATURES + step_s, and
+    num_decode_seqs for the fifth coefficient when present); `relative` minimises relative residuals."""
     columns = {}
-    for name in (*FEATURES, "step_s"):
+    names = (*FEATURES, DECODE_FEATURE) if DECODE_FEATURE in data else FEATURES
+    for name in (*names, "step_s"):
         if name not in data:
             raise ConfigError(f"{source}: missing column {name!r} (need {', '.join((*FEATURES, 'step_s'))})")
         col = np.asarray(data[name], dtype=np.float64)
@@ -211,18 +236,42 @@ def fit_latency(data: Mapping[str, Any], model: ModelSpec, gpu: GPUSpec,
     num_kept = int(keep.sum())
     if num_kept < 4:
         raise ConfigError(f"{source}: need at least 4 steps with num_batched_tokens > 0, got {num_kept}")
-    features = np.column_stack([np.ones(num_kept)] + [columns[f][keep] for f in FEATURES])
+    features = np.column_stack([np.ones(num_kept)] + [columns[f][keep] for f in names])
     target = columns["step_s"][keep]
-    coefs = nnls(features, target)
+    if relative:  # minimise relative residuals: every step counts alike, short decodes as much as prefills
+        weight = 1.0 / np.maximum(target, 1e-9)
+        coefs = nnls(features * weight[:, None], target * weight)
+    else:
+        coefs = nnls(features, target)
     rms = float(np.sqrt(np.mean((features @ coefs - target) ** 2)))
     return FittedLatency(model=model, gpu=gpu, coefficients=tuple(float(c) for c in coefs),
                          num_samples=num_kept, rms_residual_s=rms)
 
 
+PROFILES_DIR = Path(__file__).parent / "profiles"
+
+
+def bundled_profiles() -> list[str]:
+    """Names of the profiles shipped with pagelab (simulator/profiles/NAME.json)."""
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
+
+
+def resolve_profile(name_or_path: str | Path) -> Path:
+    """The file of a fitted profile given by path, or by the name of a bundled one (e.g. cpu-tiny)."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    bundled = PROFILES_DIR / f"{name_or_path}.json"
+    if path.suffix != ".json" and bundled.is_file():
+        return bundled
+    raise ConfigError(f"latency profile {str(name_or_path)!r} is neither a file nor a bundled profile "
+                      f"(bundled: {', '.join(bundled_profiles()) or 'none'})")
+
+
 def load_fitted(path: str | Path, model: ModelSpec | None = None,
-                gpu: GPUSpec | None = None) -> FittedLatency:
-    """Read a fitted profile written as JSON from FittedLatency.to_dict."""
-    path = Path(path)
+                gpu: GPUSpec | None = None, block_size: int | None = None) -> FittedLatency:
+    """Read a fitted profile (a path or a bundled name) written as JSON from FittedLatency.to_dict."""
+    path = resolve_profile(path)
     try:
         data = json.loads(path.read_text())
     except OSError as exc:
@@ -231,30 +280,33 @@ def load_fitted(path: str | Path, model: ModelSpec | None = None,
         raise ConfigError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a JSON object")
-    return FittedLatency.from_dict(data, model, gpu, source=str(path))
+    return FittedLatency.from_dict(data, model, gpu, source=str(path), block_size=block_size)
 
 
-def _make_roofline(model: ModelSpec, gpu: GPUSpec, path: str | Path | None) -> LatencyModel:
+def _make_roofline(model: ModelSpec, gpu: GPUSpec, path: str | Path | None,
+                   block_size: int | None = None) -> LatencyModel:
     return RooflineLatency(model, gpu)
 
 
-def _make_fitted(model: ModelSpec, gpu: GPUSpec, path: str | Path | None) -> LatencyModel:
+def _make_fitted(model: ModelSpec, gpu: GPUSpec, path: str | Path | None,
+                 block_size: int | None = None) -> LatencyModel:
     if path is None:
         raise ConfigError("latency model 'fitted' needs the path of a fitted profile (JSON)")
-    return load_fitted(path, model, gpu)
+    return load_fitted(path, model, gpu, block_size)
 
 
-LATENCY_MODELS: dict[str, Callable[[ModelSpec, GPUSpec, str | Path | None], LatencyModel]] = {
+LATENCY_MODELS: dict[str, Callable[..., LatencyModel]] = {
     "roofline": _make_roofline,
     "fitted": _make_fitted,
 }
 
 
 def make_latency_model(kind: str, model: ModelSpec | str, gpu: GPUSpec | str,
-                       path: str | Path | None = None) -> LatencyModel:
-    """Build a latency model by kind ('roofline' or 'fitted'); presets may be given by name."""
+                       path: str | Path | None = None, block_size: int | None = None) -> LatencyModel:
+    """Build a latency model by kind ('roofline' or 'fitted'); presets may be given by name. A fitted
+    profile (a path or a bundled name) must match the model, the GPU and, if given, the block size."""
     if kind not in LATENCY_MODELS:
         raise ConfigError(f"unknown latency model {kind!r}; valid: {', '.join(sorted(LATENCY_MODELS))}")
     model = get_model(model) if isinstance(model, str) else model
     gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
-    return LATENCY_MODELS[kind](model, gpu, path)
+    return LATENCY_MODELS[kind](model, gpu, path, block_size)

@@ -19,6 +19,10 @@ from simulator.step_latency import step_features
 def exact_step(run: SimState) -> None:
     """Schedule and run one step with the shared Scheduler, exactly as step mode does."""
     out = run.sched.schedule()
+    measured = run.measured
+    if measured is not None and not out.is_empty:
+        start, dt = measured.step(run.step)
+        run.set_clock(max(start, run.now))  # the replay's loop overhead (or sleep overshoot) before the step
     run.record_schedule(out, run.now)
     if out.is_empty:
         if out.rejected:
@@ -27,7 +31,8 @@ def exact_step(run: SimState) -> None:
             run.idle_until(run.arrival_s[run.next])
             return
         raise RuntimeError("scheduler stalled with work left and no future arrival (a bug)")
-    dt = step_time(run, out)
+    if measured is None:
+        dt = step_time(run, out)
     run.record_step(run.now, dt, run.alloc.breakdown(run.head()), run.counts(), out.num_batched_tokens)
     run.set_clock(run.now + dt)
     run.sched.commit(out)
@@ -54,7 +59,9 @@ def step_time(run: SimState, out: SchedulerOutput) -> float:
                 if s.status is not SequenceStatus.FINISHED:
                     q_lens.append(1)
                     ctx_lens.append(s.num_tokens)
-    dt = run.latency.step_time(*step_features(np.asarray(q_lens), np.asarray(ctx_lens)))
+    num_decode = sum(1 for sg in out.scheduled if not sg.is_prefill
+                     for s in sg.group.seqs if s.status is not SequenceStatus.FINISHED)
+    dt = run.latency.step_time(*step_features(np.asarray(q_lens), np.asarray(ctx_lens)), num_decode)
     swapped = out.blocks_to_swap_in + out.blocks_to_swap_out
     if swapped:
         slots = sum(c[2] if len(c) == 3 else run.block_size for c in swapped)

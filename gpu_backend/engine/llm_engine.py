@@ -40,6 +40,10 @@ class StepResult:
     finished: list[RequestOutput] = field(default_factory=list)
     first_token: list[int] = field(default_factory=list)  # requests that sampled their first token
     num_computed_tokens: int = 0  # tokens in the forward (the scheduler's budget may count fewer)
+    # Per sequence input of the forward: tokens computed and context attended over (the step-latency
+    # model's inputs, docs/latency-model.md; the replay writes them into its steps table).
+    q_lens: list[int] = field(default_factory=list)
+    context_lens: list[int] = field(default_factory=list)
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -193,6 +197,8 @@ class LLMEngine:
         if plan.pending:
             logits = torch.cat([logits, torch.stack(plan.pending)])
         result.num_computed_tokens = int(batch.input_ids.shape[0])
+        result.q_lens = [len(i.token_ids) for i in plan.inputs]
+        result.context_lens = [i.start_pos + len(i.token_ids) for i in plan.inputs]
         if self.clock is not None:
             self.synchronize()
             self._stamp()

@@ -34,6 +34,7 @@ def _opt_params(m) -> int:
         ("llama-3-8b", lambda m: _llama_family_params(m, qkv_bias=False, tied=False)),
         ("qwen2.5-7b", lambda m: _llama_family_params(m, qkv_bias=True, tied=False)),
         ("llama-3.2-1b", lambda m: _llama_family_params(m, qkv_bias=False, tied=True)),
+        ("tiny", lambda m: _llama_family_params(m, qkv_bias=False, tied=False)),
     ],
 )
 def test_num_params_matches_architecture(name, expected):
@@ -47,7 +48,7 @@ def test_model_shapes_are_consistent(model):
     assert MODELS[model.name] is model
     assert model.num_heads * model.head_dim == model.hidden_size
     assert model.num_heads % model.num_kv_heads == 0
-    assert model.dtype_bytes == 2
+    assert model.dtype_bytes == (4 if model.name == "tiny" else 2)  # tiny runs in fp32 on a CPU
 
 
 def test_opt13b_bytes_per_token_is_800_kib():
@@ -143,3 +144,15 @@ def test_weights_that_do_not_fit_are_refused():
 def test_bad_capacity_inputs(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         kv_capacity_tokens("opt-13b", **kwargs)
+
+
+def test_tiny_matches_the_engine_preset():
+    torch = pytest.importorskip("torch")
+    from gpu_backend.model_presets import build_preset
+    engine = build_preset("tiny")
+    spec = get_model("tiny")
+    assert sum(p.numel() for p in engine.parameters()) == spec.num_params
+    c = engine.config
+    assert (c.num_hidden_layers, c.num_key_value_heads, c.head_dim) == (spec.num_layers, spec.num_kv_heads,
+                                                                        spec.head_dim)
+    assert spec.bytes_per_token == c.kv_bytes_per_token(torch.float32)

@@ -189,8 +189,10 @@ def test_bad_fitted_profiles(tmp_path):
     partial.write_text(json.dumps({"model": "opt-13b", "gpu": "a100-40gb"}))
     with pytest.raises(ConfigError, match="partial.json: missing or invalid field"):
         load_fitted(partial)
-    with pytest.raises(ConfigError, match="cannot read"):
+    with pytest.raises(ConfigError, match="absent.json' is neither a file nor a bundled profile"):
         load_fitted(tmp_path / "absent.json")
+    with pytest.raises(ConfigError, match="bundled: .*cpu-tiny"):
+        load_fitted("no-such-profile")
 
 
 def test_registry_and_factory():
