@@ -1,0 +1,58 @@
+"""Writing run folders (docs/run-format.md): the same layout for simulated, measured and swept runs.
+
+Library code (the sweep workers) writes folders through here; `cli.runs` re-exports it for the commands.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from pagelab.atomic import atomic_dir
+
+
+def _clean(obj):
+    """JSON-safe copy: NaN/inf become null, numpy scalars become Python numbers."""
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if hasattr(obj, "item"):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def write_json(path: Path, obj) -> None:
+    """Pretty, JSON-safe output."""
+    path.write_text(json.dumps(_clean(obj), indent=2) + "\n")
+
+
+def write_table(df: pd.DataFrame, path_stem: Path, fmt: str) -> None:
+    """A table as Parquet (default) or CSV."""
+    if fmt == "csv":
+        df.to_csv(path_stem.with_suffix(".csv"), index=False)
+    else:
+        df.to_parquet(path_stem.with_suffix(".parquet"), index=False)
+
+
+def write_run(out: Path, trace_info: dict, results: dict, table_format: str = "parquet") -> Path:
+    """Write every allocator's result under `out`, all at once (temporary folder, then rename).
+
+    `results` maps allocator name to an object with config, summary, requests, memory and events.
+    """
+    with atomic_dir(out) as tmp:
+        for name, res in results.items():
+            d = tmp / name
+            d.mkdir()
+            write_json(d / "config.json", res.config)
+            write_json(d / "summary.json", res.summary)
+            write_table(res.requests, d / "requests", table_format)
+            write_table(res.memory, d / "memory", table_format)
+            write_table(res.events, d / "events", table_format)
+        write_json(tmp / "summary.json", {"trace": trace_info,
+                                          "allocators": {n: r.summary for n, r in results.items()}})
+    return out
