@@ -147,8 +147,19 @@ class SweepAxes:
 
     def check(self) -> None:
         """Validate every configuration up front so a sweep never fails half-way on a bad combination."""
+        from simulator.specs import get_gpu
+        from simulator.step_latency import make_latency_model
+
         for config in self.configs():
-            self.sim_config(config).capacity()
+            sim = self.sim_config(config)
+            try:  # presets are looked up lazily by the simulator; look them up now
+                get_gpu(sim.gpu)
+                sim.model_spec  # noqa: B018
+                sim.capacity()
+                if sim.latency != "roofline":
+                    make_latency_model("fitted", sim.model, sim.gpu, path=sim.latency)
+            except PagelabError as exc:
+                raise SweepError(f"configuration {config_label(config)}: {exc}") from None
 
 
 def config_label(config: dict) -> str:
