@@ -36,10 +36,13 @@ def load_sweep(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
 
 
 def _variant_columns(table: pd.DataFrame) -> list[str]:
-    """Configuration axes other than the allocator that take more than one value."""
+    """Configuration axes other than the allocator that take more than one value.
+
+    block_size counts only when one allocator has several (contiguous allocators report 1, paged 16).
+    """
     cols = [c for c in table.columns if c not in METRIC_COLUMNS and c != "allocator"
-            and c in table and table[c].nunique(dropna=False) > 1]
-    if "block_size" in table and table["block_size"].nunique() > 1:
+            and table[c].nunique(dropna=False) > 1]
+    if "block_size" in table and (table.groupby("allocator")["block_size"].nunique() > 1).any():
         cols.append("block_size")
     return cols
 
@@ -74,9 +77,13 @@ def plot_latency_vs_rate(points: pd.DataFrame, summary: dict | None = None,
         handles.append(ax.lines[-1])
         labels.append(f"SLO {slo['bound']:g} s/token")
     finite = points[metric].to_numpy(float)
-    finite = finite[np.isfinite(finite)]
-    if len(finite):  # the paper clips the exploding tail so the knees stay readable
-        ax.set_ylim(0, min(finite.max(), 10 * max(np.median(finite), 1e-9)) * 1.05)
+    finite = finite[np.isfinite(finite) & (finite > 0)]
+    if len(finite):
+        # Like the paper (1 s/token), clip the exploding tail so the knees stay readable: 5x the SLO
+        # bound when it is on this metric, else 20x the unloaded (smallest) latency.
+        has_bound = slo.get("metric") == "norm_latency" and metric == "normalized_latency_s"
+        cap = 5 * slo["bound"] if has_bound else 20 * finite.min()
+        ax.set_ylim(0, min(finite.max(), cap) * 1.05)
     ax.set_xlabel("request rate (req/s)")
     ax.set_ylabel("normalized latency (s/token)")
     ax.set_title(f"Normalized latency vs request rate ({(summary or {}).get('trace', 'sweep')})")
