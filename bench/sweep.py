@@ -5,11 +5,14 @@ contiguous-max, 16 rates 0.5-8 req/s, grid only) and prints one JSON record per 
   singles_in_process: each point simulated and written in this process, one after another (no start-up);
   singles_cli: each point as its own `pagelab simulate` process (what a user without sweeps would run);
   sweep_local / sweep_ray: `run_sweep` into a fresh folder (pool or Ray start-up included).
+Besides wall seconds, `cpu_s` is the CPU time (user + system) of this process and its reaped children
+(pool workers, CLI processes; not Ray's workers): less sensitive than wall time to other jobs on the machine.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import shutil
 import subprocess
 import sys
@@ -71,6 +74,12 @@ def sweep_with(trace, plan, work: Path, executor: str, jobs: int) -> float:
     return time.perf_counter() - t0
 
 
+def _cpu_s() -> float:
+    """User + system CPU seconds of this process and its reaped children."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def main() -> None:
     """Run the measurements and print JSON lines."""
     from traces import load_trace
@@ -87,6 +96,7 @@ def main() -> None:
     for repeat in range(args.repeats):
         for kind in kinds:
             work = Path(tempfile.mkdtemp(prefix="pagelab-bench-sweep-"))
+            cpu0 = _cpu_s()
             try:
                 if kind == "singles_in_process":
                     seconds = singles_in_process(trace, plan, work)
@@ -96,8 +106,9 @@ def main() -> None:
                     seconds = sweep_with(trace, plan, work, kind.removeprefix("sweep_"), args.jobs)
             finally:
                 shutil.rmtree(work, ignore_errors=True)
+            cpu = None if kind == "sweep_ray" else round(_cpu_s() - cpu0, 2)
             print(json.dumps({"kind": kind, "repeat": repeat, "jobs": args.jobs, "points": 32,
-                              "seconds": round(seconds, 2)}), flush=True)
+                              "seconds": round(seconds, 2), "cpu_s": cpu}), flush=True)
 
 
 if __name__ == "__main__":

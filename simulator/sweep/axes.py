@@ -133,7 +133,10 @@ class SweepAxes:
         names = list(self.axes)
         out = []
         for allocator in self.allocators:
-            for combo in itertools.product(*(self.axes[n] for n in names)):
+            # Contiguous allocators ignore the block size: run them once, at the first block size.
+            values = [self.axes[n][:1] if n == "block_size" and allocator != "paged" else self.axes[n]
+                      for n in names]
+            for combo in itertools.product(*values):
                 out.append({"allocator": allocator, **dict(zip(names, combo, strict=True))})
         return out
 

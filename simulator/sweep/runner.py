@@ -7,6 +7,7 @@ written as they finish, so a re-run reuses every finished point (matched by conf
 """
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,7 @@ import pandas as pd
 from pagelab.atomic import atomic_write
 from pagelab.run_folder import write_json
 from simulator.sweep.axes import SweepAxes, SweepError
-from simulator.sweep.points import PointSpec, finished_summary, trace_fingerprint
+from simulator.sweep.points import POINTS_DIR, PointSpec, finished_summary, trace_fingerprint
 from simulator.sweep.search import DEFAULT_SEARCH_RUNS, DEFAULT_TOLERANCE, SearchState, search_state
 from simulator.sweep.slo import SLO
 from simulator.sweep.table import max_rate_rows, point_row, points_table
@@ -67,6 +68,17 @@ def write_trace(out: Path, trace: pd.DataFrame) -> Path:
     return atomic_write(out / TRACE_FILE, lambda tmp: trace.to_parquet(tmp, index=False))
 
 
+def remove_stale_temporaries(out: Path) -> list[Path]:
+    """Delete hidden half-written point folders left by a killed sweep (SIGKILL/SIGTERM skip the cleanup).
+
+    One sweep writes a folder at a time: a temporary folder here belongs to a process that is gone.
+    """
+    stale = sorted((out / POINTS_DIR).glob(".*.tmp-*")) + sorted((out / POINTS_DIR).glob(".*.old-*"))
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
+
+
 def run_sweep(trace: pd.DataFrame, source: str, plan: SweepPlan, out: Path, executor,
               progress: Callable[[PointDone], None] | None = None) -> SweepResult:
     """Run the grid and the search with `executor`, reusing finished points; write tables and summary."""
@@ -75,6 +87,7 @@ def run_sweep(trace: pd.DataFrame, source: str, plan: SweepPlan, out: Path, exec
     configs = axes.configs()
     sims = [axes.sim_config(c) for c in configs]
     write_trace(out, trace)
+    remove_stale_temporaries(out)
     results: dict[str, tuple[PointSpec, dict, str]] = {}  # point hash -> (spec, summary, kind)
     counts = {"run": 0, "reused": 0, "total": 0}
 

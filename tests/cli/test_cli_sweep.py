@@ -75,8 +75,8 @@ def test_a_ray_address_that_does_not_answer_exits_2_and_writes_nothing(tmp_path,
 
 def test_an_slo_no_point_meets_is_reported_with_exit_0(tmp_path, trace_file):
     out = tmp_path / "sweep"
-    result = pagelab("sweep", trace_file, *SMALL, "--rate", "0.5,1", "-a", "paged", "--slo", "ttft_p99=0.0001",
-                     "--jobs", "1", "--out", out)
+    result = pagelab("sweep", trace_file, *SMALL, "--rate", "0.5,1", "-a", "paged",
+                     "--slo", "ttft_p99=0.0001", "--jobs", "1", "--out", out)
     assert result.returncode == 0, result.stderr
     assert "no point meets the SLO ttft_p99 <= 0.0001 s" in result.stderr
     table = pd.read_parquet(out / "max_rates.parquet")

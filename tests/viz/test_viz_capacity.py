@@ -12,7 +12,8 @@ from viz.capacity import load_sweep, plot_latency_vs_rate, plot_max_rates, plot_
 from viz.errors import VizError
 from viz.palette import ALLOCATOR_COLORS
 
-SUMMARY = {"trace": "t", "slo": {"metric": "norm_latency", "bound": 0.2, "text": "norm_latency <= 0.2 s/token"}}
+SUMMARY = {"trace": "t",
+           "slo": {"metric": "norm_latency", "bound": 0.2, "text": "norm_latency <= 0.2 s/token"}}
 
 
 def points(block_sizes=(16,)):
@@ -21,7 +22,8 @@ def points(block_sizes=(16,)):
         for bs in block_sizes:
             for rate in (0.25, 1.0, 3.0):
                 rows.append({"allocator": name, "block_size": bs, "rate": rate, "kind": "grid",
-                             "normalized_latency_s": 0.05 if rate < knee else 1.0 + rate, "met_slo": rate < knee})
+                             "normalized_latency_s": 0.05 if rate < knee else 1.0 + rate,
+                             "met_slo": rate < knee})
     return pd.DataFrame(rows)
 
 

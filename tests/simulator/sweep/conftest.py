@@ -1,4 +1,4 @@
-"""Fixtures for the sweep tests: a small synthetic trace and a sweep plan whose knees fall inside 0.1-3 req/s."""
+"""Sweep test fixtures: a small synthetic trace and a sweep plan whose knees fall inside 0.1-3 req/s."""
 from __future__ import annotations
 
 import pytest

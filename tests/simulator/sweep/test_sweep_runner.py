@@ -97,8 +97,12 @@ def test_interrupted_sweep_keeps_whole_points_only_and_resumes(tmp_path, small_t
     assert len(folders) == 3 and all((f / "summary.json").is_file() for f in folders)
     assert not [p for p in tmp_path.rglob(".*")]  # no temporary folders left
     assert not (tmp_path / "sweep.parquet").exists()
+    # A killed (not interrupted) sweep leaves its temporary folder: the next run removes it.
+    stale = tmp_path / "points" / ".paged-r0.1-0123456789ab.tmp-xyz"
+    stale.mkdir()
+    (stale / "config.json").write_text("{")
     resumed = run_sweep(small_trace, "small", plan, tmp_path, SerialExecutor(small_trace))
-    assert resumed.num_reused == 3
+    assert resumed.num_reused == 3 and not stale.exists()
     fresh = run_sweep(small_trace, "small", plan, tmp_path / "fresh", SerialExecutor(small_trace))
     pd.testing.assert_frame_equal(resumed.points.drop(columns="kind"), fresh.points.drop(columns="kind"))
 
