@@ -89,4 +89,4 @@ def main() -> None:
 
 
 # Command modules register themselves on `app`; keep these imports at the bottom.
-from cli import bench, calibrate, plot, presets, replay, simulate, trace  # noqa: E402,F401,I001
+from cli import bench, calibrate, plot, presets, replay, simulate, sweep, trace  # noqa: E402,F401,I001

@@ -1,59 +1,21 @@
 """Run folders (docs/run-format.md): destination checks, results, self-describing metadata."""
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import json
-import math
 import os
-import platform
-import sys
 import time
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-import pandas as pd
 from rich.markup import escape
 
-from cli.common import UserError, atomic_dir, err_console, warn
+from cli.common import UserError, err_console, warn
+from pagelab import run_folder
 from pagelab.atomic import atomic_write_bytes, remove_stale_temp_dirs
+from pagelab.run_folder import RUN_MARKER, clean_json, run_metadata, versions, write_json, write_table
 
-RUN_MARKER = "run.json"  # top-level metadata; its presence makes a folder a pagelab run
-
-
-def clean_json(obj):
-    """JSON-safe copy: NaN/inf become null, numpy scalars become Python numbers."""
-    if isinstance(obj, dict):
-        return {str(k): clean_json(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [clean_json(v) for v in obj]
-    if hasattr(obj, "item"):
-        obj = obj.item()
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
-
-
-
-def _version_of(package: str) -> str | None:
-    try:
-        return version(package)
-    except PackageNotFoundError:
-        return None
-
-
-def versions() -> dict:
-    """pagelab, Python, torch, numpy and pandas versions (read from metadata: nothing heavy is imported)."""
-    return {"pagelab": _version_of("pagelab") or "unknown", "python": platform.python_version(),
-            "torch": _version_of("torch"), "numpy": _version_of("numpy"), "pandas": _version_of("pandas")}
-
-
-def run_metadata(command: str) -> dict:
-    """Who made a result and how: command line, UTC timestamp, versions."""
-    argv = [Path(sys.argv[0]).name if sys.argv[0] not in ("-c", "") else "pagelab", *sys.argv[1:]]
-    return {"pagelab_run": 1, "command": command, "argv": argv,
-            "created_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "versions": versions()}
+__all__ = ["RUN_MARKER", "check_out", "clean_json", "is_run_folder", "run_metadata", "save_result",
+           "trace_hash", "versions", "write_json", "write_run", "write_table"]
 
 
 def trace_hash(source: str) -> str | None:
@@ -120,46 +82,14 @@ def check_out(out: Path, overwrite: bool) -> Path:
     return target
 
 
-def write_json(path: Path, obj) -> None:
-    """Pretty, JSON-safe output."""
-    path.write_text(json.dumps(clean_json(obj), indent=2) + "\n")
-
-
-def write_table(df: pd.DataFrame, path_stem: Path, fmt: str) -> None:
-    """A table as Parquet (default) or CSV."""
-    if fmt == "csv":
-        df.to_csv(path_stem.with_suffix(".csv"), index=False)
-    else:
-        df.to_parquet(path_stem.with_suffix(".parquet"), index=False)
-
-
 def write_run(out: Path, trace_info: dict, results: dict, table_format: str = "parquet", *,
               metadata: dict | None = None, extra_summary: dict | None = None) -> Path:
-    """Write every allocator's result under `out`, all at once (temporary folder, then rename).
-
-    `results` maps allocator name to an object with config, summary, requests, memory and events;
-    `metadata` (command line, versions, trace hash, config) becomes OUT/run.json.
-    """
+    """`pagelab.run_folder.write_run`, with a write failure (disk full, permissions) as a user error."""
     try:
-        with atomic_dir(out) as tmp:
-            for name, res in results.items():
-                d = tmp / name
-                d.mkdir()
-                write_json(d / "config.json", res.config)
-                write_json(d / "summary.json", res.summary)
-                write_table(res.requests, d / "requests", table_format)
-                write_table(res.memory, d / "memory", table_format)
-                write_table(res.events, d / "events", table_format)
-                steps = getattr(res, "steps", None)  # replays: one row per engine step (pagelab calibrate)
-                if steps is not None:
-                    write_table(steps, d / "steps", table_format)
-            write_json(tmp / "summary.json", {"trace": trace_info, **(extra_summary or {}),
-                                              "allocators": {n: r.summary for n, r in results.items()}})
-            write_json(tmp / RUN_MARKER, {**(metadata or run_metadata("run")), "trace": trace_info,
-                                          "allocators": list(results)})
+        return run_folder.write_run(out, trace_info, results, table_format, metadata=metadata,
+                                    extra_summary=extra_summary)
     except OSError as exc:
         raise UserError(f"cannot write the run folder {out}: {exc.strerror or exc}") from None
-    return out
 
 
 def save_result(command: str, payload: dict, *, save: bool, result_dir: Path | None,

@@ -1,0 +1,93 @@
+"""Writing run folders (docs/run-format.md): the same layout for simulated, measured and swept runs.
+
+Library code (the sweep workers) writes folders through here; `cli.runs` adds the command-line checks
+(destinations, overwrite rules) and re-exports these.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import platform
+import sys
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import pandas as pd
+
+from pagelab.atomic import atomic_dir
+
+RUN_MARKER = "run.json"  # top-level metadata; its presence makes a folder a pagelab run
+
+
+def clean_json(obj):
+    """JSON-safe copy: NaN/inf become null, numpy scalars become Python numbers."""
+    if isinstance(obj, dict):
+        return {str(k): clean_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [clean_json(v) for v in obj]
+    if hasattr(obj, "item"):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def _version_of(package: str) -> str | None:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
+def versions() -> dict:
+    """pagelab, Python, torch, numpy and pandas versions (read from metadata: nothing heavy is imported)."""
+    return {"pagelab": _version_of("pagelab") or "unknown", "python": platform.python_version(),
+            "torch": _version_of("torch"), "numpy": _version_of("numpy"), "pandas": _version_of("pandas")}
+
+
+def run_metadata(command: str) -> dict:
+    """Who made a result and how: command line, UTC timestamp, versions."""
+    argv = [Path(sys.argv[0]).name if sys.argv[0] not in ("-c", "") else "pagelab", *sys.argv[1:]]
+    return {"pagelab_run": 1, "command": command, "argv": argv,
+            "created_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "versions": versions()}
+
+
+def write_json(path: Path, obj) -> None:
+    """Pretty, JSON-safe output."""
+    path.write_text(json.dumps(clean_json(obj), indent=2) + "\n")
+
+
+def write_table(df: pd.DataFrame, path_stem: Path, fmt: str) -> None:
+    """A table as Parquet (default) or CSV."""
+    if fmt == "csv":
+        df.to_csv(path_stem.with_suffix(".csv"), index=False)
+    else:
+        df.to_parquet(path_stem.with_suffix(".parquet"), index=False)
+
+
+def write_run(out: Path, trace_info: dict, results: dict, table_format: str = "parquet", *,
+              metadata: dict | None = None, extra_summary: dict | None = None) -> Path:
+    """Write every allocator's result under `out`, all at once (temporary folder, then rename).
+
+    `results` maps allocator name to an object with config, summary, requests, memory and events (and
+    `steps` for replays); `metadata` (command line, versions, trace hash, config) becomes OUT/run.json.
+    """
+    with atomic_dir(out) as tmp:
+        for name, res in results.items():
+            d = tmp / name
+            d.mkdir()
+            write_json(d / "config.json", res.config)
+            write_json(d / "summary.json", res.summary)
+            write_table(res.requests, d / "requests", table_format)
+            write_table(res.memory, d / "memory", table_format)
+            write_table(res.events, d / "events", table_format)
+            steps = getattr(res, "steps", None)  # replays: one row per engine step (pagelab calibrate)
+            if steps is not None:
+                write_table(steps, d / "steps", table_format)
+        write_json(tmp / "summary.json", {"trace": trace_info, **(extra_summary or {}),
+                                          "allocators": {n: r.summary for n, r in results.items()}})
+        write_json(tmp / RUN_MARKER, {**(metadata or run_metadata("run")), "trace": trace_info,
+                                      "allocators": list(results)})
+    return out

@@ -1,0 +1,108 @@
+"""One sweep point: its identity (config hash), its run folder, running it, and reusing a finished one.
+
+A point's folder is a normal run folder (docs/run-format.md) with one allocator, written atomically, so a
+folder that exists is complete: an interrupted sweep leaves either the whole point or nothing.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from simulator.sim_config import SimConfig
+from simulator.sweep.axes import short_name
+
+POINTS_DIR = "points"
+
+
+def trace_fingerprint(trace: pd.DataFrame) -> str:
+    """A content hash of the trace, so a point is never reused across different traces."""
+    hashed = pd.util.hash_pandas_object(trace.reset_index(drop=True), index=False).to_numpy()
+    return hashlib.sha256(hashed.tobytes() + ",".join(map(str, trace.columns)).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class PointSpec:
+    """A configuration at one rate: everything that decides a point's result, plus its hash."""
+
+    config: tuple  # (axis, value) pairs, allocator first
+    rate: float
+    sim: SimConfig  # the full simulator configuration (extra labels excluded from the hash)
+    trace_hash: str
+
+    @property
+    def config_dict(self) -> dict:
+        """The configuration as a dict."""
+        return dict(self.config)
+
+    @property
+    def key(self) -> str:
+        """The point's config hash: the simulator config, the rate and the trace content."""
+        sim = {k: v for k, v in dataclasses.asdict(self.sim).items() if k != "extra"}
+        blob = json.dumps({"sim": sim, "rate": self.rate, "trace": self.trace_hash}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+    @property
+    def folder_name(self) -> str:
+        """'paged-bs16-r1.25-<hash>': readable, and unique through the hash."""
+        parts = [str(self.config[0][1])] + [f"{short_name(k)}{v}" for k, v in self.config[1:]]
+        return "-".join(parts + [f"r{self.rate:g}", self.key]).replace("/", "_").replace(" ", "_")
+
+
+def point_folder(out: Path, spec: PointSpec) -> Path:
+    """Where a point's run folder lives inside the sweep folder."""
+    return out / POINTS_DIR / spec.folder_name
+
+
+def finished_summary(out: Path, spec: PointSpec) -> dict | None:
+    """The summary of an already finished point with the same hash, or None (query only)."""
+    path = point_folder(out, spec) / "summary.json"
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if data.get("trace", {}).get("point_hash") != spec.key:
+        return None
+    allocator = spec.sim.allocator
+    return data.get("allocators", {}).get(allocator)
+
+
+def run_point(trace: pd.DataFrame, spec: PointSpec, source: str):
+    """Simulate one point: the trace rescaled to the point's mean rate (burstiness kept)."""
+    from simulator.simulate import simulate
+    from traces import rescale_rate
+    from traces.stats import trace_info
+
+    df = rescale_rate(trace, spec.rate)
+    sim = dataclasses.replace(spec.sim, extra={**spec.sim.extra, "trace": source, "rate": spec.rate,
+                                                  "point_hash": spec.key})
+    result = simulate(df, sim)
+    info = {"source": source, **trace_info(df), "rate_override": spec.rate, "point_hash": spec.key,
+            "sweep_config": spec.config_dict}
+    return info, result
+
+
+def execute_point(trace: pd.DataFrame, spec: PointSpec, source: str, out: Path | None):
+    """Run a point; with `out`, write its folder there and return only the summary (small to send back).
+
+    Without `out` (a remote worker that may not share the file system) return the info and the result so
+    the driver writes the folder.
+    """
+    info, result = run_point(trace, spec, source)
+    if out is None:
+        return info, result
+    write_point(out, spec, info, result)
+    return result.summary
+
+
+def write_point(out: Path, spec: PointSpec, info: dict, result) -> Path:
+    """Write a point's run folder atomically (a normal run folder with one allocator)."""
+    from pagelab.run_folder import write_run
+
+    return write_run(point_folder(out, spec), info, {spec.sim.allocator: result})

@@ -1,0 +1,162 @@
+"""Run a whole sweep: the grid, then the max-rate search, then the tables and the summary.
+
+Layout of a sweep folder (docs/sweeps.md): trace.parquet (the trace every worker reads), points/<name>/
+(one run folder per point), sweep.parquet (one row per point), max_rates.parquet (one row per
+configuration) and summary.json. Tables and summary are rewritten atomically at the end; points are
+written as they finish, so a re-run reuses every finished point (matched by config hash).
+"""
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from pagelab.atomic import atomic_write
+from pagelab.run_folder import write_json
+from simulator.sweep.axes import SweepAxes, SweepError
+from simulator.sweep.points import POINTS_DIR, PointSpec, finished_summary, trace_fingerprint
+from simulator.sweep.search import DEFAULT_SEARCH_RUNS, DEFAULT_TOLERANCE, SearchState, search_state
+from simulator.sweep.slo import SLO
+from simulator.sweep.table import max_rate_rows, point_row, points_table
+
+TRACE_FILE = "trace.parquet"
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """What to sweep and how to search."""
+
+    axes: SweepAxes
+    slo: SLO
+    search: bool = True
+    tolerance: float = DEFAULT_TOLERANCE
+    max_search_runs: int = DEFAULT_SEARCH_RUNS
+
+    def __post_init__(self) -> None:
+        if not 1e-4 <= self.tolerance < 1:
+            raise SweepError(f"--tolerance must be in [0.0001, 1), got {self.tolerance}")
+        if self.max_search_runs < 0:
+            raise SweepError(f"--search-runs must be >= 0, got {self.max_search_runs}")
+
+
+@dataclass(frozen=True)
+class PointDone:
+    """Progress report for one point (finished now or reused from an earlier run)."""
+
+    spec: PointSpec
+    summary: dict
+    reused: bool
+    done: int
+    total: int
+
+
+@dataclass
+class SweepResult:
+    """The sweep's tables and counts."""
+
+    points: pd.DataFrame
+    max_rates: pd.DataFrame
+    num_run: int
+    num_reused: int
+
+
+def write_trace(out: Path, trace: pd.DataFrame) -> Path:
+    """The shared trace file the local workers load once (atomic, so a worker never reads half of it)."""
+    return atomic_write(out / TRACE_FILE, lambda tmp: trace.to_parquet(tmp, index=False))
+
+
+def remove_stale_temporaries(out: Path) -> list[Path]:
+    """Delete hidden half-written point folders left by a killed sweep (SIGKILL/SIGTERM skip the cleanup).
+
+    One sweep writes a folder at a time: a temporary folder here belongs to a process that is gone.
+    """
+    stale = sorted((out / POINTS_DIR).glob(".*.tmp-*")) + sorted((out / POINTS_DIR).glob(".*.old-*"))
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
+
+
+def run_sweep(trace: pd.DataFrame, source: str, plan: SweepPlan, out: Path, executor,
+              progress: Callable[[PointDone], None] | None = None) -> SweepResult:
+    """Run the grid and the search with `executor`, reusing finished points; write tables and summary."""
+    axes = plan.axes
+    trace_hash = trace_fingerprint(trace)
+    configs = axes.configs()
+    sims = [axes.sim_config(c) for c in configs]
+    write_trace(out, trace)
+    remove_stale_temporaries(out)
+    results: dict[str, tuple[PointSpec, dict, str]] = {}  # point hash -> (spec, summary, kind)
+    counts = {"run": 0, "reused": 0, "total": 0}
+
+    def run_batch(specs: list[PointSpec], kind: str) -> None:
+        fresh = [s for s in dict.fromkeys(specs) if s.key not in results]
+        counts["total"] += len(fresh)
+        todo = []
+        for spec in fresh:
+            summary = finished_summary(out, spec)
+            if summary is None:
+                todo.append(spec)
+                continue
+            results[spec.key] = (spec, summary, kind)
+            counts["reused"] += 1
+            _report(progress, spec, summary, True, results, counts)
+        for spec, summary in executor.run(todo, source, out):
+            results[spec.key] = (spec, summary, kind)
+            counts["run"] += 1
+            _report(progress, spec, summary, False, results, counts)
+
+    def spec(i: int, rate: float) -> PointSpec:
+        return PointSpec(tuple(configs[i].items()), rate, sims[i], trace_hash)
+
+    run_batch([spec(i, r) for i in range(len(configs)) for r in axes.rates], "grid")
+    search_runs = [0] * len(configs)
+    while True:
+        states = [_state(plan, results, spec(i, 0.0), search_runs[i]) for i in range(len(configs))]
+        batch = [spec(i, st.next_rate) for i, st in enumerate(states) if plan.search and not st.done]
+        if not batch:
+            break
+        for i, st in enumerate(states):
+            search_runs[i] += int(plan.search and not st.done)
+        run_batch(batch, "search")
+    rows = [point_row(s, summary, kind, plan.slo) for s, summary, kind in results.values()]
+    points = points_table(rows, list(configs[0]))
+    runs = [sum(1 for s, _, _ in results.values() if s.config == spec(i, 0.0).config)
+            for i in range(len(configs))]
+    max_rates = pd.DataFrame(max_rate_rows(configs, states, runs, search_runs))
+    _write_tables(out, points, max_rates, source, plan, counts)
+    return SweepResult(points, max_rates, counts["run"], counts["reused"])
+
+
+def _state(plan: SweepPlan, results: dict, probe: PointSpec, search_runs: int) -> SearchState:
+    """The search state of the configuration `probe` belongs to."""
+    met = {s.rate: plan.slo.met(summary) for s, summary, _ in results.values() if s.config == probe.config}
+    return search_state(met, plan.axes.bounds, search_runs, plan.tolerance, plan.max_search_runs)
+
+
+def _report(progress, spec, summary, reused, results, counts) -> None:
+    if progress is not None:
+        progress(PointDone(spec, summary, reused, len(results), counts["total"]))
+
+
+def _write_tables(out: Path, points: pd.DataFrame, max_rates: pd.DataFrame, source: str,
+                  plan: SweepPlan, counts: dict) -> None:
+    """sweep.parquet, max_rates.parquet and summary.json, each replaced atomically."""
+    atomic_write(out / "sweep.parquet", lambda tmp: points.to_parquet(tmp, index=False))
+    atomic_write(out / "max_rates.parquet", lambda tmp: max_rates.to_parquet(tmp, index=False))
+    axes = plan.axes
+    summary = {
+        "trace": source,
+        "slo": {"metric": plan.slo.metric, "bound": plan.slo.bound, "text": plan.slo.describe()},
+        "axes": {"rate": list(axes.rates), "allocator": list(axes.allocators),
+                 **{k: list(v) for k, v in axes.axes.items()}},
+        "rate_bounds": list(axes.bounds),
+        "search": {"enabled": plan.search, "tolerance": plan.tolerance,
+                   "max_search_runs": plan.max_search_runs},
+        "base": {k: v for k, v in axes.base.items() if k != "extra"},
+        "points": {"total": len(points), "run_now": counts["run"], "reused": counts["reused"]},
+        "configurations": max_rates.to_dict(orient="records"),
+    }
+    atomic_write(out / "summary.json", lambda tmp: write_json(tmp, summary))

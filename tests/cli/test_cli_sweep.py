@@ -1,0 +1,100 @@
+"""`pagelab sweep` as a user runs it (subprocess): bad input exits 2 with one line and writes nothing;
+an SLO no point meets is reported with exit 0; a small sweep writes its folder and figures."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from traces import SyntheticConfig, generate_trace, save_trace
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = ["--model", "opt-13b", "--gpu", "a100-40gb", "--capacity-tokens", "8192", "--max-model-len", "2048"]
+
+
+def pagelab(*args, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run `pagelab ARGS` in a fresh interpreter (stderr not a terminal: one log line per point)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-c", "from cli import main; main()", *map(str, args)],
+                          capture_output=True, text=True, env=env, cwd=cwd, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def trace_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("trace") / "small.parquet"
+    save_trace(generate_trace(SyntheticConfig(num_requests=120, lengths="sharegpt", rate=1.0, seed=0)), path)
+    return path
+
+
+def closed_port() -> int:
+    """A local port nobody listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--rate", "4:1:0.5"], "empty or inverted"),
+    (["--rate", "1:4:0"], "STEP must be > 0"),
+    (["--rate", "1:2", "--axis", "colour=red"], "unknown axis 'colour'"),
+    (["--rate", "1:2", "-a", "paged,bogus"], "unknown allocator 'bogus'"),
+    (["--rate", "1:2", "--block-size", "16,"], "empty value"),
+    (["--rate", "1:2", "--slo", "speed=3"], "use METRIC=BOUND"),
+    (["--rate", "1:2", "--model", "gpt-9"], "gpt-9"),
+    (["--rate", "1:2", "--jobs", "0"], "--jobs must be >= 1"),
+    (["--rate", "1:2", "--tolerance", "0"], "--tolerance"),
+    (["--rate", "1:2", "--address", "127.0.0.1:6379"], "--address needs --executor ray"),
+])
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, trace_file, args, words):
+    out = tmp_path / "sweep"
+    result = pagelab("sweep", trace_file, *SMALL, *args, "--out", out)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and words in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+    assert not out.exists()
+
+
+def test_a_ray_address_that_does_not_answer_exits_2_and_writes_nothing(tmp_path, trace_file):
+    pytest.importorskip("ray")
+    out = tmp_path / "sweep"
+    address = f"127.0.0.1:{closed_port()}"
+    result = pagelab("sweep", trace_file, *SMALL, "--rate", "1:2", "--executor", "ray", "--address", address,
+                     "--out", out)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"Ray cluster at {address} does not answer" in lines[0]
+    assert not out.exists()
+
+
+def test_an_slo_no_point_meets_is_reported_with_exit_0(tmp_path, trace_file):
+    out = tmp_path / "sweep"
+    result = pagelab("sweep", trace_file, *SMALL, "--rate", "0.5,1", "-a", "paged",
+                     "--slo", "ttft_p99=0.0001", "--jobs", "1", "--out", out)
+    assert result.returncode == 0, result.stderr
+    assert "no point meets the SLO ttft_p99 <= 0.0001 s" in result.stderr
+    table = pd.read_parquet(out / "max_rates.parquet")
+    assert list(table["status"]) == ["below_range"] and table["max_rate"].isna().all()
+
+
+def test_small_sweep_writes_tables_logs_each_point_and_resumes(tmp_path, trace_file):
+    out = tmp_path / "sweep"
+    args = ("sweep", trace_file, *SMALL, "--rate", "0.2:2.6:0.8", "-a", "paged,contiguous-max",
+            "--jobs", "2", "--out", out, "--plot")
+    first = pagelab(*args)
+    assert first.returncode == 0, first.stderr
+    table = pd.read_parquet(out / "sweep.parquet")
+    point_lines = [ln for ln in first.stderr.splitlines() if ln.startswith("[")]
+    assert len(point_lines) == len(table) and all("rate=" in ln for ln in point_lines)
+    assert "Maximum sustainable request rate" in first.stdout
+    assert sorted(p.name for p in (out / "figures").iterdir()) == ["sweep_fig12.png", "sweep_max_rates.png"]
+    again = pagelab(*args)
+    assert again.returncode == 0
+    assert f"(0 points run, {len(table)} reused)" in again.stderr
+    assert json.loads((out / "summary.json").read_text())["points"]["reused"] == len(table)
