@@ -182,7 +182,8 @@ class LLMEngine:
         self.cache.copy(out.blocks_to_copy)
         start_prefills(out, sched.prefill_left)
         plan = plan_step(out, sched.prefill_left, self.cache, self._pending_logits)
-        batch = build_model_input(plan.inputs, self.cache.block_size, self.device)
+        batch = build_model_input(plan.inputs, self.cache.block_size, self.device,
+                                  contiguous=self.cache.contiguous)
         logits = self.model(batch.input_ids, batch.positions, batch.attn_metadata, self.cache.device_cache)
         if plan.slot_copies:
             self.cache.device_cache.copy_blocks(plan.slot_copies)
@@ -297,11 +298,11 @@ class LLMEngine:
         compilation) do not land in the first measured step. Only writes pool slots nobody holds yet."""
         if self.has_unfinished() or self.allocator.num_used_slots:
             raise RuntimeError("warmup() must run before any request is added")
-        bs = self.cache.block_size
+        bs, contiguous = self.cache.block_size, self.cache.contiguous
         n = max(1, min(num_tokens, self.cache.device_cache.num_slots - 1))
-        table = list(range(-(-(n + 1) // bs)))
+        table = (0,) if contiguous else list(range(-(-(n + 1) // bs)))
         for step in (SequenceInput([0] * n, 0, table), SequenceInput([0], n, table)):
-            batch = build_model_input([step], bs, self.device)
+            batch = build_model_input([step], bs, self.device, contiguous=contiguous)
             self.model(batch.input_ids, batch.positions, batch.attn_metadata, self.cache.device_cache)
         self.synchronize()
 
