@@ -176,15 +176,38 @@ def simulate_bench(
     _emit(summarize_runs(records), "simulate: wall time and peak RSS", as_json)
 
 
+def torch_threads_one() -> None:
+    """Host work is single-threaded Python: one torch thread keeps its small ops off the thread pool."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 @bench_app.command("engine")
 @user_errors
 def engine_bench(
     limit: int = typer.Option(64, help="Requests from the trace."),
     trace: str = typer.Option("azure-conv", help="Trace path or bundled name."),
     max_model_len: int = typer.Option(1024, help="Clip prompts so prompt + output fit in this."),
+    host: bool = typer.Option(False, "--host", help="Instead: host time per decode step (stub model)."),
+    batch: list[str] = typer.Option(["16,64,256"], help="--host: running sequences per step."),
+    allocator: list[str] = typer.Option(["paged", "contiguous-max"], help="--host: allocators."),
+    steps: int = typer.Option(50, help="--host: timed decode steps per batch size."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """CPU output throughput: the paged engine vs transformers' padded batched generate (tiny model)."""
+    """CPU output throughput: the paged engine vs transformers' padded batched generate (tiny model).
+
+    With --host: the engine's own work per decode step (scheduling, packing, sampling, bookkeeping)
+    with a model stub whose forward returns at once, by batch size.
+    """
+    if host:
+        from bench.engine_host import host_time_per_step
+
+        torch_threads_one()
+        rows = [host_time_per_step(n, steps=steps, allocator=a)
+                for n in _int_list(batch, "--batch") for a in allocator]
+        _emit(rows, "engine host time per decode step (stub model, CPU)", as_json)
+        return
     from bench.engine import compare
 
     r = compare(trace=trace, limit=limit, max_model_len=max_model_len)

@@ -10,25 +10,28 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 
-@dataclass(frozen=True)
-class SequenceInput:
-    """One sequence's share of a step.
+class SequenceInput(NamedTuple):
+    """One sequence's share of a step (a NamedTuple: the engine makes one per sequence per step).
 
     token_ids: the tokens computed this step (a whole prompt, a prompt chunk, or one decode token);
     start_pos: position of token_ids[0] (= tokens already in the KV cache for this sequence);
-    block_table: physical block ids in logical order, covering at least start_pos + len(token_ids) tokens;
-    num_logits: how many of its last tokens need logits (1 to sample, 0 for a non-final prefill chunk).
+    block_table: physical block ids in logical order, covering at least start_pos + len(token_ids) tokens
+    (contiguous: `(region_start,)`);
+    num_logits: how many of its last tokens need logits (1 to sample, 0 for a non-final prefill chunk);
+    seq_id: whose table it is (the engine's BlockTableStore keys rows by it; -1 when unused).
     """
 
     token_ids: Sequence[int]
     start_pos: int
     block_table: Sequence[int]
     num_logits: int = 1
+    seq_id: int = -1
 
 
 @dataclass(frozen=True)
