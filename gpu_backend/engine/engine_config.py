@@ -43,6 +43,9 @@ class EngineConfig:
     watermark: float = 0.01
     seed: int = 0
     debug: bool = False  # run the allocator's invariant checks after every mutation (slow)
+    # CUDA graphs for decode steps (CUDA + Triton backend only; see engine/cuda_graph.py); True turns
+    # them off, as vLLM's --enforce-eager does.
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         problems = []

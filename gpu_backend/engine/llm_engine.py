@@ -17,6 +17,7 @@ import torch
 from gpu_backend.cache_engine import CacheEngine
 from gpu_backend.engine.beam_search import beam_step
 from gpu_backend.engine.block_table_store import BlockTableStore
+from gpu_backend.engine.cuda_graph import DecodeGraphRunner
 from gpu_backend.engine.engine_config import EngineConfig
 from gpu_backend.engine.input_batch import SequenceInput, build_model_input
 from gpu_backend.engine.memory import kv_capacity_tokens, make_allocator, swap_tokens
@@ -110,6 +111,12 @@ class LLMEngine:
         # Paged: block tables persist across steps (appended to, not rebuilt); contiguous regions need none.
         self.tables = None if self.cache.contiguous else BlockTableStore(
             -(-self.max_model_len // config.block_size) + 1, rows=max(16, config.max_num_seqs))
+        self.graph_runner = None
+        if self.device.type == "cuda" and not config.enforce_eager and \
+                getattr(self.model.attn_backend, "name", "") == "triton":
+            self.graph_runner = DecodeGraphRunner(
+                self._forward, config.max_num_seqs, -(-self.max_model_len // config.block_size) + 1,
+                self.max_model_len, self.cache.contiguous, self.device)
         self.track_memory = track_memory
         # With a clock, the recorder's `now` is set when the step is scheduled and when its forward is
         # done, so allocations and releases carry the times the simulator would give them.
@@ -190,7 +197,10 @@ class LLMEngine:
         start_prefills(out, sched.prefill_left)
         plan = plan_step(out, sched.prefill_left, self.cache, self._pending_logits)
         batch = self._model_input(plan.inputs)
-        logits = self.model(batch.input_ids, batch.positions, batch.attn_metadata, self.cache.device_cache)
+        if self.graph_runner is not None and self.graph_runner.can_run(batch):
+            logits = self.graph_runner.run(batch)
+        else:
+            logits = self._forward(batch)
         if plan.slot_copies:
             self.cache.device_cache.copy_blocks(plan.slot_copies)
         for seq, num in plan.advance:
@@ -213,6 +223,10 @@ class LLMEngine:
             # Beams dropped inside a live group leave rows behind; sweep them now and then.
             self.tables.retain({s.seq_id for g in sched.running for s in g.seqs})
         return result
+
+    def _forward(self, batch) -> torch.Tensor:
+        """One eager forward of a packed batch over the engine's pool."""
+        return self.model(batch.input_ids, batch.positions, batch.attn_metadata, self.cache.device_cache)
 
     def _model_input(self, inputs):
         """The step's packed inputs; paged tables come from the persistent store."""
