@@ -277,8 +277,10 @@ class BlockManager(BlockPool, SwapMixin, KVAllocator):
         """Grow `seq` by one token; the common case (room in an unshared last block) allocates nothing."""
         n = seq.num_tokens
         table = seq.block_table
+        # With token ids, only a token that fills its block needs the slow path (to hash the full block).
         if n % self.block_size and n < seq._limit and self._ref[table[-1]] == 1 \
-                and seq.seq_id in self._seqs and not self.debug and seq.token_ids is None:
+                and seq.seq_id in self._seqs and not self.debug \
+                and (seq.token_ids is None or (n + 1) % self.block_size):
             self._filled[table[-1]] += 1
             self._total_filled += 1
             seq.num_tokens = n + 1
