@@ -1,4 +1,4 @@
-"""`pagelab bench engine --host`: runs the stub-model host-time bench and reports one row per batch/allocator."""
+"""`pagelab bench engine --host`: the stub-model host-time bench, one row per batch and allocator."""
 from __future__ import annotations
 
 import json
