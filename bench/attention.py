@@ -33,7 +33,7 @@ class AttentionBenchConfig:
     heads: tuple[tuple[int, int], ...] = ((32, 8),)
     head_dims: tuple[int, ...] = (128,)
     block_size: int = 16
-    impls: tuple[str, ...] = ("paged-triton", "paged-torch", "sdpa-dense")
+    impls: tuple[str, ...] = ("paged-triton", "paged-torch", "region-torch", "sdpa-dense")
     min_time_s: float = 0.3  # per implementation and shape
     max_repeats: int = 50
     seed: int = 0
@@ -44,7 +44,8 @@ def default_config(device: str) -> AttentionBenchConfig:
     if torch.device(device).type == "cuda":
         return AttentionBenchConfig(device=device, dtype="bfloat16", batches=(1, 16, 64),
                                     contexts=(1024, 4096, 32768),
-                                    impls=("paged-triton", "paged-triton-1pass", "paged-torch", "sdpa-dense"))
+                                    impls=("paged-triton", "paged-triton-1pass", "region-triton",
+                                           "paged-torch", "sdpa-dense"))
     return AttentionBenchConfig(device=device)
 
 
@@ -156,17 +157,31 @@ def _shape_fns(config: AttentionBenchConfig, device: torch.device, rng, batch: i
     v_dense = case.v_cache[table].flatten(1, 2)[:, :context].transpose(1, 2).contiguous()
     q_folded = case.q.view(batch, num_kv_heads, group, head_dim)  # GQA folded into the query axis
     args = (case.q, case.k_cache, case.v_cache, case.block_tables, case.context_lens, case.scale)
+    # Contiguous regions (what the contiguous allocators hand the kernels): sequence b owns slots
+    # [b * context, (b + 1) * context) of a linear [num_slots, 1, Hkv, D] pool, passed as (start, length).
+    k_region = case.k_cache[table].flatten(1, 2)[:, :context].reshape(-1, 1, num_kv_heads, head_dim)
+    v_region = case.v_cache[table].flatten(1, 2)[:, :context].reshape(-1, 1, num_kv_heads, head_dim)
+    starts = (torch.arange(batch, device=device, dtype=torch.int64) * context)[:, None]
+    region_args = (case.q, k_region, v_region, starts, case.context_lens, case.scale)
+    # The engine passes the longest context it knows on the host; so does the benchmark.
+    known = {"max_context_len": context}
     fns = {}
     for impl in config.impls:
         if impl == "sdpa-dense":
             fns[impl] = lambda: F.scaled_dot_product_attention(q_folded, k_dense, v_dense, scale=case.scale)
         elif impl == "paged-torch":
             backend = get_backend("torch", device)
-            fns[impl] = lambda b=backend: b.decode(*args)
+            fns[impl] = lambda b=backend: b.decode(*args, **known)
         elif impl.startswith("paged-triton") and device.type == "cuda":
             backend = get_backend("triton", device)
             splits = 1 if impl.endswith("1pass") else None
-            fns[impl] = lambda b=backend, s=splits: b.decode(*args, num_splits=s)
+            fns[impl] = lambda b=backend, s=splits: b.decode(*args, num_splits=s, **known)
+        elif impl == "region-torch":
+            backend = get_backend("torch", device)
+            fns[impl] = lambda b=backend: b.decode(*region_args, contiguous=True, **known)
+        elif impl == "region-triton" and device.type == "cuda":
+            backend = get_backend("triton", device)
+            fns[impl] = lambda b=backend: b.decode(*region_args, contiguous=True, **known)
     outputs = {name: fn().reshape(batch, num_heads, head_dim) for name, fn in fns.items()}
     return fns, outputs
 

@@ -194,6 +194,13 @@ def simulate_bench(
     _emit(rows, "simulate: wall time and peak RSS", as_json)
 
 
+def torch_threads_one() -> None:
+    """Host work is single-threaded Python: one torch thread keeps its small ops off the thread pool."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 @bench_app.command("engine")
 @user_errors
 def engine_bench(
@@ -201,12 +208,28 @@ def engine_bench(
     num_prompts: int = typer.Option(None, "--num-prompts", help="Same as --limit (vLLM's name)."),
     trace: str = typer.Option("azure-conv", help="Trace path or bundled name."),
     max_model_len: int = typer.Option(1024, help="Clip prompts so prompt + output fit in this."),
+    host: bool = typer.Option(False, "--host", help="Instead: host time per decode step (stub model)."),
+    batch: list[str] = typer.Option(["16,64,256"], help="--host: running sequences per step."),
+    allocator: list[str] = typer.Option(["paged", "contiguous-max"], help="--host: allocators."),
+    steps: int = typer.Option(50, help="--host: timed decode steps per batch size."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     save_result: bool = typer.Option(False, "--save-result", help="Save the result as JSON (vLLM bench)."),
     result_dir: Path = typer.Option(None, "--result-dir", help="Folder of the result JSON (default: .)."),
     result_filename: str = typer.Option(None, "--result-filename", help="Name of the result JSON."),
 ) -> None:
-    """CPU output throughput: the paged engine vs transformers' padded batched generate (tiny model)."""
+    """CPU output throughput: the paged engine vs transformers' padded batched generate (tiny model).
+
+    With --host: the engine's own work per decode step (scheduling, packing, sampling, bookkeeping)
+    with a model stub whose forward returns at once, by batch size.
+    """
+    if host:
+        from bench.engine_host import host_time_per_step
+
+        torch_threads_one()
+        rows = [host_time_per_step(n, steps=steps, allocator=a)
+                for n in _int_list(batch, "--batch") for a in allocator]
+        _emit(rows, "engine host time per decode step (stub model, CPU)", as_json)
+        return
     from bench.engine import compare
 
     limit = pick_one("--limit/--num-prompts", limit, num_prompts)

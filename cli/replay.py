@@ -68,6 +68,9 @@ def replay_cmd(
     swap_space_gb: float = typer.Option(None, help="CPU swap pool in GiB, allocated on first use (default: "
                                                    "4 GiB, at most the KV pool's size)."),
     prefix_caching: bool = typer.Option(True, help="Reuse cached prefix blocks (paged)."),
+    enforce_eager: bool = typer.Option(False, "--enforce-eager",
+                                       help="No CUDA graphs for decode steps (they are on by default on "
+                                            "CUDA with the Triton backend)."),
     seed: int = typer.Option(0, help="Seed of prompt tokens, weights of presets and sampling."),
     clock: str = typer.Option("wall", help="wall, or cpu: a virtual clock of the process's CPU time that "
                                            "jumps over idle gaps (CPU engine; steadier on a shared machine, "
@@ -114,7 +117,8 @@ def replay_cmd(
                               enable_prefix_caching=prefix_caching, allocator=name,
                               max_model_len=max_model_len,
                               max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                              preemption_mode=preemption, swap_space_gb=swap_space_gb)
+                              preemption_mode=preemption, swap_space_gb=swap_space_gb,
+                              enforce_eager=enforce_eager)
         configs[name] = ReplayConfig(model=model, device=device, backend=backend, dtype=dtype, engine=engine,
                                      time_scale=time_scale, seed=seed, clock=clock,
                                      extra={"trace": source, "limit": limit, "pagelab_version": version,

@@ -2,10 +2,10 @@
 
 Paged: a KVCache of `num_blocks` blocks; a sequence's block table is the BlockManager's.
 Contiguous: the linear slot space of the ContiguousAllocator is a KVCache with block_size 1, and a
-sequence's block table is `range(start, start + num_tokens)` of its region. Viewing the region as a run
-of one-slot blocks keeps one set of attention kernels for both allocators, so a speed or memory
-difference between them comes from the allocator, not from a different kernel; the region's slots are
-consecutive, so the gather reads contiguous memory exactly as a dense per-sequence cache would.
+sequence is described by its region, `(start,)`, with its length in context_lens: the kernels read
+slots [start, start + length) in tiles, so no per-token table is built or read. The same kernel family
+serves both allocators (a constexpr switch chooses table lookup or start + position), so a speed or
+memory difference between them comes from the allocator, not from a different kernel.
 Copy and swap instructions are (src, dst) block pairs when paged and (src_start, dst_start, num_slots)
 triples when contiguous; both become block pairs of the pool here.
 """
@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from collections.abc import Sequence as SeqLike
 
-import numpy as np
 import torch
 
 from gpu_backend.kv_cache import KVCache
@@ -60,10 +59,9 @@ class CacheEngine:
         return 0 if self.cpu_cache is None else self.cpu_cache.bytes
 
     def block_table(self, seq: Sequence) -> SeqLike[int]:
-        """The pool blocks holding `seq`'s tokens, in logical order."""
+        """The pool blocks holding `seq`'s tokens in logical order; contiguous: `(region start,)`."""
         if self.contiguous:
-            start = seq.region[0]
-            return np.arange(start, start + seq.num_tokens)
+            return (seq.region[0],)  # (region start,): the length travels as the context length
         return seq.block_table
 
     def shared_range_copies(self, src: Sequence, dst: Sequence, start: int,

@@ -74,11 +74,14 @@ class Attention(nn.Module):
         k = RotaryEmbedding.apply(k.view(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         backend.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        # The host-side maxima go down with the call, so no kernel needs a device sync to size itself.
         if meta.is_decode_only:
-            out = backend.decode(q, k_cache, v_cache, meta.block_tables, meta.context_lens, self.scale)
+            out = backend.decode(q, k_cache, v_cache, meta.block_tables, meta.context_lens, self.scale,
+                                 max_context_len=meta.max_context_len, contiguous=meta.contiguous)
         else:
             out = backend.prefill(q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q,
-                                  meta.context_lens, self.scale)
+                                  meta.context_lens, self.scale, max_query_len=meta.max_q_len,
+                                  contiguous=meta.contiguous)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 

@@ -27,6 +27,9 @@ class EngineConfig(CacheConfig):
 
     num_blocks: int | None = None
     swap_space_gb: float | None = None  # default: DEFAULT_SWAP_SPACE_GB, at most the device pool's size
+    # CUDA graphs for decode steps (CUDA + Triton backend only; see engine/cuda_graph.py); True turns
+    # them off, as vLLM's --enforce-eager does.
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         try:

@@ -16,6 +16,8 @@ import torch
 
 from gpu_backend.cache_engine import CacheEngine
 from gpu_backend.engine.beam_search import beam_step
+from gpu_backend.engine.block_table_store import BlockTableStore
+from gpu_backend.engine.cuda_graph import DecodeGraphRunner
 from gpu_backend.engine.engine_config import EngineConfig
 from gpu_backend.engine.input_batch import SequenceInput, build_model_input
 from gpu_backend.engine.memory import kv_capacity_tokens, make_allocator, swap_tokens
@@ -110,6 +112,15 @@ class LLMEngine:
             num_blocks=self.allocator.num_blocks if paged else self.capacity_tokens,
             num_cpu_blocks=self.allocator.num_cpu_blocks if paged else
             swap_tokens(config, self.capacity_tokens, self.bytes_per_token))
+        # Paged: block tables persist across steps (appended to, not rebuilt); contiguous regions need none.
+        self.tables = None if self.cache.contiguous else BlockTableStore(
+            -(-self.max_model_len // config.block_size) + 1, rows=max(16, config.max_num_seqs))
+        self.graph_runner = None
+        if self.device.type == "cuda" and not config.enforce_eager and \
+                getattr(self.model.attn_backend, "name", "") == "triton":
+            self.graph_runner = DecodeGraphRunner(
+                self._forward, config.max_num_seqs, -(-self.max_model_len // config.block_size) + 1,
+                self.max_model_len, self.cache.contiguous, self.device)
         self.track_memory = track_memory
         # With a clock, the recorder's `now` is set when the step is scheduled and when its forward is
         # done, so allocations and releases carry the times the simulator would give them.
@@ -179,6 +190,9 @@ class LLMEngine:
         for group in out.preempted:
             for s in group.seqs:
                 self._pending_logits.pop(s.seq_id, None)
+        if self.tables is not None:  # these groups' blocks were freed or replaced wholesale
+            for groups in (out.preempted, out.swapped_in, out.admitted, out.rejected):
+                self.tables.forget(s.seq_id for g in groups for s in g.seqs)
         if out.is_empty:
             return result
         self.cache.swap_out(out.blocks_to_swap_out)
@@ -186,8 +200,11 @@ class LLMEngine:
         self.cache.copy(out.blocks_to_copy)
         start_prefills(out, sched.prefill_left)
         plan = plan_step(out, sched.prefill_left, self.cache, self._pending_logits)
-        batch = build_model_input(plan.inputs, self.cache.block_size, self.device)
-        logits = self.model(batch.input_ids, batch.positions, batch.attn_metadata, self.cache.device_cache)
+        batch = self._model_input(plan.inputs)
+        if self.graph_runner is not None and self.graph_runner.can_run(batch):
+            logits = self.graph_runner.run(batch)
+        else:
+            logits = self._forward(batch)
         if plan.slot_copies:
             self.cache.device_cache.copy_blocks(plan.slot_copies)
         for seq, num in plan.advance:
@@ -206,7 +223,25 @@ class LLMEngine:
         self._sample(plan, logits, result)
         for group in sched.remove_finished():
             result.finished.append(self._requests.pop(group.request_id).output(self.eos))
+            if self.tables is not None:
+                self.tables.forget(s.seq_id for s in group.seqs)
+        if self.tables is not None and len(self.tables.rows) > 2 * max(len(plan.inputs), 64):
+            # Beams dropped inside a live group leave rows behind; sweep them now and then.
+            self.tables.retain({s.seq_id for g in sched.running for s in g.seqs})
         return result
+
+    def _forward(self, batch) -> torch.Tensor:
+        """One eager forward of a packed batch over the engine's pool."""
+        return self.model(batch.input_ids, batch.positions, batch.attn_metadata, self.cache.device_cache)
+
+    def _model_input(self, inputs):
+        """The step's packed inputs; paged tables come from the persistent store."""
+        bs = self.cache.block_size
+        if self.tables is None:
+            return build_model_input(inputs, bs, self.device, contiguous=True)
+        row = self.tables.row
+        tables, lens = self.tables.gather([row(i.seq_id, i.block_table) for i in inputs])
+        return build_model_input(inputs, bs, self.device, block_tables=tables, table_lens=lens)
 
     def _stamp(self) -> None:
         if self.clock is not None and self.recorder is not None:
@@ -215,19 +250,30 @@ class LLMEngine:
     def _sample(self, plan, logits: torch.Tensor, result: StepResult) -> None:
         """Sample one token per live sequence of every group that computed logits; finish what is done."""
         plain, beams = [], []
+        requests, first_token, greedy = self._requests, result.first_token, True
         for sg, seqs, rows in plan.sampling:
-            state = self._requests[sg.group.request_id]
-            (beams if state.beam is not None else plain).append((state, seqs, resolve_rows(plan, rows)))
+            state = requests[sg.group.request_id]
+            if state.beam is None:
+                plain.append((state, seqs, resolve_rows(plan, rows)))
+                greedy = greedy and state.params.temperature == 0
+            else:
+                beams.append((state, seqs, resolve_rows(plan, rows)))
             if state.num_sampling_steps == 0:
-                result.first_token.append(state.request_id)
+                first_token.append(state.request_id)
             state.num_sampling_steps += 1
         if plain:
             rows = [r for _, _, rs in plain for r in rs]
-            params = [(st.params, st.generators[s.seq_id]) for st, seqs, _ in plain for s in seqs]
-            batch = SamplingBatch([p.temperature for p, _ in params], [p.top_p for p, _ in params],
-                                  [p.top_k for p, _ in params], [g for _, g in params])
-            index = torch.tensor(rows, dtype=torch.int64, device=logits.device)
-            tokens = iter(sample(logits.index_select(0, index), batch, self.generator).tolist())
+            if rows == list(range(len(rows))):  # the usual case: no index_select needed
+                picked = logits[:len(rows)]
+            else:
+                picked = logits.index_select(0, torch.tensor(rows, dtype=torch.int64, device=logits.device))
+            if greedy:  # no per-row settings to gather (the one device->host sync of the step)
+                tokens = iter(picked.argmax(dim=-1).tolist())
+            else:
+                params = [(st.params, st.generators[s.seq_id]) for st, seqs, _ in plain for s in seqs]
+                batch = SamplingBatch([p.temperature for p, _ in params], [p.top_p for p, _ in params],
+                                      [p.top_k for p, _ in params], [g for _, g in params])
+                tokens = iter(sample(picked, batch, self.generator).tolist())
             for state, seqs, _ in plain:
                 for seq in seqs:
                     self._append(state, seq, next(tokens))
@@ -303,11 +349,11 @@ class LLMEngine:
         compilation) do not land in the first measured step. Only writes pool slots nobody holds yet."""
         if self.has_unfinished() or self.allocator.num_used_slots:
             raise RuntimeError("warmup() must run before any request is added")
-        bs = self.cache.block_size
+        bs, contiguous = self.cache.block_size, self.cache.contiguous
         n = max(1, min(num_tokens, self.cache.device_cache.num_slots - 1))
-        table = list(range(-(-(n + 1) // bs)))
+        table = (0,) if contiguous else list(range(-(-(n + 1) // bs)))
         for step in (SequenceInput([0] * n, 0, table), SequenceInput([0], n, table)):
-            batch = build_model_input([step], bs, self.device)
+            batch = build_model_input([step], bs, self.device, contiguous=contiguous)
             self.model(batch.input_ids, batch.positions, batch.attn_metadata, self.cache.device_cache)
         self.synchronize()
 

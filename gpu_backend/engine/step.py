@@ -72,18 +72,23 @@ def plan_step(out: SchedulerOutput, prefill_left: dict[int, int], cache: CacheEn
               pending: dict[int, torch.Tensor]) -> StepPlan:
     """The packed inputs for `out` (before `commit`); `pending` holds logits of finished diverged prefills."""
     plan = StepPlan()
+    inputs, advance, block_table = plan.inputs, plan.advance, cache.block_table
     for sg in out.scheduled:
-        seqs = live_seqs(sg.group)
+        group = sg.group
+        # A one-sequence group that is scheduled is live: skip the filter (the common decode case).
+        seqs = group.seqs if len(group.seqs) == 1 else live_seqs(group)
         if not sg.is_prefill:
             rows = []
             for s in seqs:
-                if s.num_tokens != s.length or s.num_computed_tokens != s.num_tokens - 1:
+                last = s.num_tokens - 1
+                if s.num_computed_tokens != last or s.num_tokens != s.length:
                     raise RuntimeError(
                         f"sequence {s.seq_id} is scheduled to decode with {s.length} tokens, {s.num_tokens} "
                         f"slots and {s.num_computed_tokens} computed (was a chunked prefill swapped out?)")
-                token = SequenceInput([s.token_ids[-1]], s.num_tokens - 1, cache.block_table(s))
-                rows.append(_add(plan, token))
-                plan.advance.append((s, 1))
+                rows.append(plan.num_rows)  # a decode token always asks for logits
+                plan.num_rows += 1
+                inputs.append(SequenceInput((s.token_ids[-1],), last, block_table(s), 1, s.seq_id))
+                advance.append((s, 1))
             plan.sampling.append((sg, seqs, rows))
         elif is_shared(seqs):
             _plan_shared_prefill(plan, sg, seqs, prefill_left[sg.group.request_id], cache)
@@ -110,7 +115,7 @@ def _plan_shared_prefill(plan: StepPlan, sg: ScheduledGroup, seqs: list[Sequence
                            f"{start} but {first.num_computed_tokens} are computed")
     stop = start + sg.num_new_tokens
     row = _add(plan, SequenceInput(first.token_ids[start:stop], start, cache.block_table(first),
-                                   num_logits=int(sg.completes_prefill)))
+                                   int(sg.completes_prefill), first.seq_id))
     for s in seqs:
         plan.advance.append((s, stop - start))
         plan.slot_copies.extend(cache.shared_range_copies(first, s, start, stop))
@@ -134,7 +139,7 @@ def _plan_diverged_prefill(plan: StepPlan, sg: ScheduledGroup, seqs: list[Sequen
         start = s.num_computed_tokens
         done = take == todo
         row = _add(plan, SequenceInput(s.token_ids[start:start + take], start, cache.block_table(s),
-                                       num_logits=int(done)))
+                                       int(done), s.seq_id))
         plan.advance.append((s, take))
         if done:
             rows[s.seq_id] = row
@@ -154,4 +159,6 @@ def _plan_diverged_prefill(plan: StepPlan, sg: ScheduledGroup, seqs: list[Sequen
 
 def resolve_rows(plan: StepPlan, rows: list[int]) -> list[int]:
     """Map plan rows (pending ones are encoded as -2 - k) onto rows of cat(logits, pending)."""
+    if not plan.pending:
+        return rows
     return [r if r >= 0 else plan.num_rows + (-2 - r) for r in rows]

@@ -22,11 +22,13 @@ class AttentionBackend(Protocol):
     def store_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:
         """key/value [T, Hkv, D] -> pool slots slot_mapping [T] (int64; -1 skips the token)."""
 
-    def decode(self, q, k_cache, v_cache, block_tables, context_lens, scale: float) -> torch.Tensor:
-        """q [B, Hq, D], block_tables [B, max_blocks] int32, context_lens [B] int32 -> [B, Hq, D]."""
+    def decode(self, q, k_cache, v_cache, block_tables, context_lens, scale: float, *,
+               max_context_len: int | None = None, contiguous: bool = False) -> torch.Tensor:
+        """q [B, Hq, D], block_tables [B, max_blocks] int32/64 (or [B, 1] region starts when
+        contiguous), context_lens [B] -> [B, Hq, D]; max_context_len >= every context (host int)."""
 
-    def prefill(self, q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens,
-                scale: float) -> torch.Tensor:
+    def prefill(self, q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale: float,
+                max_query_len: int | None = None, *, contiguous: bool = False) -> torch.Tensor:
         """Packed q [T, Hq, D], cu_seqlens_q [B+1], context_lens [B] incl. new tokens -> [T, Hq, D]."""
 
 

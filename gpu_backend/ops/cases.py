@@ -80,3 +80,44 @@ def _poison_unused(k_cache, v_cache, tables: np.ndarray, context_lens: list[int]
     unused = torch.from_numpy(np.flatnonzero(~readable)).to(k_cache.device)
     for cache in (k_cache, v_cache):
         cache.view(-1, *cache.shape[2:]).index_fill_(0, unused, float("nan"))
+
+
+def make_region_case(rng: np.random.Generator, context_lens: list[int], num_heads: int, num_kv_heads: int,
+                     head_dim: int, dtype=torch.float32, device="cpu", q_lens: list[int] | None = None,
+                     block_size: int = 1) -> tuple[PagedCase, torch.Tensor]:
+    """A contiguous-allocator case: each sequence owns a region [start, start + reserved) of a linear pool.
+
+    Regions are reserved larger than their contexts and separated by gaps; every slot no context covers
+    is NaN. Returns (case with block_tables [B, 1] region starts, per-position block tables of the same
+    case for the reference). `block_size` > 1 views the slot space as blocks to exercise the general
+    slot -> (block, offset) path (the engine's contiguous pool uses 1).
+    """
+    q_lens = [1] * len(context_lens) if q_lens is None else list(q_lens)
+    starts, cursor = [], int(rng.integers(0, 5))
+    for ctx in context_lens:
+        starts.append(cursor)
+        cursor += ctx + int(rng.integers(0, 9))  # reserved beyond the context, then a gap
+    num_slots = -(-(cursor + 1) // block_size) * block_size
+    gen = torch.Generator(device=device).manual_seed(int(rng.integers(2**62)))
+    shape = (num_slots // block_size, block_size, num_kv_heads, head_dim)
+    k_cache = torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
+    v_cache = torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
+    readable = np.zeros(num_slots, dtype=bool)
+    for start, ctx in zip(starts, context_lens, strict=True):
+        readable[start:start + ctx] = True
+    unused = torch.from_numpy(np.flatnonzero(~readable)).to(device)
+    for cache in (k_cache, v_cache):
+        cache.view(-1, num_kv_heads, head_dim).index_fill_(0, unused, float("nan"))
+    q = torch.randn((sum(q_lens), num_heads, head_dim), generator=gen, device=device,
+                    dtype=torch.float32).to(dtype)
+    cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    case = PagedCase(q=q, k_cache=k_cache, v_cache=v_cache,
+                     block_tables=torch.tensor(starts, dtype=torch.int64, device=device)[:, None],
+                     context_lens=torch.tensor(context_lens, dtype=torch.int32, device=device),
+                     cu_seqlens_q=torch.from_numpy(cu).to(device), scale=head_dim ** -0.5)
+    # The reference reads the same slots through one-slot blocks of the [num_slots, 1, Hkv, D] view.
+    width = max(context_lens + [1])
+    per_slot = np.full((len(starts), width), int(np.flatnonzero(~readable)[0]), dtype=np.int64)
+    for i, (start, ctx) in enumerate(zip(starts, context_lens, strict=True)):
+        per_slot[i, :ctx] = np.arange(start, start + ctx)
+    return case, torch.from_numpy(per_slot).to(device)

@@ -78,8 +78,15 @@ class TorchBackend:
         v_flat.index_copy_(0, slots, value.index_select(0, keep).to(v_cache.dtype))
 
     # -- decode ---------------------------------------------------------------------------------
-    def decode(self, q, k_cache, v_cache, block_tables, context_lens, scale: float) -> torch.Tensor:
-        """One query per sequence: q [B, Hq, D] over its whole paged context -> out [B, Hq, D]."""
+    def decode(self, q, k_cache, v_cache, block_tables, context_lens, scale: float, *,
+               max_context_len: int | None = None, contiguous: bool = False) -> torch.Tensor:
+        """One query per sequence: q [B, Hq, D] over its whole paged context -> out [B, Hq, D].
+
+        contiguous: block_tables [B, 1] holds region starts (see `region_tables`).
+        """
+        if contiguous:
+            k_cache, v_cache, block_tables = region_tables(k_cache, v_cache, block_tables, context_lens,
+                                                           max_context_len)
         _, block_size, num_kv_heads, head_dim = check_cache_pair(k_cache, v_cache)
         group = check_query(q, num_kv_heads, head_dim, "decode")
         num_seqs, num_heads, _ = q.shape
@@ -128,8 +135,10 @@ class TorchBackend:
 
     # -- prefill --------------------------------------------------------------------------------
     def prefill(self, q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale: float,
-                max_query_len: int | None = None) -> torch.Tensor:
+                max_query_len: int | None = None, *, contiguous: bool = False) -> torch.Tensor:
         """Packed queries q [T, Hq, D]: each sequence's last q_len positions attend causally -> [T, Hq, D]."""
+        if contiguous:
+            k_cache, v_cache, block_tables = region_tables(k_cache, v_cache, block_tables, context_lens)
         _, block_size, num_kv_heads, head_dim = check_cache_pair(k_cache, v_cache)
         group = check_query(q, num_kv_heads, head_dim, "prefill")
         num_tokens, num_heads, _ = q.shape
@@ -174,6 +183,25 @@ class TorchBackend:
             o = o.transpose(1, 2)  # [n, Qmax, Hq, D]
             out.index_copy_(0, q_idx[real], o[real].to(q.dtype))
         return out
+
+
+def region_tables(k_cache, v_cache, starts, context_lens, max_context_len: int | None = None):
+    """Regions (start [B, 1], length) as one-slot blocks: k, v as [num_slots, 1, Hkv, D], [B, L] slots.
+
+    The gather backend reads through per-position tables anyway; the Triton kernels read regions
+    directly. Positions past a context point at slot start + p and are masked like any padding.
+    """
+    if starts.dim() != 2 or starts.shape[1] != 1:
+        raise KernelInputError(
+            f"contiguous block_tables must be [B, 1] region starts, got {tuple(starts.shape)}")
+    _, _, num_kv_heads, head_dim = k_cache.shape
+    k_slots = k_cache.view(-1, 1, num_kv_heads, head_dim)
+    v_slots = v_cache.view(-1, 1, num_kv_heads, head_dim)
+    if max_context_len is None:
+        max_context_len = int(context_lens.max()) if context_lens.numel() else 0
+    pos = torch.arange(max(max_context_len, 1), device=starts.device, dtype=torch.int64)
+    tables = (starts.to(torch.int64) + pos[None, :]).clamp_(max=k_slots.shape[0] - 1)
+    return k_slots, v_slots, tables
 
 
 def _check_fits(ctx_list: list[int], block_tables: torch.Tensor, block_size: int, what: str) -> None:

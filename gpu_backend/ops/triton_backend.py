@@ -14,6 +14,7 @@ from gpu_backend.ops.checks import (
     check_tables,
 )
 from gpu_backend.ops.triton_decode import SplitPolicy, choose_num_splits
+from gpu_backend.ops.triton_tile import interpreting
 
 SUPPORTED_HEAD_DIMS = (64, 80, 96, 128, 256)
 # Without a GPU (interpreter) there is no SM count; this stands in so the heuristic still splits
@@ -49,25 +50,33 @@ class TritonBackend:
         triton_cache.store_kv(key, value, k_cache, v_cache, slot_mapping)
 
     def decode(self, q, k_cache, v_cache, block_tables, context_lens, scale: float,
-               num_splits: int | None = None) -> torch.Tensor:
-        """q [B, Hq, D] over paged contexts -> [B, Hq, D]; num_splits=None lets the heuristic choose."""
+               num_splits: int | None = None, *, max_context_len: int | None = None,
+               contiguous: bool = False) -> torch.Tensor:
+        """q [B, Hq, D] over paged contexts -> [B, Hq, D]; num_splits=None lets the heuristic choose.
+
+        max_context_len: the longest context (the engine knows it on the host); without it the table's
+        capacity bounds it (paged) or one device sync finds it (contiguous). contiguous: block_tables
+        [B, 1] holds each sequence's region start and its context is slots [start, start + len).
+        """
         _, block_size, num_kv_heads, head_dim = check_cache_pair(k_cache, v_cache)
         check_query(q, num_kv_heads, head_dim, "decode")
         check_tables(block_tables, context_lens, q.shape[0], "decode")
         self._check_geometry(block_size, head_dim)
         _check_runnable(q, k_cache)
+        if max_context_len is None:
+            max_context_len = (int(context_lens.max()) if contiguous and len(context_lens)
+                               else block_tables.shape[1] * block_size)
         if num_splits is None:
-            bound = block_tables.shape[1] * block_size  # longest possible context, known without a sync
-            num_splits = choose_num_splits(q.shape[0], num_kv_heads, bound, _num_sms(q.device),
+            num_splits = choose_num_splits(q.shape[0], num_kv_heads, max_context_len, _num_sms(q.device),
                                            self.config.split_policy)
         if num_splits < 1:
             raise KernelInputError(f"decode num_splits must be >= 1, got {num_splits}")
         return triton_decode.paged_decode(
-            q, k_cache, v_cache, block_tables, context_lens, scale, num_splits,
-            block_n=self._block_n(head_dim), num_warps=self.config.num_warps)
+            q, k_cache, v_cache, block_tables, context_lens, scale, num_splits, max_context_len,
+            block_n=self._block_n(head_dim), num_warps=self.config.num_warps, contiguous=contiguous)
 
     def prefill(self, q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale: float,
-                max_query_len: int | None = None) -> torch.Tensor:
+                max_query_len: int | None = None, *, contiguous: bool = False) -> torch.Tensor:
         """Packed q [T, Hq, D]; each sequence's last q_len positions attend causally -> [T, Hq, D]."""
         _, block_size, num_kv_heads, head_dim = check_cache_pair(k_cache, v_cache)
         check_query(q, num_kv_heads, head_dim, "prefill")
@@ -81,7 +90,8 @@ class TritonBackend:
             max_query_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max()) if len(context_lens) else 0
         return triton_prefill.paged_prefill(
             q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, max_query_len,
-            block_m=self.config.block_m, block_n=self._block_n(head_dim), num_warps=self.config.num_warps)
+            block_m=self.config.block_m, block_n=self._block_n(head_dim), num_warps=self.config.num_warps,
+            contiguous=contiguous)
 
     def _block_n(self, head_dim: int) -> int:
         """KV tile length; halved for head_dim 256 to bound registers per program."""
@@ -97,19 +107,14 @@ class TritonBackend:
             raise KernelInputError(f"block_size must be positive, got {block_size}")
 
 
-def _interpreting() -> bool:
-    """True when the kernels were built for Triton's CPU interpreter (TRITON_INTERPRET=1 at import)."""
-    return type(triton_decode._paged_decode_kernel).__name__ == "InterpretedFunction"
-
-
 def _check_runnable(t: torch.Tensor, k_cache: torch.Tensor) -> None:
     """Triton needs CUDA tensors, except under the interpreter; all tensors on one device."""
     if t.device != k_cache.device:
         raise KernelInputError(f"tensors on different devices: {t.device} vs {k_cache.device}")
-    if k_cache.device.type != "cuda" and not _interpreting():
+    if k_cache.device.type != "cuda" and not interpreting():
         raise KernelInputError("the Triton backend needs CUDA tensors (or TRITON_INTERPRET=1 set before "
                                "importing the kernels); use get_backend('torch') on CPU")
-    if _interpreting() and torch.bfloat16 in (t.dtype, k_cache.dtype):
+    if interpreting() and torch.bfloat16 in (t.dtype, k_cache.dtype):
         raise KernelInputError("Triton's interpreter mis-handles bfloat16 (stored as uint16): upcast "
                                "bf16 inputs to float32 when running under TRITON_INTERPRET=1")
 

@@ -13,13 +13,14 @@ import triton
 import triton.language as tl
 
 from gpu_backend.ops.triton_decode import LOG2E
+from gpu_backend.ops.triton_tile import attend_tile, interpreting
 
 
 @triton.jit
 def _paged_prefill_kernel(
     out_ptr, q_ptr,  # [T, Hq, D]
     k_cache_ptr, v_cache_ptr,  # [num_blocks, BLOCK_SIZE, Hkv, D]
-    block_tables_ptr,  # [B, max_blocks] int32
+    block_tables_ptr,  # [B, max_blocks] int32/int64; [B, 1] region starts if CONTIGUOUS
     cu_seqlens_ptr,  # [B + 1] int32
     context_lens_ptr,  # [B] int32, including the new tokens
     scale_log2,
@@ -27,6 +28,7 @@ def _paged_prefill_kernel(
     stride_cb, stride_cs, stride_ch, stride_bt,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
+    CONTIGUOUS: tl.constexpr, WHILE_LOOP: tl.constexpr,
 ):
     """Causal online-softmax attention for BLOCK_Q new tokens x G heads of one sequence."""
     b = tl.program_id(0).to(tl.int64)
@@ -60,26 +62,19 @@ def _paged_prefill_kernel(
     # The tile's last query sits at ctx - q_len + min((q_tile+1)*BLOCK_Q, q_len) - 1.
     kv_end = ctx - q_len + tl.minimum((q_tile + 1) * BLOCK_Q, q_len)
     bt_row = block_tables_ptr + b * stride_bt
-    for n0 in range(0, kv_end, BLOCK_N):
-        pos = n0 + offs_n  # [BLOCK_N]
-        n_mask = pos < kv_end
-        blk = tl.load(bt_row + pos // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-        kv_off = blk * stride_cb + (pos % BLOCK_SIZE).to(tl.int64) * stride_cs + kvh * stride_ch  # [BLOCK_N]
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        # K tile [BLOCK_N, D_PAD]; masked lanes (past the context, padded dims) read as 0.
-        k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * scale_log2  # [BLOCK_M, BLOCK_N]
-        allowed = n_mask[None, :] & (pos[None, :] <= q_pos[:, None])
-        s = tl.where(allowed, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet stay at 0
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        # V tile [BLOCK_N, D_PAD], same addresses as K.
-        v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-        m_i = m_new
+    region_start = tl.load(bt_row).to(tl.int64)  # CONTIGUOUS: first slot of the region (else unused)
+    if WHILE_LOOP:  # the interpreter (see triton_tile)
+        n0 = tl.zeros([], tl.int32)
+        while n0 < kv_end:
+            m_i, l_i, acc = attend_tile(n0, kv_end, q, m_i, l_i, acc, q_pos, k_cache_ptr, v_cache_ptr, bt_row,
+                                        region_start, kvh, stride_cb, stride_cs, stride_ch, scale_log2,
+                                        offs_n, offs_d, d_mask, BLOCK_SIZE, CONTIGUOUS, True, DOT_PREC)
+            n0 += BLOCK_N
+    else:
+        for n0 in range(0, kv_end, BLOCK_N):
+            m_i, l_i, acc = attend_tile(n0, kv_end, q, m_i, l_i, acc, q_pos, k_cache_ptr, v_cache_ptr, bt_row,
+                                        region_start, kvh, stride_cb, stride_cs, stride_ch, scale_log2,
+                                        offs_n, offs_d, d_mask, BLOCK_SIZE, CONTIGUOUS, True, DOT_PREC)
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(out_ptr + q_rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
@@ -88,8 +83,11 @@ def _paged_prefill_kernel(
 
 def paged_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale: float,
                   max_query_len: int, block_m: int = 64, block_n: int = 64,
-                  num_warps: int = 4) -> torch.Tensor:
-    """Launch the prefill kernel over (B, Hkv, query tiles); returns [T, Hq, D]."""
+                  num_warps: int = 4, contiguous: bool = False) -> torch.Tensor:
+    """Launch the prefill kernel over (B, Hkv, query tiles); returns [T, Hq, D].
+
+    contiguous: block_tables [B, 1] holds each sequence's region start (slot) in the pool.
+    """
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     num_seqs = context_lens.shape[0]
@@ -107,6 +105,6 @@ def paged_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens,
         G=group, G_PAD=g_pad, D=head_dim, D_PAD=triton.next_power_of_2(head_dim),
         BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_N=block_n,
         DOT_PREC="ieee" if k_cache.dtype == torch.float32 else "tf32",
-        num_warps=num_warps,
+        CONTIGUOUS=contiguous, WHILE_LOOP=interpreting(), num_warps=num_warps,
     )
     return out

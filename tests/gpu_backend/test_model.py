@@ -184,7 +184,7 @@ def test_packed_inputs_match_per_token_definition():
     assert meta.cu_seqlens_q.tolist() == np.concatenate([[0], np.cumsum(q_lens)]).tolist()
     for i, s in enumerate(seqs):
         assert meta.block_tables[i, : len(s.block_table)].tolist() == list(s.block_table)
-    assert meta.block_tables.dtype == torch.int32 and meta.slot_mapping.dtype == torch.int64
+    assert meta.block_tables.dtype == torch.int64 and meta.slot_mapping.dtype == torch.int64
     assert meta.max_q_len == max(len(s.token_ids) for s in seqs)
     assert not meta.is_decode_only
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from gpu_backend.ops.cases import make_paged_case
+from gpu_backend.ops.cases import make_paged_case, make_region_case
 from gpu_backend.ops.checks import KernelInputError
 from gpu_backend.ops.reference import reference_decode, reference_prefill, relative_error
 
@@ -27,8 +27,9 @@ ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 CONTEXTS = [1, 16, 37, 8, 64, 5, 23]  # 1, multiples of block sizes 8 and 16, odd tails
-KERNEL_MODULES = ("gpu_backend.ops.triton_cache", "gpu_backend.ops.triton_decode",
-                  "gpu_backend.ops.triton_prefill", "gpu_backend.ops.triton_backend")
+KERNEL_MODULES = ("gpu_backend.ops.triton_tile", "gpu_backend.ops.triton_cache",
+                  "gpu_backend.ops.triton_decode", "gpu_backend.ops.triton_prefill",
+                  "gpu_backend.ops.triton_backend")
 
 
 def _import_kernels():
@@ -162,6 +163,51 @@ def test_split_heuristic():
     assert 1 < long_single <= SplitPolicy().max_splits
     assert choose_num_splits(1, 8, 300, h100_sms) == 1  # too short to be worth a second kernel
     assert choose_num_splits(4, 8, 32768, h100_sms) <= long_single
+    assert choose_num_splits(16, 8, 1024, h100_sms) == 1  # measured slower split on an H100 (issue 13)
+
+
+def test_split_decision_reads_the_longest_context_not_the_table_capacity(kernels, monkeypatch):
+    """A short batch in a wide block table must not split: the engine passes the real longest context."""
+    from gpu_backend.ops import triton_decode
+
+    seen = []
+    real = triton_decode.paged_decode
+    monkeypatch.setattr(triton_decode, "paged_decode",
+                        lambda *a, **k: seen.append(a[6]) or real(*a, **k))
+    case = make_paged_case(np.random.default_rng(5), [3, 9], 2, 2, 64, 4, device=DEVICE)
+    wide = torch.cat([case.block_tables, case.block_tables[:, :1].expand(2, 4096)], dim=1)
+    backend = _backend(kernels, split_policy=kernels.SplitPolicy(min_tokens_per_split=16))
+    backend.decode(case.q, case.k_cache, case.v_cache, wide, case.context_lens, case.scale, max_context_len=9)
+    backend.decode(case.q, case.k_cache, case.v_cache, wide, case.context_lens, case.scale)
+    # 4 programs on the 4-SM stand-in want 2 splits; 9 tokens are too few, 16k of table capacity are not.
+    assert seen == [1, 2]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("block_size", [1, 4])
+def test_contiguous_regions_match_reference(kernels, record_property, dtype, block_size):
+    """Regions passed as (start, length) read the same slots as a per-position table (NaN elsewhere)."""
+    rng = np.random.default_rng(6000 + block_size)
+    contexts = [1, 37, 8, 64, 5]
+    case, per_slot = make_region_case(rng, contexts, 8, 2, 64, dtype=dtype, device=DEVICE,
+                                      block_size=block_size)
+    k_ref = case.k_cache.view(-1, 1, *case.k_cache.shape[2:])
+    v_ref = case.v_cache.view(-1, 1, *case.v_cache.shape[2:])
+    ref = reference_decode(case.q, k_ref, v_ref, per_slot, case.context_lens, case.scale)
+    for splits in (1, 3):
+        out = _backend(kernels, block_n=16).decode(case.q, case.k_cache, case.v_cache, case.block_tables,
+                                                   case.context_lens, case.scale, num_splits=splits,
+                                                   max_context_len=max(contexts), contiguous=True)
+        _check(out, ref, dtype, record_property)
+    q_lens = [1, 20, 8, 3, 5]
+    case, per_slot = make_region_case(rng, contexts, 8, 2, 64, dtype=dtype, device=DEVICE, q_lens=q_lens,
+                                      block_size=block_size)
+    k_ref = case.k_cache.view(-1, 1, *case.k_cache.shape[2:])
+    v_ref = case.v_cache.view(-1, 1, *case.v_cache.shape[2:])
+    ref = reference_prefill(case.q, k_ref, v_ref, per_slot, case.cu_seqlens_q, case.context_lens, case.scale)
+    out = _backend(kernels).prefill(case.q, case.k_cache, case.v_cache, case.block_tables, case.cu_seqlens_q,
+                                    case.context_lens, case.scale, max(q_lens), contiguous=True)
+    _check(out, ref, dtype, record_property)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

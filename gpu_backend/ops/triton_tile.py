@@ -1,0 +1,59 @@
+"""The inner step shared by the Triton decode and prefill kernels: one BLOCK_N tile of K/V.
+
+A tile's addresses come either from the block table (paged: each position looks up its block) or from
+a region start (contiguous: slot = start + position, no table read). `attend_tile` folds the tile into
+the online-softmax state (m, l, acc), fp32, log2 domain. Both kernels loop over tiles with `range`
+when compiled (so Triton can pipeline the loads) and with `while` under the interpreter: Triton 3.6's
+interpreter holds scalars as shape-(1,) arrays, and `range` with such a bound raises "only
+0-dimensional arrays can be converted to Python scalars" on NumPy >= 2.4 (3.9 is fine either way).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def attend_tile(
+    n0, end,  # tile start; exclusive end of the visible keys
+    q, m_i, l_i, acc,  # q [M, D_PAD]; online-softmax state [M], [M], [M, D_PAD] fp32
+    q_pos,  # [M] absolute query positions (CAUSAL only)
+    k_cache_ptr, v_cache_ptr,  # [num_blocks, BLOCK_SIZE, Hkv, D]
+    bt_row, region_start, kvh, stride_cb, stride_cs, stride_ch, scale_log2,
+    offs_n, offs_d, d_mask,  # [BLOCK_N], [D_PAD], [D_PAD]
+    BLOCK_SIZE: tl.constexpr, CONTIGUOUS: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    """Online-softmax update of (m_i, l_i, acc) with keys/values at positions [n0, n0 + BLOCK_N) < end."""
+    pos = n0 + offs_n  # [BLOCK_N]
+    n_mask = pos < end
+    if CONTIGUOUS:  # a region: slot = start + pos
+        slot = region_start + pos.to(tl.int64)
+        blk = slot // BLOCK_SIZE
+        off = slot % BLOCK_SIZE
+    else:
+        blk = tl.load(bt_row + pos // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+        off = (pos % BLOCK_SIZE).to(tl.int64)
+    kv_off = blk * stride_cb + off * stride_cs + kvh * stride_ch  # [BLOCK_N] int64
+    kv_mask = n_mask[:, None] & d_mask[None, :]
+    # K tile [BLOCK_N, D_PAD]; masked lanes (past the context, padded dims) read as 0.
+    k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * scale_log2  # [M, BLOCK_N]
+    if CAUSAL:
+        allowed = n_mask[None, :] & (pos[None, :] <= q_pos[:, None])
+    else:
+        allowed = n_mask[None, :] & (q_pos[:, None] >= 0)
+    s = tl.where(allowed, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet stay at 0
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])  # [M, BLOCK_N]
+    l_i = l_i * alpha + tl.sum(p, 1)
+    # V tile [BLOCK_N, D_PAD], same addresses as K.
+    v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)  # [M, D_PAD]
+    return m_new, l_i, acc
+
+
+def interpreting() -> bool:
+    """True when the kernels were built for Triton's CPU interpreter (TRITON_INTERPRET=1 at import)."""
+    return type(attend_tile).__name__ == "InterpretedFunction"
