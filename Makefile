@@ -25,7 +25,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	touch $@
 
 run: env
-	$(VENV)/bin/pagelab simulate --plot --out runs/azure-conv
+	$(VENV)/bin/pagelab simulate --plot --out runs/azure-conv --overwrite
 
 test: env
 	$(VENV)/bin/ruff check .
