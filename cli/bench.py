@@ -161,7 +161,9 @@ def simulate_bench(
     trace: str = typer.Option("azure-conv", help="Trace path or bundled name; 'synthetic' for generated "
                                                 "sharegpt-like traces of each size."),
     allocator: list[str] = typer.Option(None, "--allocator", "-a", help="Allocators (default: paged)."),
-    events: bool = typer.Option(False, help="Record pool tenures too (as `simulate --out` does)."),
+    events: str = typer.Option("both", help="on (tenures streamed to Parquet, as `simulate --out` does), "
+                                            "off, or both."),
+    rate: float = typer.Option(15.0, help="Arrival rate of --trace synthetic (requests/s)."),
     repeat: int = typer.Option(3, help="Runs per point (min and median reported)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
@@ -171,8 +173,11 @@ def simulate_bench(
     counts = list(_int_list(sizes, "--num") or [None])
     if trace == "synthetic" and counts == [None]:
         raise UserError("--trace synthetic needs --num")
+    modes = {"on": (True,), "off": (False,), "both": (False, True)}
+    if events not in modes:
+        raise UserError(f"--events must be on, off or both, got {events!r}")
     records = bench_simulate(counts, allocator or ["paged"], trace=None if trace == "synthetic" else trace,
-                             events=(events,), repeat=repeat)
+                             events=modes[events], repeat=repeat, rate=rate)
     _emit(summarize_runs(records), "simulate: wall time and peak RSS", as_json)
 
 

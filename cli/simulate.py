@@ -1,6 +1,7 @@
 """`pagelab simulate`: replay a trace against the paged and contiguous allocators side by side."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -11,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from cli import app
-from cli.common import UserError, console, err_console, user_errors
+from cli.common import UserError, atomic_dir, console, err_console, user_errors
 from simulator.core.cache_config import ALLOCATORS
 
 ALL_ALLOCATORS = list(ALLOCATORS)
@@ -112,24 +113,46 @@ def simulate_cmd(
                      enable_prefix_caching=prefix_caching, latency=latency, seed=seed, mode=mode,
                      record_events=events and out is not None,
                      extra={"trace": info["source"], "rate": rate, "pagelab_version": _version()})
-    results = {}
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err_console, transient=True) as progress:
-        for name in names:
-            task = progress.add_task(f"simulating {name}", total=len(df))
-            cfg = dataclasses.replace(base, allocator=name)
-            report = lambda done, total, t=task: progress.update(t, completed=done)  # noqa: E731
-            results[name] = simulate(df, cfg, progress=report)
-    console.print(comparison_table({n: r.summary for n, r in results.items()}))
-    if sharing:
-        from simulator.sharing import sharing_saving
-        r = sharing_saving(df, dataclasses.replace(base, allocator="paged"))
-        console.print(f"sharing saves {100 * r['saving']:.1f}% of blocks (paged, step average): "
-                      f"{r['mean_physical_blocks']:.0f} physical vs "
-                      f"{r['mean_logical_blocks']:.0f} logical blocks")
     if out is not None:
-        from cli.runs import write_run
-        write_run(out, info, results, table_format)
+        from pagelab.atomic import remove_stale_temp_dirs
+        removed, unknown = remove_stale_temp_dirs(out)
+        for p in removed:
+            err_console.print(f"[yellow]warning:[/] removed {escape(str(p))} (left by a killed run)",
+                              highlight=False)
+        for p in unknown:
+            err_console.print(f"[yellow]warning:[/] {escape(str(p))} looks left by an earlier run; "
+                              "delete it if no run is writing it", highlight=False)
+    results = {}
+    with contextlib.ExitStack() as stack:
+        # The run folder is open while simulating: tenures and memory rows stream into it
+        # (tmp/NAME/events.*, memory.*) and it is renamed into place only once everything is written.
+        tmp = stack.enter_context(atomic_dir(out)) if out is not None else None
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=err_console, transient=True) as progress:
+            for name in names:
+                task = progress.add_task(f"simulating {name}", total=len(df))
+                cfg = dataclasses.replace(base, allocator=name)
+                report = lambda done, total, t=task: progress.update(t, completed=done)  # noqa: E731
+                sinks = {}
+                if tmp is not None:
+                    from simulator.recorder import MEMORY_DTYPES
+                    from simulator.sinks import open_event_sink, open_memory_sink
+                    (tmp / name).mkdir()
+                    sinks["memory"] = open_memory_sink(tmp / name / "memory", MEMORY_DTYPES, table_format)
+                    if cfg.record_events:
+                        sinks["events"] = open_event_sink(tmp / name / "events", table_format)
+                results[name] = simulate(df, cfg, progress=report, **sinks)
+        console.print(comparison_table({n: r.summary for n, r in results.items()}))
+        if sharing:
+            from simulator.sharing import sharing_saving
+            r = sharing_saving(df, dataclasses.replace(base, allocator="paged"))
+            console.print(f"sharing saves {100 * r['saving']:.1f}% of blocks (paged, step average): "
+                          f"{r['mean_physical_blocks']:.0f} physical vs "
+                          f"{r['mean_logical_blocks']:.0f} logical blocks")
+        if tmp is not None:
+            from cli.runs import write_run_files
+            write_run_files(tmp, info, results, table_format)
+    if out is not None:
         err_console.print(f"wrote {out}")
         if plot:
             from viz import plot_runs

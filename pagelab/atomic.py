@@ -35,16 +35,58 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     return atomic_write(path, lambda tmp: tmp.write_bytes(data))
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def stale_temp_dirs(final: str | os.PathLike) -> tuple[list[Path], list[Path]]:
+    """Temporary siblings of `final` left by killed runs: (whose process is gone, whose owner is unknown).
+
+    `atomic_dir` names its folders `.NAME.tmp-PID-...` (and `.NAME.old-PID` while swapping), so a
+    folder whose process no longer runs can never be renamed into place; older names carry no pid.
+    """
+    final = Path(final)
+    if not final.parent.is_dir():
+        return [], []
+    dead, unknown = [], []
+    for p in sorted(final.parent.glob(f".{final.name}.*")):
+        rest = p.name[len(final.name) + 2:]
+        kind, _, tail = rest.partition("-")
+        if kind not in ("tmp", "old") or not p.is_dir():
+            continue
+        pid = tail.split("-")[0]
+        if not pid.isdigit():
+            unknown.append(p)
+        elif not _pid_alive(int(pid)):
+            dead.append(p)
+    return dead, unknown
+
+
+def remove_stale_temp_dirs(final: str | os.PathLike) -> tuple[list[Path], list[Path]]:
+    """Delete the temporary siblings of `final` whose process is gone; return (removed, left alone)."""
+    dead, unknown = stale_temp_dirs(final)
+    for p in dead:
+        shutil.rmtree(p, ignore_errors=True)
+    return dead, unknown
+
+
 @contextlib.contextmanager
 def atomic_dir(final: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary sibling folder; rename it to `final` only if the block completes.
 
     An interrupted or failed run leaves no half-written folder behind: either the complete
-    result replaces `final`, or nothing changes.
+    result replaces `final`, or nothing changes. A killed process leaves its temporary folder
+    (named with its pid); `remove_stale_temp_dirs` clears those.
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-{os.getpid()}-", dir=final.parent))
     try:
         yield tmp
     except BaseException:
