@@ -21,12 +21,11 @@ EVENT_SCHEMA = pa.schema([("request_id", pa.int32()), ("start", pa.int32()), ("s
                           ("t_start_s", pa.float64()), ("t_end_s", pa.float64()),
                           ("max_ref_count", pa.int32()), ("filled", pa.int32())])
 EVENT_DTYPES = {f.name: np.dtype(f.type.to_pandas_dtype()) for f in EVENT_SCHEMA}
-# Times are stored byte-stream-split, which zstd compresses much better than plain doubles; sizes and
-# ref counts take few values (dictionaries); request ids grow slowly along release order (deltas).
-_EVENT_ENCODING = {"use_dictionary": ["size", "max_ref_count"],
-                   "column_encoding": {"t_start_s": "BYTE_STREAM_SPLIT", "t_end_s": "BYTE_STREAM_SPLIT",
-                                       "request_id": "DELTA_BINARY_PACKED", "start": "PLAIN",
-                                       "filled": "PLAIN"}}
+# Dictionaries (Parquet's default) on every column, times included: many tenures share a release
+# step's time, and a 2^20-row group holds few distinct request ids, sizes and offsets. Measured on the
+# 1M-request run's tenures: 15.9 MB per 4.2 M rows, against 23 MB with byte-stream-split times and
+# delta / plain ints, and 17.9 MB with snappy; zstd level 1 costs about what snappy does.
+_EVENT_ENCODING: dict = {}
 
 
 def empty_table(dtypes: dict[str, np.dtype]) -> pd.DataFrame:
