@@ -6,8 +6,10 @@ import math
 from pathlib import Path
 
 import pandas as pd
+from rich.markup import escape
 
-from cli.common import atomic_dir
+from cli.common import atomic_dir, err_console
+from pagelab.atomic import remove_stale_temp_dirs
 
 
 def _clean(obj):
@@ -34,6 +36,17 @@ def write_table(df: pd.DataFrame, path_stem: Path, fmt: str) -> None:
         df.to_csv(path_stem.with_suffix(".csv"), index=False)
     else:
         df.to_parquet(path_stem.with_suffix(".parquet"), index=False)
+
+
+def clear_stale_temps(out: Path) -> None:
+    """Delete the temporary folders killed runs left next to `out`, saying so; report unknown ones."""
+    removed, unknown = remove_stale_temp_dirs(out)
+    for p in removed:
+        err_console.print(f"[yellow]warning:[/] removed {escape(str(p))} (left by a killed run)",
+                          highlight=False)
+    for p in unknown:
+        err_console.print(f"[yellow]warning:[/] {escape(str(p))} looks left by an earlier run; delete it "
+                          "if no run is writing it", highlight=False)
 
 
 def write_run_files(tmp: Path, trace_info: dict, results: dict, table_format: str = "parquet") -> None:

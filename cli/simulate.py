@@ -114,14 +114,8 @@ def simulate_cmd(
                      record_events=events and out is not None,
                      extra={"trace": info["source"], "rate": rate, "pagelab_version": _version()})
     if out is not None:
-        from pagelab.atomic import remove_stale_temp_dirs
-        removed, unknown = remove_stale_temp_dirs(out)
-        for p in removed:
-            err_console.print(f"[yellow]warning:[/] removed {escape(str(p))} (left by a killed run)",
-                              highlight=False)
-        for p in unknown:
-            err_console.print(f"[yellow]warning:[/] {escape(str(p))} looks left by an earlier run; "
-                              "delete it if no run is writing it", highlight=False)
+        from cli.runs import clear_stale_temps
+        clear_stale_temps(out)
     results = {}
     with contextlib.ExitStack() as stack:
         # The run folder is open while simulating: tenures and memory rows stream into it
