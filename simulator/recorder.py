@@ -300,7 +300,7 @@ class MemoryLog:
         mean = {s: m[s] for s in (*MemoryBreakdown.STATES, "cached_free")}
         return mean, m["token_occupancy"], m["block_occupancy"]
 
-    def to_frame(self) -> pd.DataFrame:
+    def to_frame(self) -> pd.DataFrame | None:
         """The rows as a table with the documented dtypes (None when they went to a sink)."""
         if self.sink is not None:
             return None
