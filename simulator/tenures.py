@@ -66,8 +66,10 @@ class OpenTenures:
             done = t_end < before  # NaN (held) compares False
         if not done.any():
             return
+        # Positions ascend with acquisition numbers, so a stable sort on t_end keeps acquisition order
+        # among equal ends (the same as a lexsort on both, for less).
         order = np.flatnonzero(done)
-        order = order[np.lexsort((self.row[order], t_end[order]))]
+        order = order[np.argsort(t_end[order], kind="stable")]
         sink.write({c: self.cols[c][order] for c in _COLUMNS})
         keep = ~done
         self.row = self.row[keep]
