@@ -10,8 +10,10 @@ import dataclasses
 import multiprocessing
 import resource
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from simulator.core.errors import ConfigError
 from simulator.sim_config import ALLOCATORS, SimConfig
@@ -42,13 +44,21 @@ def _load(trace: str | None, num_requests: int | None, rate: float, lengths: str
 
 def measure_once(trace: str | None, num_requests: int | None, config: SimConfig, rate: float = DEFAULT_RATE,
                  lengths: str = "sharegpt", seed: int = 0) -> dict:
-    """Build the trace, simulate it once in this process, and report wall time and memory."""
+    """Build the trace, simulate it once in this process, and report wall time and memory.
+
+    With events on, the tenures stream into a Parquet file in a temporary folder as `simulate --out`
+    does, and the time includes writing it (`events_mb` is its size).
+    """
     from simulator.simulate import simulate
+    from simulator.sinks import ParquetEventSink
     df = _load(trace, num_requests, rate, lengths, seed)
     before = _rss_mb()
-    t0 = time.perf_counter()
-    result = simulate(df, config)
-    wall = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory(prefix="pagelab-bench-") as tmp:
+        path = Path(tmp) / "events.parquet"
+        t0 = time.perf_counter()
+        result = simulate(df, config, events=ParquetEventSink(path) if config.record_events else None)
+        wall = time.perf_counter() - t0
+        events_mb = path.stat().st_size / (1 << 20) if path.exists() else 0.0
     s = result.summary
     return {
         "trace": trace or f"synthetic({lengths}, {rate:g} req/s)",
@@ -62,7 +72,8 @@ def measure_once(trace: str | None, num_requests: int | None, config: SimConfig,
         "peak_rss_mb": _rss_mb(),
         "num_steps": s["num_steps"],
         "num_memory_rows": len(result.memory),
-        "num_events": len(result.events),
+        "num_events": result.num_events,
+        "events_mb": events_mb,
         "sim_duration_s": s["sim_duration_s"],
         "mean_batch_size": s["mean_batch_size"],
         "num_preemptions": s["num_preemptions"],
@@ -139,5 +150,6 @@ def summarize_runs(records: list[dict]) -> list[dict]:
         median = walls[mid] if len(walls) % 2 else (walls[mid - 1] + walls[mid]) / 2
         rows.append({"trace": trace, "num_requests": n, "allocator": alloc, "record_events": ev,
                      "runs": len(rs), "min_wall_s": walls[0], "median_wall_s": median,
-                     "us_per_request": 1e6 * walls[0] / n, "peak_rss_mb": max(r["peak_rss_mb"] for r in rs)})
+                     "us_per_request": 1e6 * walls[0] / n, "peak_rss_mb": max(r["peak_rss_mb"] for r in rs),
+                     "num_events": rs[0]["num_events"], "events_mb": rs[0].get("events_mb", 0.0)})
     return rows

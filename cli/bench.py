@@ -173,7 +173,9 @@ def simulate_bench(
     trace: str = typer.Option("azure-conv", help="Trace path or bundled name; 'synthetic' for generated "
                                                 "sharegpt-like traces of each size."),
     allocator: list[str] = typer.Option(None, "--allocator", "-a", help="Allocators (default: paged)."),
-    events: bool = typer.Option(False, help="Record pool tenures too (as `simulate --out` does)."),
+    events: str = typer.Option("both", help="on (tenures streamed to Parquet, as `simulate --out` does), "
+                                            "off, or both."),
+    rate: float = typer.Option(15.0, help="Arrival rate of --trace synthetic (requests/s)."),
     repeat: int = typer.Option(3, help="Runs per point (min and median reported)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     save_result: bool = typer.Option(False, "--save-result", help="Save the result as JSON (vLLM bench)."),
@@ -186,8 +188,12 @@ def simulate_bench(
     counts = list(_int_list(sizes, "--num") or [None])
     if trace == "synthetic" and counts == [None]:
         raise UserError("--trace synthetic needs --num")
+    modes = {"on": (True,), "off": (False,), "both": (False, True)}
+    if events not in modes:
+        raise UserError(f"--events must be on, off or both, got {events!r}")
     records = bench_simulate(counts, names_list(allocator) or ["paged"],
-                             trace=None if trace == "synthetic" else trace, events=(events,), repeat=repeat)
+                             trace=None if trace == "synthetic" else trace, events=modes[events],
+                             repeat=repeat, rate=rate)
     rows = summarize_runs(records)
     write_result("bench simulate", {"result": rows, "runs": records}, save=save_result, result_dir=result_dir,
                 result_filename=result_filename)

@@ -12,10 +12,18 @@ from rich.markup import escape
 from cli.common import UserError, err_console, warn
 from pagelab import run_folder
 from pagelab.atomic import atomic_write_bytes, remove_stale_temp_dirs
-from pagelab.run_folder import RUN_MARKER, clean_json, run_metadata, versions, write_json, write_table
+from pagelab.run_folder import (
+    RUN_MARKER,
+    clean_json,
+    run_metadata,
+    versions,
+    write_json,
+    write_run_files,
+    write_table,
+)
 
 __all__ = ["RUN_MARKER", "check_out", "clean_json", "is_run_folder", "run_metadata", "save_result",
-           "trace_hash", "versions", "write_json", "write_run", "write_table"]
+           "trace_hash", "versions", "write_json", "write_run", "write_run_files", "write_table"]
 
 
 def trace_hash(source: str) -> str | None:
@@ -77,8 +85,11 @@ def check_out(out: Path, overwrite: bool) -> Path:
         probe.rmdir()
     except OSError as exc:
         raise UserError(f"--out {text}: cannot create folders in {parent} ({exc.strerror or exc})") from None
-    for stale in remove_stale_temp_dirs(target):
+    removed, unknown = remove_stale_temp_dirs(target)
+    for stale in removed:
         warn(f"removed {stale}, left behind by a killed run")
+    for stale in unknown:
+        warn(f"{stale} looks left behind by an earlier run; delete it if no run is writing it")
     return target
 
 

@@ -1,13 +1,14 @@
 """`pagelab simulate`: replay a trace against the paged and contiguous allocators side by side."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from pathlib import Path
 
 import typer
 
 from cli import app
-from cli.common import UserError, err_console, finite_float, user_errors
+from cli.common import UserError, atomic_dir, err_console, finite_float, user_errors
 from cli.serving import Bars, allocators, check_metric_options, load_workload, report
 from simulator.core.cache_config import ALLOCATORS
 
@@ -141,28 +142,42 @@ def simulate_cmd(
         if problem:
             raise UserError(problem)
     results = {}
-    with Bars("simulating") as bars:
-        for name in names:
-            bars.add(name, len(df))
-            report_progress = lambda done, total, n=name: bars.update(n, done)  # noqa: E731
-            results[name] = simulate(df, dataclasses.replace(base, allocator=name), progress=report_progress,
-                                     step_times=measured)
     extra = {}
-    if sharing:
-        from simulator.sharing import sharing_saving
-        r = sharing_saving(df, dataclasses.replace(base, allocator="paged"))
-        extra["sharing"] = r
-        err_console.print(f"sharing saves {100 * r['saving']:.1f}% of blocks (paged, step average): "
-                          f"{r['mean_physical_blocks']:.0f} physical vs "
-                          f"{r['mean_logical_blocks']:.0f} logical blocks")
-    metrics = report("simulate", results, info, kinds, percentiles, slos, save=save_result,
-                     result_dir=result_dir, result_filename=result_filename, extra=extra)
+    with contextlib.ExitStack() as stack:
+        # The run folder is open while simulating: tenures and memory rows stream into it
+        # (tmp/NAME/events.*, memory.*) and it is renamed into place only once everything is written.
+        tmp = stack.enter_context(atomic_dir(out)) if out is not None else None
+        with Bars("simulating") as bars:
+            for name in names:
+                bars.add(name, len(df))
+                report_progress = lambda done, total, n=name: bars.update(n, done)  # noqa: E731
+                cfg = dataclasses.replace(base, allocator=name)
+                sinks = {}
+                if tmp is not None:
+                    from simulator.recorder import MEMORY_DTYPES
+                    from simulator.sinks import open_event_sink, open_memory_sink
+
+                    (tmp / name).mkdir()
+                    sinks["memory"] = open_memory_sink(tmp / name / "memory", MEMORY_DTYPES, table_format)
+                    if cfg.record_events:
+                        sinks["events"] = open_event_sink(tmp / name / "events", table_format)
+                results[name] = simulate(df, cfg, progress=report_progress, step_times=measured, **sinks)
+        if sharing:
+            from simulator.sharing import sharing_saving
+            r = sharing_saving(df, dataclasses.replace(base, allocator="paged"))
+            extra["sharing"] = r
+            err_console.print(f"sharing saves {100 * r['saving']:.1f}% of blocks (paged, step average): "
+                              f"{r['mean_physical_blocks']:.0f} physical vs "
+                              f"{r['mean_logical_blocks']:.0f} logical blocks")
+        metrics = report("simulate", results, info, kinds, percentiles, slos, save=save_result,
+                         result_dir=result_dir, result_filename=result_filename, extra=extra)
+        if tmp is not None:
+            from cli.runs import write_run_files
+            meta = {**run_metadata("simulate"), "trace_sha256": trace_hash(info["source"]),
+                    "config": base.to_dict() | {"allocators": names}}
+            write_run_files(tmp, info, results, table_format, metadata=meta,
+                            extra_summary={**extra, "serving_metrics": metrics})
     if out is not None:
-        from cli.runs import write_run
-        meta = {**run_metadata("simulate"), "trace_sha256": trace_hash(info["source"]),
-                "config": base.to_dict() | {"allocators": names}}
-        write_run(out, info, results, table_format, metadata=meta,
-                  extra_summary={**extra, "serving_metrics": metrics})
         err_console.print(f"wrote {out}", markup=False)
         if plot:
             from viz import plot_runs

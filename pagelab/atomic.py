@@ -40,33 +40,40 @@ def _pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True  # exists, owned by someone else
+    except PermissionError:  # someone else's live process
+        return True
     return True
 
 
-def stale_temp_dirs(final: str | os.PathLike) -> list[Path]:
-    """Hidden `.NAME.tmp-PID-*` / `.NAME.old-PID` folders next to `final` whose writer process is gone."""
+def stale_temp_dirs(final: str | os.PathLike) -> tuple[list[Path], list[Path]]:
+    """Temporary siblings of `final` left by killed runs: (whose process is gone, whose owner is unknown).
+
+    `atomic_dir` names its folders `.NAME.tmp-PID-...` (and `.NAME.old-PID` while swapping), so a
+    folder whose process no longer runs can never be renamed into place; older names carry no pid.
+    """
     final = Path(final)
     if not final.parent.is_dir():
-        return []
-    stale = []
-    for kind in ("tmp", "old"):
-        for path in final.parent.glob(f".{final.name}.{kind}-*"):
-            pid = path.name[len(f".{final.name}.{kind}-"):].split("-")[0]
-            if path.is_dir() and (not pid.isdigit() or not _pid_alive(int(pid))):
-                stale.append(path)
-    return sorted(stale)
+        return [], []
+    dead, unknown = [], []
+    for p in sorted(final.parent.glob(f".{final.name}.*")):
+        rest = p.name[len(final.name) + 2:]
+        kind, _, tail = rest.partition("-")
+        if kind not in ("tmp", "old") or not p.is_dir():
+            continue
+        pid = tail.split("-")[0]
+        if not pid.isdigit():
+            unknown.append(p)
+        elif not _pid_alive(int(pid)):
+            dead.append(p)
+    return dead, unknown
 
 
-def remove_stale_temp_dirs(final: str | os.PathLike) -> list[Path]:
-    """Delete what killed writers of `final` left behind (see `stale_temp_dirs`); return what was removed."""
-    removed = []
-    for path in stale_temp_dirs(final):
-        shutil.rmtree(path, ignore_errors=True)
-        if not path.exists():
-            removed.append(path)
-    return removed
+def remove_stale_temp_dirs(final: str | os.PathLike) -> tuple[list[Path], list[Path]]:
+    """Delete the temporary siblings of `final` whose process is gone; return (removed, left alone)."""
+    dead, unknown = stale_temp_dirs(final)
+    for p in dead:
+        shutil.rmtree(p, ignore_errors=True)
+    return dead, unknown
 
 
 def _make_temp_dir(final: Path) -> Path:

@@ -67,27 +67,39 @@ def write_table(df: pd.DataFrame, path_stem: Path, fmt: str) -> None:
         df.to_parquet(path_stem.with_suffix(".parquet"), index=False)
 
 
-def write_run(out: Path, trace_info: dict, results: dict, table_format: str = "parquet", *,
-              metadata: dict | None = None, extra_summary: dict | None = None) -> Path:
-    """Write every allocator's result under `out`, all at once (temporary folder, then rename).
+def write_run_files(tmp: Path, trace_info: dict, results: dict, table_format: str = "parquet", *,
+                    metadata: dict | None = None, extra_summary: dict | None = None) -> None:
+    """Write every allocator's result into the (temporary) run folder `tmp`.
 
     `results` maps allocator name to an object with config, summary, requests, memory and events (and
-    `steps` for replays); `metadata` (command line, versions, trace hash, config) becomes OUT/run.json.
+    `steps` for replays); memory or events None means the run streamed that table into tmp/NAME/ already
+    (simulate's sinks). `metadata` (command line, versions, trace hash, config) becomes run.json.
     """
+    for name, res in results.items():
+        d = tmp / name
+        d.mkdir(exist_ok=True)
+        write_json(d / "config.json", res.config)
+        write_json(d / "summary.json", res.summary)
+        write_table(res.requests, d / "requests", table_format)
+        for table in ("memory", "events"):
+            df = getattr(res, table)
+            if df is not None:
+                write_table(df, d / table, table_format)
+            elif not any(d.glob(f"{table}.*")):
+                raise FileNotFoundError(f"{d}: the streamed {table} table is missing")
+        steps = getattr(res, "steps", None)  # replays: one row per engine step (pagelab calibrate)
+        if steps is not None:
+            write_table(steps, d / "steps", table_format)
+    write_json(tmp / "summary.json", {"trace": trace_info, **(extra_summary or {}),
+                                      "allocators": {n: r.summary for n, r in results.items()}})
+    write_json(tmp / RUN_MARKER, {**(metadata or run_metadata("run")), "trace": trace_info,
+                                  "allocators": list(results)})
+
+
+def write_run(out: Path, trace_info: dict, results: dict, table_format: str = "parquet", *,
+              metadata: dict | None = None, extra_summary: dict | None = None) -> Path:
+    """Write every allocator's result under `out`, all at once (temporary folder, then rename)."""
     with atomic_dir(out) as tmp:
-        for name, res in results.items():
-            d = tmp / name
-            d.mkdir()
-            write_json(d / "config.json", res.config)
-            write_json(d / "summary.json", res.summary)
-            write_table(res.requests, d / "requests", table_format)
-            write_table(res.memory, d / "memory", table_format)
-            write_table(res.events, d / "events", table_format)
-            steps = getattr(res, "steps", None)  # replays: one row per engine step (pagelab calibrate)
-            if steps is not None:
-                write_table(steps, d / "steps", table_format)
-        write_json(tmp / "summary.json", {"trace": trace_info, **(extra_summary or {}),
-                                          "allocators": {n: r.summary for n, r in results.items()}})
-        write_json(tmp / RUN_MARKER, {**(metadata or run_metadata("run")), "trace": trace_info,
-                                      "allocators": list(results)})
+        write_run_files(tmp, trace_info, results, table_format, metadata=metadata,
+                        extra_summary=extra_summary)
     return out

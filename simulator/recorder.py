@@ -2,7 +2,7 @@
 
 Both are append-only logs built for speed: the simulator records millions of block tenures, so the
 recorder keeps flat lists of raw acquire / release / share events (whole runs of blocks at a time) and
-pairs them into tenures with numpy once, at the end.
+pairs them into tenures with numpy in batches, handing finished tenures to a sink (memory or a file).
 """
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ import numpy as np
 import pandas as pd
 
 from simulator.core.allocator import MemoryBreakdown, RegionRecorder
+from simulator.sinks import EVENT_DTYPES, EventSink, FrameSink, TableSink
+from simulator.tenures import OpenTenures
 
 MEMORY_COLUMNS = ("step", "num_steps", "t_s", "dt_s", "token_states", "reservation",
                   "internal_fragmentation", "external_fragmentation", "free", "cached_free",
@@ -22,8 +24,9 @@ MEMORY_COLUMNS = ("step", "num_steps", "t_s", "dt_s", "token_states", "reservati
                   "num_batched_tokens", "blocks_used")
 _INT_COLUMNS = ("step", "num_steps", "num_running", "num_waiting", "num_swapped", "num_batched_tokens",
                 "blocks_used")
-EVENT_COLUMNS = (("request_id", "int64"), ("start", "int64"), ("size", "int64"), ("t_start_s", "float64"),
-                 ("t_end_s", "float64"), ("max_ref_count", "int64"), ("filled", "int64"))
+MEMORY_DTYPES = {c: np.dtype(np.int64 if c in _INT_COLUMNS else np.float64) for c in MEMORY_COLUMNS}
+_DT = MEMORY_COLUMNS.index("dt_s")
+EVENT_COLUMNS = tuple((c, str(t)) for c, t in EVENT_DTYPES.items())
 
 
 def _expand(values: list, counts: list[int], has_lists: bool, dtype) -> np.ndarray:
@@ -46,17 +49,25 @@ class EventRecorder(RegionRecorder):
     (`acquire_blocks`, `release_blocks`, `share_block`) log paged blocks, named by block id with unit =
     block size, a whole run per call; the per-region calls of the RegionRecorder interface log one region,
     named by its first slot (unit 1). Bulk calls pair with bulk calls, per-region calls with per-region
-    calls. Each tenure is a row, numbered in acquisition order; the row of each open tenure is kept per
-    unit in a list indexed by key, so a release finds its row in C (`itemgetter`) and `to_frame` only
-    scatters the release times into place.
+    calls. Each tenure is numbered in acquisition order; the number of each open tenure is kept per unit
+    in a list indexed by key, so a release finds it in C (`itemgetter`). Every `flush_rows` acquisitions
+    the raw runs are paired with numpy (simulator/tenures.py) and the finished tenures go to `sink`
+    (default: a FrameSink kept in memory), so the raw runs never pile up.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, sink: EventSink | None = None, flush_rows: int | None = None) -> None:
         self.now = 0.0
-        self.num_acquired = 0  # tenures started so far (the next row)
-        self._open: dict[int, list[int]] = {}  # unit -> row of the open tenure of each key
-        # Runs are stored as tuples of numbers, which the garbage collector stops tracking: millions of
-        # retained events then cost nothing in its full collections (lists would be traversed each time).
+        self.num_acquired = 0  # tenures started so far (the next number)
+        self.sink = sink if sink is not None else FrameSink()
+        self.flush_rows = flush_rows or self.sink.batch_rows
+        self._tenures = OpenTenures()
+        self._base = 0  # first acquisition not yet moved into _tenures
+        self._open: dict[int, list[int]] = {}  # unit -> number of the open tenure of each key
+        self._reset_runs()
+
+    def _reset_runs(self) -> None:
+        # Runs are stored as tuples of numbers, which the garbage collector stops tracking: many retained
+        # events then cost nothing in its full collections (lists would be traversed each time).
         # Acquisition runs: keys, unit, region size, request id(s), time(s).
         self._a_keys: list[tuple[int, ...]] = []
         self._a_unit: list[int] = []
@@ -64,11 +75,11 @@ class EventRecorder(RegionRecorder):
         self._a_rid: list = []
         self._a_t: list = []
         self._a_lists = [False, False]  # whether any run carries per-event request ids / times
-        # Release runs: rows ended, time, filled slots (one per row).
+        # Release runs: tenures ended, time, filled slots (one per tenure).
         self._r_rows: list[tuple[int, ...]] = []
         self._r_t: list[float] = []
         self._r_filled: list[tuple[int, ...]] = []
-        # Shares, one by one (rare): row, new ref count.
+        # Shares, one by one (rare): tenure, new ref count.
         self._s_row: list[int] = []
         self._s_ref: list[int] = []
 
@@ -90,6 +101,8 @@ class EventRecorder(RegionRecorder):
         self._a_rid.append(request_id)
         self._a_t.append(self.now)
         self.num_acquired += 1
+        if self.num_acquired - self._base >= self.flush_rows:
+            self.flush()
 
     def share(self, start: int, ref_count: int) -> None:
         """A region gained another owner."""
@@ -127,6 +140,8 @@ class EventRecorder(RegionRecorder):
         else:
             self._a_t.append(tuple(times))
             self._a_lists[1] = True
+        if row - self._base >= self.flush_rows:
+            self.flush()
 
     def share_block(self, block_id: int, block_size: int, ref_count: int) -> None:
         """A block gained another owner."""
@@ -142,46 +157,68 @@ class EventRecorder(RegionRecorder):
         self._r_t.append(self.now)
         self._r_filled.append(tuple(filled))
 
-    # ----------------------------------------------------------------- result
-    def to_frame(self, end_s: float) -> pd.DataFrame:
-        """The tenures as a table, one row per acquisition in order (regions still held end at `end_s`)."""
-        num = self.num_acquired
-        if num == 0:
-            return pd.DataFrame({c: pd.Series(dtype=t) for c, t in EVENT_COLUMNS})
-        counts = [len(k) for k in self._a_keys]
-        start = np.fromiter(chain.from_iterable(self._a_keys), np.int64, num)
-        start *= np.repeat(np.asarray(self._a_unit, dtype=np.int64), counts)
-        t_end = np.full(num, end_s)
-        filled = np.zeros(num, np.int64)
+    # ----------------------------------------------------------------- pairing and output
+    def _pair(self) -> None:
+        """Move the raw runs recorded since the last call into the open-tenure table."""
+        num = self.num_acquired - self._base
+        if num:
+            counts = [len(k) for k in self._a_keys]
+            start = np.fromiter(chain.from_iterable(self._a_keys), np.int64, num)
+            start *= np.repeat(np.asarray(self._a_unit, dtype=np.int64), counts)
+            self._tenures.add(self._base, _expand(self._a_rid, counts, self._a_lists[0], np.int64), start,
+                              np.repeat(np.asarray(self._a_size, dtype=np.int64), counts),
+                              _expand(self._a_t, counts, self._a_lists[1], np.float64))
+            self._base = self.num_acquired
         if self._r_rows:
             rcounts = [len(r) for r in self._r_rows]
             num_r = sum(rcounts)
-            rows = np.fromiter(chain.from_iterable(self._r_rows), np.int64, num_r)
-            t_end[rows] = np.repeat(np.asarray(self._r_t, dtype=np.float64), rcounts)
-            filled[rows] = np.fromiter(chain.from_iterable(self._r_filled), np.int64, num_r)
-        max_ref = np.ones(num, np.int64)
+            self._tenures.release(np.fromiter(chain.from_iterable(self._r_rows), np.int64, num_r),
+                                  np.repeat(np.asarray(self._r_t, dtype=np.float64), rcounts),
+                                  np.fromiter(chain.from_iterable(self._r_filled), np.int64, num_r))
         if self._s_row:
-            np.maximum.at(max_ref, np.asarray(self._s_row, dtype=np.int64),
-                          np.asarray(self._s_ref, dtype=np.int64))
-        return pd.DataFrame({
-            "request_id": _expand(self._a_rid, counts, self._a_lists[0], np.int64),
-            "start": start,
-            "size": np.repeat(np.asarray(self._a_size, dtype=np.int64), counts),
-            "t_start_s": _expand(self._a_t, counts, self._a_lists[1], np.float64),
-            "t_end_s": t_end,
-            "max_ref_count": max_ref,
-            "filled": filled,
-        }, copy=False)  # fresh arrays: pandas' default copy of 1.6M-row columns costs more than all the rest
+            self._tenures.share(np.asarray(self._s_row, dtype=np.int64), np.asarray(self._s_ref, np.int64))
+        self._reset_runs()
+
+    def flush(self) -> None:
+        """Hand the sink every tenure released before now (a release at `now` waits: see tenures.py)."""
+        self._pair()
+        self._tenures.flush(self.sink, self.now)
+
+    def finish(self, end_s: float) -> EventSink:
+        """Hand the sink everything (regions still held end at `end_s`), close it and return it."""
+        self._pair()
+        self._tenures.flush(self.sink, None, end_s)
+        self.sink.close()
+        return self.sink
+
+    def to_frame(self, end_s: float) -> pd.DataFrame:
+        """The tenures as a table sorted by (t_end_s, acquisition) (regions still held end at `end_s`);
+        only for the default in-memory sink."""
+        sink = self.finish(end_s)
+        if not isinstance(sink, FrameSink):
+            raise TypeError("to_frame needs the in-memory FrameSink; this recorder streams to a file")
+        return sink.frame()
 
 
 class MemoryLog:
-    """Per-step (or per-span) memory rows, kept in one flat float array (8 bytes a value)."""
+    """Per-step (or per-span) memory rows, kept in one flat float array (8 bytes a value).
 
-    def __init__(self) -> None:
+    With a `sink` (a run folder's memory table), every `sink.batch_rows` rows go to it as a batch, and
+    the log keeps only the time-weighted sums the summary needs (`weighted_means`), so a long run's
+    memory does not grow with its steps.
+    """
+
+    def __init__(self, sink: TableSink | None = None) -> None:
         self._values = array("d")
+        self.sink = sink
+        width = len(MEMORY_COLUMNS)
+        self._limit = sink.batch_rows * width if sink is not None else float("inf")
+        self._num_flushed = 0
+        self._wsum = np.zeros(width)  # sum of value * dt_s over the rows handed to the sink
+        self._dt = 0.0
 
     def __len__(self) -> int:
-        return len(self._values) // len(MEMORY_COLUMNS)
+        return self._num_flushed + len(self._values) // len(MEMORY_COLUMNS)
 
     def add(self, step: int, num_steps: int, t_s: float, dt_s: float, fractions: dict[str, float],
             cached_free: float, block_occupancy: float, counts: tuple[int, int, int],
@@ -192,6 +229,8 @@ class MemoryLog:
                              f["internal_fragmentation"], f["external_fragmentation"], f["free"], cached_free,
                              f["token_states"], block_occupancy, counts[0], counts[1], counts[2],
                              num_batched_tokens, blocks_used))
+        if len(self._values) >= self._limit:  # inline: one call less per row
+            self.flush()
 
     def add_row(self, step: int, num_steps: int, t_s: float, dt_s: float, token_states: float,
                 reservation: float, internal: float, external: float, free: float, cached_free: float,
@@ -201,6 +240,8 @@ class MemoryLog:
         self._values.extend((step, num_steps, t_s, dt_s, token_states, reservation, internal, external, free,
                              cached_free, token_states, block_occupancy, counts[0], counts[1], counts[2],
                              num_batched_tokens, blocks_used))
+        if len(self._values) >= self._limit:  # inline: one call less per row
+            self.flush()
 
     def add_slots(self, step: int, num_steps: int, t_s: float, dt_s: float, slots: tuple,
                   counts: tuple[int, int, int], num_batched_tokens: int, block_size: int) -> None:
@@ -210,6 +251,8 @@ class MemoryLog:
         self._values.extend((step, num_steps, t_s, dt_s, tokens / cap, resv / cap, internal / cap,
                              external / cap, free / cap, cached / cap, tokens / cap, allocated / cap,
                              counts[0], counts[1], counts[2], num_batched_tokens, allocated // block_size))
+        if len(self._values) >= self._limit:  # inline: one call less per row
+            self.flush()
 
     def add_breakdown(self, step: int, t_s: float, dt_s: float, b: MemoryBreakdown,
                       counts: tuple[int, int, int], num_batched_tokens: int, block_size: int,
@@ -219,11 +262,46 @@ class MemoryLog:
                  b.external_fragmentation, b.free, b.cached_free, b.allocated)
         self.add_slots(step, num_steps, t_s, dt_s, slots, counts, num_batched_tokens, block_size)
 
-    def to_frame(self) -> pd.DataFrame:
-        """The rows as a table with the documented dtypes."""
+    def _array(self) -> np.ndarray:
         width = len(MEMORY_COLUMNS)
-        values = np.frombuffer(self._values, dtype=np.float64).reshape(-1, width) if self._values else \
+        return np.frombuffer(self._values, dtype=np.float64).reshape(-1, width) if self._values else \
             np.zeros((0, width))
-        ints = set(_INT_COLUMNS)
-        return pd.DataFrame({name: values[:, j].astype(np.int64 if name in ints else np.float64)
-                             for j, name in enumerate(MEMORY_COLUMNS)}, copy=False)
+
+    @staticmethod
+    def _columns(values: np.ndarray) -> dict[str, np.ndarray]:
+        return {name: values[:, j].astype(MEMORY_DTYPES[name]) for j, name in enumerate(MEMORY_COLUMNS)}
+
+    def flush(self) -> None:
+        """Hand the rows kept so far to the sink (keeping their time-weighted sums)."""
+        if self.sink is None or not self._values:
+            return
+        values = self._array()
+        self._wsum += values[:, _DT] @ values
+        self._dt += float(values[:, _DT].sum())
+        self.sink.write(self._columns(values))
+        self._num_flushed += len(values)
+        del values
+        self._values = array("d")
+
+    def finish(self) -> None:
+        """Hand the sink the last rows and close it (nothing to do without a sink)."""
+        if self.sink is not None:
+            self.flush()
+            self.sink.close()
+
+    def weighted_means(self) -> tuple[dict, float, float] | None:
+        """With a sink (after `finish`): what `simulator.results.memory_summary` computes, from the sums."""
+        if self.sink is None:
+            return None
+        if self._dt <= 0:
+            nan = float("nan")
+            return {**{s: nan for s in MemoryBreakdown.STATES}, "cached_free": nan}, nan, nan
+        m = {c: float(v / self._dt) for c, v in zip(MEMORY_COLUMNS, self._wsum, strict=True)}
+        mean = {s: m[s] for s in (*MemoryBreakdown.STATES, "cached_free")}
+        return mean, m["token_occupancy"], m["block_occupancy"]
+
+    def to_frame(self) -> pd.DataFrame | None:
+        """The rows as a table with the documented dtypes (None when they went to a sink)."""
+        if self.sink is not None:
+            return None
+        return pd.DataFrame(self._columns(self._array()), copy=False)

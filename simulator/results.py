@@ -57,12 +57,13 @@ def memory_summary(memory: pd.DataFrame) -> dict:
             float(np.dot(memory["block_occupancy"].to_numpy(), w) / total))
 
 
-def summarize(run: RunState, requests: pd.DataFrame, memory: pd.DataFrame, wall_s: float) -> dict:
-    """The run's SUMMARY (see docs/run-format.md)."""
+def summarize(run: RunState, requests: pd.DataFrame, memory: pd.DataFrame | None, wall_s: float) -> dict:
+    """The run's SUMMARY (see docs/run-format.md); `memory` None: the rows were streamed to a file and
+    the memory log kept the time-weighted sums."""
     finished = requests[requests["finish_s"].notna()]
     duration = run.now
     out_tokens = int((finished["output_len"] * finished["n"].where(finished["beam_width"] <= 1, 1)).sum())
-    mem, token_occ, block_occ = memory_summary(memory)
+    mem, token_occ, block_occ = memory_summary(memory) if memory is not None else run.mem.weighted_means()
     stats = getattr(run.alloc, "stats", None)
     hit_rate = None
     if stats is not None and run.enable_prefix_caching and stats.prefix_queries:

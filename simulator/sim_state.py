@@ -10,9 +10,10 @@ from simulator.core.scheduler import Scheduler
 from simulator.core.sequence import Sequence, SequenceGroup
 from simulator.decode_batch import DecodeBatch
 from simulator.measured_steps import MeasuredSteps
-from simulator.recorder import EventRecorder
+from simulator.recorder import EventRecorder, MemoryLog
 from simulator.run_state import RunState
 from simulator.sim_config import SimConfig, make_allocator
+from simulator.sinks import EventSink, TableSink
 from simulator.step_latency import LatencyModel, make_latency_model
 from traces.prefix import block_keys
 
@@ -31,9 +32,11 @@ class SimState(RunState):
     measured: MeasuredSteps | None = None  # replay step times that replace the latency model (step mode)
 
     @classmethod
-    def start(cls, trace: pd.DataFrame, config: SimConfig) -> SimState:
-        """The state at time 0 of simulating the (validated) `trace` under `config`."""
-        recorder = EventRecorder() if config.record_events else None
+    def start(cls, trace: pd.DataFrame, config: SimConfig, events: EventSink | None = None,
+              memory: TableSink | None = None) -> SimState:
+        """The state at time 0 of simulating the (validated) `trace` under `config` (tenures go to
+        `events`, memory rows to `memory`; default: kept in memory)."""
+        recorder = EventRecorder(events) if config.record_events else None
         alloc = make_allocator(config, recorder)
         fitted = config.latency != "roofline"
         latency = make_latency_model("fitted" if fitted else "roofline", config.model, config.gpu,
@@ -42,7 +45,7 @@ class SimState(RunState):
                    alloc=alloc, sched=Scheduler(config.scheduler_config(), alloc), trace=trace,
                    arrival=trace["arrival_s"].to_numpy(np.float64),
                    prompt=trace["prompt_len"].to_numpy(np.int64), cfg=config, latency=latency,
-                   recorder=recorder, rng=np.random.default_rng(config.seed))
+                   recorder=recorder, rng=np.random.default_rng(config.seed), mem=MemoryLog(memory))
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -22,6 +22,7 @@ from simulator.measured_steps import MeasuredSteps
 from simulator.results import request_table, summarize
 from simulator.sim_config import SimConfig
 from simulator.sim_state import SimState
+from simulator.sinks import EventSink, FrameSink, TableSink, empty_events
 from simulator.span import run_span, span_length
 from simulator.stepping import exact_step
 from traces.schema import validate_trace
@@ -29,28 +30,38 @@ from traces.schema import validate_trace
 
 @dataclass
 class SimResult:
-    """Everything a run produced: per-request, per-step and per-tenure tables, and the summary."""
+    """Everything a run produced: per-request, per-step and per-tenure tables, and the summary.
+
+    `events` (`memory`) is None when the tenures (memory rows) were streamed to a file sink
+    (`simulate(..., events=sink, memory=sink)`); `num_events` counts the tenures either way.
+    """
 
     config: dict
     summary: dict
     requests: pd.DataFrame
-    memory: pd.DataFrame
-    events: pd.DataFrame
+    memory: pd.DataFrame | None
+    events: pd.DataFrame | None
+    num_events: int = 0
 
 
 def simulate(trace: pd.DataFrame, config: SimConfig,
              progress: Callable[[int, int], None] | None = None,
              observer: Callable[[SimState], None] | None = None,
-             step_times: MeasuredSteps | None = None) -> SimResult:
+             step_times: MeasuredSteps | None = None,
+             events: EventSink | None = None, memory: TableSink | None = None) -> SimResult:
     """Replay `trace` against the configured allocator and scheduler.
 
     `observer`, if given, is called with the run state after every loop iteration (a step, or a span in
     fast mode); it must not change anything. `step_times`, if given, replaces the latency model with a
-    replay's measured step times (simulator/measured_steps.py) and forces step mode.
+    replay's measured step times (simulator/measured_steps.py) and forces step mode. `events`, if given
+    (and config.record_events), receives the tenures as the run goes (e.g. a ParquetEventSink writing the
+    run folder's events table) and is closed at the end; without it they come back as a DataFrame.
+    `memory`, likewise, receives the per-step memory rows (`simulator.sinks.open_memory_sink`);
+    SimResult.memory is then None.
     """
     wall0 = time.perf_counter()
     trace = validate_trace(trace, source="trace")
-    run = SimState.start(trace, config)
+    run = SimState.start(trace, config, events, memory)
     run.measured = step_times
     num = run.num_requests
     sched, batch, arrival = run.sched, run.batch, run.arrival_s
@@ -85,16 +96,21 @@ def simulate(trace: pd.DataFrame, config: SimConfig,
     if progress is not None:
         progress(num, num)
     batch.deactivate()
+    if run.recorder is None and events is not None:
+        events.close()  # nothing recorded: the file still gets its (empty) table
     return _result(run, time.perf_counter() - wall0)
 
 
 def _result(run: SimState, wall_s: float) -> SimResult:
     config = run.cfg.to_dict()
     requests = request_table(run)
+    run.mem.finish()
     memory = run.mem.to_frame()
-    events = run.recorder.to_frame(run.now) if run.recorder is not None else pd.DataFrame(
-        {c: pd.Series(dtype=t) for c, t in (("request_id", "int64"), ("start", "int64"), ("size", "int64"),
-                                             ("t_start_s", "float64"), ("t_end_s", "float64"),
-                                             ("max_ref_count", "int64"), ("filled", "int64"))})
+    events, num_events = empty_events(), 0
+    if run.recorder is not None:
+        sink = run.recorder.finish(run.now)
+        events = sink.frame() if isinstance(sink, FrameSink) else None
+        num_events = sink.num_rows
     summary = summarize(run, requests, memory, wall_s)
-    return SimResult(config=config, summary=summary, requests=requests, memory=memory, events=events)
+    return SimResult(config=config, summary=summary, requests=requests, memory=memory, events=events,
+                     num_events=num_events)

@@ -42,7 +42,7 @@ def _all_runs(plot: Callable[[list[Run]], FigureResult]) -> Callable[..., Iterat
 
 def _has_events(runs: list[Run]) -> bool:
     """Whether any allocator recorded pool tenures (simulate --no-events writes none)."""
-    return any(len(alloc.events) for run in runs for alloc in run.allocators.values())
+    return any(alloc.num_events for run in runs for alloc in run.allocators.values())
 
 
 NO_EVENTS = "needs tenures in events.parquet (runs simulated with --no-events have none)"

@@ -6,7 +6,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 
 from viz.errors import VizError
 from viz.palette import STATE_ORDER, allocator_sort_key
@@ -20,6 +22,7 @@ MEMORY_COLUMNS = (
     "num_running", "num_waiting", "num_swapped", "blocks_used",
 )
 EVENT_COLUMNS = ("request_id", "start", "size", "t_start_s", "t_end_s", "max_ref_count", "filled")
+WINDOW_READ_ROWS = 2_000_000  # events tables larger than this are read by time window, not whole
 TABLE_COLUMNS = {"requests": REQUEST_COLUMNS, "memory": MEMORY_COLUMNS, "events": EVENT_COLUMNS}
 
 
@@ -90,6 +93,58 @@ class AllocatorRun:
     def events(self) -> pd.DataFrame:
         """events.parquet: one row per tenure of a pool region."""
         return read_table(self.path, "events")
+
+    @cached_property
+    def num_events(self) -> int:
+        """Rows of the events table (from the Parquet footer: nothing else is read)."""
+        meta = self._events_metadata()
+        return meta.num_rows if meta is not None else len(self.events)
+
+    def _events_metadata(self):
+        path = self.path / "events.parquet"
+        if "events" in self.__dict__ or not path.is_file():
+            return None
+        try:
+            return pq.ParquetFile(path).metadata
+        except (OSError, ValueError) as exc:
+            raise VizError(f"{path}: cannot read table ({exc})") from None
+
+    def events_between(self, t0: float, t1: float) -> pd.DataFrame:
+        """The tenures with t_start_s <= t1 and t_end_s > t0 (held at some time of [t0, t1]).
+
+        A big Parquet table is read a row group at a time, skipping the groups whose statistics rule
+        them out: simulate writes groups in release order, so a window costs about its own rows.
+        """
+        meta = self._events_metadata()
+        if meta is None or meta.num_rows <= WINDOW_READ_ROWS:
+            ev = self.events
+            return ev[(ev["t_start_s"].to_numpy(float) <= t1) & (ev["t_end_s"].to_numpy(float) > t0)]
+        path = self.path / "events.parquet"
+        try:
+            df = pq.read_table(path, filters=[("t_start_s", "<=", t1), ("t_end_s", ">", t0)]).to_pandas()
+        except (OSError, ValueError) as exc:
+            raise VizError(f"{path}: cannot read table ({exc})") from None
+        check_columns(df, EVENT_COLUMNS, str(path))
+        return df
+
+    def early_events_end(self, max_rows: int) -> float | None:
+        """A time T such that about `max_rows` tenures (plus those held at T) start before T, from the
+        Parquet row-group statistics alone; None when the file is not in release order (or small)."""
+        meta = self._events_metadata()
+        if meta is None or meta.num_rows <= max_rows:
+            return None
+        col = meta.schema.to_arrow_schema().get_field_index("t_end_s")
+        rows, prev = 0, -np.inf
+        for g in range(meta.num_row_groups):
+            group = meta.row_group(g)
+            stats = group.column(col).statistics
+            if stats is None or not stats.has_min_max or stats.min < prev:
+                return None  # not sorted by release time: the caller sorts the start times
+            prev = stats.max
+            rows += group.num_rows
+            if rows >= max_rows:
+                return float(stats.max)
+        return None
 
     def summary_value(self, *keys: str):
         """A (nested) key of summary.json, or VizError naming the file and the key path."""

@@ -138,11 +138,13 @@ def _reference_tenures(log: list[tuple]) -> list[tuple]:
 
 @given(ops=st.lists(st.tuples(st.sampled_from(["take", "share", "release"]), st.integers(0, 30),
                               st.integers(1, 4)), max_size=120),
-       block_size=st.sampled_from([1, 16]), bulk=st.booleans())
-@settings(max_examples=60, deadline=None)
-def test_event_recorder_pairs_tenures_like_a_replay(ops, block_size, bulk):
-    """Bulk (block) calls and per-region calls give the tenures of a plain replay of the same events."""
-    rec, log, held, refs = EventRecorder(), [], set(), {}
+       block_size=st.sampled_from([1, 16]), bulk=st.booleans(),
+       flush_rows=st.sampled_from([1, 2, 5, 1 << 20]))
+@settings(max_examples=80, deadline=None)
+def test_event_recorder_pairs_tenures_like_a_replay(ops, block_size, bulk, flush_rows):
+    """Bulk (block) calls and per-region calls give the tenures of a plain replay of the same events,
+    sorted by (release time, acquisition), however often the recorder flushes finished tenures."""
+    rec, log, held, refs = EventRecorder(flush_rows=flush_rows), [], set(), {}
     for step, (kind, key, extra) in enumerate(ops):
         rec.now = float(step)
         start = key * block_size
@@ -173,8 +175,9 @@ def test_event_recorder_pairs_tenures_like_a_replay(ops, block_size, bulk):
     got = rec.to_frame(end_s=999.0)
     want = [(rid, start, size, t0, 999.0 if t1 is None else t1, ref, filled)
             for rid, start, size, t0, t1, ref, filled in _reference_tenures(log)]
+    want = [w for _, w in sorted(enumerate(want), key=lambda iw: (iw[1][4], iw[0]))]
     assert [tuple(r) for r in got.itertuples(index=False)] == want
-    assert list(got.dtypes) == [np.int64, np.int64, np.int64, np.float64, np.float64, np.int64, np.int64]
+    assert list(got.dtypes) == [np.int32, np.int32, np.int32, np.float64, np.float64, np.int32, np.int32]
 
 
 def test_memory_log_round_trips_rows():

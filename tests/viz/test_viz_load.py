@@ -8,7 +8,7 @@ import pytest
 from viz_fixtures import write_small_run
 
 from viz.errors import VizError
-from viz.load import load_run, load_runs, series_label
+from viz.load import load_allocator, load_run, load_runs, series_label
 
 
 @pytest.fixture
@@ -94,3 +94,39 @@ def test_missing_allocator_folder(run_dir):
     (run_dir / "paged" / "config.json").unlink()
     with pytest.raises(VizError, match=r"paged/config\.json: file not found"):
         load_run(run_dir)
+
+
+def test_big_events_tables_are_read_by_time_window(tmp_path, monkeypatch):
+    """A release-ordered Parquet events table (as simulate streams it) is read a window at a time."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    import viz.load
+    from simulator.sim_config import SimConfig
+    from simulator.simulate import simulate
+    from simulator.sinks import open_event_sink
+    from traces import SyntheticConfig, generate_trace
+
+    folder = tmp_path / "paged"
+    folder.mkdir()
+    trace = generate_trace(SyntheticConfig(num_requests=150, rate=40.0, seed=2))
+    res = simulate(trace, SimConfig(capacity_tokens=6000),
+                   events=open_event_sink(folder / "events", batch_rows=200))
+    (folder / "config.json").write_text('{"allocator": "paged"}')
+    (folder / "summary.json").write_text("{}")
+    monkeypatch.setattr(viz.load, "WINDOW_READ_ROWS", 100)
+    alloc = load_allocator(folder)
+    assert alloc.num_events == res.num_events and "events" not in alloc.__dict__  # footer only
+    whole = pd.read_parquet(folder / "events.parquet")
+    t = whole["t_end_s"].to_numpy()
+    for t0, t1 in [(0.0, t[len(t) // 3]), (t[len(t) // 2], t[len(t) // 2]), (t[-10], t[-1] + 1)]:
+        want = whole[(whole["t_start_s"] <= t1) & (whole["t_end_s"] > t0)].reset_index(drop=True)
+        pd.testing.assert_frame_equal(alloc.events_between(t0, t1).reset_index(drop=True), want)
+    limit = len(whole) // 2
+    end = alloc.early_events_end(limit)
+    meta = pq.ParquetFile(folder / "events.parquet").metadata
+    biggest = max(meta.row_group(g).num_rows for g in range(meta.num_row_groups))
+    assert meta.num_row_groups > 5
+    # Ended by T: at least `limit` tenures; ended before T: fewer than `limit` plus one row group.
+    assert int((t <= end).sum()) >= limit > int((t < end).sum()) - biggest
+    assert np.isfinite(end) and "events" not in alloc.__dict__

@@ -1,0 +1,165 @@
+"""Where a run's big tables go as it records them: memory, or a file written as it grows.
+
+The EventRecorder hands its sink one batch of finished tenures at a time, in the documented row order
+(by release time, then acquisition; tenures still held when the run ends come last, ending at the
+run's end); the MemoryLog hands its sink batches of per-step rows in time order. Batches are numpy
+columns in schema order and dtypes. A file sink keeps at most one batch in memory, so a run's peak
+memory does not grow with its number of tenures or steps.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
+
+# Compact types: pool offsets, sizes, request ids and counts all fit in int32 (the recorder checks).
+EVENT_SCHEMA = pa.schema([("request_id", pa.int32()), ("start", pa.int32()), ("size", pa.int32()),
+                          ("t_start_s", pa.float64()), ("t_end_s", pa.float64()),
+                          ("max_ref_count", pa.int32()), ("filled", pa.int32())])
+EVENT_DTYPES = {f.name: np.dtype(f.type.to_pandas_dtype()) for f in EVENT_SCHEMA}
+# Dictionaries (Parquet's default) on every column, times included: many tenures share a release
+# step's time, and a 2^20-row group holds few distinct request ids, sizes and offsets. Measured on the
+# 1M-request run's tenures: 15.9 MB per 4.2 M rows, against 23 MB with byte-stream-split times and
+# delta / plain ints, and 17.9 MB with snappy; zstd level 1 costs about what snappy does.
+_EVENT_ENCODING: dict = {}
+
+
+def empty_table(dtypes: dict[str, np.dtype]) -> pd.DataFrame:
+    """A table with no rows and the given dtypes."""
+    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in dtypes.items()})
+
+
+def empty_events() -> pd.DataFrame:
+    """An events table with no rows and the documented dtypes."""
+    return empty_table(EVENT_DTYPES)
+
+
+def _schema(dtypes: dict[str, np.dtype]) -> pa.Schema:
+    return pa.schema([(c, pa.from_numpy_dtype(t)) for c, t in dtypes.items()])
+
+
+class TableSink:
+    """Receives batches of rows; `close` ends the table (no batch comes after it).
+
+    `batch_rows` is how many rows the producer gathers per batch: the memory-versus-overhead knob
+    (the recorder's raw runs are Python tuples, ~100 bytes an acquisition; pairing costs a sort).
+    """
+
+    num_rows: int = 0
+    batch_rows: int = 1 << 20
+
+    def write(self, columns: dict[str, np.ndarray]) -> None:
+        """Take one batch."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """No more batches."""
+
+
+EventSink = TableSink  # the sink simulate(..., events=) takes
+
+
+class FrameSink(TableSink):
+    """Keeps the batches in memory and concatenates them into one DataFrame (`frame`)."""
+
+    def __init__(self, batch_rows: int = 1 << 20, dtypes: dict[str, np.dtype] | None = None) -> None:
+        self.num_rows = 0
+        self.batch_rows = batch_rows
+        self.dtypes = dtypes or EVENT_DTYPES
+        self._batches: list[dict[str, np.ndarray]] = []
+
+    def write(self, columns: dict[str, np.ndarray]) -> None:
+        """Keep the batch."""
+        self._batches.append(columns)
+        self.num_rows += len(next(iter(columns.values())))
+
+    def frame(self) -> pd.DataFrame:
+        """All batches so far as one table."""
+        if not self._batches:
+            return empty_table(self.dtypes)
+        if len(self._batches) > 1:
+            self._batches = [{c: np.concatenate([b[c] for b in self._batches]) for c in self.dtypes}]
+        return pd.DataFrame(self._batches[0], copy=False)
+
+
+class ParquetSink(TableSink):
+    """Writes each batch as (at least) one row group of a Parquet file as it comes.
+
+    Event row groups follow release time, so their min/max statistics on t_start_s / t_end_s let a
+    reader load only the tenures of a time window (viz does).
+    """
+
+    def __init__(self, path: str | Path, schema: pa.Schema, batch_rows: int = 1 << 20, **options) -> None:
+        self.path = Path(path)
+        self.schema = schema
+        self.num_rows = 0
+        self.batch_rows = batch_rows
+        self._writer = pq.ParquetWriter(self.path, schema, compression="zstd", compression_level=1,
+                                        **options)
+
+    def write(self, columns: dict[str, np.ndarray]) -> None:
+        """Append the batch to the file."""
+        n = len(next(iter(columns.values())))
+        if n:
+            table = pa.Table.from_arrays([pa.array(columns[f.name], f.type) for f in self.schema],
+                                         schema=self.schema)
+            self._writer.write_table(table, row_group_size=max(n, 1 << 20))
+            self.num_rows += n
+
+    def close(self) -> None:
+        """Write the footer (an empty table still gets its schema)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+class CsvSink(TableSink):
+    """Appends each batch to a CSV file (`--table-format csv`)."""
+
+    def __init__(self, path: str | Path, schema: pa.Schema, batch_rows: int = 1 << 20) -> None:
+        self.path = Path(path)
+        self.schema = schema
+        self.num_rows = 0
+        self.batch_rows = batch_rows
+        self._writer = pa_csv.CSVWriter(str(self.path), schema)
+
+    def write(self, columns: dict[str, np.ndarray]) -> None:
+        """Append the batch's rows."""
+        n = len(next(iter(columns.values())))
+        if n:
+            self._writer.write_table(pa.Table.from_arrays(
+                [pa.array(columns[f.name], f.type) for f in self.schema], schema=self.schema))
+            self.num_rows += n
+
+    def close(self) -> None:
+        """Flush the file (a table without rows leaves just the header)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+def ParquetEventSink(path: str | Path, batch_rows: int = 1 << 20) -> ParquetSink:  # noqa: N802 - a sink type
+    """A Parquet sink with the events table's schema and encodings."""
+    return ParquetSink(path, EVENT_SCHEMA, batch_rows, **_EVENT_ENCODING)
+
+
+def open_event_sink(path_stem: str | Path, table_format: str = "parquet", batch_rows: int = 1 << 20
+                    ) -> TableSink:
+    """A file sink for the run folder's events table: PATH_STEM.parquet or PATH_STEM.csv."""
+    stem = Path(path_stem)
+    if table_format == "csv":
+        return CsvSink(stem.with_suffix(".csv"), EVENT_SCHEMA, batch_rows)
+    return ParquetEventSink(stem.with_suffix(".parquet"), batch_rows)
+
+
+def open_memory_sink(path_stem: str | Path, dtypes: dict[str, np.dtype], table_format: str = "parquet",
+                     batch_rows: int = 1 << 16) -> TableSink:
+    """A file sink for the run folder's memory table (one row per step or span)."""
+    stem = Path(path_stem)
+    if table_format == "csv":
+        return CsvSink(stem.with_suffix(".csv"), _schema(dtypes), batch_rows)
+    return ParquetSink(stem.with_suffix(".parquet"), _schema(dtypes), batch_rows)
