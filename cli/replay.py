@@ -9,7 +9,7 @@ import typer
 
 from cli import app
 from cli.common import UserError, console, err_console, finite_float, user_errors
-from cli.serving import Bars, allocators, check_metric_options, load_workload, report
+from cli.serving import Bars, allocators, cap_concurrency, check_metric_options, load_workload, report
 
 DEFAULT_LIMIT = 64
 
@@ -99,10 +99,7 @@ def replay_cmd(
     finite_float(time_scale, "--time-scale", minimum=0)
     finite_float(kv_memory_gb, "--kv-memory-gb")
     finite_float(swap_space_gb, "--swap-space-gb")
-    if max_concurrency is not None:
-        if max_concurrency < 1:
-            raise UserError(f"--max-concurrency must be >= 1, got {max_concurrency}")
-        max_num_seqs = min(max_num_seqs, max_concurrency)
+    max_num_seqs = cap_concurrency(max_num_seqs, max_concurrency)
     kinds, percentiles, slos = check_metric_options(percentile_metrics, metric_percentiles, goodput)
     if out is not None:
         check_out(out, overwrite)

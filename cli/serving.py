@@ -65,6 +65,15 @@ def load_workload(trace_arg: str | None, trace_opt: str | None, limit: int | Non
     return df, info
 
 
+def cap_concurrency(max_num_seqs: int, max_concurrency: int | None) -> int:
+    """--max-concurrency as the server sees it here: a cap on the running requests (docs/run-format.md)."""
+    if max_concurrency is None:
+        return max_num_seqs
+    if max_concurrency < 1:
+        raise UserError(f"--max-concurrency must be >= 1, got {max_concurrency}")
+    return min(max_num_seqs, max_concurrency)
+
+
 def check_metric_options(percentile_metrics: str | None, metric_percentiles: str | None,
                          goodput: list[str] | None) -> tuple[tuple, tuple, dict]:
     """Parse --percentile-metrics, --metric-percentiles and --goodput before any work."""

@@ -9,7 +9,7 @@ import typer
 
 from cli import app
 from cli.common import UserError, atomic_dir, err_console, finite_float, user_errors
-from cli.serving import Bars, allocators, check_metric_options, load_workload, report
+from cli.serving import Bars, allocators, cap_concurrency, check_metric_options, load_workload, report
 from simulator.core.cache_config import ALLOCATORS
 
 ALL_ALLOCATORS = list(ALLOCATORS)
@@ -109,10 +109,7 @@ def simulate_cmd(
     if plot and out is None:
         raise UserError("--plot needs --out (the figures go to OUT/figures)")
     finite_float(kv_memory_gb, "--kv-memory-gb")
-    if max_concurrency is not None:
-        if max_concurrency < 1:
-            raise UserError(f"--max-concurrency must be >= 1, got {max_concurrency}")
-        max_num_seqs = min(max_num_seqs, max_concurrency)
+    max_num_seqs = cap_concurrency(max_num_seqs, max_concurrency)
     kinds, percentiles, slos = check_metric_options(percentile_metrics, metric_percentiles, goodput)
     if out is not None:
         check_out(out, overwrite)
