@@ -66,19 +66,21 @@ class EventRecorder(RegionRecorder):
         self._reset_runs()
 
     def _reset_runs(self) -> None:
-        # Runs are stored as tuples of numbers, which the garbage collector stops tracking: many retained
-        # events then cost nothing in its full collections (lists would be traversed each time).
-        # Acquisition runs: keys, unit, region size, request id(s), time(s).
-        self._a_keys: list[tuple[int, ...]] = []
+        # Block ids and tenure numbers go into flat typed arrays (one C-level `extend` per run, no
+        # per-event Python objects, handed to numpy without a copy); per-run values stay in lists.
+        # Acquisition runs: keys (flat), events per run, unit, region size, request id(s), time(s).
+        self._a_keys = array("q")
+        self._a_n = array("q")
         self._a_unit: list[int] = []
         self._a_size: list[int] = []
         self._a_rid: list = []
         self._a_t: list = []
         self._a_lists = [False, False]  # whether any run carries per-event request ids / times
-        # Release runs: tenures ended, time, filled slots (one per tenure).
-        self._r_rows: list[tuple[int, ...]] = []
+        # Release runs: tenures ended (flat), events per run, time, filled slots (flat, one per tenure).
+        self._r_rows = array("q")
+        self._r_n = array("q")
         self._r_t: list[float] = []
-        self._r_filled: list[tuple[int, ...]] = []
+        self._r_filled = array("q")
         # Shares, one by one (rare): tenure, new ref count.
         self._s_row: list[int] = []
         self._s_ref: list[int] = []
@@ -95,7 +97,8 @@ class EventRecorder(RegionRecorder):
     def acquire(self, start: int, size: int, request_id: int) -> None:
         """A region was taken."""
         self._rows(1, start)[start] = self.num_acquired
-        self._a_keys.append((start,))
+        self._a_keys.append(start)
+        self._a_n.append(1)
         self._a_unit.append(1)
         self._a_size.append(size)
         self._a_rid.append(request_id)
@@ -111,9 +114,10 @@ class EventRecorder(RegionRecorder):
 
     def release(self, start: int, filled: int) -> None:
         """A region was given back."""
-        self._r_rows.append((self._open[1][start],))
+        self._r_rows.append(self._open[1][start])
+        self._r_n.append(1)
         self._r_t.append(self.now)
-        self._r_filled.append((filled,))
+        self._r_filled.append(filled)
 
     # ----------------------------------------------------------------- bulk block API
     def acquire_blocks(self, block_ids: SeqLike[int], block_size: int, request_id: int | SeqLike[int],
@@ -127,7 +131,8 @@ class EventRecorder(RegionRecorder):
             rows[bid] = row
             row += 1
         self.num_acquired = row
-        self._a_keys.append(tuple(block_ids))
+        self._a_keys.extend(block_ids)
+        self._a_n.append(len(block_ids))
         self._a_unit.append(block_size)
         self._a_size.append(block_size)
         if isinstance(request_id, int):
@@ -153,28 +158,31 @@ class EventRecorder(RegionRecorder):
         if not block_ids:
             return
         rows = self._open[block_size]
-        self._r_rows.append(itemgetter(*block_ids)(rows) if len(block_ids) > 1 else (rows[block_ids[0]],))
+        if len(block_ids) > 1:
+            self._r_rows.extend(itemgetter(*block_ids)(rows))
+        else:
+            self._r_rows.append(rows[block_ids[0]])
+        self._r_n.append(len(block_ids))
         self._r_t.append(self.now)
-        self._r_filled.append(tuple(filled))
+        self._r_filled.extend(filled)
 
     # ----------------------------------------------------------------- pairing and output
     def _pair(self) -> None:
         """Move the raw runs recorded since the last call into the open-tenure table."""
         num = self.num_acquired - self._base
         if num:
-            counts = [len(k) for k in self._a_keys]
-            start = np.fromiter(chain.from_iterable(self._a_keys), np.int64, num)
+            counts = np.frombuffer(self._a_n, np.int64)
+            start = np.frombuffer(self._a_keys, np.int64).copy()
             start *= np.repeat(np.asarray(self._a_unit, dtype=np.int64), counts)
             self._tenures.add(self._base, _expand(self._a_rid, counts, self._a_lists[0], np.int64), start,
                               np.repeat(np.asarray(self._a_size, dtype=np.int64), counts),
                               _expand(self._a_t, counts, self._a_lists[1], np.float64))
             self._base = self.num_acquired
-        if self._r_rows:
-            rcounts = [len(r) for r in self._r_rows]
-            num_r = sum(rcounts)
-            self._tenures.release(np.fromiter(chain.from_iterable(self._r_rows), np.int64, num_r),
+        if self._r_t:
+            rcounts = np.frombuffer(self._r_n, np.int64)
+            self._tenures.release(np.frombuffer(self._r_rows, np.int64),
                                   np.repeat(np.asarray(self._r_t, dtype=np.float64), rcounts),
-                                  np.fromiter(chain.from_iterable(self._r_filled), np.int64, num_r))
+                                  np.frombuffer(self._r_filled, np.int64))
         if self._s_row:
             self._tenures.share(np.asarray(self._s_row, dtype=np.int64), np.asarray(self._s_ref, np.int64))
         self._reset_runs()
