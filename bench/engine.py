@@ -5,7 +5,8 @@ replay does) and must produce each request's trace output length; arrivals are i
 available at once). transformers runs static batches of `hf_batch_size` requests in trace order, left-
 padded to the longest prompt of the batch, each generating the batch's longest output; only the tokens a
 request asked for count as output. The engine runs them all with continuous batching. Same weights on
-both sides (the tiny preset copied into a transformers LlamaForCausalLM), fp32, greedy.
+both sides (the preset copied into a transformers LlamaForCausalLM), greedy; fp32 tiny on the CPU by
+default, any preset, device and dtype on request (bf16 llama-1b-shape on a GPU).
 """
 from __future__ import annotations
 
@@ -72,7 +73,7 @@ def to_transformers(model: CausalLM):
         num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
         max_position_embeddings=cfg.max_position_embeddings, rms_norm_eps=cfg.rms_norm_eps,
         rope_theta=cfg.rope_theta, tie_word_embeddings=cfg.tie_word_embeddings)
-    hf = transformers.LlamaForCausalLM(hf_config).to(model.dtype).eval()
+    hf = transformers.LlamaForCausalLM(hf_config).to(device=model.device, dtype=model.dtype).eval()
     ours = dict(model.named_parameters())
     state = {}
     for name, pieces in model.hf_weight_sources().items():
@@ -90,7 +91,9 @@ def to_transformers(model: CausalLM):
 @torch.inference_mode()
 def run_transformers(hf_model, work: BenchRequests, batch_size: int = 16) -> dict:
     """Wall time and output throughput of padded static batches through `hf_model.generate`."""
-    hf_model.generate(torch.tensor([[1, 2, 3]]), attention_mask=torch.ones(1, 3, dtype=torch.long),
+    device = next(hf_model.parameters()).device
+    hf_model.generate(torch.tensor([[1, 2, 3]], device=device),
+                      attention_mask=torch.ones(1, 3, dtype=torch.long, device=device),
                       max_new_tokens=2, do_sample=False, pad_token_id=0)  # warmup
     start = time.perf_counter()
     produced = 0
@@ -104,17 +107,20 @@ def run_transformers(hf_model, work: BenchRequests, batch_size: int = 16) -> dic
             ids[i, width - len(p):] = torch.tensor(p)
             mask[i, width - len(p):] = 1
         new = max(outs)
-        hf_model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                          pad_token_id=0)
+        hf_model.generate(ids.to(device), attention_mask=mask.to(device), max_new_tokens=new,
+                          min_new_tokens=new, do_sample=False, pad_token_id=0)
         produced += sum(outs)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
     return {"seconds": seconds, "output_tokens": produced, "tokens_per_s": produced / seconds,
             "batch_size": batch_size}
 
 
 def compare(model_name: str = "tiny", trace: str = "azure-conv", limit: int = 64, hf_batch_size: int = 16,
-            seed: int = 0, max_model_len: int | None = None, progress=None, **engine_options) -> dict:
-    """Engine vs transformers on one workload (CPU, fp32): both results and the speed-up.
+            seed: int = 0, max_model_len: int | None = None, progress=None, device: str = "cpu",
+            dtype: str | None = None, backend: str = "auto", **engine_options) -> dict:
+    """Engine vs transformers on one workload (default CPU, fp32, tiny): both results and the speed-up.
 
     `max_model_len` clips prompts (as the replay does) so that prompt + output fit in it;
     `progress(message)`, when given, is told when each phase starts (the runs take minutes).
@@ -123,10 +129,13 @@ def compare(model_name: str = "tiny", trace: str = "azure-conv", limit: int = 64
     from gpu_backend.model_presets import build_preset
     from gpu_backend.ops import get_backend
 
-    model = build_preset(model_name, dtype=torch.float32, backend=get_backend("torch", "cpu"), seed=seed)
+    dev = torch.device(device)
+    torch_dtype = getattr(torch, dtype) if dtype else (torch.float32 if dev.type == "cpu" else torch.bfloat16)
+    model = build_preset(model_name, dtype=torch_dtype, device=dev, backend=get_backend(backend, dev),
+                         seed=seed)
     work = bench_requests(model, trace, limit, seed, max_model_len)
     say(f"engine: {len(work.prompts)} requests, {work.num_output_tokens} output tokens")
-    engine = run_engine(model, work, device="cpu", **engine_options)
+    engine = run_engine(model, work, device=device, **engine_options)
     say(f"engine: {engine['tokens_per_s']:.1f} tok/s; transformers: batches of {hf_batch_size}")
     hf = run_transformers(to_transformers(model), work, hf_batch_size)
     say(f"transformers: {hf['tokens_per_s']:.1f} tok/s")
@@ -135,4 +144,6 @@ def compare(model_name: str = "tiny", trace: str = "azure-conv", limit: int = 64
                          "output_tokens": work.num_output_tokens,
                          "max_prompt": int(max(map(len, work.prompts)))},
             "engine": engine, "transformers": hf, "speedup": engine["tokens_per_s"] / hf["tokens_per_s"],
-            "threads": torch.get_num_threads(), "mean_output": float(np.mean(work.output_lens))}
+            "threads": torch.get_num_threads(), "mean_output": float(np.mean(work.output_lens)),
+            "model": model_name, "device": str(dev), "dtype": str(torch_dtype).removeprefix("torch."),
+            "backend": model.attn_backend.name}

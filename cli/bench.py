@@ -218,12 +218,17 @@ def engine_bench(
     batch: list[str] = typer.Option(["16,64,256"], help="--host: running sequences per step."),
     allocator: list[str] = typer.Option(["paged", "contiguous-max"], help="--host: allocators."),
     steps: int = typer.Option(50, help="--host: timed decode steps per batch size."),
+    model: str = typer.Option("tiny", help="Model preset (both sides get the same weights)."),
+    device: str = typer.Option("cpu", help="cpu or cuda."),
+    dtype: str = typer.Option(None, help="float32, float16 or bfloat16 (default: fp32 CPU, bf16 CUDA)."),
+    backend: str = typer.Option("auto", help="Attention backend of the engine (auto, torch, triton)."),
+    hf_batch_size: int = typer.Option(16, help="transformers: requests per static batch."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     save_result: bool = typer.Option(False, "--save-result", help="Save the result as JSON (vLLM bench)."),
     result_dir: Path = typer.Option(None, "--result-dir", help="Folder of the result JSON (default: .)."),
     result_filename: str = typer.Option(None, "--result-filename", help="Name of the result JSON."),
 ) -> None:
-    """CPU output throughput: the paged engine vs transformers' padded batched generate (tiny model).
+    """Output throughput: the paged engine vs transformers' padded batched generate (CPU tiny by default).
 
     With --host: the engine's own work per decode step (scheduling, packing, sampling, bookkeeping)
     with a model stub whose forward returns at once, by batch size.
@@ -242,12 +247,17 @@ def engine_bench(
     limit = 64 if limit is None else limit
     if limit < 1:
         raise UserError(f"--limit/--num-prompts must be >= 1, got {limit}")
-    r = compare(trace=trace, limit=limit, max_model_len=max_model_len,
+    if hf_batch_size < 1:
+        raise UserError(f"--hf-batch-size must be >= 1, got {hf_batch_size}")
+    if dtype not in (None, "float32", "float16", "bfloat16"):
+        raise UserError(f"--dtype must be float32, float16 or bfloat16, got {dtype!r}")
+    r = compare(model_name=model, trace=trace, limit=limit, max_model_len=max_model_len, device=device,
+                dtype=dtype, backend=backend, hf_batch_size=hf_batch_size,
                 progress=lambda message: err_console.print(f"bench engine: {message}", markup=False))
     row = {"requests": limit, "output_tokens": r["workload"]["output_tokens"],
            "engine_tok_s": r["engine"]["tokens_per_s"],
            "transformers_tok_s": r["transformers"]["tokens_per_s"],
-           "speedup": r["speedup"], "threads": r["threads"]}
+           "speedup": r["speedup"], "threads": r["threads"], "device": r["device"], "dtype": r["dtype"]}
     write_result("bench engine", {"result": r}, save=save_result, result_dir=result_dir,
                 result_filename=result_filename)
-    _emit([row], "engine vs transformers (CPU, fp32, tiny model)", as_json)
+    _emit([row], f"engine vs transformers ({r['device']}, {r['dtype']}, {model})", as_json)
