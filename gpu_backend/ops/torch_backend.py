@@ -156,8 +156,21 @@ class TorchBackend:
                                    f"exceeds its context length {ctx_list[bad[0]]}")
         _check_fits(ctx_list, block_tables, block_size, "prefill")
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        seqs = list(range(num_seqs))
+        decoding = [i for i in seqs if q_lens[i] == 1]
+        if decoding and len(decoding) < num_seqs:
+            # A decode row tiled with a prefill is padded to the prefill's query length (a mixed step cost
+            # 3-5x the sum of its parts on the CPU, docs/calibration.md): decode rows take the decode path.
+            rows_t = torch.tensor(decoding, dtype=torch.int64, device=q.device)
+            tok_t = torch.tensor([cu[i] for i in decoding], dtype=torch.int64, device=q.device)
+            out.index_copy_(0, tok_t, self.decode(q.index_select(0, tok_t), k_cache, v_cache,
+                                                  block_tables.index_select(0, rows_t),
+                                                  context_lens.index_select(0, rows_t), scale))
+            seqs = [i for i in seqs if q_lens[i] != 1]
         token_bytes = 2 * num_kv_heads * head_dim * k_cache.element_size()
-        tiles = [t for t in tiles_by_bytes(ctx_list, q_lens, token_bytes, self.config.tile_bytes) if t[2] > 0]
+        tiles = [([seqs[r] for r in rows], max_ctx, max_q) for rows, max_ctx, max_q in
+                 tiles_by_bytes([ctx_list[i] for i in seqs], [q_lens[i] for i in seqs], token_bytes,
+                                self.config.tile_bytes) if max_q > 0]
         if not tiles:
             return out
         gather = Gatherer(k_cache, v_cache, *self._buffers(k_cache, tiles))
