@@ -9,14 +9,13 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence as SeqLike
 from itertools import chain
-from operator import itemgetter
 
 import numpy as np
 import pandas as pd
 
 from simulator.core.allocator import MemoryBreakdown, RegionRecorder
 from simulator.sinks import EVENT_DTYPES, EventSink, FrameSink, TableSink
-from simulator.tenures import OpenTenures
+from simulator.tenures import ACQUIRE, RELEASE, SHARE, OpenRows, OpenTenures
 
 MEMORY_COLUMNS = ("step", "num_steps", "t_s", "dt_s", "token_states", "reservation",
                   "internal_fragmentation", "external_fragmentation", "free", "cached_free",
@@ -48,11 +47,11 @@ class EventRecorder(RegionRecorder):
     `now` is the simulated clock (the simulator sets it). Events come in runs: the bulk calls
     (`acquire_blocks`, `release_blocks`, `share_block`) log paged blocks, named by block id with unit =
     block size, a whole run per call; the per-region calls of the RegionRecorder interface log one region,
-    named by its first slot (unit 1). Bulk calls pair with bulk calls, per-region calls with per-region
-    calls. Each tenure is numbered in acquisition order; the number of each open tenure is kept per unit
-    in a list indexed by key, so a release finds it in C (`itemgetter`). Every `flush_rows` acquisitions
-    the raw runs are paired with numpy (simulator/tenures.py) and the finished tenures go to `sink`
-    (default: a FrameSink kept in memory), so the raw runs never pile up.
+    named by its first slot (unit 1). Each tenure is numbered in acquisition order. A call only appends
+    the keys it names to a flat log (one C-level `extend`, no per-key Python work); every `flush_rows`
+    acquisitions the log is resolved with numpy (which tenure each release and share ends or raises:
+    simulator/tenures.py OpenRows), paired into tenures and the finished ones go to `sink` (default: a
+    FrameSink kept in memory), so the raw runs never pile up.
     """
 
     def __init__(self, sink: EventSink | None = None, flush_rows: int | None = None) -> None:
@@ -61,45 +60,35 @@ class EventRecorder(RegionRecorder):
         self.sink = sink if sink is not None else FrameSink()
         self.flush_rows = flush_rows or self.sink.batch_rows
         self._tenures = OpenTenures()
+        self._open = OpenRows()
         self._base = 0  # first acquisition not yet moved into _tenures
-        self._open: dict[int, list[int]] = {}  # unit -> number of the open tenure of each key
         self._reset_runs()
 
     def _reset_runs(self) -> None:
-        # Block ids and tenure numbers go into flat typed arrays (one C-level `extend` per run, no
-        # per-event Python objects, handed to numpy without a copy); per-run values stay in lists.
-        # Acquisition runs: keys (flat), events per run, unit, region size, request id(s), time(s).
-        self._a_keys = array("q")
-        self._a_n = array("q")
-        self._a_unit: list[int] = []
+        # Keys go into one flat typed array in the order the events happen (one C-level `extend` per
+        # run, handed to numpy without a copy), with each run's length, kind and unit; per-run values
+        # stay in lists.
+        self._e_keys = array("q")
+        self._e_n = array("q")
+        self._e_kind = array("b")
+        self._e_unit = array("q")
+        # Acquisition runs: region size, request id(s), time(s).
         self._a_size: list[int] = []
         self._a_rid: list = []
         self._a_t: list = []
         self._a_lists = [False, False]  # whether any run carries per-event request ids / times
-        # Release runs: tenures ended (flat), events per run, time, filled slots (flat, one per tenure).
-        self._r_rows = array("q")
-        self._r_n = array("q")
+        # Release runs: time, filled slots (flat, one per tenure). Shares: new ref count.
         self._r_t: list[float] = []
         self._r_filled = array("q")
-        # Shares, one by one (rare): tenure, new ref count.
-        self._s_row: list[int] = []
         self._s_ref: list[int] = []
-
-    def _rows(self, unit: int, max_key: int) -> list[int]:
-        rows = self._open.get(unit)
-        if rows is None:
-            rows = self._open[unit] = []
-        if len(rows) <= max_key:
-            rows.extend([-1] * (max(max_key + 1, 2 * len(rows)) - len(rows)))
-        return rows
 
     # ----------------------------------------------------------------- per-region API
     def acquire(self, start: int, size: int, request_id: int) -> None:
         """A region was taken."""
-        self._rows(1, start)[start] = self.num_acquired
-        self._a_keys.append(start)
-        self._a_n.append(1)
-        self._a_unit.append(1)
+        self._e_keys.append(start)
+        self._e_n.append(1)
+        self._e_kind.append(ACQUIRE)
+        self._e_unit.append(1)
         self._a_size.append(size)
         self._a_rid.append(request_id)
         self._a_t.append(self.now)
@@ -109,13 +98,14 @@ class EventRecorder(RegionRecorder):
 
     def share(self, start: int, ref_count: int) -> None:
         """A region gained another owner."""
-        self._s_row.append(self._open[1][start])
-        self._s_ref.append(ref_count)
+        self.share_block(start, 1, ref_count)
 
     def release(self, start: int, filled: int) -> None:
         """A region was given back."""
-        self._r_rows.append(self._open[1][start])
-        self._r_n.append(1)
+        self._e_keys.append(start)
+        self._e_n.append(1)
+        self._e_kind.append(RELEASE)
+        self._e_unit.append(1)
         self._r_t.append(self.now)
         self._r_filled.append(filled)
 
@@ -123,19 +113,15 @@ class EventRecorder(RegionRecorder):
     def acquire_blocks(self, block_ids: SeqLike[int], block_size: int, request_id: int | SeqLike[int],
                        times: SeqLike[float] | None = None) -> None:
         """Blocks were taken, by one request or one request per block, now or at `times` (one per block)."""
-        if not block_ids:
+        n = len(block_ids)
+        if not n:
             return
-        rows = self._rows(block_size, max(block_ids))
-        row = self.num_acquired
-        for bid in block_ids:
-            rows[bid] = row
-            row += 1
-        self.num_acquired = row
-        self._a_keys.extend(block_ids)
-        self._a_n.append(len(block_ids))
-        self._a_unit.append(block_size)
+        self._e_keys.extend(block_ids)
+        self._e_n.append(n)
+        self._e_kind.append(ACQUIRE)
+        self._e_unit.append(block_size)
         self._a_size.append(block_size)
-        if isinstance(request_id, int):
+        if request_id.__class__ is int:
             self._a_rid.append(request_id)
         else:
             self._a_rid.append(tuple(request_id))
@@ -145,46 +131,57 @@ class EventRecorder(RegionRecorder):
         else:
             self._a_t.append(tuple(times))
             self._a_lists[1] = True
-        if row - self._base >= self.flush_rows:
+        self.num_acquired += n
+        if self.num_acquired - self._base >= self.flush_rows:
             self.flush()
 
     def share_block(self, block_id: int, block_size: int, ref_count: int) -> None:
         """A block gained another owner."""
-        self._s_row.append(self._open[block_size][block_id])
+        self._e_keys.append(block_id)
+        self._e_n.append(1)
+        self._e_kind.append(SHARE)
+        self._e_unit.append(block_size)
         self._s_ref.append(ref_count)
 
     def release_blocks(self, block_ids: SeqLike[int], block_size: int, filled: SeqLike[int]) -> None:
         """Blocks were given back now, holding `filled` tokens each."""
-        if not block_ids:
+        n = len(block_ids)
+        if not n:
             return
-        rows = self._open[block_size]
-        if len(block_ids) > 1:
-            self._r_rows.extend(itemgetter(*block_ids)(rows))
-        else:
-            self._r_rows.append(rows[block_ids[0]])
-        self._r_n.append(len(block_ids))
+        self._e_keys.extend(block_ids)
+        self._e_n.append(n)
+        self._e_kind.append(RELEASE)
+        self._e_unit.append(block_size)
         self._r_t.append(self.now)
         self._r_filled.extend(filled)
 
     # ----------------------------------------------------------------- pairing and output
     def _pair(self) -> None:
         """Move the raw runs recorded since the last call into the open-tenure table."""
+        if not self._e_n:
+            return
+        counts = np.frombuffer(self._e_n, np.int64)
+        run_kind = np.frombuffer(self._e_kind, np.int8)
+        keys = np.frombuffer(self._e_keys, np.int64)
+        units = np.repeat(np.frombuffer(self._e_unit, np.int64), counts)
+        kinds = np.repeat(run_kind, counts)
+        rows = self._open.resolve(keys, units, kinds, self._base)
         num = self.num_acquired - self._base
         if num:
-            counts = np.frombuffer(self._a_n, np.int64)
-            start = np.frombuffer(self._a_keys, np.int64).copy()
-            start *= np.repeat(np.asarray(self._a_unit, dtype=np.int64), counts)
-            self._tenures.add(self._base, _expand(self._a_rid, counts, self._a_lists[0], np.int64), start,
-                              np.repeat(np.asarray(self._a_size, dtype=np.int64), counts),
-                              _expand(self._a_t, counts, self._a_lists[1], np.float64))
+            acq = kinds == ACQUIRE
+            a_counts = counts[run_kind == ACQUIRE]
+            sizes = np.repeat(np.asarray(self._a_size, dtype=np.int64), a_counts)
+            self._tenures.add(self._base, _expand(self._a_rid, a_counts, self._a_lists[0], np.int64),
+                              keys[acq] * units[acq], sizes, _expand(self._a_t, a_counts, self._a_lists[1],
+                                                                     np.float64))
             self._base = self.num_acquired
         if self._r_t:
-            rcounts = np.frombuffer(self._r_n, np.int64)
-            self._tenures.release(np.frombuffer(self._r_rows, np.int64),
-                                  np.repeat(np.asarray(self._r_t, dtype=np.float64), rcounts),
+            rel = kinds == RELEASE
+            self._tenures.release(rows[rel], np.repeat(np.asarray(self._r_t, dtype=np.float64),
+                                                       counts[run_kind == RELEASE]),
                                   np.frombuffer(self._r_filled, np.int64))
-        if self._s_row:
-            self._tenures.share(np.asarray(self._s_row, dtype=np.int64), np.asarray(self._s_ref, np.int64))
+        if self._s_ref:
+            self._tenures.share(rows[kinds == SHARE], np.asarray(self._s_ref, np.int64))
         self._reset_runs()
 
     def flush(self) -> None:

@@ -74,3 +74,85 @@ class OpenTenures:
         keep = ~done
         self.row = self.row[keep]
         self.cols = {c: v[keep] for c, v in self.cols.items()}
+
+
+ACQUIRE, RELEASE, SHARE = 0, 1, 2
+
+
+class OpenRows:
+    """Which tenure each key (a pool region, named by unit and key) holds open, resolved in batches.
+
+    The recorder logs raw events in order (acquire / release / share, each naming a key) without looking
+    anything up; `resolve` then gives every event its tenure number in numpy: an acquisition starts the
+    next number, a release or share acts on the latest acquisition of its key before it (in this batch,
+    else the one still open from earlier batches, kept here sorted by key).
+    """
+
+    def __init__(self) -> None:
+        self.keys = np.zeros(0, np.int64)  # composite keys of open tenures (sorted)
+        self.rows = np.zeros(0, np.int64)
+        self._units: list[int] = []  # unit index -> unit (keys of different units never alias)
+
+    def _composite(self, keys: np.ndarray, units: np.ndarray) -> np.ndarray:
+        for u in np.unique(units).tolist():
+            if u not in self._units:
+                self._units.append(u)
+        if len(self._units) == 1:
+            return keys
+        index = np.zeros(len(keys), np.int64)
+        for i, u in enumerate(self._units):
+            index[units == u] = i
+        return index << 32 | keys
+
+    def resolve(self, keys: np.ndarray, units: np.ndarray, kinds: np.ndarray, first_row: int) -> np.ndarray:
+        """Tenure number of each event (`keys`, `units`, `kinds` per event, in the order they happened);
+        acquisitions are numbered from `first_row`. Raises KeyError for a release or share of a key that
+        holds no open tenure."""
+        n = len(keys)
+        rows = np.full(n, -1, np.int64)
+        if n == 0:
+            return rows
+        if int(keys.min()) < 0 or int(keys.max()) >= 1 << 32:
+            raise ValueError("region keys must be in [0, 2^32)")
+        comp = self._composite(keys, units)
+        is_acq = kinds == ACQUIRE
+        rows[is_acq] = np.arange(first_row, first_row + int(is_acq.sum()), dtype=np.int64)
+        top = int(comp.max())
+        small = np.uint16 if top < 1 << 16 else np.uint32 if top < 1 << 32 else np.int64
+        order = np.argsort(comp.astype(small), kind="stable")  # by key, then by time (radix sort when small)
+        sk, sacq = comp[order], is_acq[order]
+        pos = np.arange(n)
+        last = np.maximum.accumulate(np.where(sacq, pos, -1))  # latest acquisition at or before each event
+        new_key = np.empty(n, bool)
+        new_key[0] = True
+        np.not_equal(sk[1:], sk[:-1], out=new_key[1:])
+        group_start = np.maximum.accumulate(np.where(new_key, pos, 0))
+        srows = rows[order]
+        inside = ~sacq & (last >= group_start)
+        srows[inside] = srows[last[inside]]
+        outside = ~sacq & (last < group_start)
+        if outside.any():
+            want = sk[outside]
+            at = np.searchsorted(self.keys, want)
+            found = at < len(self.keys)
+            found[found] = self.keys[at[found]] == want[found]
+            if not found.all():
+                raise KeyError(f"region key {int(want[~found][0]) & 0xFFFFFFFF} holds no open tenure")
+            srows[outside] = self.rows[at]
+        rows[order] = srows
+        # The keys' state after the batch: the last acquisition or release of each decides (shares keep it).
+        changes = np.flatnonzero(kinds[order] != SHARE)
+        ck = sk[changes]
+        last_of_key = np.empty(len(ck), bool)
+        if len(ck):
+            last_of_key[-1] = True
+            np.not_equal(ck[1:], ck[:-1], out=last_of_key[:-1])
+        final = changes[last_of_key]
+        touched = sk[final]
+        still_open = sacq[final]
+        keep = ~np.isin(self.keys, touched, assume_unique=True)
+        keys_new = np.concatenate([self.keys[keep], touched[still_open]])
+        rows_new = np.concatenate([self.rows[keep], srows[final][still_open]])
+        by_key = np.argsort(keys_new, kind="stable")
+        self.keys, self.rows = keys_new[by_key], rows_new[by_key]
+        return rows

@@ -218,10 +218,13 @@ class Scheduler:
         limit = self.config.max_model_len
         if seqs[0].length > limit or (seqs[0].final_len or 0) > limit:
             return Admission.REJECT
+        if len(self.running) >= self.config.max_num_seqs or room <= 0:
+            # It waits whatever memory is free now (only NEVER would reject it): the cheap question.
+            return Admission.WAIT if self.allocator.can_ever_allocate(group) else Admission.REJECT
         status = self.allocator.can_allocate(group)
         if status is AllocStatus.NEVER:
             return Admission.REJECT
-        if status is AllocStatus.LATER or len(self.running) >= self.config.max_num_seqs or room <= 0:
+        if status is AllocStatus.LATER:
             return Admission.WAIT
         if not self.config.enable_chunked_prefill and self._prefill_tokens(seqs) > room:
             return Admission.WAIT  # the whole prompt must fit in this step's token budget
