@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence as SeqLike
-from itertools import chain
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import pandas as pd
 
 from simulator.core.allocator import MemoryBreakdown, RegionRecorder
 from simulator.sinks import EVENT_DTYPES, EventSink, FrameSink, TableSink
-from simulator.tenures import ACQUIRE, RELEASE, SHARE, OpenRows, OpenTenures
+from simulator.tenures import ACQUIRE, PER_EVENT_RID, PER_EVENT_TIME, RELEASE, SHARE, RawRuns, TenurePairer
 
 MEMORY_COLUMNS = ("step", "num_steps", "t_s", "dt_s", "token_states", "reservation",
                   "internal_fragmentation", "external_fragmentation", "free", "cached_free",
@@ -28,59 +28,41 @@ _DT = MEMORY_COLUMNS.index("dt_s")
 EVENT_COLUMNS = tuple((c, str(t)) for c, t in EVENT_DTYPES.items())
 
 
-def _expand(values: list, counts: list[int], has_lists: bool, dtype) -> np.ndarray:
-    """Per-event array from per-run entries that are one value for the run or a tuple of one per event."""
-    if not has_lists:
-        return np.repeat(np.asarray(values, dtype=dtype), counts)
-    is_list = [isinstance(v, tuple) for v in values]
-    out = np.repeat(np.asarray([0 if il else v for v, il in zip(values, is_list, strict=True)], dtype=dtype),
-                    counts)
-    lists = [v for v, il in zip(values, is_list, strict=True) if il]
-    mask = np.repeat(np.asarray(is_list), counts)
-    out[mask] = np.fromiter(chain.from_iterable(lists), dtype, int(mask.sum()))
-    return out
-
-
 class EventRecorder(RegionRecorder):
     """Collects pool-region tenures: who held which region of the pool, from when to when.
 
     `now` is the simulated clock (the simulator sets it). Events come in runs: the bulk calls
     (`acquire_blocks`, `release_blocks`, `share_block`) log paged blocks, named by block id with unit =
     block size, a whole run per call; the per-region calls of the RegionRecorder interface log one region,
-    named by its first slot (unit 1). Each tenure is numbered in acquisition order. A call only appends
-    the keys it names to a flat log (one C-level `extend`, no per-key Python work); every `flush_rows`
-    acquisitions the log is resolved with numpy (which tenure each release and share ends or raises:
-    simulator/tenures.py OpenRows), paired into tenures and the finished ones go to `sink` (default: a
-    FrameSink kept in memory), so the raw runs never pile up.
+    named by its first slot (unit 1). Each tenure is numbered in acquisition order. A call only appends to
+    flat typed arrays (one C-level `extend` per run, no per-key Python work). Every `flush_rows`
+    acquisitions the log is handed, as one `RawRuns` batch, to a background thread that pairs it into
+    tenures with numpy (simulator/tenures.py `TenurePairer`) and writes the finished ones to `sink`
+    (default: a FrameSink kept in memory) while the simulation goes on: numpy and the Parquet encoder
+    release the GIL, so on two cores that work mostly leaves the simulation's critical path. Batches are
+    processed one at a time in order (the next waits for the previous), so the output is the same as
+    pairing them inline, and at most two batches exist at once.
     """
 
-    def __init__(self, sink: EventSink | None = None, flush_rows: int | None = None) -> None:
+    def __init__(self, sink: EventSink | None = None, flush_rows: int | None = None,
+                 background: bool = True) -> None:
         self.now = 0.0
         self.num_acquired = 0  # tenures started so far (the next number)
         self.sink = sink if sink is not None else FrameSink()
         self.flush_rows = flush_rows or self.sink.batch_rows
-        self._tenures = OpenTenures()
-        self._open = OpenRows()
-        self._base = 0  # first acquisition not yet moved into _tenures
+        self._pairer = TenurePairer(self.sink)
+        self._base = 0  # first acquisition not yet handed to the pairer
+        self._background = background
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending: Future | None = None
         self._reset_runs()
 
     def _reset_runs(self) -> None:
-        # Keys go into one flat typed array in the order the events happen (one C-level `extend` per
-        # run, handed to numpy without a copy), with each run's length, kind and unit; per-run values
-        # stay in lists.
-        self._e_keys = array("q")
-        self._e_n = array("q")
-        self._e_kind = array("b")
-        self._e_unit = array("q")
-        # Acquisition runs: region size, request id(s), time(s).
-        self._a_size: list[int] = []
-        self._a_rid: list = []
-        self._a_t: list = []
-        self._a_lists = [False, False]  # whether any run carries per-event request ids / times
-        # Release runs: time, filled slots (flat, one per tenure). Shares: new ref count.
-        self._r_t: list[float] = []
-        self._r_filled = array("q")
-        self._s_ref: list[int] = []
+        self._raw = raw = RawRuns()
+        self._e_keys, self._e_n, self._e_kind, self._e_unit = raw.e_keys, raw.e_n, raw.e_kind, raw.e_unit
+        self._a_size, self._a_rid, self._a_t, self._a_flags = raw.a_size, raw.a_rid, raw.a_t, raw.a_flags
+        self._a_rids, self._a_times = raw.a_rids, raw.a_times
+        self._r_t, self._r_filled, self._s_ref = raw.r_t, raw.r_filled, raw.s_ref
 
     # ----------------------------------------------------------------- per-region API
     def acquire(self, start: int, size: int, request_id: int) -> None:
@@ -92,9 +74,10 @@ class EventRecorder(RegionRecorder):
         self._a_size.append(size)
         self._a_rid.append(request_id)
         self._a_t.append(self.now)
+        self._a_flags.append(0)
         self.num_acquired += 1
         if self.num_acquired - self._base >= self.flush_rows:
-            self.flush()
+            self._flush(self._background)
 
     def share(self, start: int, ref_count: int) -> None:
         """A region gained another owner."""
@@ -121,19 +104,23 @@ class EventRecorder(RegionRecorder):
         self._e_kind.append(ACQUIRE)
         self._e_unit.append(block_size)
         self._a_size.append(block_size)
-        if request_id.__class__ is int:
+        if isinstance(request_id, int):
             self._a_rid.append(request_id)
+            flags = 0
         else:
-            self._a_rid.append(tuple(request_id))
-            self._a_lists[0] = True
+            self._a_rid.append(0)
+            self._a_rids.extend(request_id)
+            flags = PER_EVENT_RID
         if times is None:
             self._a_t.append(self.now)
         else:
-            self._a_t.append(tuple(times))
-            self._a_lists[1] = True
+            self._a_t.append(0.0)
+            self._a_times.extend(times)
+            flags |= PER_EVENT_TIME
+        self._a_flags.append(flags)
         self.num_acquired += n
         if self.num_acquired - self._base >= self.flush_rows:
-            self.flush()
+            self._flush(self._background)
 
     def share_block(self, block_id: int, block_size: int, ref_count: int) -> None:
         """A block gained another owner."""
@@ -156,43 +143,42 @@ class EventRecorder(RegionRecorder):
         self._r_filled.extend(filled)
 
     # ----------------------------------------------------------------- pairing and output
-    def _pair(self) -> None:
-        """Move the raw runs recorded since the last call into the open-tenure table."""
-        if not self._e_n:
-            return
-        counts = np.frombuffer(self._e_n, np.int64)
-        run_kind = np.frombuffer(self._e_kind, np.int8)
-        keys = np.frombuffer(self._e_keys, np.int64)
-        units = np.repeat(np.frombuffer(self._e_unit, np.int64), counts)
-        kinds = np.repeat(run_kind, counts)
-        rows = self._open.resolve(keys, units, kinds, self._base)
-        num = self.num_acquired - self._base
-        if num:
-            acq = kinds == ACQUIRE
-            a_counts = counts[run_kind == ACQUIRE]
-            sizes = np.repeat(np.asarray(self._a_size, dtype=np.int64), a_counts)
-            self._tenures.add(self._base, _expand(self._a_rid, a_counts, self._a_lists[0], np.int64),
-                              keys[acq] * units[acq], sizes, _expand(self._a_t, a_counts, self._a_lists[1],
-                                                                     np.float64))
-            self._base = self.num_acquired
-        if self._r_t:
-            rel = kinds == RELEASE
-            self._tenures.release(rows[rel], np.repeat(np.asarray(self._r_t, dtype=np.float64),
-                                                       counts[run_kind == RELEASE]),
-                                  np.frombuffer(self._r_filled, np.int64))
-        if self._s_ref:
-            self._tenures.share(rows[kinds == SHARE], np.asarray(self._s_ref, np.int64))
+    def _wait(self) -> None:
+        """Let the batch in the background finish (re-raising what it raised)."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
+
+    def _flush(self, background: bool) -> None:
+        """Hand the batch recorded since the last flush to the pairer (in the background thread, or now)."""
+        self._wait()
+        raw, base, now = self._raw, self._base, self.now
         self._reset_runs()
+        self._base = self.num_acquired
+        if not background:
+            self._pairer.process(raw, base, now)
+            return
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="pagelab-events")
+        self._pending = self._executor.submit(self._pairer.process, raw, base, now)
 
     def flush(self) -> None:
-        """Hand the sink every tenure released before now (a release at `now` waits: see tenures.py)."""
-        self._pair()
-        self._tenures.flush(self.sink, self.now)
+        """Hand the sink every tenure released before now (a release at `now` waits: see tenures.py);
+        returns when the sink has them."""
+        self._flush(False)
 
     def finish(self, end_s: float) -> EventSink:
         """Hand the sink everything (regions still held end at `end_s`), close it and return it."""
-        self._pair()
-        self._tenures.flush(self.sink, None, end_s)
+        try:
+            self._wait()
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown()
+                self._executor = None
+        raw, base = self._raw, self._base
+        self._reset_runs()
+        self._base = self.num_acquired
+        self._pairer.process(raw, base, None, end_s)
         self.sink.close()
         return self.sink
 
