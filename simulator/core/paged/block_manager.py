@@ -148,13 +148,11 @@ class BlockManager(BlockPool, PrefixCacheMixin, SwapMixin, KVAllocator):
 
     def _allocation_seqs(self, group: SequenceGroup) -> list[Sequence]:
         """The live sequences `allocate` gives blocks to one by one (equal ones share a single table)."""
-        seqs = group.seqs
-        if len(seqs) > 1 or seqs[0].status is SequenceStatus.FINISHED:
-            seqs = group.live_seqs()
-            if not seqs:
-                raise AllocationError(f"request {group.request_id}: every sequence has finished")
-            if len(seqs) > 1 and shares_allocation(seqs):
-                seqs = seqs[:1]
+        seqs = group.live_seqs()
+        if not seqs:
+            raise AllocationError(f"request {group.request_id}: every sequence has finished")
+        if len(seqs) > 1 and shares_allocation(seqs):
+            seqs = seqs[:1]
         return seqs
 
     def _never_needed(self, seqs: list[Sequence]) -> int:
