@@ -38,14 +38,16 @@ class EventRecorder(RegionRecorder):
     flat typed arrays (one C-level `extend` per run, no per-key Python work). Every `flush_rows`
     acquisitions the log is handed, as one `RawRuns` batch, to a background thread that pairs it into
     tenures with numpy (simulator/tenures.py `TenurePairer`) and writes the finished ones to `sink`
-    (default: a FrameSink kept in memory) while the simulation goes on: numpy and the Parquet encoder
-    release the GIL, so on two cores that work mostly leaves the simulation's critical path. Batches are
-    processed one at a time in order (the next waits for the previous), so the output is the same as
-    pairing them inline, and at most two batches exist at once.
+    (default: a FrameSink kept in memory). With `background` (the simulator's choice) that happens in a
+    background thread while the simulation goes on: numpy and the Parquet encoder release the GIL, so on
+    two cores that work mostly leaves the simulation's critical path. Batches are processed one at a time
+    in order (the next waits for the previous), so the output is the same as pairing them inline, and at
+    most two batches exist at once. Without it (a replay, whose step times are measured) they are paired
+    inline.
     """
 
     def __init__(self, sink: EventSink | None = None, flush_rows: int | None = None,
-                 background: bool = True) -> None:
+                 background: bool = False) -> None:
         self.now = 0.0
         self.num_acquired = 0  # tenures started so far (the next number)
         self.sink = sink if sink is not None else FrameSink()
@@ -181,6 +183,13 @@ class EventRecorder(RegionRecorder):
         self._pairer.process(raw, base, None, end_s)
         self.sink.close()
         return self.sink
+
+    def abort(self) -> None:
+        """Stop the background thread (after the batch it is on) and drop what is left: the run failed."""
+        self._pending = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
 
     def to_frame(self, end_s: float) -> pd.DataFrame:
         """The tenures as a table sorted by (t_end_s, acquisition) (regions still held end at `end_s`);

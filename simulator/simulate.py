@@ -71,6 +71,10 @@ def simulate(trace: pd.DataFrame, config: SimConfig,
     gc.disable()
     try:
         _loop(run, config, step_times, observer, progress)
+    except BaseException:
+        if run.recorder is not None:
+            run.recorder.abort()
+        raise
     finally:
         if gc_enabled:
             gc.enable()
