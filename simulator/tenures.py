@@ -1,5 +1,8 @@
 """Pairing acquisitions with releases into tenures, in batches, with numpy.
 
+`RawRuns` is one batch of the recorder's raw events; `OpenRows` tells which tenure each release or
+share acts on; `TenurePairer` runs both and `OpenTenures` for a sink (in the recorder's background thread).
+
 `OpenTenures` holds the tenures not yet handed to the sink, as columns sorted by acquisition number
 (`row`). Each flush appends the acquisitions recorded since the last one, scatters the releases and
 shares into place (`searchsorted` finds each row), and hands the sink every tenure released strictly
