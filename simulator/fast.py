@@ -8,6 +8,8 @@ and memory row from running totals, so the step costs O(what changes), not O(run
 """
 from __future__ import annotations
 
+from math import isnan
+
 from simulator.core.sequence import SequenceGroup, SequenceStatus
 from simulator.sim_state import SimState
 from simulator.stepping import finish_done, prefill_context
@@ -49,7 +51,7 @@ def fast_step(run: SimState) -> bool:
                 for s in g.seqs:
                     if s.status is not SequenceStatus.FINISHED:
                         s.append_token()
-                if run.first_token[g.request_id] != run.first_token[g.request_id]:  # NaN: first time
+                if isnan(run.first_token[g.request_id]):  # the first time
                     run.first_token[g.request_id] = run.now
                 touched.append(g)
         finished = finish_done(run, touched, remove=False)

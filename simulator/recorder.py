@@ -8,15 +8,14 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence as SeqLike
-from itertools import chain
-from operator import itemgetter
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import pandas as pd
 
 from simulator.core.allocator import MemoryBreakdown, RegionRecorder
 from simulator.sinks import EVENT_DTYPES, EventSink, FrameSink, TableSink
-from simulator.tenures import OpenTenures
+from simulator.tenures import ACQUIRE, PER_EVENT_RID, PER_EVENT_TIME, RELEASE, SHARE, RawRuns, TenurePairer
 
 MEMORY_COLUMNS = ("step", "num_steps", "t_s", "dt_s", "token_states", "reservation",
                   "internal_fragmentation", "external_fragmentation", "free", "cached_free",
@@ -29,93 +28,69 @@ _DT = MEMORY_COLUMNS.index("dt_s")
 EVENT_COLUMNS = tuple((c, str(t)) for c, t in EVENT_DTYPES.items())
 
 
-def _expand(values: list, counts: list[int], has_lists: bool, dtype) -> np.ndarray:
-    """Per-event array from per-run entries that are one value for the run or a tuple of one per event."""
-    if not has_lists:
-        return np.repeat(np.asarray(values, dtype=dtype), counts)
-    is_list = [isinstance(v, tuple) for v in values]
-    out = np.repeat(np.asarray([0 if il else v for v, il in zip(values, is_list, strict=True)], dtype=dtype),
-                    counts)
-    lists = [v for v, il in zip(values, is_list, strict=True) if il]
-    mask = np.repeat(np.asarray(is_list), counts)
-    out[mask] = np.fromiter(chain.from_iterable(lists), dtype, int(mask.sum()))
-    return out
-
-
 class EventRecorder(RegionRecorder):
     """Collects pool-region tenures: who held which region of the pool, from when to when.
 
     `now` is the simulated clock (the simulator sets it). Events come in runs: the bulk calls
     (`acquire_blocks`, `release_blocks`, `share_block`) log paged blocks, named by block id with unit =
     block size, a whole run per call; the per-region calls of the RegionRecorder interface log one region,
-    named by its first slot (unit 1). Bulk calls pair with bulk calls, per-region calls with per-region
-    calls. Each tenure is numbered in acquisition order; the number of each open tenure is kept per unit
-    in a list indexed by key, so a release finds it in C (`itemgetter`). Every `flush_rows` acquisitions
-    the raw runs are paired with numpy (simulator/tenures.py) and the finished tenures go to `sink`
-    (default: a FrameSink kept in memory), so the raw runs never pile up.
+    named by its first slot (unit 1). Each tenure is numbered in acquisition order. A call only appends to
+    flat typed arrays (one C-level `extend` per run, no per-key Python work). Every `flush_rows`
+    acquisitions the log is handed, as one `RawRuns` batch, to a background thread that pairs it into
+    tenures with numpy (simulator/tenures.py `TenurePairer`) and writes the finished ones to `sink`
+    (default: a FrameSink kept in memory). With `background` (the simulator's choice) that happens in a
+    background thread while the simulation goes on: numpy and the Parquet encoder release the GIL, so on
+    two cores that work mostly leaves the simulation's critical path. Batches are processed one at a time
+    in order (the next waits for the previous), so the output is the same as pairing them inline, and at
+    most two batches exist at once. Without it (a replay, whose step times are measured) they are paired
+    inline.
     """
 
-    def __init__(self, sink: EventSink | None = None, flush_rows: int | None = None) -> None:
+    def __init__(self, sink: EventSink | None = None, flush_rows: int | None = None,
+                 background: bool = False) -> None:
         self.now = 0.0
         self.num_acquired = 0  # tenures started so far (the next number)
         self.sink = sink if sink is not None else FrameSink()
         self.flush_rows = flush_rows or self.sink.batch_rows
-        self._tenures = OpenTenures()
-        self._base = 0  # first acquisition not yet moved into _tenures
-        self._open: dict[int, list[int]] = {}  # unit -> number of the open tenure of each key
+        self._pairer = TenurePairer(self.sink)
+        self._base = 0  # first acquisition not yet handed to the pairer
+        self._background = background
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending: Future | None = None
         self._reset_runs()
 
     def _reset_runs(self) -> None:
-        # Block ids and tenure numbers go into flat typed arrays (one C-level `extend` per run, no
-        # per-event Python objects, handed to numpy without a copy); per-run values stay in lists.
-        # Acquisition runs: keys (flat), events per run, unit, region size, request id(s), time(s).
-        self._a_keys = array("q")
-        self._a_n = array("q")
-        self._a_unit: list[int] = []
-        self._a_size: list[int] = []
-        self._a_rid: list = []
-        self._a_t: list = []
-        self._a_lists = [False, False]  # whether any run carries per-event request ids / times
-        # Release runs: tenures ended (flat), events per run, time, filled slots (flat, one per tenure).
-        self._r_rows = array("q")
-        self._r_n = array("q")
-        self._r_t: list[float] = []
-        self._r_filled = array("q")
-        # Shares, one by one (rare): tenure, new ref count.
-        self._s_row: list[int] = []
-        self._s_ref: list[int] = []
-
-    def _rows(self, unit: int, max_key: int) -> list[int]:
-        rows = self._open.get(unit)
-        if rows is None:
-            rows = self._open[unit] = []
-        if len(rows) <= max_key:
-            rows.extend([-1] * (max(max_key + 1, 2 * len(rows)) - len(rows)))
-        return rows
+        self._raw = raw = RawRuns()
+        self._e_keys, self._e_n, self._e_kind, self._e_unit = raw.e_keys, raw.e_n, raw.e_kind, raw.e_unit
+        self._a_size, self._a_rid, self._a_t, self._a_flags = raw.a_size, raw.a_rid, raw.a_t, raw.a_flags
+        self._a_rids, self._a_times = raw.a_rids, raw.a_times
+        self._r_t, self._r_filled, self._s_ref = raw.r_t, raw.r_filled, raw.s_ref
 
     # ----------------------------------------------------------------- per-region API
     def acquire(self, start: int, size: int, request_id: int) -> None:
         """A region was taken."""
-        self._rows(1, start)[start] = self.num_acquired
-        self._a_keys.append(start)
-        self._a_n.append(1)
-        self._a_unit.append(1)
+        self._e_keys.append(start)
+        self._e_n.append(1)
+        self._e_kind.append(ACQUIRE)
+        self._e_unit.append(1)
         self._a_size.append(size)
         self._a_rid.append(request_id)
         self._a_t.append(self.now)
+        self._a_flags.append(0)
         self.num_acquired += 1
         if self.num_acquired - self._base >= self.flush_rows:
-            self.flush()
+            self._flush(self._background)
 
     def share(self, start: int, ref_count: int) -> None:
         """A region gained another owner."""
-        self._s_row.append(self._open[1][start])
-        self._s_ref.append(ref_count)
+        self.share_block(start, 1, ref_count)
 
     def release(self, start: int, filled: int) -> None:
         """A region was given back."""
-        self._r_rows.append(self._open[1][start])
-        self._r_n.append(1)
+        self._e_keys.append(start)
+        self._e_n.append(1)
+        self._e_kind.append(RELEASE)
+        self._e_unit.append(1)
         self._r_t.append(self.now)
         self._r_filled.append(filled)
 
@@ -123,81 +98,98 @@ class EventRecorder(RegionRecorder):
     def acquire_blocks(self, block_ids: SeqLike[int], block_size: int, request_id: int | SeqLike[int],
                        times: SeqLike[float] | None = None) -> None:
         """Blocks were taken, by one request or one request per block, now or at `times` (one per block)."""
-        if not block_ids:
+        n = len(block_ids)
+        if not n:
             return
-        rows = self._rows(block_size, max(block_ids))
-        row = self.num_acquired
-        for bid in block_ids:
-            rows[bid] = row
-            row += 1
-        self.num_acquired = row
-        self._a_keys.extend(block_ids)
-        self._a_n.append(len(block_ids))
-        self._a_unit.append(block_size)
+        self._e_keys.extend(block_ids)
+        self._e_n.append(n)
+        self._e_kind.append(ACQUIRE)
+        self._e_unit.append(block_size)
         self._a_size.append(block_size)
         if isinstance(request_id, int):
             self._a_rid.append(request_id)
+            flags = 0
         else:
-            self._a_rid.append(tuple(request_id))
-            self._a_lists[0] = True
+            self._a_rid.append(0)
+            self._a_rids.extend(request_id)
+            flags = PER_EVENT_RID
         if times is None:
             self._a_t.append(self.now)
         else:
-            self._a_t.append(tuple(times))
-            self._a_lists[1] = True
-        if row - self._base >= self.flush_rows:
-            self.flush()
+            self._a_t.append(0.0)
+            self._a_times.extend(times)
+            flags |= PER_EVENT_TIME
+        self._a_flags.append(flags)
+        self.num_acquired += n
+        if self.num_acquired - self._base >= self.flush_rows:
+            self._flush(self._background)
 
     def share_block(self, block_id: int, block_size: int, ref_count: int) -> None:
         """A block gained another owner."""
-        self._s_row.append(self._open[block_size][block_id])
+        self._e_keys.append(block_id)
+        self._e_n.append(1)
+        self._e_kind.append(SHARE)
+        self._e_unit.append(block_size)
         self._s_ref.append(ref_count)
 
     def release_blocks(self, block_ids: SeqLike[int], block_size: int, filled: SeqLike[int]) -> None:
         """Blocks were given back now, holding `filled` tokens each."""
-        if not block_ids:
+        n = len(block_ids)
+        if not n:
             return
-        rows = self._open[block_size]
-        if len(block_ids) > 1:
-            self._r_rows.extend(itemgetter(*block_ids)(rows))
-        else:
-            self._r_rows.append(rows[block_ids[0]])
-        self._r_n.append(len(block_ids))
+        self._e_keys.extend(block_ids)
+        self._e_n.append(n)
+        self._e_kind.append(RELEASE)
+        self._e_unit.append(block_size)
         self._r_t.append(self.now)
         self._r_filled.extend(filled)
 
     # ----------------------------------------------------------------- pairing and output
-    def _pair(self) -> None:
-        """Move the raw runs recorded since the last call into the open-tenure table."""
-        num = self.num_acquired - self._base
-        if num:
-            counts = np.frombuffer(self._a_n, np.int64)
-            start = np.frombuffer(self._a_keys, np.int64).copy()
-            start *= np.repeat(np.asarray(self._a_unit, dtype=np.int64), counts)
-            self._tenures.add(self._base, _expand(self._a_rid, counts, self._a_lists[0], np.int64), start,
-                              np.repeat(np.asarray(self._a_size, dtype=np.int64), counts),
-                              _expand(self._a_t, counts, self._a_lists[1], np.float64))
-            self._base = self.num_acquired
-        if self._r_t:
-            rcounts = np.frombuffer(self._r_n, np.int64)
-            self._tenures.release(np.frombuffer(self._r_rows, np.int64),
-                                  np.repeat(np.asarray(self._r_t, dtype=np.float64), rcounts),
-                                  np.frombuffer(self._r_filled, np.int64))
-        if self._s_row:
-            self._tenures.share(np.asarray(self._s_row, dtype=np.int64), np.asarray(self._s_ref, np.int64))
+    def _wait(self) -> None:
+        """Let the batch in the background finish (re-raising what it raised)."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
+
+    def _flush(self, background: bool) -> None:
+        """Hand the batch recorded since the last flush to the pairer (in the background thread, or now)."""
+        self._wait()
+        raw, base, now = self._raw, self._base, self.now
         self._reset_runs()
+        self._base = self.num_acquired
+        if not background:
+            self._pairer.process(raw, base, now)
+            return
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="pagelab-events")
+        self._pending = self._executor.submit(self._pairer.process, raw, base, now)
 
     def flush(self) -> None:
-        """Hand the sink every tenure released before now (a release at `now` waits: see tenures.py)."""
-        self._pair()
-        self._tenures.flush(self.sink, self.now)
+        """Hand the sink every tenure released before now (a release at `now` waits: see tenures.py);
+        returns when the sink has them."""
+        self._flush(False)
 
     def finish(self, end_s: float) -> EventSink:
         """Hand the sink everything (regions still held end at `end_s`), close it and return it."""
-        self._pair()
-        self._tenures.flush(self.sink, None, end_s)
+        try:
+            self._wait()
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown()
+                self._executor = None
+        raw, base = self._raw, self._base
+        self._reset_runs()
+        self._base = self.num_acquired
+        self._pairer.process(raw, base, None, end_s)
         self.sink.close()
         return self.sink
+
+    def abort(self) -> None:
+        """Stop the background thread (after the batch it is on) and drop what is left: the run failed."""
+        self._pending = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
 
     def to_frame(self, end_s: float) -> pd.DataFrame:
         """The tenures as a table sorted by (t_end_s, acquisition) (regions still held end at `end_s`);

@@ -36,7 +36,7 @@ class SimState(RunState):
               memory: TableSink | None = None) -> SimState:
         """The state at time 0 of simulating the (validated) `trace` under `config` (tenures go to
         `events`, memory rows to `memory`; default: kept in memory)."""
-        recorder = EventRecorder(events) if config.record_events else None
+        recorder = EventRecorder(events, background=True) if config.record_events else None
         alloc = make_allocator(config, recorder)
         fitted = config.latency != "roofline"
         latency = make_latency_model("fitted" if fitted else "roofline", config.model, config.gpu,

@@ -46,7 +46,7 @@ class TableSink:
     """Receives batches of rows; `close` ends the table (no batch comes after it).
 
     `batch_rows` is how many rows the producer gathers per batch: the memory-versus-overhead knob
-    (the recorder's raw runs are Python tuples, ~100 bytes an acquisition; pairing costs a sort).
+    (the recorder's raw events are flat typed arrays, ~20 bytes an event; pairing costs a few sorts).
     """
 
     num_rows: int = 0

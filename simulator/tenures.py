@@ -1,5 +1,8 @@
 """Pairing acquisitions with releases into tenures, in batches, with numpy.
 
+`RawRuns` is one batch of the recorder's raw events; `OpenRows` tells which tenure each release or
+share acts on; `TenurePairer` runs both and `OpenTenures` for a sink (in the recorder's background thread).
+
 `OpenTenures` holds the tenures not yet handed to the sink, as columns sorted by acquisition number
 (`row`). Each flush appends the acquisitions recorded since the last one, scatters the releases and
 shares into place (`searchsorted` finds each row), and hands the sink every tenure released strictly
@@ -9,6 +12,8 @@ all batches is then sorted by (t_end_s, acquisition) whatever the flush times we
 bounded by the pool (one open tenure per held block), so memory does not grow with the run.
 """
 from __future__ import annotations
+
+from array import array
 
 import numpy as np
 
@@ -74,3 +79,160 @@ class OpenTenures:
         keep = ~done
         self.row = self.row[keep]
         self.cols = {c: v[keep] for c, v in self.cols.items()}
+
+
+ACQUIRE, RELEASE, SHARE = 0, 1, 2  # event kinds
+PER_EVENT_RID, PER_EVENT_TIME = 1, 2  # flags of an acquisition run that lists one value per block
+
+
+class RawRuns:
+    """One batch of raw recorder events, as flat typed arrays (numpy reads them without a copy).
+
+    Every event names a key (block id, or first slot for unit 1); `e_*` hold the keys in the order the
+    events happened and, per run (one recorder call), its length, kind and unit. Acquisition runs carry a
+    region size, a request id and a time (or, flagged in `a_flags`, one of each per event in `a_rids` /
+    `a_times`); release runs a time and one filled count per event; shares a new ref count each.
+    """
+
+    __slots__ = ("e_keys", "e_n", "e_kind", "e_unit", "a_size", "a_rid", "a_t", "a_flags", "a_rids",
+                 "a_times", "r_t", "r_filled", "s_ref")
+
+    def __init__(self) -> None:
+        self.e_keys, self.e_n, self.e_kind, self.e_unit = array("q"), array("q"), array("b"), array("q")
+        self.a_size, self.a_rid, self.a_t, self.a_flags = array("q"), array("q"), array("d"), array("b")
+        self.a_rids, self.a_times = array("q"), array("d")
+        self.r_t, self.r_filled, self.s_ref = array("d"), array("q"), array("q")
+
+
+def _per_event(per_run: np.ndarray, counts: np.ndarray, flagged: np.ndarray, listed: array, dtype
+               ) -> np.ndarray:
+    """Per-event values from one value per run, with the flagged runs' values listed one per event."""
+    out = np.repeat(per_run, counts)
+    if len(listed):
+        out[np.repeat(flagged, counts)] = np.frombuffer(listed, dtype)
+    return out
+
+
+class TenurePairer:
+    """Turns batches of raw events into tenures and hands the finished ones to a sink (in order)."""
+
+    def __init__(self, sink: EventSink) -> None:
+        self.sink = sink
+        self.open_rows = OpenRows()
+        self.tenures = OpenTenures()
+
+    def process(self, raw: RawRuns, first_row: int, before: float | None, end_s: float = 0.0) -> None:
+        """Pair the batch (its acquisitions numbered from `first_row`), then hand the sink the tenures
+        released before `before` (all of them, held ones ending at `end_s`, when it is None)."""
+        if len(raw.e_n):
+            counts = np.frombuffer(raw.e_n, np.int64)
+            run_kind = np.frombuffer(raw.e_kind, np.int8)
+            keys = np.frombuffer(raw.e_keys, np.int64)
+            run_unit = np.frombuffer(raw.e_unit, np.int64)
+            kinds = np.repeat(run_kind, counts)
+            rows = self.open_rows.resolve(keys, run_unit, counts, kinds, first_row)
+            acq_runs = run_kind == ACQUIRE
+            if acq_runs.any():
+                acq = kinds == ACQUIRE
+                a_counts = counts[acq_runs]
+                flags = np.frombuffer(raw.a_flags, np.int8)
+                start = keys[acq] * np.repeat(run_unit[acq_runs], a_counts)
+                self.tenures.add(first_row,
+                                 _per_event(np.frombuffer(raw.a_rid, np.int64), a_counts,
+                                            (flags & PER_EVENT_RID) != 0, raw.a_rids, np.int64),
+                                 start, np.repeat(np.frombuffer(raw.a_size, np.int64), a_counts),
+                                 _per_event(np.frombuffer(raw.a_t, np.float64), a_counts,
+                                            (flags & PER_EVENT_TIME) != 0, raw.a_times, np.float64))
+            if len(raw.r_t):
+                t_end = np.repeat(np.frombuffer(raw.r_t, np.float64), counts[run_kind == RELEASE])
+                self.tenures.release(rows[kinds == RELEASE], t_end, np.frombuffer(raw.r_filled, np.int64))
+            if len(raw.s_ref):
+                self.tenures.share(rows[kinds == SHARE], np.frombuffer(raw.s_ref, np.int64))
+        self.tenures.flush(self.sink, before, end_s)
+
+
+class OpenRows:
+    """Which tenure each key (a pool region, named by unit and key) holds open, resolved in batches.
+
+    The recorder logs raw events in order (acquire / release / share, each naming a key) without looking
+    anything up; `resolve` then gives every event its tenure number in numpy: an acquisition starts the
+    next number, a release or share acts on the latest acquisition of its key before it (in this batch,
+    else the one still open from earlier batches, kept here sorted by key).
+    """
+
+    def __init__(self) -> None:
+        self.keys = np.zeros(0, np.int64)  # composite keys of open tenures (sorted)
+        self.rows = np.zeros(0, np.int64)
+        self._units: list[int] = []  # unit index -> unit (keys of different units never alias)
+
+    def _composite(self, keys: np.ndarray, run_unit: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        for u in np.unique(run_unit).tolist():
+            if u not in self._units:
+                self._units.append(u)
+        if len(self._units) == 1:
+            return keys
+        index = np.zeros(len(run_unit), np.int64)
+        for i, u in enumerate(self._units):
+            index[run_unit == u] = i
+        return np.repeat(index, counts) << 32 | keys
+
+    def resolve(self, keys: np.ndarray, run_unit: np.ndarray, counts: np.ndarray, kinds: np.ndarray,
+                first_row: int) -> np.ndarray:
+        """Tenure number of each event (`keys` and `kinds` per event, in the order they happened, the unit
+        per run of `counts` events); acquisitions are numbered from `first_row`. Raises KeyError for a
+        release or share of a key that holds no open tenure."""
+        n = len(keys)
+        rows = np.full(n, -1, np.int64)
+        if n == 0:
+            return rows
+        if int(keys.min()) < 0 or int(keys.max()) >= 1 << 32:
+            raise ValueError("region keys must be in [0, 2^32)")
+        comp = self._composite(keys, run_unit, counts)
+        is_acq = kinds == ACQUIRE
+        rows[is_acq] = np.arange(first_row, first_row + int(is_acq.sum()), dtype=np.int64)
+        top = int(comp.max())
+        small = np.uint16 if top < 1 << 16 else np.uint32 if top < 1 << 32 else np.int64
+        order = np.argsort(comp.astype(small), kind="stable")  # by key, then by time (radix sort when small)
+        sk, sacq = comp[order], is_acq[order]
+        new_key = np.empty(n, bool)
+        new_key[0] = True
+        np.not_equal(sk[1:], sk[:-1], out=new_key[1:])
+        srows = rows[order]
+        if not (kinds == SHARE).any():
+            # A key's events alternate acquire, release: each release ends the acquisition just before it
+            # (if that is of the same key; else the tenure open since an earlier batch).
+            follows = np.flatnonzero(~sacq[1:] & ~new_key[1:]) + 1
+            srows[follows] = srows[follows - 1]
+            outside = ~sacq & new_key
+        else:
+            pos = np.arange(n)
+            last = np.maximum.accumulate(np.where(sacq, pos, -1))  # latest acquisition at or before
+            group_start = np.maximum.accumulate(np.where(new_key, pos, 0))
+            inside = ~sacq & (last >= group_start)
+            srows[inside] = srows[last[inside]]
+            outside = ~sacq & (last < group_start)
+        if outside.any():
+            want = sk[outside]
+            at = np.searchsorted(self.keys, want)
+            found = at < len(self.keys)
+            found[found] = self.keys[at[found]] == want[found]
+            if not found.all():
+                raise KeyError(f"region key {int(want[~found][0]) & 0xFFFFFFFF} holds no open tenure")
+            srows[outside] = self.rows[at]
+        rows[order] = srows
+        # The keys' state after the batch: the last acquisition or release of each decides (shares keep it).
+        changes = np.flatnonzero(kinds[order] != SHARE)
+        ck = sk[changes]
+        last_of_key = np.empty(len(ck), bool)
+        if len(ck):
+            last_of_key[-1] = True
+            np.not_equal(ck[1:], ck[:-1], out=last_of_key[:-1])
+        final = changes[last_of_key]
+        touched = sk[final]
+        still_open = sacq[final]
+        keep = ~np.isin(self.keys, touched, assume_unique=True)
+        keys_new = np.concatenate([self.keys[keep], touched[still_open]])
+        rows_new = np.concatenate([self.rows[keep], srows[final][still_open]])
+        by_key = np.argsort(keys_new, kind="stable")
+        self.keys, self.rows = keys_new[by_key], rows_new[by_key]
+        return rows

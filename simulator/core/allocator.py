@@ -83,6 +83,11 @@ class KVAllocator(abc.ABC):
     def can_allocate(self, group: SequenceGroup) -> AllocStatus:
         """Whether the group's live sequences can get slots for all their tokens now."""
 
+    def can_ever_allocate(self, group: SequenceGroup) -> bool:
+        """Whether `can_allocate` would answer OK or LATER (not NEVER); allocators whose NEVER depends only
+        on the group's lengths answer without looking at their free memory."""
+        return self.can_allocate(group) is not AllocStatus.NEVER
+
     @abc.abstractmethod
     def allocate(self, group: SequenceGroup, num_new_tokens: int | None = None) -> int:
         """Give every live sequence of the group slots for its tokens; return prefix-cached tokens.

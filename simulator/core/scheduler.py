@@ -119,7 +119,7 @@ class Scheduler:
         return bool(self.waiting or self.running or self.swapped)
 
     def _live(self, group: SequenceGroup) -> list[Sequence]:
-        return [s for s in group.seqs if s.status is not SequenceStatus.FINISHED]
+        return group.live_seqs()
 
     def _prefill_tokens(self, seqs: list[Sequence]) -> int:
         """Tokens a (re)admitted group computes: one shared prompt, or each diverged sequence."""
@@ -218,29 +218,31 @@ class Scheduler:
         limit = self.config.max_model_len
         if seqs[0].length > limit or (seqs[0].final_len or 0) > limit:
             return Admission.REJECT
+        if len(self.running) >= self.config.max_num_seqs or room <= 0:
+            # It waits whatever memory is free now (only NEVER would reject it): the cheap question.
+            return Admission.WAIT if self.allocator.can_ever_allocate(group) else Admission.REJECT
         status = self.allocator.can_allocate(group)
         if status is AllocStatus.NEVER:
             return Admission.REJECT
-        if status is AllocStatus.LATER or len(self.running) >= self.config.max_num_seqs or room <= 0:
+        if status is AllocStatus.LATER:
             return Admission.WAIT
         if not self.config.enable_chunked_prefill and self._prefill_tokens(seqs) > room:
             return Admission.WAIT  # the whole prompt must fit in this step's token budget
         return Admission.ADMIT
 
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
-        while self.waiting:
-            decision = self.head_admission(budget - out.num_batched_tokens)
+        waiting = self.waiting
+        while waiting:
+            room = budget - out.num_batched_tokens
+            decision = self.head_admission(room)
             if decision is Admission.WAIT:
                 return
-            group = self.waiting[0]
+            group = waiting.popleft()
             if decision is Admission.REJECT:
-                self.waiting.popleft()
                 self._reject(group, out)
                 continue
-            seqs = self._live(group)
-            room = budget - out.num_batched_tokens
+            seqs = group.live_seqs()
             need = self._prefill_tokens(seqs)
-            self.waiting.popleft()
             # Only the blocks this step computes are published (the budget caps the first chunk).
             hit = self.allocator.allocate(group, room)
             self.hit_tokens.setdefault(group.request_id, hit)

@@ -129,8 +129,11 @@ class SequenceGroup:
         return [s for s in self.seqs if s.status is status]
 
     def live_seqs(self) -> list[Sequence]:
-        """Sequences not yet finished."""
-        return [s for s in self.seqs if s.status is not SequenceStatus.FINISHED]
+        """Sequences not yet finished (a list the caller must not change)."""
+        seqs = self.seqs
+        if len(seqs) == 1 and seqs[0].status is not SequenceStatus.FINISHED:
+            return seqs  # the common single sequence: no copy
+        return [s for s in seqs if s.status is not SequenceStatus.FINISHED]
 
     @property
     def is_finished(self) -> bool:

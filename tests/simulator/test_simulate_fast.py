@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from simulator import BlockManager, Sequence, SequenceGroup
@@ -138,16 +139,24 @@ def _reference_tenures(log: list[tuple]) -> list[tuple]:
 
 @given(ops=st.lists(st.tuples(st.sampled_from(["take", "share", "release"]), st.integers(0, 30),
                               st.integers(1, 4)), max_size=120),
-       block_size=st.sampled_from([1, 16]), bulk=st.booleans(),
-       flush_rows=st.sampled_from([1, 2, 5, 1 << 20]))
-@settings(max_examples=80, deadline=None)
-def test_event_recorder_pairs_tenures_like_a_replay(ops, block_size, bulk, flush_rows):
+       block_size=st.sampled_from([1, 16]), mode=st.sampled_from(["bulk", "region", "mixed"]),
+       flush_rows=st.sampled_from([1, 2, 5, 1 << 20]), background=st.booleans())
+@example(ops=[("take", 2, 1), ("take", 1, 1), ("release", 2, 1), ("release", 1, 2)], block_size=16,
+         mode="mixed", flush_rows=1 << 20, background=False)  # block 2 and region 2 (slot 2): both open
+@settings(max_examples=120, deadline=None)
+def test_event_recorder_pairs_tenures_like_a_replay(ops, block_size, mode, flush_rows, background):
     """Bulk (block) calls and per-region calls give the tenures of a plain replay of the same events,
-    sorted by (release time, acquisition), however often the recorder flushes finished tenures."""
-    rec, log, held, refs = EventRecorder(flush_rows=flush_rows), [], set(), {}
+    sorted by (release time, acquisition), however often the recorder flushes finished tenures, paired
+    inline or in the background thread, and with both kinds of call in one recorder (mixed: even keys
+    are blocks, odd keys regions)."""
+    rec = EventRecorder(flush_rows=flush_rows, background=background)
+    log, held, refs = [], set(), {}
     for step, (kind, key, extra) in enumerate(ops):
         rec.now = float(step)
+        bulk = mode == "bulk" or (mode == "mixed" and key % 2 == 0)
         start = key * block_size
+        if not bulk and mode == "mixed" and block_size > 1:
+            start = key + 1  # the same number as some block id (even), in slots: the units must not alias
         if kind == "take" and key not in held:
             held.add(key)
             refs[key] = 1
@@ -178,6 +187,33 @@ def test_event_recorder_pairs_tenures_like_a_replay(ops, block_size, bulk, flush
     want = [w for _, w in sorted(enumerate(want), key=lambda iw: (iw[1][4], iw[0]))]
     assert [tuple(r) for r in got.itertuples(index=False)] == want
     assert list(got.dtypes) == [np.int32, np.int32, np.int32, np.float64, np.float64, np.int32, np.int32]
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_event_recorder_reports_a_release_of_a_free_block(background):
+    """A release of a block that holds no tenure is an error, raised by the flush that resolves it (in
+    the background thread: by the next flush or `finish`, so it is never lost)."""
+    rec = EventRecorder(flush_rows=1, background=background)
+    rec.release_blocks([5], 16, [3])
+    with pytest.raises(KeyError, match="region key 5"):
+        rec.acquire_blocks([1], 16, 0)  # the flush it triggers resolves the bad release
+        rec.finish(1.0)
+
+
+def test_simulate_restores_the_cyclic_collector():
+    """The loop runs without the cyclic GC; it is back on afterwards, after a failed run too."""
+    trace = pd.DataFrame({"request_id": [0, 1], "arrival_s": [0.0, 0.1], "prompt_len": [5, 7],
+                          "output_len": [3, 4], "n": [1, 1], "beam_width": [1, 1]})
+    assert gc.isenabled()
+    simulate(trace, SimConfig(record_events=True))
+    assert gc.isenabled()
+
+    def boom(run):
+        raise RuntimeError("observer failed")
+
+    with pytest.raises(RuntimeError, match="observer failed"):
+        simulate(trace, SimConfig(record_events=True), observer=boom)
+    assert gc.isenabled()
 
 
 def test_memory_log_round_trips_rows():

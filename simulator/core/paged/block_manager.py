@@ -127,28 +127,47 @@ class BlockManager(BlockPool, PrefixCacheMixin, SwapMixin, KVAllocator):
 
     def can_allocate(self, group: SequenceGroup) -> AllocStatus:
         """OK, LATER, or NEVER for the group's prompt (prefix hits on referenced blocks cost nothing)."""
+        seqs = self._allocation_seqs(group)
+        needed = self._never_needed(seqs)
+        if needed < 0:
+            return AllocStatus.NEVER
+        # Hits on referenced blocks cost nothing; hits on evictable ones use up a free block like a miss.
+        if self.enable_prefix_caching:
+            ref = self._ref
+            for s in seqs:
+                for b in self._lookup(s):
+                    if ref[b] > 0:
+                        needed -= 1
+        if len(self._free) + len(self._free_cached) - needed < self.watermark_blocks:
+            return AllocStatus.LATER
+        return AllocStatus.OK
+
+    def can_ever_allocate(self, group: SequenceGroup) -> bool:
+        """Whether `can_allocate` would not answer NEVER: that depends only on the group's lengths."""
+        return self._never_needed(self._allocation_seqs(group)) >= 0
+
+    def _allocation_seqs(self, group: SequenceGroup) -> list[Sequence]:
+        """The live sequences `allocate` gives blocks to one by one (equal ones share a single table)."""
         seqs = group.live_seqs()
         if not seqs:
             raise AllocationError(f"request {group.request_id}: every sequence has finished")
         if len(seqs) > 1 and shares_allocation(seqs):
             seqs = seqs[:1]
+        return seqs
+
+    def _never_needed(self, seqs: list[Sequence]) -> int:
+        """Blocks the sequences' tokens need (before prefix hits), or -1 when they could never fit (a
+        sequence whose final length can never fit would preempt itself forever: refuse it now)."""
         bs = self.block_size
-        needed = 0
+        needed = final = 0
         for s in seqs:
-            needed += -(-s.length // bs)
-        # A sequence whose final length can never fit would preempt itself forever: refuse it now.
-        final = max(-(-max(s.length, s.final_len or 0) // bs) for s in seqs)
-        if max(needed, final) > self.num_blocks - self.watermark_blocks:
-            return AllocStatus.NEVER
-        # Hits on referenced blocks cost nothing; hits on evictable ones use up a free block like a miss.
-        required = needed
-        for s in seqs:
-            for b in self._lookup(s):
-                if self._ref[b] > 0:
-                    required -= 1
-        if len(self._free) + len(self._free_cached) - required < self.watermark_blocks:
-            return AllocStatus.LATER
-        return AllocStatus.OK
+            n = s.prompt_len + s.num_generated  # s.length
+            needed += -(-n // bs)
+            f = s.final_len
+            m = -(-(f if f is not None and f > n else n) // bs)
+            if m > final:
+                final = m
+        return -1 if max(needed, final) > self.num_blocks - self.watermark_blocks else needed
 
     def can_append(self, seq: Sequence, num_tokens: int = 1) -> bool:
         """Whether enough free blocks exist to grow `seq` by `num_tokens` (copy-on-write included)."""

@@ -52,6 +52,8 @@ class PagedMachine(RuleBasedStateMachine):
                          token_ids=list(prompt)) for _ in range(n)]
         group = SequenceGroup(rid, seqs, n=n)
         status = self.bm.can_allocate(group)
+        # The scheduler asks only this when the batch is full: it must agree with can_allocate.
+        assert self.bm.can_ever_allocate(group) is (status is not AllocStatus.NEVER)
         needed = -(-len(prompt) // self.bs)
         if needed > self.bm.num_blocks - self.bm.watermark_blocks:
             assert status is AllocStatus.NEVER
