@@ -32,8 +32,12 @@ def allocators(values: list[str] | None, default: list[str]) -> list[str]:
 
 def load_workload(trace_arg: str | None, trace_opt: str | None, limit: int | None, num_prompts: int | None,
                   rate: float | None, burstiness: float | None, seed: int,
-                  default_limit: int | None = None) -> tuple[pd.DataFrame, dict]:
-    """The trace (positional or --trace), cut to --limit/--num-prompts and re-timed by --request-rate."""
+                  default_limit: int | None = None, stream: bool = False) -> tuple[pd.DataFrame, dict]:
+    """The trace (positional or --trace), cut to --limit/--num-prompts and re-timed by --request-rate.
+
+    With `stream`, a canonical Parquet trace kept as is (no --request-rate) comes back as TraceChunks,
+    read a block of rows at a time by the simulator instead of loaded whole (traces/chunks.py).
+    """
     from traces import load_trace, respace_arrivals
     from traces.stats import trace_info
 
@@ -49,6 +53,11 @@ def load_workload(trace_arg: str | None, trace_opt: str | None, limit: int | Non
             raise UserError(f"--burstiness must be a finite number > 0, got {burstiness}")
         if rate is None or math.isinf(rate):
             raise UserError("--burstiness shapes the gaps between arrivals: it needs a finite --request-rate")
+    if stream and rate is None:
+        chunks = _parquet_chunks(source, limit)
+        if chunks is not None:
+            return chunks, {"source": source, **trace_info(chunks), "rate_override": None,
+                            "burstiness": burstiness, "limit": limit}
     warnings: list[str] = []
     try:
         df = load_trace(source, warnings=warnings)
@@ -63,6 +72,15 @@ def load_workload(trace_arg: str | None, trace_opt: str | None, limit: int | Non
     info = {"source": source, **trace_info(df), "rate_override": "inf" if rate == math.inf else rate,
             "burstiness": burstiness, "limit": limit}
     return df, info
+
+
+def _parquet_chunks(source: str, limit: int | None):
+    """The trace as TraceChunks if it is a canonical Parquet file, else None (it is loaded whole)."""
+    from traces.chunks import open_parquet_chunks
+    from traces.loaders import resolve_trace
+
+    path, _ = resolve_trace(source)
+    return open_parquet_chunks(path, limit) if path.suffix == ".parquet" else None
 
 
 def cap_concurrency(max_num_seqs: int, max_concurrency: int | None) -> int:

@@ -27,13 +27,18 @@ def pool_problem(df, config) -> str | None:
     """
     capacity = config.capacity()
     blocks = capacity // config.block_size if config.is_paged else capacity // 16
-    width = int(max(df["n"].max(), df["beam_width"].max()))
-    bound = 2 * min(len(df), config.max_num_seqs) * config.resolved_max_model_len * width
+    from traces.chunks import TraceChunks
+
+    if isinstance(df, TraceChunks):
+        width, num = int(max(df.column("n").max(), df.column("beam_width").max())), df.num_rows
+    else:
+        width, num = int(max(df["n"].max(), df["beam_width"].max())), len(df)
+    bound = 2 * min(num, config.max_num_seqs) * config.resolved_max_model_len * width
     if blocks <= MAX_IDLE_POOL_BLOCKS or capacity <= bound:
         return None
     gib = bound * config.model_spec.bytes_per_token / 2**30
     return (f"the KV pool holds {capacity:,} token slots, but this trace can never use more than {bound:,} "
-            f"(at most {min(len(df), config.max_num_seqs):,} requests at once x max_model_len "
+            f"(at most {min(num, config.max_num_seqs):,} requests at once x max_model_len "
             f"{config.resolved_max_model_len:,} x {width} sequence(s) x 2); give at most "
             f"--kv-memory-gb {gib:.3g} or --capacity-tokens {bound}")
 
@@ -115,7 +120,10 @@ def simulate_cmd(
         check_out(out, overwrite)
     if step_times_from is not None and config_from is not None:
         raise UserError("give --step-times-from or --config-from, not both")
-    df, info = load_workload(trace, trace_opt, limit, num_prompts, rate, burstiness, seed)
+    # A canonical Parquet trace is read in blocks of rows as the simulation goes (a 10M-request trace is
+    # never held whole), unless a replay's run or --sharing needs it in memory.
+    stream = step_times_from is None and config_from is None and not sharing
+    df, info = load_workload(trace, trace_opt, limit, num_prompts, rate, burstiness, seed, stream=stream)
     model, gpu, latency = _latency_choice(model, gpu, latency, profile)
     base = SimConfig(model=model, gpu=gpu, kv_memory_gb=kv_memory_gb, capacity_tokens=capacity_tokens,
                      block_size=block_size, max_model_len=max_model_len, placement=placement or "buddy",
@@ -146,16 +154,19 @@ def simulate_cmd(
         tmp = stack.enter_context(atomic_dir(out)) if out is not None else None
         with Bars("simulating") as bars:
             for name in names:
-                bars.add(name, len(df))
+                bars.add(name, info["num_requests"])
                 report_progress = lambda done, total, n=name: bars.update(n, done)  # noqa: E731
                 cfg = dataclasses.replace(base, allocator=name)
                 sinks = {}
                 if tmp is not None:
                     from simulator.recorder import MEMORY_DTYPES
-                    from simulator.sinks import open_event_sink, open_memory_sink
+                    from simulator.request_log import REQUEST_DTYPES
+                    from simulator.sinks import open_event_sink, open_memory_sink, open_request_sink
 
                     (tmp / name).mkdir()
                     sinks["memory"] = open_memory_sink(tmp / name / "memory", MEMORY_DTYPES, table_format)
+                    sinks["requests"] = open_request_sink(tmp / name / "requests", REQUEST_DTYPES,
+                                                          table_format)
                     if cfg.record_events:
                         sinks["events"] = open_event_sink(tmp / name / "events", table_format)
                 results[name] = simulate(df, cfg, progress=report_progress, step_times=measured, **sinks)

@@ -35,6 +35,7 @@ from gpu_backend.engine.engine_config import EngineConfig
 from gpu_backend.engine.llm_engine import LLMEngine
 from gpu_backend.engine.params import EngineInputError, SamplingParams
 from simulator.recorder import EventRecorder
+from simulator.request_log import RequestColumns
 from simulator.results import request_table, summarize
 from simulator.run_state import RunState
 from simulator.step_latency import step_features
@@ -272,7 +273,7 @@ def _result(run: RunState, recorder: EventRecorder, engine: LLMEngine, config: R
 
     requests = request_table(run)
     memory = run.mem.to_frame()
-    summary = summarize(run, requests, memory, run.now)
+    summary = summarize(run, RequestColumns.of_frame(requests), memory, run.now)
     cuda = engine.device.type == "cuda"
     summary["measured"] = {
         "device": str(engine.device), "backend": engine.model.attn_backend.name,

@@ -59,12 +59,23 @@ def write_json(path: Path, obj) -> None:
     path.write_text(json.dumps(clean_json(obj), indent=2) + "\n")
 
 
+_WRITE_ROWS = 1 << 20  # rows per Parquet write (pyarrow's default row group)
+
+
 def write_table(df: pd.DataFrame, path_stem: Path, fmt: str) -> None:
     """A table as Parquet (default) or CSV."""
     if fmt == "csv":
         df.to_csv(path_stem.with_suffix(".csv"), index=False)
-    else:
-        df.to_parquet(path_stem.with_suffix(".parquet"), index=False)
+        return
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    # Converted and written a slice at a time: Arrow holds one slice, not a second copy of the table.
+    schema = pa.Schema.from_pandas(df, preserve_index=False)  # of the whole table: slices may lack values
+    with pq.ParquetWriter(path_stem.with_suffix(".parquet"), schema) as writer:
+        for start in range(0, max(len(df), 1), _WRITE_ROWS):
+            writer.write_table(pa.Table.from_pandas(df.iloc[start:start + _WRITE_ROWS], schema=schema,
+                                                    preserve_index=False))
 
 
 def write_run_files(tmp: Path, trace_info: dict, results: dict, table_format: str = "parquet", *,
@@ -72,16 +83,16 @@ def write_run_files(tmp: Path, trace_info: dict, results: dict, table_format: st
     """Write every allocator's result into the (temporary) run folder `tmp`.
 
     `results` maps allocator name to an object with config, summary, requests, memory and events (and
-    `steps` for replays); memory or events None means the run streamed that table into tmp/NAME/ already
-    (simulate's sinks). `metadata` (command line, versions, trace hash, config) becomes run.json.
+    `steps` for replays); requests, memory or events None means the run streamed that table into
+    tmp/NAME/ already (simulate's sinks). `metadata` (command line, versions, trace hash, config)
+    becomes run.json.
     """
     for name, res in results.items():
         d = tmp / name
         d.mkdir(exist_ok=True)
         write_json(d / "config.json", res.config)
         write_json(d / "summary.json", res.summary)
-        write_table(res.requests, d / "requests", table_format)
-        for table in ("memory", "events"):
+        for table in ("requests", "memory", "events"):
             df = getattr(res, table)
             if df is not None:
                 write_table(df, d / table, table_format)

@@ -71,5 +71,6 @@ def finish_batch(run: SimState) -> list[SequenceGroup]:
     for g in done:
         run.sched.finish_seq(g.seqs[0])
         run.finish[g.request_id] = run.now
+        run.retire(g.request_id)
     run.num_done += len(done)
     return done

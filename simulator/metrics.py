@@ -1,9 +1,10 @@
 """Serving metrics in the conventions of `vllm bench serve`: ms latencies, throughputs, goodput, warnings.
 
-Computed from a run's per-request table (simulator.results.request_table or a measured replay's), so the
-simulator and the engine report the same numbers. The simulator records each request's first and last
-token times, not every token's: the mean ITL is exact (the sum of a request's gaps is finish - first
-token), while ITL percentiles weight each request's mean gap by its number of gaps (see docs/run-format.md).
+Computed from a run's per-request table (in memory, or read from a run folder's file a column at a
+time), so the simulator and the engine report the same numbers. The simulator records each request's
+first and last token times, not every token's: the mean ITL is exact (the sum of a request's gaps is
+finish - first token), while ITL percentiles weight each request's mean gap by its number of gaps (see
+docs/run-format.md).
 """
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ import math
 import numpy as np
 import pandas as pd
 
+from simulator.request_log import RequestColumns
+
+Requests = pd.DataFrame | RequestColumns  # a request table, in memory or streamed to a file
 METRICS = ("ttft", "tpot", "itl", "e2el")
 DEFAULT_METRICS = ("ttft", "tpot", "itl")
 DEFAULT_PERCENTILES = (99.0,)
@@ -36,10 +40,17 @@ def parse_goodput(items: list[str] | None) -> dict[str, float]:
     return slos
 
 
-def _gaps(requests: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+def _col(requests: Requests, name: str) -> np.ndarray:
+    """One column of a request table in memory, or of a streamed one (read from its file)."""
+    if isinstance(requests, RequestColumns):
+        return requests.column(name)
+    return requests[name].to_numpy()
+
+
+def _gaps(requests: Requests) -> tuple[np.ndarray, np.ndarray]:
     """Each finished request's mean inter-token gap (s) and its number of gaps (output tokens - 1)."""
-    tpot = requests["tpot_s"].to_numpy(np.float64)
-    count = (requests["output_len"].to_numpy(np.float64) - 1).clip(min=0)
+    tpot = _col(requests, "tpot_s").astype(np.float64, copy=False)
+    count = (_col(requests, "output_len").astype(np.float64) - 1).clip(min=0)
     ok = np.isfinite(tpot) & (count > 0)
     return tpot[ok], count[ok]
 
@@ -52,7 +63,7 @@ def _weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> f
     return float(values[order][min(idx, len(order) - 1)])
 
 
-def latency_stats(requests: pd.DataFrame, metric: str, percentiles=DEFAULT_PERCENTILES) -> dict:
+def latency_stats(requests: Requests, metric: str, percentiles=DEFAULT_PERCENTILES) -> dict:
     """mean, median, std and the percentiles of one metric in ms (None when no request defines it)."""
     keys = ["mean", "median", "std", *(f"p{q:g}" for q in percentiles)]
     if metric == "itl":
@@ -64,7 +75,8 @@ def latency_stats(requests: pd.DataFrame, metric: str, percentiles=DEFAULT_PERCE
         stats = {"mean": mean, "median": _weighted_percentile(values, weights, 50), "std": math.sqrt(var)}
         stats |= {f"p{q:g}": _weighted_percentile(values, weights, q) for q in percentiles}
     else:
-        values = requests[_COLUMN[metric]].dropna().to_numpy(np.float64)
+        values = _col(requests, _COLUMN[metric]).astype(np.float64, copy=False)
+        values = values[~np.isnan(values)]
         if values.size == 0:
             return dict.fromkeys(keys)
         stats = {"mean": float(values.mean()), "median": float(np.median(values)), "std": float(values.std())}
@@ -72,28 +84,28 @@ def latency_stats(requests: pd.DataFrame, metric: str, percentiles=DEFAULT_PERCE
     return {k: 1e3 * v for k, v in stats.items()}
 
 
-def _meets(requests: pd.DataFrame, slos: dict[str, float]) -> np.ndarray:
+def _meets(requests: Requests, slos: dict[str, float]) -> np.ndarray:
     """Which requests finished within every SLO (a request with one output token has no TPOT: it passes)."""
-    ok = requests["finish_s"].notna().to_numpy().copy()
+    ok = ~np.isnan(_col(requests, "finish_s"))
     for name, ms in slos.items():
-        v = requests[_COLUMN[name]].to_numpy(np.float64) * 1e3
+        v = _col(requests, _COLUMN[name]).astype(np.float64) * 1e3
         ok &= np.where(np.isnan(v), name == "tpot", v <= ms)
     return ok
 
 
-def bench_metrics(requests: pd.DataFrame, duration_s: float, *, metrics=DEFAULT_METRICS,
+def bench_metrics(requests: Requests, duration_s: float, *, metrics=DEFAULT_METRICS,
                   percentiles=DEFAULT_PERCENTILES, goodput: dict[str, float] | None = None) -> dict:
     """The `vllm bench serve` result of one run: counts, throughputs, goodput and latency statistics."""
-    done = requests["finish_s"].notna().to_numpy()
-    fin = requests[done]
-    samples = fin["n"].where(fin["beam_width"] <= 1, 1)
-    out_tokens = int((fin["output_len"] * samples).sum())
-    in_tokens = int(fin["prompt_len"].sum())
+    done = ~np.isnan(_col(requests, "finish_s"))
+    # Column by column (not requests[done]): a 10M-request table is not copied whole.
+    samples = np.where(_col(requests, "beam_width")[done] <= 1, _col(requests, "n")[done], 1)
+    out_tokens = int((_col(requests, "output_len")[done] * samples).sum())
+    in_tokens = int(_col(requests, "prompt_len")[done].sum())
     per_s = (lambda x: x / duration_s) if duration_s > 0 else (lambda x: None)
     result = {
         "duration_s": float(duration_s),
         "completed": int(done.sum()),
-        "rejected": int(requests["rejected"].sum()),
+        "rejected": int(_col(requests, "rejected").sum()),
         "total_input_tokens": in_tokens,
         "total_output_tokens": out_tokens,
         "request_throughput": per_s(int(done.sum())),
@@ -109,34 +121,35 @@ def bench_metrics(requests: pd.DataFrame, duration_s: float, *, metrics=DEFAULT_
     return result
 
 
-def rejection_warning(requests: pd.DataFrame, max_model_len: int, capacity_tokens: int) -> str | None:
+def rejection_warning(requests: Requests, max_model_len: int, capacity_tokens: int) -> str | None:
     """Why and how many requests were refused, or None when none was."""
-    rejected = requests["rejected"].to_numpy(bool)
+    rejected = _col(requests, "rejected").astype(bool, copy=False)
     if not rejected.any():
         return None
-    rej = requests[rejected]
-    too_long = int(((rej["prompt_len"] + rej["output_len"]) > max_model_len).sum())
+    num_rejected = int(rejected.sum())
+    too_long = int(((_col(requests, "prompt_len")[rejected] + _col(requests, "output_len")[rejected])
+                    > max_model_len).sum())
     reasons = []
     if too_long:
         reasons.append(f"{too_long:,} longer than max_model_len {max_model_len:,} (prompt + output)")
-    if too_long < len(rej):
-        reasons.append(f"{len(rej) - too_long:,} need more KV slots than the pool's {capacity_tokens:,}")
-    return (f"{len(rej):,} of {len(requests):,} requests were rejected ({'; '.join(reasons)}); "
+    if too_long < num_rejected:
+        reasons.append(f"{num_rejected - too_long:,} need more KV slots than the pool's {capacity_tokens:,}")
+    return (f"{num_rejected:,} of {len(requests):,} requests were rejected ({'; '.join(reasons)}); "
             "their latencies are not in the statistics")
 
 
-def queue_lengths(requests: pd.DataFrame, times: np.ndarray) -> np.ndarray:
+def queue_lengths(requests: Requests, times: np.ndarray) -> np.ndarray:
     """Requests waiting for their first admission at each time (rejected requests are left out)."""
-    requests = requests[~requests["rejected"].to_numpy(bool)]
-    arrival = np.sort(requests["arrival_s"].to_numpy(np.float64))
-    admitted = requests["admitted_s"].to_numpy(np.float64)
+    kept = ~_col(requests, "rejected").astype(bool, copy=False)
+    arrival = np.sort(_col(requests, "arrival_s").astype(np.float64, copy=False)[kept])
+    admitted = _col(requests, "admitted_s").astype(np.float64, copy=False)[kept]
     left = np.sort(np.where(np.isnan(admitted), np.inf, admitted))
     return np.searchsorted(arrival, times, side="right") - np.searchsorted(left, times, side="right")
 
 
-def overload_warning(requests: pd.DataFrame, duration_s: float) -> str | None:
+def overload_warning(requests: Requests, duration_s: float) -> str | None:
     """A warning when the waiting queue still grows at the end of the trace (arrivals outpace service)."""
-    last = float(requests["arrival_s"].max())
+    last = float(_col(requests, "arrival_s").max())
     if last <= 0 or len(requests) < 10:
         return None
     half, three_q, end = queue_lengths(requests, np.array([0.5, 0.75, 1.0]) * last)

@@ -5,15 +5,16 @@ import numpy as np
 import pandas as pd
 
 from simulator.core.allocator import MemoryBreakdown
+from simulator.request_log import RequestColumns, derived_columns
 from simulator.run_state import RunState
 
 STATES = MemoryBreakdown.STATES
 
 
 def request_table(run: RunState) -> pd.DataFrame:
-    """One row per request with times and derived latencies (NaN where undefined)."""
+    """One row per request with times and derived latencies (NaN where undefined), from a run that kept
+    per-request arrays (a measured replay; a simulation hands its rows to a RequestLog instead)."""
     t = run.trace
-    out = run.output.astype(np.float64)
     df = pd.DataFrame({
         "request_id": t["request_id"].to_numpy(np.int64),
         "arrival_s": run.arrival,
@@ -27,18 +28,13 @@ def request_table(run: RunState) -> pd.DataFrame:
         "num_preemptions": run.preemptions,
         "rejected": run.rejected,
         "prefix_hit_tokens": run.hit_tokens,
-    })
-    df["queueing_s"] = run.admitted - run.arrival
-    df["ttft_s"] = run.first_token - run.arrival
-    with np.errstate(invalid="ignore", divide="ignore"):
-        df["tpot_s"] = np.where(out > 1, (run.finish - run.first_token) / (out - 1), np.nan)
-    df["e2e_s"] = run.finish - run.arrival
-    df["normalized_latency_s"] = df["e2e_s"] / out
+        **derived_columns(run.arrival, run.output, run.admitted, run.first_token, run.finish),
+    }, copy=False)  # the run's arrays become the table's columns
     return df
 
 
-def _stats(values: pd.Series) -> dict:
-    v = values.dropna().to_numpy()
+def _stats(values: np.ndarray) -> dict:
+    v = values[~np.isnan(values)]
     if v.size == 0:
         return {"mean": None, "p50": None, "p90": None, "p99": None}
     p50, p90, p99 = np.percentile(v, [50, 90, 99])
@@ -57,12 +53,12 @@ def memory_summary(memory: pd.DataFrame) -> dict:
             float(np.dot(memory["block_occupancy"].to_numpy(), w) / total))
 
 
-def summarize(run: RunState, requests: pd.DataFrame, memory: pd.DataFrame | None, wall_s: float) -> dict:
+def summarize(run: RunState, requests: RequestColumns, memory: pd.DataFrame | None,
+              wall_s: float) -> dict:
     """The run's SUMMARY (see docs/run-format.md); `memory` None: the rows were streamed to a file and
     the memory log kept the time-weighted sums."""
-    finished = requests[requests["finish_s"].notna()]
+    totals = requests.totals
     duration = run.now
-    out_tokens = int((finished["output_len"] * finished["n"].where(finished["beam_width"] <= 1, 1)).sum())
     mem, token_occ, block_occ = memory_summary(memory) if memory is not None else run.mem.weighted_means()
     stats = getattr(run.alloc, "stats", None)
     hit_rate = None
@@ -73,20 +69,20 @@ def summarize(run: RunState, requests: pd.DataFrame, memory: pd.DataFrame | None
         "capacity_tokens": int(run.alloc.capacity_tokens),
         "block_size": int(run.block_size),
         "num_blocks": int(getattr(run.alloc, "num_blocks", run.alloc.capacity_tokens)),
-        "num_requests": int(len(requests)),
-        "num_finished": int(len(finished)),
-        "num_rejected": int(requests["rejected"].sum()),
-        "num_preemptions": int(requests["num_preemptions"].sum()),
+        "num_requests": totals.num_requests,
+        "num_finished": totals.num_finished,
+        "num_rejected": totals.num_rejected,
+        "num_preemptions": totals.num_preemptions,
         "num_steps": int(run.step),
         "sim_duration_s": float(duration),
         "wall_s": float(wall_s),
         "mean_batch_size": float(run.batch_s / run.busy_s) if run.busy_s > 0 else 0.0,
-        "throughput_tokens_per_s": float(out_tokens / duration) if duration > 0 else 0.0,
-        "normalized_latency_s_per_token": float(finished["normalized_latency_s"].mean())
-        if len(finished) else None,
-        "ttft_s": _stats(requests["ttft_s"]),
-        "tpot_s": _stats(requests["tpot_s"]),
-        "e2e_s": _stats(requests["e2e_s"]),
+        "throughput_tokens_per_s": float(totals.output_tokens / duration) if duration > 0 else 0.0,
+        "normalized_latency_s_per_token": totals.normalized_sum / totals.num_finished
+        if totals.num_finished else None,
+        "ttft_s": _stats(requests.column("ttft_s")),
+        "tpot_s": _stats(requests.column("tpot_s")),
+        "e2e_s": _stats(requests.column("e2e_s")),
         "memory": mem,
         "token_occupancy": token_occ,
         "block_occupancy": block_occ,

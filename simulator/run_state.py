@@ -27,9 +27,11 @@ class RunState:
     enable_prefix_caching: bool
     alloc: KVAllocator
     sched: Scheduler
-    trace: pd.DataFrame
-    arrival: np.ndarray  # float64 seconds, as the run saw them (a replay may scale them)
-    prompt: np.ndarray  # int64 prompt lengths, as run (a replay may clip them)
+    # Per-request arrays, for a run that keeps them whole (a replay; the simulator streams its requests:
+    # simulator/sim_state.py leaves these None and keeps only the requests in flight).
+    trace: pd.DataFrame | None = None
+    arrival: np.ndarray | None = None  # float64 seconds, as the run saw them (a replay may scale them)
+    prompt: np.ndarray | None = None  # int64 prompt lengths, as run (a replay may clip them)
     mem: MemoryLog = field(default_factory=MemoryLog)
     now: float = 0.0  # the run's clock (simulated or wall)
     step: int = 0  # steps run so far
@@ -38,6 +40,8 @@ class RunState:
     num_done: int = 0  # finished or rejected requests
 
     def __post_init__(self) -> None:
+        if self.trace is None:
+            return
         num = len(self.trace)
         self.output = self.trace["output_len"].to_numpy(np.int64)
         self.n = self.trace["n"].to_numpy(np.int64)
@@ -77,7 +81,7 @@ class RunState:
             i = g.request_id
             if math.isnan(self.admitted[i]):
                 self.admitted[i] = now
-                self.hit_tokens[i] = self.sched.hit_tokens.get(i, 0)
+                self.hit_tokens[i] = g.prefix_hit_tokens or 0
         for g in out.preempted:
             self.preemptions[g.request_id] += 1
 

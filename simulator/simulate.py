@@ -20,36 +20,45 @@ import pandas as pd
 
 from simulator.fast import fast_step, finish_batch
 from simulator.measured_steps import MeasuredSteps
-from simulator.results import request_table, summarize
+from simulator.request_log import RequestColumns
+from simulator.results import summarize
 from simulator.sim_config import SimConfig
 from simulator.sim_state import SimState
 from simulator.sinks import EventSink, FrameSink, TableSink, empty_events
 from simulator.span import run_span, span_length
 from simulator.stepping import exact_step
-from traces.schema import validate_trace
+from traces.chunks import FrameChunks, TraceChunks
+from traces.schema import canonical_trace
 
 
 @dataclass
 class SimResult:
     """Everything a run produced: per-request, per-step and per-tenure tables, and the summary.
 
-    `events` (`memory`) is None when the tenures (memory rows) were streamed to a file sink
-    (`simulate(..., events=sink, memory=sink)`); `num_events` counts the tenures either way.
+    `events` (`memory`, `requests`) is None when the tenures (memory rows, request rows) were streamed to
+    a file sink (`simulate(..., events=sink, memory=sink, requests=sink)`); `num_events` counts the
+    tenures either way, and `request_columns` reads the request table a column at a time either way.
     """
 
     config: dict
     summary: dict
-    requests: pd.DataFrame
+    requests: pd.DataFrame | None
     memory: pd.DataFrame | None
     events: pd.DataFrame | None
     num_events: int = 0
+    request_columns: RequestColumns | None = None
+
+    def request_data(self) -> pd.DataFrame | RequestColumns:
+        """The request table: in memory, or (streamed) read from its file a column at a time."""
+        return self.requests if self.requests is not None else self.request_columns
 
 
-def simulate(trace: pd.DataFrame, config: SimConfig,
+def simulate(trace: pd.DataFrame | TraceChunks, config: SimConfig,
              progress: Callable[[int, int], None] | None = None,
              observer: Callable[[SimState], None] | None = None,
              step_times: MeasuredSteps | None = None,
-             events: EventSink | None = None, memory: TableSink | None = None) -> SimResult:
+             events: EventSink | None = None, memory: TableSink | None = None,
+             requests: TableSink | None = None) -> SimResult:
     """Replay `trace` against the configured allocator and scheduler.
 
     `observer`, if given, is called with the run state after every loop iteration (a step, or a span in
@@ -58,11 +67,14 @@ def simulate(trace: pd.DataFrame, config: SimConfig,
     (and config.record_events), receives the tenures as the run goes (e.g. a ParquetEventSink writing the
     run folder's events table) and is closed at the end; without it they come back as a DataFrame.
     `memory`, likewise, receives the per-step memory rows (`simulator.sinks.open_memory_sink`);
-    SimResult.memory is then None.
+    SimResult.memory is then None; `requests` receives the request rows in trace order
+    (`simulator.sinks.open_request_sink`), SimResult.requests is then None. `trace` is a DataFrame
+    (validated here) or a TraceChunks already validated (traces.chunks: a file read a block at a time).
     """
     wall0 = time.perf_counter()
-    trace = validate_trace(trace, source="trace")
-    run = SimState.start(trace, config, events, memory)
+    if not isinstance(trace, TraceChunks):
+        trace = FrameChunks(canonical_trace(trace, source="trace"))
+    run = SimState.start(trace, config, events, memory, requests)
     run.measured = step_times
     # The loop allocates millions of small objects (requests, sequences, block tables) and makes no
     # reference cycles, so the cyclic collector would only re-scan the ever larger heap of live requests
@@ -74,6 +86,7 @@ def simulate(trace: pd.DataFrame, config: SimConfig,
     except BaseException:
         if run.recorder is not None:
             run.recorder.abort()
+        run.log.sink.close()
         raise
     finally:
         if gc_enabled:
@@ -87,15 +100,14 @@ def _loop(run: SimState, config: SimConfig, step_times: MeasuredSteps | None,
           observer: Callable[[SimState], None] | None, progress: Callable[[int, int], None] | None) -> None:
     """Run every request to the end (the batch settled)."""
     num = run.num_requests
-    sched, batch, arrival = run.sched, run.batch, run.arrival_s
+    sched, batch = run.sched, run.batch
     fast = config.mode == "fast" and step_times is None
     next_report = 2000
     while run.next < num or sched.has_unfinished():
-        while run.next < num and arrival[run.next] <= run.now:
-            sched.add_request(run.make_group(run.next))
-            run.next += 1
+        if run.next_arrival <= run.now:
+            run.arrive_until(run.now)
         if not sched.has_unfinished():
-            run.idle_until(arrival[run.next])
+            run.idle_until(run.next_arrival)
             continue
         if fast and (batch.active or batch.activate()):
             # A request that just joined the queue is usually admitted at once: try that step first.
@@ -123,7 +135,9 @@ def _loop(run: SimState, config: SimConfig, step_times: MeasuredSteps | None,
 
 def _result(run: SimState, wall_s: float) -> SimResult:
     config = run.cfg.to_dict()
-    requests = request_table(run)
+    request_sink = run.log.finish_run()
+    frame = request_sink.frame() if isinstance(request_sink, FrameSink) else None
+    columns = RequestColumns(run.log.totals, frame=frame, path=getattr(request_sink, "path", None))
     run.mem.finish()
     memory = run.mem.to_frame()
     events, num_events = empty_events(), 0
@@ -131,6 +145,6 @@ def _result(run: SimState, wall_s: float) -> SimResult:
         sink = run.recorder.finish(run.now)
         events = sink.frame() if isinstance(sink, FrameSink) else None
         num_events = sink.num_rows
-    summary = summarize(run, requests, memory, wall_s)
-    return SimResult(config=config, summary=summary, requests=requests, memory=memory, events=events,
-                     num_events=num_events)
+    summary = summarize(run, columns, memory, wall_s)
+    return SimResult(config=config, summary=summary, requests=frame, memory=memory, events=events,
+                     num_events=num_events, request_columns=columns)

@@ -163,3 +163,9 @@ def open_memory_sink(path_stem: str | Path, dtypes: dict[str, np.dtype], table_f
     if table_format == "csv":
         return CsvSink(stem.with_suffix(".csv"), _schema(dtypes), batch_rows)
     return ParquetSink(stem.with_suffix(".parquet"), _schema(dtypes), batch_rows)
+
+
+def open_request_sink(path_stem: str | Path, dtypes: dict[str, np.dtype], table_format: str = "parquet"
+                      ) -> TableSink:
+    """A file sink for the run folder's requests table (rows in trace order, as requests complete)."""
+    return open_memory_sink(path_stem, dtypes, table_format)

@@ -40,7 +40,7 @@ def span_length(run: SimState) -> tuple[int, tuple | None]:
     if not sched.waiting and run.next < run.num_requests:
         # A step that starts at or after the next arrival would enqueue (and maybe admit) it. Steps only
         # get longer as contexts grow, so the first one bounds how many can start before the arrival.
-        arrival = run.arrival_s[run.next]
+        arrival = run.next_arrival
         first = run.latency.step_time(b, tokens + b, tokens + b, b)
         if now + first >= arrival:
             return _NO_SPAN

@@ -28,7 +28,7 @@ def exact_step(run: SimState) -> None:
         if out.rejected:
             return
         if run.next < run.num_requests:
-            run.idle_until(run.arrival_s[run.next])
+            run.idle_until(run.next_arrival)
             return
         raise RuntimeError("scheduler stalled with work left and no future arrival (a bug)")
     if measured is None:
@@ -99,6 +99,7 @@ def finish_done(run: SimState, groups: list[SequenceGroup], remove: bool = True)
             for s in live:
                 run.sched.finish_seq(s)
             run.finish[i] = run.now
+            run.retire(i)
             run.num_done += 1
             done.append(g)
         elif g.beam_width > 1:

@@ -7,6 +7,8 @@ from itertools import chain
 import numpy as np
 import pandas as pd
 
+from traces.chunks import TraceChunks
+
 PERCENTILES = (50, 90, 99)
 
 
@@ -48,22 +50,31 @@ def prefix_reuse(trace: pd.DataFrame) -> dict[str, float | int] | None:
     }
 
 
-def trace_info(trace: pd.DataFrame) -> dict:
-    """Count, duration, mean rate, length percentiles, n / beam use and prefix reuse (JSON-ready)."""
-    arrival = trace["arrival_s"].to_numpy(np.float64)
-    prompt = trace["prompt_len"].to_numpy(np.int64)
-    output = trace["output_len"].to_numpy(np.int64)
+def trace_info(trace: pd.DataFrame | TraceChunks) -> dict:
+    """Count, duration, mean rate, length percentiles, n / beam use and prefix reuse (JSON-ready); a
+    TraceChunks is read a column at a time."""
+    chunked = isinstance(trace, TraceChunks)
+    num = trace.num_rows if chunked else len(trace)
+    column = trace.column if chunked else (lambda c: trace[c].to_numpy())
+    arrival = column("arrival_s").astype(np.float64, copy=False)
     info = {
-        "num_requests": int(len(trace)),
-        "duration_s": float(arrival.max() - arrival.min()) if len(trace) else 0.0,
+        "num_requests": int(num),
+        "duration_s": float(arrival.max() - arrival.min()) if num else 0.0,
         "mean_rate_per_s": mean_rate(arrival),
-        "prompt_len": _describe(prompt),
-        "output_len": _describe(output),
-        "total_tokens": int(prompt.sum() + output.sum()),
     }
+    del arrival
+    total = 0
+    for col in ("prompt_len", "output_len"):
+        values = column(col).astype(np.int64, copy=False)
+        info[col] = _describe(values)
+        total += int(values.sum())
+    info["total_tokens"] = total
     for col in ("n", "beam_width"):
-        values = trace[col].to_numpy(np.int64) if col in trace.columns else np.ones(len(trace), np.int64)
+        values = column(col).astype(np.int64, copy=False) if col in trace.columns else np.ones(num, np.int64)
         info[col] = {"mean": float(values.mean()), "max": int(values.max()),
                      "requests_above_1": int((values > 1).sum())}
+    if chunked:
+        info["prefix"] = None  # chunked traces carry no prefix keys (traces/chunks.py)
+        return info
     info["prefix"] = prefix_reuse(trace)
     return info

@@ -106,7 +106,6 @@ class Scheduler:
         self.num_preemptions = 0
         # Per group: prompt tokens still to compute (prefill / recompute), keyed by request id.
         self.prefill_left: dict[int, int] = {}
-        self.hit_tokens: dict[int, int] = {}
 
     def add_request(self, group: SequenceGroup) -> None:
         """Queue a new request."""
@@ -245,7 +244,8 @@ class Scheduler:
             need = self._prefill_tokens(seqs)
             # Only the blocks this step computes are published (the budget caps the first chunk).
             hit = self.allocator.allocate(group, room)
-            self.hit_tokens.setdefault(group.request_id, hit)
+            if group.prefix_hit_tokens is None:
+                group.prefix_hit_tokens = hit
             left = max(1, need - hit)
             chunk = min(left, room)
             for s in seqs:

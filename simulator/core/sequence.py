@@ -108,7 +108,7 @@ class Sequence:
 class SequenceGroup:
     """The sequences of one request: n parallel samples or a beam. They share prompt blocks."""
 
-    __slots__ = ("request_id", "seqs", "arrival_s", "prompt_len", "n", "beam_width")
+    __slots__ = ("request_id", "seqs", "arrival_s", "prompt_len", "n", "beam_width", "prefix_hit_tokens")
 
     def __init__(self, request_id: int, seqs: list[Sequence], arrival_s: float = 0.0,
                  n: int = 1, beam_width: int = 1):
@@ -121,6 +121,7 @@ class SequenceGroup:
         self.prompt_len = seqs[0].prompt_len
         self.n = n
         self.beam_width = beam_width
+        self.prefix_hit_tokens: int | None = None  # prompt tokens found cached at the first admission
 
     def get_seqs(self, status: SequenceStatus | None = None) -> list[Sequence]:
         """The group's sequences, optionally only those with `status`."""

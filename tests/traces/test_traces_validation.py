@@ -4,8 +4,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from traces import TraceError, TraceWarning, load_trace, save_trace, validate_trace
+from traces.schema import canonical_trace
 
 AZ = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 T0, T1, T2 = "2023-11-16 18:15:46.6805900", "2023-11-16 18:15:50.9951690", "2023-11-16 18:15:51.2224670"
@@ -140,6 +143,44 @@ def test_validate_trace_returns_a_canonical_copy():
     assert out.index.tolist() == [0, 1]
     out.loc[0, "prompt_len"] = 99
     assert df["prompt_len"].iloc[0] == 7.0
+
+
+
+def _frame(arrival, prompt, output, ids):
+    n = len(arrival)
+    data = {"request_id": ids, "arrival_s": arrival, "prompt_len": prompt, "output_len": output,
+            "n": [1] * n, "beam_width": [1] * n}
+    return pd.DataFrame({c: np.asarray(v, np.float64 if c == "arrival_s" else np.int64)
+                         for c, v in data.items()})
+
+
+@pytest.mark.filterwarnings("ignore::traces.TraceWarning")  # shifted/sorted arrivals: fixed, as it should
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([-1.0, 0.0, 0.5, 2.0, float("nan")]), st.integers(-1, 3),
+                          st.integers(-1, 3), st.integers(0, 6)), min_size=1, max_size=6))
+def test_canonical_trace_returns_what_validation_returns(rows):
+    arrival, prompt, output, ids = (list(c) for c in zip(*rows, strict=True))
+    df = _frame(arrival, prompt, output, ids)
+    try:
+        checked = validate_trace(df)
+    except TraceError as exc:
+        with pytest.raises(TraceError) as info:
+            canonical_trace(df)
+        assert str(info.value) == str(exc)
+        return
+    out = canonical_trace(df)
+    pd.testing.assert_frame_equal(out, checked, check_exact=True)
+    if out is df:  # no copy only where validation changes nothing, index included
+        assert df.index.equals(checked.index)
+    if (np.diff(checked["request_id"]) > 0).all():  # increasing ids: a validated trace is not copied again
+        assert canonical_trace(checked) is checked
+
+
+@pytest.mark.filterwarnings("ignore::traces.TraceWarning")
+def test_canonical_trace_skips_the_copy_for_a_validated_trace():
+    df = validate_trace(_frame([0.0, 1.0, 1.0], [3, 4, 5], [1, 2, 3], [0, 1, 2]))
+    assert canonical_trace(df) is df
+    assert canonical_trace(df.iloc[1:]) is not df.iloc[1:]  # index 1.., arrivals not from 0: checked in full
 
 
 def test_save_refuses_unknown_extension_and_bad_frames(tmp_path):

@@ -1,0 +1,174 @@
+"""A run that reads its trace in blocks and streams its request rows makes the in-memory run's tables.
+
+The waiting queue builds requests only when they reach its head (simulator/pending.py), the request log
+keeps only requests in flight (simulator/request_log.py), and the trace is read a block at a time
+(traces/chunks.py): none of that may change a decision, a time or a row.
+"""
+from __future__ import annotations
+
+import json
+from collections import deque
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulator.core.sequence import Sequence, SequenceGroup
+from simulator.pending import PendingQueue
+from simulator.request_log import REQUEST_DTYPES, RequestColumns, RequestLog
+from simulator.sim_config import SimConfig
+from simulator.simulate import simulate
+from simulator.sinks import FrameSink, open_request_sink
+from traces import SyntheticConfig, generate_trace, save_trace
+from traces.chunks import FrameChunks, open_parquet_chunks
+
+
+def _group(i: int) -> SequenceGroup:
+    return SequenceGroup(i, [Sequence(i, 4, 8, request_id=i)])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["arrive", "pop", "push_front", "head", "len"]), max_size=60))
+def test_pending_queue_behaves_as_a_deque_of_every_arrived_row(ops):
+    built: list[int] = []
+    queue = PendingQueue(lambda i: built.append(i) or _group(i))
+    model: deque[int] = deque()
+    arrived, pushed = 0, 0
+    for op in ops:
+        if op == "arrive":
+            arrived += 3
+            queue.arrive(arrived)
+            model.extend(range(arrived - 3, arrived))
+        elif op == "pop" and model:
+            assert queue.popleft().request_id == model.popleft()
+        elif op == "push_front":
+            pushed += 1
+            g = _group(-pushed)  # a preempted group goes back to the front
+            queue.appendleft(g)
+            model.appendleft(g.request_id)
+        elif op == "head" and model:
+            assert queue[0].request_id == model[0]
+        assert len(queue) == len(model)
+        assert bool(queue) == bool(model)
+    assert built == sorted(built) and len(set(built)) == len(built)  # each row built once, in order
+    assert [g.request_id for g in queue] == list(model)
+
+
+def test_pending_queue_refuses_a_tail_append_behind_pending_rows():
+    queue = PendingQueue(_group)
+    queue.arrive(2)
+    with pytest.raises(RuntimeError, match="pending"):
+        queue.append(_group(9))
+    with pytest.raises(IndexError):
+        queue[1]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.permutations(list(range(40))), st.integers(1, 7))
+def test_request_log_hands_rows_on_in_trace_order_whatever_order_they_finish(order, batch):
+    log = RequestLog(batch_rows=batch)
+    for i in range(40):
+        log.open(i, (100 + i, float(i), 5, 3, 1, 1))
+        log.admitted[i] = i + 0.5
+    for k, i in enumerate(order):
+        log.finish[i] = 50.0 + k
+        log.first_token[i] = 40.0 + i
+        log.close(i)
+        assert log.next_row == min(set(range(40)) - set(order[:k + 1]), default=40)
+    table = log.finish_run().frame()
+    assert table["request_id"].tolist() == list(range(100, 140))
+    assert table["finish_s"].tolist() == [50.0 + order.index(i) for i in range(40)]
+    assert list(table.dtypes) == list(REQUEST_DTYPES.values())
+    assert log.totals.num_finished == 40 and log.totals.output_tokens == 120
+
+
+def test_request_log_refuses_to_end_with_a_request_in_flight():
+    log = RequestLog()
+    log.open(0, (0, 0.0, 1, 1, 1, 1))
+    with pytest.raises(RuntimeError, match="never finished"):
+        log.finish_run()
+
+
+def _assert_same_run(a, b):
+    pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
+    pd.testing.assert_frame_equal(a.memory, b.memory, check_exact=True)
+    pd.testing.assert_frame_equal(a.events, b.events, check_exact=True)
+    strip = lambda s: json.dumps({k: v for k, v in s.items() if k != "wall_s"}, sort_keys=True)  # noqa: E731
+    assert strip(a.summary) == strip(b.summary)
+
+
+TRACES = {
+    "overloaded": dict(num_requests=400, rate=80.0, lengths="sharegpt", seed=3),
+    "beams": dict(num_requests=60, rate=4.0, lengths="alpaca", beam_width=3, seed=4),
+    "samples": dict(num_requests=120, rate=10.0, lengths="alpaca", n=3, seed=5),
+    "prefix": dict(num_requests=200, rate=30.0, lengths="alpaca", num_prefix_groups=3, prefix_len=200,
+                   prefix_fraction=0.8, seed=6),
+}
+
+
+@pytest.mark.parametrize("name", TRACES)
+@pytest.mark.parametrize("mode", ["fast", "step"])
+def test_blocks_of_rows_make_the_same_run_as_the_whole_frame(name, mode):
+    trace = generate_trace(SyntheticConfig(**TRACES[name]))
+    cfg = SimConfig(capacity_tokens=3000, mode=mode, record_events=True,
+                    preemption_mode="swap" if name == "samples" else "recompute")
+    whole = simulate(trace, cfg)
+    assert whole.summary["num_preemptions"] > 0 or name != "overloaded"
+    _assert_same_run(simulate(FrameChunks(trace, max_rows=7), cfg), whole)
+
+
+def test_a_canonical_parquet_trace_is_read_in_blocks_and_streams_the_same_rows(tmp_path):
+    trace = generate_trace(SyntheticConfig(**TRACES["overloaded"]))
+    path = tmp_path / "t.parquet"
+    save_trace(trace, path)
+    chunks = open_parquet_chunks(path)
+    assert chunks is not None and chunks.num_rows == len(trace)
+    cfg = SimConfig(capacity_tokens=3000, record_events=True)
+    whole = simulate(trace, cfg)
+    for fmt in ("parquet", "csv"):
+        sink = open_request_sink(tmp_path / f"requests-{fmt}", REQUEST_DTYPES, fmt)
+        streamed = simulate(chunks, cfg, requests=sink)
+        assert streamed.requests is None
+        read = pd.read_parquet if fmt == "parquet" else lambda p: pd.read_csv(p, dtype=REQUEST_DTYPES)
+        back = read(sink.path)
+        pd.testing.assert_frame_equal(back, whole.requests, check_exact=True)
+        assert streamed.summary["e2e_s"] == whole.summary["e2e_s"]
+        cols = streamed.request_data()
+        assert isinstance(cols, RequestColumns) and len(cols) == len(trace)
+        np.testing.assert_array_equal(cols.column("ttft_s"), whole.requests["ttft_s"].to_numpy())
+    limited = open_parquet_chunks(path, limit=50)
+    assert limited.num_rows == 50
+    assert len(simulate(limited, cfg).requests) == 50
+
+
+def _write(tmp_path, frame, name="t.parquet"):
+    path = tmp_path / name
+    frame.to_parquet(path, index=False)
+    return path
+
+
+def test_only_canonical_parquet_traces_are_read_in_blocks(tmp_path):
+    trace = generate_trace(SyntheticConfig(num_requests=30, rate=5.0, seed=1))
+    assert open_parquet_chunks(_write(tmp_path, trace)) is not None
+    shifted = trace.assign(arrival_s=trace["arrival_s"] + 1.0)  # the loader would shift it to 0
+    unsorted = trace.iloc[::-1].reset_index(drop=True)
+    repeated = trace.assign(request_id=0)
+    small = trace.astype({"prompt_len": "int32"})
+    zero = trace.assign(output_len=0)
+    reordered = trace[list(reversed(trace.columns))]
+    for bad in (shifted, unsorted, repeated, small, zero, reordered):
+        assert open_parquet_chunks(_write(tmp_path, bad, "bad.parquet")) is None
+    (tmp_path / "junk.parquet").write_text("not parquet")
+    assert open_parquet_chunks(tmp_path / "junk.parquet") is None
+
+
+def test_request_columns_of_a_frame_total_what_the_frame_holds():
+    trace = generate_trace(SyntheticConfig(num_requests=50, rate=5.0, n=2, seed=2))
+    res = simulate(trace, SimConfig(capacity_tokens=4000))
+    cols = RequestColumns.of_frame(res.requests)
+    finished = int(res.requests["finish_s"].notna().sum())
+    assert cols.totals.num_finished == res.summary["num_finished"] == finished
+    assert cols.totals.output_tokens == int((res.requests["output_len"] * res.requests["n"]).sum())
+    assert isinstance(RequestLog().sink, FrameSink)

@@ -1,0 +1,124 @@
+"""A validated trace read a block of rows at a time, so a 10M-request run need not hold it whole.
+
+`FrameChunks` slices a canonical DataFrame (no copy). `ParquetChunks` reads a Parquet trace file in
+record batches; `open_parquet_chunks` builds one only for a file that is already canonical (what
+`pagelab trace gen` and `trace convert` write: the canonical columns and types, arrivals sorted from 0,
+increasing ids, counts in range), which it checks in one pass a batch at a time. Any other file is
+loaded and validated whole (traces.loaders), which is also where a bad row gets its error message.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from traces.schema import CANONICAL_COLUMNS, MAX_COUNT, PREFIX_COLUMNS
+
+CHUNK_ROWS = 1 << 16
+Columns = dict[str, np.ndarray]
+
+
+class TraceChunks:
+    """The rows of a validated trace, `num_rows` of them, a block at a time."""
+
+    num_rows: int
+    columns: tuple[str, ...]
+
+    def iter_chunks(self, columns: tuple[str, ...], rows: int = CHUNK_ROWS) -> Iterator[Columns]:
+        """Consecutive blocks of at most `rows` rows (the last may be shorter), as numpy columns."""
+        raise NotImplementedError
+
+    def column(self, name: str) -> np.ndarray:
+        """One whole column (for the trace's statistics; a column of 10M rows is 80 MB)."""
+        parts = [c[name] for c in self.iter_chunks((name,), 1 << 20)]
+        return np.concatenate(parts) if parts else np.empty(0)
+
+
+class FrameChunks(TraceChunks):
+    """A canonical trace DataFrame, sliced."""
+
+    def __init__(self, frame: pd.DataFrame, max_rows: int | None = None) -> None:
+        self.frame = frame
+        self.num_rows = len(frame)
+        self.columns = tuple(frame.columns)
+        self.max_rows = max_rows  # a cap on the block size (tests cross block boundaries with it)
+
+    def iter_chunks(self, columns: tuple[str, ...], rows: int = CHUNK_ROWS) -> Iterator[Columns]:
+        """Views of the frame's columns."""
+        rows = min(rows, self.max_rows or rows)
+        arrays = {c: self.frame[c].to_numpy() for c in columns}
+        for start in range(0, self.num_rows, rows):
+            yield {c: a[start:start + rows] for c, a in arrays.items()}
+
+
+class ParquetChunks(TraceChunks):
+    """A canonical Parquet trace file (see open_parquet_chunks), optionally cut to its first `num_rows`."""
+
+    def __init__(self, path: Path, num_rows: int, columns: tuple[str, ...]) -> None:
+        self.path = Path(path)
+        self.num_rows = num_rows
+        self.columns = columns
+
+    def iter_chunks(self, columns: tuple[str, ...], rows: int = CHUNK_ROWS) -> Iterator[Columns]:
+        """Record batches of the file, as numpy columns."""
+        import pyarrow.parquet as pq
+
+        left = self.num_rows
+        with pq.ParquetFile(self.path) as f:
+            for batch in f.iter_batches(batch_size=rows, columns=list(columns)):
+                if left <= 0:
+                    return
+                if batch.num_rows > left:
+                    batch = batch.slice(0, left)
+                left -= batch.num_rows
+                yield {c: batch.column(c).to_numpy(zero_copy_only=False) for c in columns}
+
+
+_TYPES = {"request_id": "int64", "arrival_s": "double", "prompt_len": "int64", "output_len": "int64",
+          "n": "int64", "beam_width": "int64"}
+
+
+def open_parquet_chunks(path: Path, limit: int | None = None) -> ParquetChunks | None:
+    """The file as ParquetChunks when it is a canonical trace without prefix keys (its first `limit`
+    rows, if given); None when it is not (load it whole instead)."""
+    import pyarrow.parquet as pq
+
+    try:
+        with pq.ParquetFile(path) as f:
+            schema = f.schema_arrow
+            num_rows = f.metadata.num_rows
+    except Exception:  # noqa: BLE001 - not a Parquet file we can read in batches: the loader will say why
+        return None
+    names = tuple(schema.names)
+    if names != CANONICAL_COLUMNS or any(str(schema.field(c).type) != t for c, t in _TYPES.items()):
+        return None
+    if set(names) & set(PREFIX_COLUMNS):
+        return None
+    num_rows = num_rows if limit is None else min(num_rows, limit)
+    chunks = ParquetChunks(path, num_rows, names)
+    if num_rows == 0 or not _canonical_rows(chunks):
+        return None
+    return chunks
+
+
+def _canonical_rows(chunks: ParquetChunks) -> bool:
+    """One pass, a batch at a time: no nulls, arrivals sorted from 0, ids increasing, counts in range."""
+    last_arrival, last_id, first = -np.inf, -1, True
+    for c in chunks.iter_chunks(CANONICAL_COLUMNS, 1 << 20):
+        arrival, ids = c["arrival_s"], c["request_id"]
+        if arrival.dtype != np.float64 or any(c[k].dtype != np.int64 for k in CANONICAL_COLUMNS
+                                              if k != "arrival_s"):
+            return False  # nulls came back as floats or objects
+        if first and arrival[0] != 0.0:
+            return False
+        first = False
+        sorted_ = arrival[0] >= last_arrival and (arrival[1:] >= arrival[:-1]).all()
+        if not (sorted_ and np.isfinite(arrival[-1]) and ids[0] > last_id and (ids[1:] > ids[:-1]).all()):
+            return False
+        if not all(((c[k] >= 1) & (c[k] <= MAX_COUNT)).all() for k in ("prompt_len", "output_len", "n",
+                                                                         "beam_width")):
+            return False
+        last_arrival, last_id = arrival[-1], ids[-1]
+    return True
