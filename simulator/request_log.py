@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pagelab.memory import release_free_memory
 from simulator.sinks import FrameSink, TableSink
 
 TRACE_COLUMNS = ("request_id", "arrival_s", "prompt_len", "output_len", "n", "beam_width")
@@ -112,6 +113,7 @@ class RequestLog:
                                 cols["first_token_s"], cols["finish_s"])
         self.totals.add(cols)
         self.sink.write(cols)
+        release_free_memory()  # once per batch of requests: see pagelab/memory.py
 
     def finish_run(self) -> TableSink:
         """Hand on the last rows (every request must be closed) and close the sink."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from pagelab.memory import release_free_memory
 from simulator.fast import fast_step, finish_batch
 from simulator.measured_steps import MeasuredSteps
 from simulator.request_log import RequestColumns
@@ -145,6 +146,7 @@ def _result(run: SimState, wall_s: float) -> SimResult:
         sink = run.recorder.finish(run.now)
         events = sink.frame() if isinstance(sink, FrameSink) else None
         num_events = sink.num_rows
+    release_free_memory()  # the loop's freed heap, before the summary reads whole columns
     summary = summarize(run, columns, memory, wall_s)
     return SimResult(config=config, summary=summary, requests=frame, memory=memory, events=events,
                      num_events=num_events, request_columns=columns)
