@@ -30,7 +30,9 @@ def pool_problem(df, config) -> str | None:
     from traces.chunks import TraceChunks
 
     if isinstance(df, TraceChunks):
-        width, num = int(max(df.column("n").max(), df.column("beam_width").max())), df.num_rows
+        width = max(int(max(c["n"].max(), c["beam_width"].max()))
+                    for c in df.iter_chunks(("n", "beam_width")))
+        num = df.num_rows
     else:
         width, num = int(max(df["n"].max(), df["beam_width"].max())), len(df)
     bound = 2 * min(num, config.max_num_seqs) * config.resolved_max_model_len * width

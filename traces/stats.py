@@ -56,13 +56,18 @@ def trace_info(trace: pd.DataFrame | TraceChunks) -> dict:
     chunked = isinstance(trace, TraceChunks)
     num = trace.num_rows if chunked else len(trace)
     column = trace.column if chunked else (lambda c: trace[c].to_numpy())
-    arrival = column("arrival_s").astype(np.float64, copy=False)
-    info = {
-        "num_requests": int(num),
-        "duration_s": float(arrival.max() - arrival.min()) if num else 0.0,
-        "mean_rate_per_s": mean_rate(arrival),
-    }
-    del arrival
+    if chunked:  # sorted arrivals: the first and the last are the extremes (traces/chunks.py)
+        first = last = 0.0
+        for i, c in enumerate(trace.iter_chunks(("arrival_s",))):
+            first, last = (c["arrival_s"][0] if i == 0 else first), c["arrival_s"][-1]
+        duration = float(last - first)
+        rate = (num - 1) / duration if num > 1 and duration > 0 else None
+    else:
+        arrival = column("arrival_s").astype(np.float64, copy=False)
+        duration = float(arrival.max() - arrival.min()) if num else 0.0
+        rate = mean_rate(arrival)
+        del arrival
+    info = {"num_requests": int(num), "duration_s": duration, "mean_rate_per_s": rate}
     total = 0
     for col in ("prompt_len", "output_len"):
         values = column(col).astype(np.int64, copy=False)

@@ -172,3 +172,13 @@ def test_request_columns_of_a_frame_total_what_the_frame_holds():
     assert cols.totals.num_finished == res.summary["num_finished"] == finished
     assert cols.totals.output_tokens == int((res.requests["output_len"] * res.requests["n"]).sum())
     assert isinstance(RequestLog().sink, FrameSink)
+
+
+def test_trace_info_of_blocks_equals_trace_info_of_the_frame(tmp_path):
+    from traces.stats import trace_info
+
+    trace = generate_trace(SyntheticConfig(num_requests=300, rate=7.0, n=2, seed=8))
+    path = tmp_path / "t.parquet"
+    save_trace(trace, path)
+    assert trace_info(open_parquet_chunks(path)) == trace_info(trace)
+    assert trace_info(FrameChunks(trace, max_rows=11)) == trace_info(trace)
