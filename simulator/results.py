@@ -34,11 +34,12 @@ def request_table(run: RunState) -> pd.DataFrame:
 
 
 def _stats(values: np.ndarray) -> dict:
-    v = values[~np.isnan(values)]
+    v = values[~np.isnan(values)]  # a copy: the percentiles may reorder it in place
     if v.size == 0:
         return {"mean": None, "p50": None, "p90": None, "p99": None}
-    p50, p90, p99 = np.percentile(v, [50, 90, 99])
-    return {"mean": float(v.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+    mean = float(v.mean())
+    p50, p90, p99 = np.percentile(v, [50, 90, 99], overwrite_input=True)
+    return {"mean": mean, "p50": float(p50), "p90": float(p90), "p99": float(p99)}
 
 
 def memory_summary(memory: pd.DataFrame) -> dict:

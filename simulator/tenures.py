@@ -17,7 +17,6 @@ from array import array
 
 import numpy as np
 
-from pagelab.memory import release_free_memory
 from simulator.sinks import EVENT_DTYPES, EventSink
 
 _INT32_MAX = np.iinfo(np.int32).max
@@ -150,7 +149,6 @@ class TenurePairer:
             if len(raw.s_ref):
                 self.tenures.share(rows[kinds == SHARE], np.frombuffer(raw.s_ref, np.int64))
         self.tenures.flush(self.sink, before, end_s)
-        release_free_memory()  # the batch's temporaries: see pagelab/memory.py
 
 
 class OpenRows:
