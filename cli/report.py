@@ -94,14 +94,9 @@ def serving_table(metrics: dict[str, dict], kinds: tuple[str, ...], percentiles:
     return t
 
 
-def _requests(res):
-    """A result's request table: in memory, or (a simulation that streamed it) read from its file."""
-    return res.requests if res.requests is not None else res.request_columns
-
-
 def serving_metrics(results: dict, kinds, percentiles, goodput) -> dict[str, dict]:
     """bench_metrics of every allocator's result."""
-    return {name: bench_metrics(_requests(res), res.summary["sim_duration_s"], metrics=kinds,
+    return {name: bench_metrics(res.request_data(), res.summary["sim_duration_s"], metrics=kinds,
                                 percentiles=percentiles, goodput=goodput) for name, res in results.items()}
 
 
@@ -110,9 +105,9 @@ def warn_about(results: dict) -> None:
     for name, res in results.items():
         s = res.summary
         max_len = res.config.get("max_model_len") or res.config.get("engine", {}).get("max_model_len")
-        text = rejection_warning(_requests(res), int(max_len or 0) or 2**62, s["capacity_tokens"])
+        text = rejection_warning(res.request_data(), int(max_len or 0) or 2**62, s["capacity_tokens"])
         if text:
             warn(f"{name}: {text}")
-        text = overload_warning(_requests(res), s["sim_duration_s"])
+        text = overload_warning(res.request_data(), s["sim_duration_s"])
         if text:
             warn(f"{name}: {text}")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -20,6 +21,9 @@ from cli.runs import save_result
 from simulator.core.cache_config import ALLOCATORS
 from simulator.metrics import parse_goodput
 
+if TYPE_CHECKING:
+    from traces.chunks import TraceChunks
+
 
 def allocators(values: list[str] | None, default: list[str]) -> list[str]:
     """-a values (repeated or comma-separated), checked against the registry."""
@@ -32,7 +36,8 @@ def allocators(values: list[str] | None, default: list[str]) -> list[str]:
 
 def load_workload(trace_arg: str | None, trace_opt: str | None, limit: int | None, num_prompts: int | None,
                   rate: float | None, burstiness: float | None, seed: int,
-                  default_limit: int | None = None, stream: bool = False) -> tuple[pd.DataFrame, dict]:
+                  default_limit: int | None = None, stream: bool = False
+                  ) -> tuple[pd.DataFrame | TraceChunks, dict]:
     """The trace (positional or --trace), cut to --limit/--num-prompts and re-timed by --request-rate.
 
     With `stream`, a canonical Parquet trace kept as is (no --request-rate) comes back as TraceChunks,

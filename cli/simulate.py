@@ -27,14 +27,11 @@ def pool_problem(df, config) -> str | None:
     """
     capacity = config.capacity()
     blocks = capacity // config.block_size if config.is_paged else capacity // 16
-    from traces.chunks import TraceChunks
+    from traces.chunks import FrameChunks, TraceChunks
 
-    if isinstance(df, TraceChunks):
-        width = max(int(max(c["n"].max(), c["beam_width"].max()))
-                    for c in df.iter_chunks(("n", "beam_width")))
-        num = df.num_rows
-    else:
-        width, num = int(max(df["n"].max(), df["beam_width"].max())), len(df)
+    rows = df if isinstance(df, TraceChunks) else FrameChunks(df)
+    width = max(int(max(c["n"].max(), c["beam_width"].max())) for c in rows.iter_chunks(("n", "beam_width")))
+    num = rows.num_rows
     bound = 2 * min(num, config.max_num_seqs) * config.resolved_max_model_len * width
     if blocks <= MAX_IDLE_POOL_BLOCKS or capacity <= bound:
         return None
@@ -163,11 +160,11 @@ def simulate_cmd(
                 if tmp is not None:
                     from simulator.recorder import MEMORY_DTYPES
                     from simulator.request_log import REQUEST_DTYPES
-                    from simulator.sinks import open_event_sink, open_memory_sink, open_request_sink
+                    from simulator.sinks import open_event_sink, open_table_sink
 
                     (tmp / name).mkdir()
-                    sinks["memory"] = open_memory_sink(tmp / name / "memory", MEMORY_DTYPES, table_format)
-                    sinks["requests"] = open_request_sink(tmp / name / "requests", REQUEST_DTYPES,
+                    sinks["memory"] = open_table_sink(tmp / name / "memory", MEMORY_DTYPES, table_format)
+                    sinks["requests"] = open_table_sink(tmp / name / "requests", REQUEST_DTYPES,
                                                           table_format)
                     if cfg.record_events:
                         sinks["events"] = open_event_sink(tmp / name / "events", table_format)

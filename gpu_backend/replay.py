@@ -70,6 +70,10 @@ class ReplayResult:
     events: pd.DataFrame
     steps: pd.DataFrame | None = None
 
+    def request_data(self) -> pd.DataFrame:
+        """The request table (a replay keeps it in memory)."""
+        return self.requests
+
 
 STEP_COLUMNS = ("step", "t_s", "dt_s", "num_batched_tokens", "num_prefill_tokens", "num_prefill_seqs",
                 "num_decode_seqs", "batch_size", "sum_context", "attn_pairs", "kv_tokens_read",

@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from simulator.request_log import RequestColumns
+from simulator.request_log import RequestColumns, output_tokens
 
 Requests = pd.DataFrame | RequestColumns  # a request table, in memory or streamed to a file
 METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -104,8 +104,8 @@ def bench_metrics(requests: Requests, duration_s: float, *, metrics=DEFAULT_METR
     """The `vllm bench serve` result of one run: counts, throughputs, goodput and latency statistics."""
     done = ~np.isnan(_col(requests, "finish_s"))
     # Column by column (not requests[done]): a 10M-request table is not copied whole.
-    samples = np.where(_col(requests, "beam_width")[done] <= 1, _col(requests, "n")[done], 1)
-    out_tokens = int((_col(requests, "output_len")[done] * samples).sum())
+    out_tokens = output_tokens(_col(requests, "output_len")[done], _col(requests, "n")[done],
+                               _col(requests, "beam_width")[done])
     in_tokens = int(_col(requests, "prompt_len")[done].sum())
     per_s = (lambda x: x / duration_s) if duration_s > 0 else (lambda x: None)
     result = {

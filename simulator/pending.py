@@ -18,7 +18,7 @@ class PendingQueue:
     """A deque of SequenceGroups followed by the trace rows [next_row, end_row), built on demand.
 
     It offers what the Scheduler and the loop use of a deque: len, truth, [0], popleft, appendleft,
-    append (only once no row is pending: order would break), iteration and clear.
+    append (only once no row is pending: order would break) and iteration.
     """
 
     __slots__ = ("_groups", "_make", "next_row", "end_row")
@@ -32,11 +32,6 @@ class PendingQueue:
     def arrive(self, end_row: int) -> None:
         """Rows up to `end_row` (exclusive) have arrived: they queue behind everything else."""
         self.end_row = end_row
-
-    @property
-    def num_pending(self) -> int:
-        """Arrived rows not yet built."""
-        return self.end_row - self.next_row
 
     def _build(self) -> SequenceGroup:
         group = self._make(self.next_row)
@@ -80,8 +75,3 @@ class PendingQueue:
         while self.next_row < self.end_row:
             self._build()
         return iter(self._groups)
-
-    def clear(self) -> None:
-        """Drop everything waiting (pending rows are skipped)."""
-        self._groups.clear()
-        self.next_row = self.end_row

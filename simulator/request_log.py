@@ -39,6 +39,11 @@ def derived_columns(arrival: np.ndarray, output: np.ndarray, admitted: np.ndarra
             "normalized_latency_s": e2e / out}
 
 
+def output_tokens(output_len: np.ndarray, n: np.ndarray, beam_width: np.ndarray) -> int:
+    """Tokens the requests generated: n parallel samples count n times, a beam (kept once) once."""
+    return int((output_len * np.where(beam_width <= 1, n, 1)).sum())
+
+
 class RequestTotals:
     """What the run summary needs from the request table, summed as its rows go by."""
 
@@ -50,12 +55,11 @@ class RequestTotals:
     def add(self, b: dict[str, np.ndarray]) -> None:
         """Count one batch of rows."""
         done = ~np.isnan(b["finish_s"])
-        samples = np.where(b["beam_width"][done] <= 1, b["n"][done], 1)
         self.num_requests += len(done)
         self.num_finished += int(done.sum())
         self.num_rejected += int(b["rejected"].sum())
         self.num_preemptions += int(b["num_preemptions"].sum())
-        self.output_tokens += int((b["output_len"][done] * samples).sum())
+        self.output_tokens += output_tokens(b["output_len"][done], b["n"][done], b["beam_width"][done])
         self.normalized_sum += float(b["normalized_latency_s"][done].sum())
 
 

@@ -67,9 +67,9 @@ def simulate(trace: pd.DataFrame | TraceChunks, config: SimConfig,
     replay's measured step times (simulator/measured_steps.py) and forces step mode. `events`, if given
     (and config.record_events), receives the tenures as the run goes (e.g. a ParquetEventSink writing the
     run folder's events table) and is closed at the end; without it they come back as a DataFrame.
-    `memory`, likewise, receives the per-step memory rows (`simulator.sinks.open_memory_sink`);
+    `memory`, likewise, receives the per-step memory rows (`simulator.sinks.open_table_sink`);
     SimResult.memory is then None; `requests` receives the request rows in trace order
-    (`simulator.sinks.open_request_sink`), SimResult.requests is then None. `trace` is a DataFrame
+    (`simulator.sinks.open_table_sink`), SimResult.requests is then None. `trace` is a DataFrame
     (validated here) or a TraceChunks already validated (traces.chunks: a file read a block at a time).
     """
     wall0 = time.perf_counter()

@@ -156,16 +156,10 @@ def open_event_sink(path_stem: str | Path, table_format: str = "parquet", batch_
     return ParquetEventSink(stem.with_suffix(".parquet"), batch_rows)
 
 
-def open_memory_sink(path_stem: str | Path, dtypes: dict[str, np.dtype], table_format: str = "parquet",
-                     batch_rows: int = 1 << 16) -> TableSink:
-    """A file sink for the run folder's memory table (one row per step or span)."""
+def open_table_sink(path_stem: str | Path, dtypes: dict[str, np.dtype], table_format: str = "parquet",
+                    batch_rows: int = 1 << 16) -> TableSink:
+    """A file sink for a run folder's table of these dtypes (memory rows, request rows)."""
     stem = Path(path_stem)
     if table_format == "csv":
         return CsvSink(stem.with_suffix(".csv"), _schema(dtypes), batch_rows)
     return ParquetSink(stem.with_suffix(".parquet"), _schema(dtypes), batch_rows)
-
-
-def open_request_sink(path_stem: str | Path, dtypes: dict[str, np.dtype], table_format: str = "parquet"
-                      ) -> TableSink:
-    """A file sink for the run folder's requests table (rows in trace order, as requests complete)."""
-    return open_memory_sink(path_stem, dtypes, table_format)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from traces.schema import CANONICAL_COLUMNS, MAX_COUNT, PREFIX_COLUMNS
+from traces.schema import CANONICAL_COLUMNS, canonical_blocks
 
 CHUNK_ROWS = 1 << 16
 Columns = dict[str, np.ndarray]
@@ -94,31 +94,8 @@ def open_parquet_chunks(path: Path, limit: int | None = None) -> ParquetChunks |
     names = tuple(schema.names)
     if names != CANONICAL_COLUMNS or any(str(schema.field(c).type) != t for c, t in _TYPES.items()):
         return None
-    if set(names) & set(PREFIX_COLUMNS):
-        return None
     num_rows = num_rows if limit is None else min(num_rows, limit)
     chunks = ParquetChunks(path, num_rows, names)
-    if num_rows == 0 or not _canonical_rows(chunks):
+    if num_rows == 0 or not canonical_blocks(chunks.iter_chunks(CANONICAL_COLUMNS, 1 << 20)):
         return None
     return chunks
-
-
-def _canonical_rows(chunks: ParquetChunks) -> bool:
-    """One pass, a batch at a time: no nulls, arrivals sorted from 0, ids increasing, counts in range."""
-    last_arrival, last_id, first = -np.inf, -1, True
-    for c in chunks.iter_chunks(CANONICAL_COLUMNS, 1 << 20):
-        arrival, ids = c["arrival_s"], c["request_id"]
-        if arrival.dtype != np.float64 or any(c[k].dtype != np.int64 for k in CANONICAL_COLUMNS
-                                              if k != "arrival_s"):
-            return False  # nulls came back as floats or objects
-        if first and arrival[0] != 0.0:
-            return False
-        first = False
-        sorted_ = arrival[0] >= last_arrival and (arrival[1:] >= arrival[:-1]).all()
-        if not (sorted_ and np.isfinite(arrival[-1]) and ids[0] > last_id and (ids[1:] > ids[:-1]).all()):
-            return False
-        if not all(((c[k] >= 1) & (c[k] <= MAX_COUNT)).all() for k in ("prompt_len", "output_len", "n",
-                                                                         "beam_width")):
-            return False
-        last_arrival, last_id = arrival[-1], ids[-1]
-    return True

@@ -15,7 +15,7 @@ import contextlib
 import gc
 import json
 import warnings as _warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import chain
 
@@ -29,6 +29,7 @@ PREFIX_COLUMNS = ("prefix_blocks", "prefix_block_size")
 REQUIRED_COLUMNS = ("arrival_s", "prompt_len", "output_len")
 # Beyond this a "length" is certainly garbage, and float64 would stop holding it exactly.
 MAX_COUNT = 2**40
+COUNT_COLUMNS = ("prompt_len", "output_len", "n", "beam_width")
 
 
 class TraceWarning(UserWarning):
@@ -78,16 +79,28 @@ def _is_canonical(df) -> bool:
     index = df.index
     if not (isinstance(index, pd.RangeIndex) and index.start == 0 and index.step == 1):
         return False
-    cols = {c: df[c].to_numpy() for c in CANONICAL_COLUMNS}
-    if cols["arrival_s"].dtype != np.float64 or any(cols[c].dtype != np.int64 for c in CANONICAL_COLUMNS
-                                                     if c != "arrival_s"):
-        return False
-    arrival, ids = cols["arrival_s"], cols["request_id"]
-    return bool(arrival[0] == 0.0 and np.isfinite(arrival[-1]) and (arrival[1:] >= arrival[:-1]).all()
-                and ids[0] >= 0 and (ids[1:] > ids[:-1]).all()
-                and all(((cols[c] >= 1) & (cols[c] <= MAX_COUNT)).all()
-                        for c in ("prompt_len", "output_len", "n", "beam_width")))
+    return canonical_blocks([{c: df[c].to_numpy() for c in CANONICAL_COLUMNS}])
 
+
+def canonical_blocks(blocks: Iterable[dict[str, np.ndarray]]) -> bool:
+    """Whether consecutive blocks of the canonical columns make, together, a trace validate_trace would
+    return unchanged: int64/float64 (no nulls), arrivals finite and sorted from 0, ids increasing, counts
+    in range. One block at a time (a Parquet file's record batches, or a whole frame)."""
+    last_arrival, last_id, first = 0.0, -1, True
+    for c in blocks:
+        arrival, ids = c["arrival_s"], c["request_id"]
+        if arrival.dtype != np.float64 or any(c[k].dtype != np.int64 for k in CANONICAL_COLUMNS
+                                              if k != "arrival_s"):
+            return False  # nulls come back as floats or objects
+        if (first and arrival[0] != 0.0) or arrival[0] < last_arrival or ids[0] <= last_id:
+            return False
+        first = False
+        if not ((arrival[1:] >= arrival[:-1]).all() and np.isfinite(arrival[-1])
+                and (ids[1:] > ids[:-1]).all()
+                and all(((c[k] >= 1) & (c[k] <= MAX_COUNT)).all() for k in COUNT_COLUMNS)):
+            return False
+        last_arrival, last_id = arrival[-1], ids[-1]
+    return True
 
 def _validate(raw: RawTrace, source: str, warnings: list[str] | None) -> pd.DataFrame:
     """Turn a RawTrace into a canonical frame, refusing what cannot be fixed (see module docstring)."""

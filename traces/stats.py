@@ -57,10 +57,11 @@ def trace_info(trace: pd.DataFrame | TraceChunks) -> dict:
     num = trace.num_rows if chunked else len(trace)
     column = trace.column if chunked else (lambda c: trace[c].to_numpy())
     if chunked:  # sorted arrivals: the first and the last are the extremes (traces/chunks.py)
-        first = last = 0.0
-        for i, c in enumerate(trace.iter_chunks(("arrival_s",))):
-            first, last = (c["arrival_s"][0] if i == 0 else first), c["arrival_s"][-1]
-        duration = float(last - first)
+        first = last = None
+        for c in trace.iter_chunks(("arrival_s",)):
+            first = c["arrival_s"][0] if first is None else first
+            last = c["arrival_s"][-1]
+        duration = float(last - first) if num else 0.0
         rate = (num - 1) / duration if num > 1 and duration > 0 else None
     else:
         arrival = column("arrival_s").astype(np.float64, copy=False)

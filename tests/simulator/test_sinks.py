@@ -58,11 +58,11 @@ def test_empty_run_writes_a_readable_empty_table(tmp_path):
 @pytest.mark.parametrize("fmt", ["parquet", "csv"])
 def test_streamed_memory_rows_read_back_equal_and_summarize_alike(tmp_path, fmt):
     from simulator.recorder import MEMORY_DTYPES
-    from simulator.sinks import open_memory_sink
+    from simulator.sinks import open_table_sink
     trace = _trace(120)
     cfg = SimConfig(capacity_tokens=6000, record_events=False)
     mem = simulate(trace, cfg)
-    sink = open_memory_sink(tmp_path / "memory", MEMORY_DTYPES, fmt, batch_rows=50)
+    sink = open_table_sink(tmp_path / "memory", MEMORY_DTYPES, fmt, batch_rows=50)
     streamed = simulate(trace, cfg, memory=sink)
     assert streamed.memory is None and sink.num_rows == len(mem.memory) > 500
     path = tmp_path / f"memory.{fmt}"

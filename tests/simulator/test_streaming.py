@@ -20,7 +20,7 @@ from simulator.pending import PendingQueue
 from simulator.request_log import REQUEST_DTYPES, RequestColumns, RequestLog
 from simulator.sim_config import SimConfig
 from simulator.simulate import simulate
-from simulator.sinks import FrameSink, open_request_sink
+from simulator.sinks import FrameSink, open_table_sink
 from traces import SyntheticConfig, generate_trace, save_trace
 from traces.chunks import FrameChunks, open_parquet_chunks
 
@@ -128,7 +128,7 @@ def test_a_canonical_parquet_trace_is_read_in_blocks_and_streams_the_same_rows(t
     cfg = SimConfig(capacity_tokens=3000, record_events=True)
     whole = simulate(trace, cfg)
     for fmt in ("parquet", "csv"):
-        sink = open_request_sink(tmp_path / f"requests-{fmt}", REQUEST_DTYPES, fmt)
+        sink = open_table_sink(tmp_path / f"requests-{fmt}", REQUEST_DTYPES, fmt)
         streamed = simulate(chunks, cfg, requests=sink)
         assert streamed.requests is None
         read = pd.read_parquet if fmt == "parquet" else lambda p: pd.read_csv(p, dtype=REQUEST_DTYPES)

@@ -4,8 +4,8 @@ Physical block state lives in flat lists indexed by block id (ref count, filled 
 the hot paths are a handful of list operations. Free blocks sit in two pools: blocks with no cached
 content (a stack) and blocks whose content stays reusable until evicted (an LRU OrderedDict, O(1) to
 remove a block on a cache hit). New blocks come from the first pool before anything is evicted.
-Block-level pool operations live in block_pool.py, prefix caching in prefix_cache.py, CPU swapping in
-block_swap.py (same folder).
+Block-level pool operations live in block_pool.py, the admission and growth queries in block_queries.py,
+prefix caching in prefix_cache.py, CPU swapping in block_swap.py (same folder).
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from collections.abc import Callable
 from simulator.core.allocator import AllocStatus, KVAllocator, MemoryBreakdown, RegionRecorder
 from simulator.core.errors import AllocationError, ConfigError
 from simulator.core.paged.block_pool import BlockPool
+from simulator.core.paged.block_queries import BlockQueries
 from simulator.core.paged.block_stats import BlockManagerStats
 from simulator.core.paged.block_swap import SwapMixin
 from simulator.core.paged.prefix_cache import PrefixCacheMixin
@@ -23,7 +24,7 @@ from simulator.core.sequence import Sequence, SequenceGroup, SequenceStatus, sha
 _NO_COPIES: list = []
 
 
-class BlockManager(BlockPool, PrefixCacheMixin, SwapMixin, KVAllocator):
+class BlockManager(BlockPool, BlockQueries, PrefixCacheMixin, SwapMixin, KVAllocator):
     """Paged allocator over `num_blocks` blocks of `block_size` token slots (vLLM's BlockSpaceManager)."""
 
     name = "paged"
@@ -121,78 +122,6 @@ class BlockManager(BlockPool, PrefixCacheMixin, SwapMixin, KVAllocator):
     def num_filled(self, block_id: int) -> int:
         """Slots of a device block that hold tokens."""
         return self._filled[block_id]
-
-    def _blocks_for(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
-
-    def can_allocate(self, group: SequenceGroup) -> AllocStatus:
-        """OK, LATER, or NEVER for the group's prompt (prefix hits on referenced blocks cost nothing)."""
-        seqs = self._allocation_seqs(group)
-        needed = self._never_needed(seqs)
-        if needed < 0:
-            return AllocStatus.NEVER
-        # Hits on referenced blocks cost nothing; hits on evictable ones use up a free block like a miss.
-        if self.enable_prefix_caching:
-            ref = self._ref
-            for s in seqs:
-                for b in self._lookup(s):
-                    if ref[b] > 0:
-                        needed -= 1
-        if len(self._free) + len(self._free_cached) - needed < self.watermark_blocks:
-            return AllocStatus.LATER
-        return AllocStatus.OK
-
-    def can_ever_allocate(self, group: SequenceGroup) -> bool:
-        """Whether `can_allocate` would not answer NEVER: that depends only on the group's lengths."""
-        return self._never_needed(self._allocation_seqs(group)) >= 0
-
-    def _allocation_seqs(self, group: SequenceGroup) -> list[Sequence]:
-        """The live sequences `allocate` gives blocks to one by one (equal ones share a single table)."""
-        seqs = group.live_seqs()
-        if not seqs:
-            raise AllocationError(f"request {group.request_id}: every sequence has finished")
-        if len(seqs) > 1 and shares_allocation(seqs):
-            seqs = seqs[:1]
-        return seqs
-
-    def _never_needed(self, seqs: list[Sequence]) -> int:
-        """Blocks the sequences' tokens need (before prefix hits), or -1 when they could never fit (a
-        sequence whose final length can never fit would preempt itself forever: refuse it now)."""
-        bs = self.block_size
-        needed = final = 0
-        for s in seqs:
-            n = s.prompt_len + s.num_generated  # s.length
-            needed += -(-n // bs)
-            f = s.final_len
-            m = -(-(f if f is not None and f > n else n) // bs)
-            if m > final:
-                final = m
-        return -1 if max(needed, final) > self.num_blocks - self.watermark_blocks else needed
-
-    def can_append(self, seq: Sequence, num_tokens: int = 1) -> bool:
-        """Whether enough free blocks exist to grow `seq` by `num_tokens` (copy-on-write included)."""
-        return seq.num_tokens + num_tokens <= seq._limit and \
-            self._blocks_needed_to_append(seq, num_tokens) <= self.num_free_blocks
-
-    def can_append_seqs(self, seqs: list[Sequence], num_tokens: int = 1) -> bool:
-        """Whether all `seqs` can grow by `num_tokens` each at once."""
-        need = 0
-        for s in seqs:
-            if s.num_tokens + num_tokens > s._limit:
-                return False
-            need += self._blocks_needed_to_append(s, num_tokens)
-        return need <= self.num_free_blocks
-
-    def _blocks_needed_to_append(self, seq: Sequence, k: int) -> int:
-        n, bs = seq.num_tokens, self.block_size
-        new = self._blocks_for(n + k) - self._blocks_for(n)
-        if n % bs and k > 0 and self._ref[seq.block_table[-1]] > 1:
-            new += 1  # the shared partial last block must be copied first
-        return new
-
-    def can_fork(self, parent: Sequence) -> bool:
-        """Forking shares every block, so it always fits."""
-        return True
 
     def breakdown(self, head: SequenceGroup | None = None) -> MemoryBreakdown:
         """Taxonomy now; for paged memory the waiting queue does not matter (any free block fits)."""
