@@ -9,11 +9,13 @@ docs/run-format.md).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import numpy as np
 import pandas as pd
 
-from simulator.request_log import RequestColumns, output_tokens
+from simulator.column_stats import Blocks, median_and_percentiles, weighted_percentiles
+from simulator.request_log import RequestColumns, frame_blocks, output_tokens
 
 Requests = pd.DataFrame | RequestColumns  # a request table, in memory or streamed to a file
 METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -40,87 +42,117 @@ def parse_goodput(items: list[str] | None) -> dict[str, float]:
     return slos
 
 
-def _col(requests: Requests, name: str) -> np.ndarray:
-    """One column of a request table in memory, or of a streamed one (read from its file)."""
+def _blocks(requests: Requests, names: tuple[str, ...]) -> Iterator[dict[str, np.ndarray]]:
+    """Columns of a request table in memory or streamed to a file, a block of rows at a time: a
+    10M-request table is never read whole (column_stats.py)."""
     if isinstance(requests, RequestColumns):
-        return requests.column(name)
-    return requests[name].to_numpy()
+        return requests.blocks(names)
+    return frame_blocks(requests, names)
 
 
-def _gaps(requests: Requests) -> tuple[np.ndarray, np.ndarray]:
-    """Each finished request's mean inter-token gap (s) and its number of gaps (output tokens - 1)."""
-    count = _col(requests, "output_len").astype(np.float64)
-    count -= 1
-    tpot = _col(requests, "tpot_s").astype(np.float64, copy=False)
-    ok = np.isfinite(tpot) & (count > 0)
-    return tpot[ok], count[ok]
+def _finite(requests: Requests, name: str) -> Blocks:
+    """The column's defined (non-NaN) values, block by block, unweighted."""
+    def read():
+        for b in _blocks(requests, (name,)):
+            v = b[name].astype(np.float64, copy=False)
+            yield v[~np.isnan(v)], None
+    return read
 
 
-def _weighted_percentiles(values: np.ndarray, weights: np.ndarray, qs) -> list[float]:
-    """The qs-th percentiles of `values` repeated `weights` times (inverted CDF, as numpy's
-    'inverted_cdf'); one sort for all of them (a streamed 10M-request table is sorted once)."""
-    order = np.argsort(values, kind="stable")
-    cum = weights[order]
-    np.cumsum(cum, out=cum)
-    idx = np.minimum(np.searchsorted(cum, np.asarray(qs, np.float64) / 100 * cum[-1], side="left"),
-                     len(order) - 1)
-    return [float(values[order[i]]) for i in idx]
+def _gaps(requests: Requests) -> Blocks:
+    """Each finished request's mean inter-token gap (s), weighted by its number of gaps (output - 1)."""
+    def read():
+        for b in _blocks(requests, ("output_len", "tpot_s")):
+            count = b["output_len"].astype(np.float64)
+            count -= 1
+            tpot = b["tpot_s"].astype(np.float64, copy=False)
+            ok = np.isfinite(tpot) & (count > 0)
+            yield tpot[ok], count[ok]
+    return read
+
+
+def _moments(read: Blocks, spread: bool = True) -> tuple[int, float, float, float]:
+    """(count, total weight, weighted mean, weighted std) of the values (std NaN without `spread`)."""
+    count, weight, total = 0, 0.0, 0.0
+    for v, w in read():
+        count += len(v)
+        weight += float(len(v) if w is None else w.sum())
+        total += float(v.sum() if w is None else np.dot(v, w))
+    if count == 0:
+        return 0, 0.0, math.nan, math.nan
+    mean = total / weight
+    if not spread:
+        return count, weight, mean, math.nan
+    squares = 0.0
+    for v, w in read():
+        d = (v - mean) ** 2
+        squares += float(d.sum() if w is None else np.dot(d, w))
+    return count, weight, mean, math.sqrt(squares / weight)
+
+
+def column_summary(requests: Requests, name: str) -> dict:
+    """Mean, p50, p90 and p99 of a latency column in seconds (None when no request defines it)."""
+    read = _finite(requests, name)
+    count, _, mean, _ = _moments(read, spread=False)
+    if count == 0:
+        return {"mean": None, "p50": None, "p90": None, "p99": None}
+    _, (p50, p90, p99) = median_and_percentiles(read, count, (50, 90, 99))
+    return {"mean": mean, "p50": p50, "p90": p90, "p99": p99}
 
 
 def latency_stats(requests: Requests, metric: str, percentiles=DEFAULT_PERCENTILES) -> dict:
     """mean, median, std and the percentiles of one metric in ms (None when no request defines it)."""
     keys = ["mean", "median", "std", *(f"p{q:g}" for q in percentiles)]
+    read = _gaps(requests) if metric == "itl" else _finite(requests, _COLUMN[metric])
+    count, weight, mean, std = _moments(read)
+    if count == 0:
+        return dict.fromkeys(keys)
     if metric == "itl":
-        values, weights = _gaps(requests)
-        if values.size == 0:
-            return dict.fromkeys(keys)
-        mean = float(np.dot(values, weights) / weights.sum())
-        var = float(np.dot((values - mean) ** 2, weights) / weights.sum())
-        median, *pcts = _weighted_percentiles(values, weights, [50, *percentiles])
-        stats = {"mean": mean, "median": median, "std": math.sqrt(var)}
-        stats |= {f"p{q:g}": v for q, v in zip(percentiles, pcts, strict=True)}
+        median, *pcts = weighted_percentiles(read, weight, [50, *percentiles])
     else:
-        values = _col(requests, _COLUMN[metric]).astype(np.float64, copy=False)
-        values = values[~np.isnan(values)]  # a copy: median and percentiles may reorder it in place
-        if values.size == 0:
-            return dict.fromkeys(keys)
-        mean, std = float(values.mean()), float(values.std())
-        stats = {"mean": mean, "median": float(np.median(values, overwrite_input=True)), "std": std}
-        stats |= {f"p{q:g}": float(np.percentile(values, q, overwrite_input=True)) for q in percentiles}
+        median, pcts = median_and_percentiles(read, count, percentiles)
+    stats = {"mean": mean, "median": median, "std": std}
+    stats |= {f"p{q:g}": v for q, v in zip(percentiles, pcts, strict=True)}
     return {k: 1e3 * v for k, v in stats.items()}
 
 
-def _meets(requests: Requests, slos: dict[str, float]) -> np.ndarray:
-    """Which requests finished within every SLO (a request with one output token has no TPOT: it passes)."""
-    ok = ~np.isnan(_col(requests, "finish_s"))
-    for name, ms in slos.items():
-        v = _col(requests, _COLUMN[name]).astype(np.float64) * 1e3
-        ok &= np.where(np.isnan(v), name == "tpot", v <= ms)
-    return ok
+def _num_meeting(requests: Requests, slos: dict[str, float]) -> int:
+    """Requests that finished within every SLO (a request with one output token has no TPOT: it passes)."""
+    names = tuple(_COLUMN[m] for m in slos)
+    num = 0
+    for b in _blocks(requests, ("finish_s", *names)):
+        ok = ~np.isnan(b["finish_s"])
+        for name, ms in slos.items():
+            v = b[_COLUMN[name]].astype(np.float64) * 1e3
+            ok &= np.where(np.isnan(v), name == "tpot", v <= ms)
+        num += int(ok.sum())
+    return num
 
 
 def bench_metrics(requests: Requests, duration_s: float, *, metrics=DEFAULT_METRICS,
                   percentiles=DEFAULT_PERCENTILES, goodput: dict[str, float] | None = None) -> dict:
     """The `vllm bench serve` result of one run: counts, throughputs, goodput and latency statistics."""
-    done = ~np.isnan(_col(requests, "finish_s"))
-    # Column by column (not requests[done]): a 10M-request table is not copied whole.
-    out_tokens = output_tokens(_col(requests, "output_len")[done], _col(requests, "n")[done],
-                               _col(requests, "beam_width")[done])
-    in_tokens = int(_col(requests, "prompt_len")[done].sum())
+    completed = rejected = in_tokens = out_tokens = 0
+    for b in _blocks(requests, ("finish_s", "rejected", "prompt_len", "output_len", "n", "beam_width")):
+        done = ~np.isnan(b["finish_s"])
+        completed += int(done.sum())
+        rejected += int(b["rejected"].sum())
+        in_tokens += int(b["prompt_len"][done].sum())
+        out_tokens += output_tokens(b["output_len"][done], b["n"][done], b["beam_width"][done])
     per_s = (lambda x: x / duration_s) if duration_s > 0 else (lambda x: None)
     result = {
         "duration_s": float(duration_s),
-        "completed": int(done.sum()),
-        "rejected": int(_col(requests, "rejected").sum()),
+        "completed": completed,
+        "rejected": rejected,
         "total_input_tokens": in_tokens,
         "total_output_tokens": out_tokens,
-        "request_throughput": per_s(int(done.sum())),
+        "request_throughput": per_s(completed),
         "output_throughput": per_s(out_tokens),
         "total_token_throughput": per_s(in_tokens + out_tokens),
     }
     if goodput:
         result["goodput_slos_ms"] = dict(goodput)
-        result["request_goodput"] = per_s(int(_meets(requests, goodput).sum()))
+        result["request_goodput"] = per_s(_num_meeting(requests, goodput))
     for m in metrics:
         for stat, value in latency_stats(requests, m, percentiles).items():
             result[f"{stat}_{m}_ms"] = value
@@ -129,12 +161,13 @@ def bench_metrics(requests: Requests, duration_s: float, *, metrics=DEFAULT_METR
 
 def rejection_warning(requests: Requests, max_model_len: int, capacity_tokens: int) -> str | None:
     """Why and how many requests were refused, or None when none was."""
-    rejected = _col(requests, "rejected").astype(bool, copy=False)
-    if not rejected.any():
+    num_rejected = too_long = 0
+    for b in _blocks(requests, ("rejected", "prompt_len", "output_len")):
+        rejected = b["rejected"].astype(bool, copy=False)
+        num_rejected += int(rejected.sum())
+        too_long += int(((b["prompt_len"][rejected] + b["output_len"][rejected]) > max_model_len).sum())
+    if not num_rejected:
         return None
-    num_rejected = int(rejected.sum())
-    too_long = int(((_col(requests, "prompt_len")[rejected] + _col(requests, "output_len")[rejected])
-                    > max_model_len).sum())
     reasons = []
     if too_long:
         reasons.append(f"{too_long:,} longer than max_model_len {max_model_len:,} (prompt + output)")
@@ -146,18 +179,18 @@ def rejection_warning(requests: Requests, max_model_len: int, capacity_tokens: i
 
 def queue_lengths(requests: Requests, times: np.ndarray) -> np.ndarray:
     """Requests waiting for their first admission at each time (rejected requests are left out)."""
-    kept = ~_col(requests, "rejected").astype(bool, copy=False)
-    arrival = _col(requests, "arrival_s").astype(np.float64, copy=False)[kept]
-    arrival.sort()  # in place (a copy already): a 10M-request table's columns are 80 MB each
-    left = _col(requests, "admitted_s").astype(np.float64, copy=False)[kept]
-    left[np.isnan(left)] = np.inf
-    left.sort()
-    return np.searchsorted(arrival, times, side="right") - np.searchsorted(left, times, side="right")
+    t = np.asarray(times, np.float64)
+    waiting = np.zeros(len(t), np.int64)
+    for b in _blocks(requests, ("rejected", "arrival_s", "admitted_s")):
+        kept = ~b["rejected"].astype(bool, copy=False)
+        arrival, admitted = b["arrival_s"][kept], b["admitted_s"][kept]  # never admitted: NaN, never <= t
+        waiting += (arrival[None, :] <= t[:, None]).sum(1) - (admitted[None, :] <= t[:, None]).sum(1)
+    return waiting
 
 
 def overload_warning(requests: Requests, duration_s: float) -> str | None:
     """A warning when the waiting queue still grows at the end of the trace (arrivals outpace service)."""
-    last = float(_col(requests, "arrival_s").max())
+    last = max((float(b["arrival_s"].max()) for b in _blocks(requests, ("arrival_s",))), default=0.0)
     if last <= 0 or len(requests) < 10:
         return None
     half, three_q, end = queue_lengths(requests, np.array([0.5, 0.75, 1.0]) * last)

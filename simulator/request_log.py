@@ -10,9 +10,12 @@ in memory exactly as before. The sink also gets the totals the summary needs, as
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 
 from pagelab.memory import release_free_memory
+from simulator.column_stats import BLOCK_ROWS
 from simulator.sinks import FrameSink, TableSink
 
 TRACE_COLUMNS = ("request_id", "arrival_s", "prompt_len", "output_len", "n", "beam_width")
@@ -156,22 +159,49 @@ class RequestColumns:
         return self.totals.num_requests
 
     def column(self, name: str) -> np.ndarray:
-        """One column as a numpy array."""
+        """One column as a numpy array (whole: for tests and small tables; statistics read `blocks`)."""
         if self.frame is not None:
             return self.frame[name].to_numpy()
+        return np.concatenate([b[name] for b in self.blocks((name,))] or [np.zeros(0, REQUEST_DTYPES[name])])
+
+    def blocks(self, names: tuple[str, ...]) -> Iterator[dict[str, np.ndarray]]:
+        """The columns `names`, `BLOCK_ROWS` rows at a time (the last block shorter), wherever they live."""
+        if self.frame is not None:
+            yield from frame_blocks(self.frame, names)
+            return
         if str(self.path).endswith(".csv"):
             import pandas as pd
 
-            return pd.read_csv(self.path, usecols=[name], dtype={name: REQUEST_DTYPES[name]})[name].to_numpy()
+            for chunk in pd.read_csv(self.path, usecols=list(names), chunksize=BLOCK_ROWS,
+                                     dtype={c: REQUEST_DTYPES[c] for c in names}):
+                yield {c: chunk[c].to_numpy() for c in names}
+            return
         import pyarrow.parquet as pq
 
-        # Batch by batch into one array: a whole-column read_table of a 10M-row file peaked at ~470 MB
-        # (Arrow's chunks, the concatenated copy, and memory its pool keeps) for an 80 MB column.
-        with pq.ParquetFile(self.path) as f:
-            out = np.empty(f.metadata.num_rows, REQUEST_DTYPES[name])
-            at = 0
-            for batch in f.iter_batches(batch_size=1 << 16, columns=[name]):
-                values = batch.column(0).to_numpy(zero_copy_only=False)
-                out[at:at + len(values)] = values
-                at += len(values)
-        return out
+        # Batches end at row-group boundaries: re-cut them so that sums add the same blocks as in memory.
+        with pq.ParquetFile(self.path, pre_buffer=False, buffer_size=1 << 20) as f:
+            batches = ({c: b.column(c).to_numpy(zero_copy_only=False) for c in names}
+                       for b in f.iter_batches(batch_size=BLOCK_ROWS, columns=list(names)))
+            yield from _reblock(batches, BLOCK_ROWS)
+
+
+def frame_blocks(frame, names: tuple[str, ...]) -> Iterator[dict[str, np.ndarray]]:
+    """The columns `names` of a DataFrame, `BLOCK_ROWS` rows at a time (views, no copy)."""
+    cols = {c: frame[c].to_numpy() for c in names}
+    for at in range(0, len(frame), BLOCK_ROWS):
+        yield {c: v[at:at + BLOCK_ROWS] for c, v in cols.items()}
+
+
+def _reblock(batches: Iterator[dict[str, np.ndarray]], rows: int) -> Iterator[dict[str, np.ndarray]]:
+    """Blocks of exactly `rows` rows (the last one shorter) from batches of any size."""
+    held: list[dict[str, np.ndarray]] = []
+    num_held = 0
+    for batch in batches:
+        held.append(batch)
+        num_held += len(next(iter(batch.values())))
+        while num_held >= rows:
+            merged = {c: np.concatenate([h[c] for h in held]) for c in batch}
+            yield {c: v[:rows] for c, v in merged.items()}
+            held, num_held = [{c: v[rows:] for c, v in merged.items()}], num_held - rows
+    if num_held:
+        yield {c: np.concatenate([h[c] for h in held]) for c in held[0]}

@@ -5,6 +5,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.core.allocator import MemoryBreakdown
+from simulator.metrics import column_summary
 from simulator.request_log import RequestColumns, derived_columns
 from simulator.run_state import RunState
 
@@ -31,15 +32,6 @@ def request_table(run: RunState) -> pd.DataFrame:
         **derived_columns(run.arrival, run.output, run.admitted, run.first_token, run.finish),
     }, copy=False)  # the run's arrays become the table's columns
     return df
-
-
-def _stats(values: np.ndarray) -> dict:
-    v = values[~np.isnan(values)]  # a copy: the percentiles may reorder it in place
-    if v.size == 0:
-        return {"mean": None, "p50": None, "p90": None, "p99": None}
-    mean = float(v.mean())
-    p50, p90, p99 = np.percentile(v, [50, 90, 99], overwrite_input=True)
-    return {"mean": mean, "p50": float(p50), "p90": float(p90), "p99": float(p99)}
 
 
 def memory_summary(memory: pd.DataFrame) -> dict:
@@ -81,9 +73,9 @@ def summarize(run: RunState, requests: RequestColumns, memory: pd.DataFrame | No
         "throughput_tokens_per_s": float(totals.output_tokens / duration) if duration > 0 else 0.0,
         "normalized_latency_s_per_token": totals.normalized_sum / totals.num_finished
         if totals.num_finished else None,
-        "ttft_s": _stats(requests.column("ttft_s")),
-        "tpot_s": _stats(requests.column("tpot_s")),
-        "e2e_s": _stats(requests.column("e2e_s")),
+        "ttft_s": column_summary(requests, "ttft_s"),
+        "tpot_s": column_summary(requests, "tpot_s"),
+        "e2e_s": column_summary(requests, "e2e_s"),
         "memory": mem,
         "token_occupancy": token_occ,
         "block_occupancy": block_occ,

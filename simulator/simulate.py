@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from pagelab.memory import release_free_memory
+from pagelab.memory import map_large_blocks, release_free_memory
 from simulator.fast import fast_step, finish_batch
 from simulator.measured_steps import MeasuredSteps
 from simulator.request_log import RequestColumns
@@ -75,6 +75,7 @@ def simulate(trace: pd.DataFrame | TraceChunks, config: SimConfig,
     wall0 = time.perf_counter()
     if not isinstance(trace, TraceChunks):
         trace = FrameChunks(canonical_trace(trace, source="trace"))
+    map_large_blocks()  # see pagelab/memory.py: without it RSS grows with the run's length
     run = SimState.start(trace, config, events, memory, requests)
     run.measured = step_times
     # The loop allocates millions of small objects (requests, sequences, block tables) and makes no

@@ -6,11 +6,8 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from simulator.metrics import (
-    _weighted_percentiles,
     bench_metrics,
     latency_stats,
     overload_warning,
@@ -57,16 +54,6 @@ def test_mean_itl_is_total_decode_time_over_total_gaps():
     s = latency_stats(reqs, "itl", (99,))
     assert s["mean"] == pytest.approx(4000 / 13)
     assert s["median"] == pytest.approx(100) and s["p99"] == pytest.approx(1000)
-
-
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.floats(0, 1e3, allow_nan=False), st.integers(1, 20)), min_size=1, max_size=30),
-       st.lists(st.floats(0.5, 100), min_size=1, max_size=4))
-def test_weighted_percentiles_equal_the_repeated_sample(pairs, qs):
-    values = np.array([v for v, _ in pairs])
-    weights = np.array([w for _, w in pairs], dtype=float)
-    expect = [np.percentile(np.repeat(values, weights.astype(int)), q, method="inverted_cdf") for q in qs]
-    assert _weighted_percentiles(values, weights, qs) == pytest.approx(expect)
 
 
 def test_goodput_counts_requests_within_every_slo():

@@ -1,0 +1,74 @@
+"""simulator.column_stats: exact percentiles of a column read in blocks, equal to numpy's on the whole."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulator import column_stats as cs
+
+
+def blocks_of(values: np.ndarray, cuts: list[int], weights: np.ndarray | None = None):
+    """A Blocks reader over `values` cut at the (sorted) positions `cuts`."""
+    edges = [0, *sorted(c % (len(values) + 1) for c in cuts), len(values)]
+
+    def read():
+        for a, b in zip(edges[:-1], edges[1:], strict=True):
+            yield values[a:b], None if weights is None else weights[a:b]
+    return read
+
+
+# Few distinct values, so selection runs all the way down the key and through collected buckets.
+FLOATS = st.one_of(st.floats(allow_nan=False, allow_infinity=False, width=64),
+                   st.sampled_from([0.0, -0.0, 1e-300, -1.5, 0.035, 0.0351, 7.0, 1e300]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(FLOATS, min_size=1, max_size=60), st.lists(st.integers(0, 60), max_size=4),
+       st.lists(st.floats(0, 100), min_size=1, max_size=5))
+def test_percentiles_and_median_equal_numpy(values, cuts, qs):
+    v = np.array(values)
+    read = blocks_of(v, cuts)
+    with np.errstate(over="ignore", invalid="ignore"):
+        expect = [float(np.percentile(v, q)) for q in qs]
+        got = cs.percentiles(read, len(v), qs)
+        med, expect_med = cs.median(read, len(v)), float(np.median(v))
+    np.testing.assert_array_equal(got, expect)
+    np.testing.assert_array_equal(med, expect_med)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(FLOATS, st.integers(1, 20)), min_size=1, max_size=40),
+       st.lists(st.integers(0, 40), max_size=4), st.lists(st.floats(0, 100), min_size=1, max_size=4))
+def test_weighted_percentiles_equal_the_repeated_sample(pairs, cuts, qs):
+    values = np.array([v for v, _ in pairs])
+    weights = np.array([w for _, w in pairs], dtype=float)
+    expect = [float(np.percentile(np.repeat(values, weights.astype(int)), q, method="inverted_cdf"))
+              for q in qs]
+    got = cs.weighted_percentiles(blocks_of(values, cuts, weights), float(weights.sum()), qs)
+    np.testing.assert_array_equal(got, expect)
+
+
+def test_a_bucket_too_large_to_collect_is_split_again():
+    # 200k values sharing their top 32 key bits: two histogram passes cannot narrow them below the
+    # collect limit, so selection goes on down the key.
+    rng = np.random.default_rng(0)
+    base = np.float64(0.035).view(np.uint64)
+    v = (base + rng.integers(0, 1 << 20, 200_000).astype(np.uint64)).view(np.float64)
+    read = blocks_of(v, [70_000, 140_000])
+    qs = [0, 12.5, 50, 99, 100]
+    assert cs.percentiles(read, len(v), qs) == [float(np.percentile(v, q)) for q in qs]
+    same = np.full(100_000, 0.25)
+    assert cs.median(blocks_of(same, [1]), len(same)) == 0.25
+
+
+def test_select_reads_the_column_a_few_times_only():
+    reads = []
+    v = np.random.default_rng(1).lognormal(size=300_000)
+
+    def read():
+        reads.append(1)
+        yield from blocks_of(v, [100_000, 200_000])()
+    assert cs.percentiles(read, len(v), [50, 90, 99]) == pytest.approx(np.percentile(v, [50, 90, 99]), abs=0)
+    assert len(reads) <= 4  # two histogram passes and one collect pass here (each a read of the column)
