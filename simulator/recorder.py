@@ -26,6 +26,9 @@ _INT_COLUMNS = ("step", "num_steps", "num_running", "num_waiting", "num_swapped"
 MEMORY_DTYPES = {c: np.dtype(np.int64 if c in _INT_COLUMNS else np.float64) for c in MEMORY_COLUMNS}
 _DT = MEMORY_COLUMNS.index("dt_s")
 EVENT_COLUMNS = tuple((c, str(t)) for c, t in EVENT_DTYPES.items())
+# Acquisitions paired per batch (at most): a 1M-acquisition batch's numpy temporaries (~150 MB) were the
+# peaks of a long run's RSS over its ~300 MB steady state (docs/simulator-performance.md, fourth pass).
+PAIR_BATCH_ROWS = 1 << 18
 
 
 class EventRecorder(RegionRecorder):
@@ -51,7 +54,7 @@ class EventRecorder(RegionRecorder):
         self.now = 0.0
         self.num_acquired = 0  # tenures started so far (the next number)
         self.sink = sink if sink is not None else FrameSink()
-        self.flush_rows = flush_rows or self.sink.batch_rows
+        self.flush_rows = flush_rows or min(self.sink.batch_rows, PAIR_BATCH_ROWS)
         self._pairer = TenurePairer(self.sink)
         self._base = 0  # first acquisition not yet handed to the pairer
         self._background = background

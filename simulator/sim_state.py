@@ -23,9 +23,6 @@ from traces.prefix import block_keys
 from traces.schema import PREFIX_COLUMNS
 
 _ROW_BLOCK = 4096  # rows copied to Python at a time for building requests
-# Acquisitions paired per background batch: its numpy temporaries (~150 MB at 1M) were the peaks of a
-# long run's RSS over a ~300 MB steady state (docs/simulator-performance.md, fourth pass).
-PAIR_BATCH_ROWS = 1 << 18
 _BUILD_COLUMNS = ("request_id", "arrival_s", "prompt_len", "output_len", "n", "beam_width")
 
 
@@ -55,8 +52,7 @@ class SimState(RunState):
               memory: TableSink | None = None, requests: TableSink | None = None) -> SimState:
         """The state at time 0 of simulating the (validated) `trace` under `config` (tenures go to
         `events`, memory rows to `memory`, request rows to `requests`; default: kept in memory)."""
-        recorder = (EventRecorder(events, flush_rows=PAIR_BATCH_ROWS, background=True)
-                    if config.record_events else None)
+        recorder = EventRecorder(events, background=True) if config.record_events else None
         alloc = make_allocator(config, recorder)
         fitted = config.latency != "roofline"
         latency = make_latency_model("fitted" if fitted else "roofline", config.model, config.gpu,

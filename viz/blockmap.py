@@ -122,7 +122,7 @@ def zoom_window(run: Run, t_end: float) -> tuple[float, float] | None:
     None when that is not much shorter than the run (the full map is then readable as it is).
     """
     alloc = next(iter(run.allocators.values()))
-    req = alloc.requests
+    req = alloc.request_columns(("admitted_s", "finish_s"))
     life = (req["finish_s"] - req["admitted_s"]).to_numpy(float)
     life = life[np.isfinite(life) & (life > 0)]
     if len(life) == 0:

@@ -24,10 +24,9 @@ def latency_cdf_data(runs: list[Run], max_points: int = 2000
     data: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {m: {} for m in METRICS}
     for run in runs:
         for alloc in run.allocators.values():
-            req = alloc.requests
-            for metric in METRICS:
-                data[metric][series_label(run, alloc, multi)] = cdf_points(
-                    req[metric].to_numpy(float), max_points)
+            for metric in METRICS:  # one column at a time: a 10M-request table is not loaded whole
+                values = alloc.request_columns((metric,))[metric].to_numpy(float)
+                data[metric][series_label(run, alloc, multi)] = cdf_points(values, max_points)
     return data
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -69,6 +70,14 @@ def check_columns(df: pd.DataFrame, columns: tuple[str, ...], where: str) -> Non
             raise VizError(f"{where}: column '{col}' must be numeric, found {dtype}")
 
 
+def _check_schema(f: pq.ParquetFile, columns: tuple[str, ...], path: Path) -> None:
+    """VizError naming the file and the first of `columns` it lacks."""
+    names = f.schema_arrow.names
+    for col in columns:
+        if col not in names:
+            raise VizError(f"{path}: missing column '{col}'")
+
+
 @dataclass
 class AllocatorRun:
     """One allocator's results inside a run folder; tables are read on first use."""
@@ -88,6 +97,75 @@ class AllocatorRun:
         """memory.parquet: one row per step or span of steps, sorted by time."""
         df = read_table(self.path, "memory")
         return df.sort_values("t_s", kind="stable", ignore_index=True)
+
+    def _memory_file(self) -> pq.ParquetFile | None:
+        """The memory table's Parquet file when it is read in row groups (time-ordered, not yet loaded)."""
+        path = self.path / "memory.parquet"
+        if "memory" in self.__dict__ or not path.is_file():
+            return None
+        try:
+            f = pq.ParquetFile(path, pre_buffer=False)
+        except (OSError, ValueError) as exc:
+            raise VizError(f"{path}: cannot read table ({exc})") from None
+        meta = f.metadata
+        if meta.num_rows == 0 or "t_s" not in meta.schema.to_arrow_schema().names:
+            return None
+        col = meta.schema.to_arrow_schema().get_field_index("t_s")
+        prev = -np.inf
+        for g in range(meta.num_row_groups):
+            stats = meta.row_group(g).column(col).statistics
+            if stats is None or not stats.has_min_max or stats.min < prev:
+                return None  # not in time order (or no statistics): load it whole and sort
+            prev = stats.max
+        return f
+
+    @cached_property
+    def num_memory_rows(self) -> int:
+        """Rows of the memory table (from the Parquet footer when it is streamed)."""
+        f = self._memory_file()
+        return f.metadata.num_rows if f is not None else len(self.memory)
+
+    def memory_chunks(self, columns: tuple[str, ...]) -> Iterator[pd.DataFrame]:
+        """The memory table's `columns`, in time order, a row group at a time (a 10M-request run's table
+        is ~13M rows: the figures bin it as it is read); one chunk when it is small or in memory."""
+        f = self._memory_file()
+        if f is None:
+            yield self.memory[list(columns)]
+            return
+        path = self.path / "memory.parquet"
+        _check_schema(f, columns, path)
+        for g in range(f.metadata.num_row_groups):
+            try:
+                df = f.read_row_group(g, columns=list(columns)).to_pandas()
+            except (OSError, ValueError, KeyError) as exc:
+                raise VizError(f"{path}: cannot read table ({exc})") from None
+            check_columns(df, columns, str(path))
+            yield df
+
+    def memory_span(self) -> tuple[float, float]:
+        """Start of the first memory row and end of the last one."""
+        f = self._memory_file()
+        if f is None:
+            mem = self.memory
+            return (float(mem["t_s"].iloc[0]), float(mem["t_s"].iloc[-1] + mem["dt_s"].iloc[-1])) if len(
+                mem) else (0.0, 0.0)
+        first = f.read_row_group(0, columns=["t_s"]).column(0)
+        last = f.read_row_group(f.metadata.num_row_groups - 1, columns=["t_s", "dt_s"])
+        return (float(first[0].as_py()),
+                float(last.column(0)[-1].as_py()) + float(last.column(1)[-1].as_py()))
+
+    def request_columns(self, columns: tuple[str, ...]) -> pd.DataFrame:
+        """Only these columns of the request table (all of it when already loaded)."""
+        if "requests" in self.__dict__ or not (self.path / "requests.parquet").is_file():
+            return self.requests[list(columns)]
+        path = self.path / "requests.parquet"
+        try:
+            _check_schema(pq.ParquetFile(path), columns, path)
+            df = pq.read_table(path, columns=list(columns)).to_pandas()
+        except (OSError, ValueError, KeyError) as exc:
+            raise VizError(f"{path}: cannot read table ({exc})") from None
+        check_columns(df, columns, str(path))
+        return df
 
     @cached_property
     def events(self) -> pd.DataFrame:

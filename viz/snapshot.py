@@ -44,6 +44,9 @@ class PoolSnapshot:
     hole_slots: int  # free runs shorter than this are holes
 
 
+TOKEN_COLUMNS = ("request_id", "prompt_len", "output_len", "first_token_s", "finish_s")
+
+
 def tokens_at(requests: pd.DataFrame, at: float) -> pd.Series:
     """Approximate tokens each request holds at time `at`, indexed by request_id."""
     prompt = requests["prompt_len"].to_numpy(float)
@@ -60,13 +63,24 @@ def tokens_at(requests: pd.DataFrame, at: float) -> pd.Series:
 
 def peak_time(alloc: AllocatorRun) -> float:
     """Middle of the memory row with the most blocks in use (the median row among ties)."""
-    mem = alloc.memory
-    if len(mem) == 0:
+    if alloc.num_memory_rows == 0:
         raise VizError(f"{alloc.path / 'memory.parquet'}: no rows, cannot find the peak")
-    used = mem["blocks_used"].to_numpy(float)
-    tied = np.flatnonzero(used == used.max())
-    i = int(tied[len(tied) // 2])
-    return float(mem["t_s"].iloc[i] + mem["dt_s"].iloc[i] / 2)
+    cols = ("t_s", "dt_s", "blocks_used")
+    peak, num_tied = -np.inf, 0
+    for m in alloc.memory_chunks(cols):  # two passes over a streamed table: the peak, then its median tie
+        used = m["blocks_used"].to_numpy(float)
+        top = used.max(initial=-np.inf)
+        if top > peak:
+            peak, num_tied = top, 0
+        num_tied += int((used == peak).sum())
+    want = num_tied // 2
+    for m in alloc.memory_chunks(cols):
+        tied = np.flatnonzero(m["blocks_used"].to_numpy(float) == peak)
+        if want < len(tied):
+            i = int(tied[want])
+            return float(m["t_s"].iloc[i] + m["dt_s"].iloc[i] / 2)
+        want -= len(tied)
+    raise AssertionError("unreachable: the peak row was counted")
 
 
 def _fill_now(active: pd.DataFrame, tokens: pd.Series, block_size: int, paged: bool) -> np.ndarray:
@@ -98,7 +112,9 @@ def pool_snapshot(alloc: AllocatorRun, at: float) -> PoolSnapshot:
     start = np.clip(active["start"].to_numpy(np.int64), 0, cap)
     size = np.clip(active["size"].to_numpy(np.int64), 0, cap - start)
     filled = np.minimum(active["filled"].to_numpy(np.int64), size)
-    fill = np.minimum(_fill_now(active, tokens_at(alloc.requests, at), bs, alloc.is_paged), filled)
+    req = alloc.request_columns(TOKEN_COLUMNS)
+    req = req[np.isin(req["request_id"].to_numpy(np.int64), active["request_id"].to_numpy(np.int64))]
+    fill = np.minimum(_fill_now(active, tokens_at(req, at), bs, alloc.is_paged), filled)
     item = np.repeat(np.arange(len(active)), size)
     offset = np.arange(len(item)) - np.repeat(np.cumsum(size) - size, size)
     slot = start[item] + offset

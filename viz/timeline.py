@@ -6,7 +6,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from viz.common import FigureResult, legend_below, new_figure, time_label
-from viz.downsample import DEFAULT_MAX_BINS, Binned, downsample_steps
+from viz.downsample import DEFAULT_MAX_BINS, Binned, downsample_chunks
 from viz.load import AllocatorRun, Run
 from viz.palette import (
     QUEUE_COLORS,
@@ -30,14 +30,17 @@ def _steps(binned: Binned, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def memory_series(alloc: AllocatorRun, max_bins: int = DEFAULT_MAX_BINS) -> dict[str, Binned]:
     """Binned state fractions ("states", columns in STATE_ORDER), used share and queue sizes."""
-    mem = alloc.memory
-    t, dt = mem["t_s"].to_numpy(float), mem["dt_s"].to_numpy(float)
-    states = mem[list(STATE_ORDER)].to_numpy(float)
-    return {
-        "states": downsample_steps(t, dt, states, max_bins),
-        "used": downsample_steps(t, dt, 1.0 - mem["free"].to_numpy(float), max_bins),
-        "queues": downsample_steps(t, dt, mem[list(QUEUES)].to_numpy(float), max_bins),
-    }
+    # One pass over the table: states, used share and queues binned together as nine columns.
+    chunks = ((m["t_s"].to_numpy(float), m["dt_s"].to_numpy(float),
+               np.column_stack([m[list(STATE_ORDER)].to_numpy(float), 1.0 - m["free"].to_numpy(float),
+                                m[list(QUEUES)].to_numpy(float)]))
+              for m in alloc.memory_chunks(("t_s", "dt_s", *STATE_ORDER, *QUEUES)))
+    both = downsample_chunks(chunks, alloc.num_memory_rows, alloc.memory_span(), max_bins)
+    n = len(STATE_ORDER)
+
+    def part(cols) -> Binned:
+        return Binned(both.edges, both.mean[:, cols], both.lo[:, cols], both.hi[:, cols])
+    return {"states": part(slice(0, n)), "used": part(n), "queues": part(slice(n + 1, None))}
 
 
 def _queue_line(ax, queues: Binned, j: int, q: str, num_rows: int) -> None:
@@ -89,7 +92,7 @@ def plot_memory_over_time(run: Run, max_bins: int = DEFAULT_MAX_BINS, name: str 
         series = data[alloc.name]
         ax_mem, ax_q = axes[2 * i], axes[2 * i + 1]
         states = series["states"]
-        downsampled |= len(states.edges) - 1 < len(alloc.memory)
+        downsampled |= len(states.edges) - 1 < alloc.num_memory_rows
         t_max = max(t_max, float(states.edges[-1]))
         bottom = np.zeros(len(states.mean))
         for j, state in enumerate(STATE_ORDER):
@@ -98,14 +101,14 @@ def plot_memory_over_time(run: Run, max_bins: int = DEFAULT_MAX_BINS, name: str 
             _, hi = _steps(states, top * 100)
             ax_mem.fill_between(x, lo, hi, step="post", color=STATE_COLORS[state], linewidth=0)
             bottom = top
-        if len(states.edges) - 1 < len(alloc.memory):
+        if len(states.edges) - 1 < alloc.num_memory_rows:
             x, peak = _steps(series["used"], series["used"].hi * 100)
             ax_mem.plot(x, peak, drawstyle="steps-post", color="black", linewidth=0.6)
         ax_mem.set_ylim(0, 100)
         ax_mem.set_ylabel("capacity (%)")
         ax_mem.set_title(f"{allocator_label(alloc.name)}: KV memory by state", loc="left",
                          fontsize="medium", color=allocator_color(alloc.name))
-        _plot_queues(ax_q, series["queues"], len(alloc.memory))
+        _plot_queues(ax_q, series["queues"], alloc.num_memory_rows)
     axes[-1].set_xlim(0, t_max if t_max > 0 else 1.0)
     axes[-1].set_xlabel(time_label(next(iter(run.allocators.values())).config.get("source")))
     fig.suptitle(figure_title(f"Memory over time: {run.label}", [run]))
@@ -127,9 +130,9 @@ def plot_batch_size(runs: list[Run], max_bins: int = DEFAULT_MAX_BINS) -> Figure
     data: dict[str, Binned] = {}
     for ax, run in zip(axes, runs, strict=True):
         for alloc in run.allocators.values():
-            mem = alloc.memory
-            binned = downsample_steps(mem["t_s"].to_numpy(float), mem["dt_s"].to_numpy(float),
-                                      mem["num_running"].to_numpy(float), max_bins)
+            chunks = ((m["t_s"].to_numpy(float), m["dt_s"].to_numpy(float), m["num_running"].to_numpy(float))
+                      for m in alloc.memory_chunks(("t_s", "dt_s", "num_running")))
+            binned = downsample_chunks(chunks, alloc.num_memory_rows, alloc.memory_span(), max_bins)
             data[f"{run.label}/{alloc.name}" if len(runs) > 1 else alloc.name] = binned
             color = allocator_color(alloc.name)
             mean_bs = alloc.summary.get("mean_batch_size")
@@ -138,7 +141,7 @@ def plot_batch_size(runs: list[Run], max_bins: int = DEFAULT_MAX_BINS) -> Figure
                 label += f" (mean {float(mean_bs):.1f})"
             x, y = _steps(binned, binned.mean)
             ax.plot(x, y, drawstyle="steps-post", color=color, linewidth=0.9, label=label)
-            if len(binned.edges) - 1 < len(mem):
+            if len(binned.edges) - 1 < alloc.num_memory_rows:
                 _, lo = _steps(binned, binned.lo)
                 _, hi = _steps(binned, binned.hi)
                 ax.fill_between(x, lo, hi, step="post", color=color, alpha=0.2, linewidth=0)
