@@ -116,8 +116,31 @@ def verdict_lines(rows: dict[str, dict]) -> list[str]:
     return out
 
 
+def validate(profile: str, out: Path, runs: list[tuple[str, str]], reuse: bool = False) -> dict[str, dict]:
+    """Replay, simulate and compare every (run name, part); write validation.md/.json; the table's rows."""
+    from traces import load_trace, save_trace
+
+    trace = load_trace(TRACE)
+    out.mkdir(parents=True, exist_ok=True)
+    rows: dict[str, dict] = {}
+    for name, part in runs:
+        start, scale = PARTS[part]
+        trace_csv = out / f"azure-{start}-{start + PART_SIZE - 1}.csv"
+        if not trace_csv.is_file():
+            save_trace(held_out_part(trace, start), trace_csv)
+        rows[name] = summary_row(validate_run(trace_csv, scale, profile, out / name, reuse))
+    table, lines = markdown_table(rows), verdict_lines(rows)
+    report = (f"profile {profile}, held-out runs of {TRACE} (docs/calibration.md)\n\n{table}\n\n"
+              + "\n".join(lines))
+    print(f"\n{report}")
+    (out / "validation.md").write_text(report + "\n")
+    (out / "validation.json").write_text(json.dumps({"profile": profile, "rows": rows, "verdicts": lines},
+                                                    indent=2) + "\n")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Replay, simulate and compare every held-out run; print and write the table and the verdicts."""
+    """Command line of `python -m bench.calibration` (also `pagelab bench calibration`)."""
     ap = argparse.ArgumentParser(prog="python -m bench.calibration", description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default="cpu-tiny", help="bundled profile name or JSON file (default "
                     "cpu-tiny)")
@@ -129,29 +152,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reuse", action="store_true", help="keep replays already in --out (validate another "
                     "profile on the same measurements)")
     args = ap.parse_args(argv)
-    from traces import load_trace, save_trace
-
     try:
-        runs = run_names([p for p in args.parts.split(",") if p], [p for p in args.repeat.split(",") if p])
+        runs = run_names(split_names(args.parts), split_names(args.repeat))
     except ValueError as exc:
         ap.error(str(exc))
-    trace = load_trace(TRACE)
-    args.out.mkdir(parents=True, exist_ok=True)
-    rows: dict[str, dict] = {}
-    for name, part in runs:
-        start, scale = PARTS[part]
-        trace_csv = args.out / f"azure-{start}-{start + PART_SIZE - 1}.csv"
-        if not trace_csv.is_file():
-            save_trace(held_out_part(trace, start), trace_csv)
-        rows[name] = summary_row(validate_run(trace_csv, scale, args.profile, args.out / name, args.reuse))
-    table, lines = markdown_table(rows), verdict_lines(rows)
-    print(f"\nprofile {args.profile}, held-out runs of {TRACE} (docs/calibration.md)\n\n{table}\n")
-    print("\n".join(lines))
-    report = f"profile {args.profile}\n\n{table}\n\n" + "\n".join(lines) + "\n"
-    (args.out / "validation.md").write_text(report)
-    (args.out / "validation.json").write_text(json.dumps({"profile": args.profile, "rows": rows,
-                                                          "verdicts": lines}, indent=2) + "\n")
+    validate(args.profile, args.out, runs, args.reuse)
     return 0
+
+
+def split_names(text: str | None) -> list[str]:
+    """Comma-separated part names, blanks dropped."""
+    return [p.strip() for p in (text or "").split(",") if p.strip()]
 
 
 if __name__ == "__main__":
