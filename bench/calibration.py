@@ -110,9 +110,8 @@ def verdict_lines(rows: dict[str, dict]) -> list[str]:
     for i, target in enumerate((f"e2e median |err| <= {TARGET_E2E:.0%}",
                                 f"|throughput err| <= {TARGET_THROUGHPUT:.0%}")):
         missed = [name for name, row in rows.items() if not verdicts(row)[i]]
-        state = "met" if not missed else "NOT met"
-        out.append(f"{target}: {state} on {len(rows) - len(missed)} of {len(rows)} held-out runs"
-                   + (f" (missed: {', '.join(missed)})" if missed else ""))
+        out.append(f"{target}: met on {len(rows) - len(missed)} of {len(rows)} held-out runs"
+                   + (f", NOT met on {', '.join(missed)}" if missed else ""))
     return out
 
 

@@ -44,8 +44,8 @@ def test_targets_are_judged_per_run_on_the_issue_thresholds():
     rows = {"A": summary_row(_comparison(0.10, -0.05)), "B": summary_row(_comparison(0.101, 0.01)),
             "C": summary_row(_comparison(0.02, 0.051))}
     lines = verdict_lines(rows)
-    assert lines[0] == "e2e median |err| <= 10%: NOT met on 2 of 3 held-out runs (missed: B)"
-    assert lines[1] == "|throughput err| <= 5%: NOT met on 2 of 3 held-out runs (missed: C)"
+    assert lines[0] == "e2e median |err| <= 10%: met on 2 of 3 held-out runs, NOT met on B"
+    assert lines[1] == "|throughput err| <= 5%: met on 2 of 3 held-out runs, NOT met on C"
     table = markdown_table(rows).splitlines()
     assert len(table) == 5
     assert table[2].startswith("| A | 10.0% | 20.0% |") and table[2].endswith("| met | met |")
