@@ -42,6 +42,7 @@ bench: env
 # A latency profile for this machine in one command (docs/calibration.md), e.g. on a GPU:
 #   make profile DEVICE=cuda MODEL=llama-1b-shape GPU=h100-80gb BACKEND=triton PROFILE=h100-1b.json
 # Two replays of synthetic calibration traces (wide ranges of prompt lengths and batch sizes), then a fit.
+# Then, on a CPU, the held-out validation: python -m bench.calibration --profile $(PROFILE) --repeat B,A,C
 DEVICE ?= cpu
 MODEL ?= tiny
 BACKEND ?= torch

@@ -261,3 +261,23 @@ def engine_bench(
     write_result("bench engine", {"result": r}, save=save_result, result_dir=result_dir,
                 result_filename=result_filename)
     _emit([row], f"engine vs transformers ({r['device']}, {r['dtype']}, {model})", as_json)
+
+
+@bench_app.command("calibration")
+@user_errors
+def calibration_bench(
+    profile: str = typer.Option("cpu-tiny", help="Latency profile: a bundled name or a JSON file."),
+    out: Path = typer.Option(Path("runs/validate"), "--out", "-o", help="Folder of every run."),
+    parts: str = typer.Option("A,B,A-x2,C", help="Held-out runs, comma-separated (A, B, A-x2, C)."),
+    repeat: str = typer.Option("", help="Parts replayed a second time, e.g. B,A,C (the noise floor)."),
+    reuse: bool = typer.Option(False, "--reuse", help="Keep replays already in --out (another profile, "
+                                                     "same measurements)."),
+) -> None:
+    """Held-out validation of a CPU latency profile: replay, simulate and compare Azure parts (minutes)."""
+    from bench.calibration import run_names, split_names, validate
+
+    try:
+        runs = run_names(split_names(parts), split_names(repeat))
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    validate(profile, out, runs, reuse)

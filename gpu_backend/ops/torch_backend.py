@@ -37,6 +37,9 @@ class TorchBackendConfig:
     # Decode: a sequence with at least this many K+V bytes gets a tile of its own, copied as whole
     # blocks and read in place by BLAS (no padding, no mask); below it, batching saves per-op overhead.
     solo_bytes: int = 1 << 20
+    # Decode: a tile is cut where padding its sequences to the longest would exceed this fraction of
+    # their context tokens (None: no limit). See tiles_by_bytes and docs/calibration.md.
+    decode_max_pad: float | None = 0.25
     # Keep the gather buffers between calls: fresh multi-MiB CPU allocations come back from the OS as
     # new pages, and faulting them in costs as much as the gather itself. Off on CUDA (its caching
     # allocator already reuses memory, and a kept buffer would sit on KV-cache memory).
@@ -98,7 +101,7 @@ class TorchBackend:
         _check_fits(ctx_list, block_tables, block_size, "decode")
         token_bytes = 2 * num_kv_heads * head_dim * k_cache.element_size()
         tiles = tiles_by_bytes(ctx_list, [1] * num_seqs, token_bytes, self.config.tile_bytes,
-                               self.config.solo_bytes)
+                               self.config.solo_bytes, self.config.decode_max_pad)
         order = [i for rows, _, _ in tiles for i in rows]  # sequences sorted by context length
         in_order = order == list(range(num_seqs))
         order_t = torch.tensor(order, dtype=torch.int64, device=q.device)

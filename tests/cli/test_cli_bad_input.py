@@ -61,6 +61,7 @@ CASES = [
     (("replay", "tiny.csv", "--max-model-len", "0"), "max_model_len must be > 0"),
     (("replay", "tiny.csv", "--kv-memory-gb", "1e6"), "does not fit in this machine's memory"),
     (("bench", "engine", "--num-prompts", "0"), "--limit/--num-prompts must be >= 1, got 0"),
+    (("bench", "calibration", "--parts", "A,D"), "unknown part 'D'; choose from A, B, A-x2, C"),
     (("simulate", "--bogus"), "No such option: --bogus"),
 ]
 

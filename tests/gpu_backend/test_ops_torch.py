@@ -12,15 +12,17 @@ import torch
 from gpu_backend.ops import KernelInputError, TorchBackend, TorchBackendConfig, get_backend
 from gpu_backend.ops.cases import make_paged_case
 from gpu_backend.ops.reference import reference_decode, reference_prefill, relative_error
+from gpu_backend.ops.torch_gather import tiles_by_bytes
 
 # Per-dtype bounds on ||out - ref|| / ||ref|| (observed: fp32 ~1e-7, fp16 ~2e-4, bf16 ~2e-3).
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 # Ragged lengths: 1, exact multiples of the block size (8 and 16), and odd tails.
 CONTEXTS = [1, 16, 37, 8, 64, 5, 23]
-# Decode tiles: the default packs these small sequences into one batched tile; solo_bytes=0 gives
-# every sequence a tile of its own, which takes the whole-block copy path.
-# "one-tile" is the configuration get_backend() uses on CUDA.
-TILINGS = {"batched": TorchBackendConfig(), "per-sequence": TorchBackendConfig(solo_bytes=0),
+# Decode tiles: the default packs these small sequences into tiles of similar lengths (padding bounded);
+# "padded" packs them all into one ragged tile; solo_bytes=0 gives every sequence a tile of its own,
+# which takes the whole-block copy path. "one-tile" is the configuration get_backend() uses on CUDA.
+TILINGS = {"batched": TorchBackendConfig(), "padded": TorchBackendConfig(decode_max_pad=None),
+           "per-sequence": TorchBackendConfig(solo_bytes=0),
            "one-tile": TorchBackendConfig(tile_bytes=1 << 62, solo_bytes=1 << 62, reuse_workspace=False)}
 
 
@@ -70,6 +72,21 @@ def test_small_tiles_agree_with_one_tile(record_property):
     one = TorchBackend(TorchBackendConfig(tile_bytes=1 << 40)).prefill(*args)
     _check(tiny, reference_prefill(*args), torch.float32, record_property)
     torch.testing.assert_close(tiny, one, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("max_pad", [0.0, 0.25, 1.0])
+def test_decode_tiles_bound_their_padding(max_pad):
+    """Every tile's padded K/V (rows x longest context) stays within (1 + max_pad) x its real tokens."""
+    rng = np.random.default_rng(6)
+    ctx = [int(c) for c in rng.integers(1, 900, size=64)] + [400] * 16
+    tiles = tiles_by_bytes(ctx, [1] * len(ctx), 1024, 8 << 20, 1 << 20, max_pad)
+    assert sorted(i for rows, _, _ in tiles for i in rows) == list(range(len(ctx)))
+    for rows, max_ctx, _ in tiles:
+        assert max_ctx == max(ctx[i] for i in rows)
+        assert len(rows) * max_ctx <= (1 + max_pad) * sum(ctx[i] for i in rows)
+    assert any(len(rows) >= 16 for rows, _, _ in tiles)  # equal contexts still share a tile
+    unbounded = tiles_by_bytes(ctx, [1] * len(ctx), 1024, 8 << 20, 1 << 20)
+    assert len(unbounded) < len(tiles)
 
 
 def test_nan_fill_catches_reading_past_the_context():

@@ -1,0 +1,168 @@
+"""Held-out validation of a CPU latency profile (`python -m bench.calibration`; docs/calibration.md).
+
+The issue-14 targets, measured in one command: the first 120 requests of the bundled Azure conversation
+trace are cut into three parts of 40 (A, B, C; each shifted to start at 0), and A is also run at half the
+rate (`--time-scale 2`, "A-x2"). None of them is in the `make profile` calibration set. Each part is
+replayed on the CPU engine (tiny preset, torch backend, CPU-time clock, block size 16, 0.25 GiB of KV,
+recompute preemption, prefix caching on), simulated with the profile on the replay's own configuration
+(`simulate --profile P --config-from RUN`), and compared (`pagelab compare`). The table gives, per run,
+the errors of the simulation against the measurement and whether each target is met.
+
+Everything runs in this process through the `pagelab` commands themselves, so the run folders under
+--out are the ones a user would get by typing the commands one by one (docs/calibration.md, "The loop").
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+# name -> (first request, arrival time scale); the order of docs/calibration.md's table.
+PARTS = {"A": (0, 1.0), "B": (40, 1.0), "A-x2": (0, 2.0), "C": (80, 1.0)}
+PART_SIZE = 40
+TRACE = "azure-conv"
+# The replay of every part: what the bundled profile was measured with (Makefile, `make profile`).
+REPLAY_OPTIONS = ("--model", "tiny", "--device", "cpu", "--backend", "torch", "--clock", "cpu",
+                  "--block-size", "16", "--kv-memory-gb", "0.25", "--preemption", "recompute",
+                  "--prefix-caching")
+# The issue's targets: median |end-to-end latency error| and |output throughput error| per held-out run.
+TARGET_E2E = 0.10
+TARGET_THROUGHPUT = 0.05
+COLUMNS = ("e2e median |err|", "e2e p90 |err|", "TTFT median |err|", "TPOT median |err|", "throughput err",
+           "step median |err|", "total busy time err")
+
+
+def held_out_part(trace: pd.DataFrame, start: int, size: int = PART_SIZE) -> pd.DataFrame:
+    """Requests [start, start + size) of a trace, their arrivals shifted so the first one is at 0."""
+    part = trace.iloc[start: start + size].reset_index(drop=True).copy()
+    if len(part) < size:
+        raise ValueError(f"the trace has {len(trace)} requests; part [{start}, {start + size}) is short")
+    part["arrival_s"] = part["arrival_s"] - part["arrival_s"].iloc[0]
+    return part
+
+
+def run_names(parts: list[str], repeats: list[str]) -> list[tuple[str, str]]:
+    """(run folder name, part) of every replay: the parts, then the repeats (folder NAME-repeat[K])."""
+    runs, seen = [], {}
+    for part in [*parts, *repeats]:
+        if part not in PARTS:
+            raise ValueError(f"unknown part {part!r}; choose from {', '.join(PARTS)}")
+        seen[part] = seen.get(part, 0) + 1
+        k = seen[part]
+        runs.append((part if k == 1 else f"{part}-repeat" + ("" if k == 2 else str(k - 1)), part))
+    return runs
+
+
+def pagelab(*args: str) -> None:
+    """Run one `pagelab` command in this process; a non-zero exit stops the validation."""
+    from cli import app
+
+    code = app(args=[str(a) for a in args], prog_name="pagelab", standalone_mode=False)
+    if code not in (None, 0):
+        raise SystemExit(f"pagelab {' '.join(map(str, args))} failed (exit {code})")
+
+
+def validate_run(trace_csv: Path, time_scale: float, profile: str, out: Path, reuse: bool) -> dict:
+    """Replay (unless `reuse` finds one), simulate and compare one run; the comparison's JSON."""
+    real, sim, cmp = out / "real", out / "sim", out / "compare"
+    if not (reuse and (real / "summary.json").is_file()):
+        pagelab("replay", trace_csv, "--limit", str(PART_SIZE), "--time-scale", str(time_scale),
+                *REPLAY_OPTIONS, "--out", real, "--overwrite")
+    pagelab("simulate", "--profile", profile, "--config-from", real, "--out", sim, "--overwrite")
+    pagelab("compare", sim, real, "--out", cmp)
+    return json.loads((cmp / "comparison.json").read_text())
+
+
+def summary_row(comparison: dict) -> dict[str, float | None]:
+    """The table's columns (fractions, signed where the name says err) of one comparison."""
+    lat, step = comparison["latency"], comparison["step_time"]
+    values = (lat["e2e_s"]["median_abs"], lat["e2e_s"]["p90_abs"], lat["ttft_s"]["median_abs"],
+              lat["tpot_s"]["median_abs"], comparison["throughput"]["rel_error"], step["median_abs"],
+              step["total_rel_error"])
+    return dict(zip(COLUMNS, values, strict=True))
+
+
+def verdicts(row: dict) -> tuple[bool, bool]:
+    """(e2e target met, throughput target met) for one run's row."""
+    e2e, thr = row["e2e median |err|"], row["throughput err"]
+    return (e2e is not None and e2e <= TARGET_E2E, thr is not None and abs(thr) <= TARGET_THROUGHPUT)
+
+
+def markdown_table(rows: dict[str, dict]) -> str:
+    """The rows as docs/calibration.md's table, plus the two target columns."""
+    signed = {"throughput err", "total busy time err"}
+    head = ["held-out run", *COLUMNS, "e2e <= 10%", "throughput <= 5%"]
+    lines = ["| " + " | ".join(c.replace("|", "\\|") for c in head) + " |", "|" + "---|" * len(head)]
+    for name, row in rows.items():
+        cells = ["-" if v is None else f"{100 * v:+.1f}%" if c in signed else f"{100 * v:.1f}%"
+                 for c, v in row.items()]
+        cells += ["met" if ok else "NOT met" for ok in verdicts(row)]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def verdict_lines(rows: dict[str, dict]) -> list[str]:
+    """One line per target: on how many held-out runs it is met, and which miss it."""
+    out = []
+    for i, target in enumerate((f"e2e median |err| <= {TARGET_E2E:.0%}",
+                                f"|throughput err| <= {TARGET_THROUGHPUT:.0%}")):
+        missed = [name for name, row in rows.items() if not verdicts(row)[i]]
+        out.append(f"{target}: met on {len(rows) - len(missed)} of {len(rows)} held-out runs"
+                   + (f", NOT met on {', '.join(missed)}" if missed else ""))
+    return out
+
+
+def validate(profile: str, out: Path, runs: list[tuple[str, str]], reuse: bool = False) -> dict[str, dict]:
+    """Replay, simulate and compare every (run name, part); write validation.md/.json; the table's rows."""
+    from traces import load_trace, save_trace
+
+    trace = load_trace(TRACE)
+    out.mkdir(parents=True, exist_ok=True)
+    rows: dict[str, dict] = {}
+    for name, part in runs:
+        start, scale = PARTS[part]
+        trace_csv = out / f"azure-{start}-{start + PART_SIZE - 1}.csv"
+        if not trace_csv.is_file():
+            save_trace(held_out_part(trace, start), trace_csv)
+        rows[name] = summary_row(validate_run(trace_csv, scale, profile, out / name, reuse))
+    table, lines = markdown_table(rows), verdict_lines(rows)
+    report = (f"profile {profile}, held-out runs of {TRACE} (docs/calibration.md)\n\n{table}\n\n"
+              + "\n".join(lines))
+    print(f"\n{report}")
+    (out / "validation.md").write_text(report + "\n")
+    (out / "validation.json").write_text(json.dumps({"profile": profile, "rows": rows, "verdicts": lines},
+                                                    indent=2) + "\n")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line of `python -m bench.calibration` (also `pagelab bench calibration`)."""
+    ap = argparse.ArgumentParser(prog="python -m bench.calibration", description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", default="cpu-tiny", help="bundled profile name or JSON file (default "
+                    "cpu-tiny)")
+    ap.add_argument("--out", type=Path, default=Path("runs/validate"), help="folder of every run (default "
+                    "runs/validate)")
+    ap.add_argument("--parts", default=",".join(PARTS), help=f"held-out runs, comma-separated "
+                    f"({', '.join(PARTS)})")
+    ap.add_argument("--repeat", default="", help="parts replayed a second time, e.g. B,A,C (the noise floor)")
+    ap.add_argument("--reuse", action="store_true", help="keep replays already in --out (validate another "
+                    "profile on the same measurements)")
+    args = ap.parse_args(argv)
+    try:
+        runs = run_names(split_names(args.parts), split_names(args.repeat))
+    except ValueError as exc:
+        ap.error(str(exc))
+    validate(args.profile, args.out, runs, args.reuse)
+    return 0
+
+
+def split_names(text: str | None) -> list[str]:
+    """Comma-separated part names, blanks dropped."""
+    return [p.strip() for p in (text or "").split(",") if p.strip()]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
