@@ -4,10 +4,10 @@ A 10M-request table's latency column is 80 MB; sorting it (plus its weights, for
 took ~0.5 GB at the end of a 10M-request run, more than the whole 1M-request run. Here percentiles are
 found by radix selection over the file: each pass reads the column block by block and histograms the
 next 16 bits of an order-preserving integer key of the values that can still hold the answer; once the
-candidates are few they are collected and sorted. The answers are exactly numpy's: `percentile` as
-np.percentile (linear), `median` as np.median, `weighted_percentiles` as the inverted CDF of values
-repeated by integer weights. Sums add block partial sums in block order, so a table gives the same
-numbers in memory and streamed when both are read in the same blocks (`BLOCK_ROWS`).
+candidates are few they are collected and sorted. The answers are exactly numpy's:
+`median_and_percentiles` as np.median and np.percentile (linear), `weighted_percentiles` as the
+inverted CDF of values repeated by integer weights. Sums add block partial sums in block order, so a
+table gives the same numbers in memory and streamed when both are read in the same blocks (`BLOCK_ROWS`).
 """
 from __future__ import annotations
 
@@ -129,16 +129,6 @@ def median_and_percentiles(blocks: Blocks, count: int, qs: Iterable[float]) -> t
         a, b, t = found[lo], found[min(lo + 1, count - 1)], v - lo
         out.append(float(b - (b - a) * (1 - t)) if t >= 0.5 else float(a + (b - a) * t))  # numpy's _lerp
     return float(np.mean(np.array([found[r] for r in middle]))), out
-
-
-def percentiles(blocks: Blocks, count: int, qs: Iterable[float]) -> list[float]:
-    """np.percentile (linear) of `count` unweighted values at each q."""
-    return median_and_percentiles(blocks, count, qs)[1]
-
-
-def median(blocks: Blocks, count: int) -> float:
-    """np.median of `count` unweighted values (the mean of the middle two when count is even)."""
-    return median_and_percentiles(blocks, count, ())[0]
 
 
 def weighted_percentiles(blocks: Blocks, total_weight: float, qs: Iterable[float]) -> list[float]:

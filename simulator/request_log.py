@@ -17,6 +17,7 @@ import numpy as np
 from pagelab.memory import release_free_memory
 from simulator.column_stats import BLOCK_ROWS
 from simulator.sinks import FrameSink, TableSink
+from traces.chunks import parquet_batches
 
 TRACE_COLUMNS = ("request_id", "arrival_s", "prompt_len", "output_len", "n", "beam_width")
 REQUEST_DTYPES = {
@@ -176,13 +177,8 @@ class RequestColumns:
                                      dtype={c: REQUEST_DTYPES[c] for c in names}):
                 yield {c: chunk[c].to_numpy() for c in names}
             return
-        import pyarrow.parquet as pq
-
         # Batches end at row-group boundaries: re-cut them so that sums add the same blocks as in memory.
-        with pq.ParquetFile(self.path, pre_buffer=False, buffer_size=1 << 20) as f:
-            batches = ({c: b.column(c).to_numpy(zero_copy_only=False) for c in names}
-                       for b in f.iter_batches(batch_size=BLOCK_ROWS, columns=list(names)))
-            yield from _reblock(batches, BLOCK_ROWS)
+        yield from _reblock(parquet_batches(self.path, names, BLOCK_ROWS), BLOCK_ROWS)
 
 
 def frame_blocks(frame, names: tuple[str, ...]) -> Iterator[dict[str, np.ndarray]]:

@@ -63,19 +63,27 @@ class ParquetChunks(TraceChunks):
 
     def iter_chunks(self, columns: tuple[str, ...], rows: int = CHUNK_ROWS) -> Iterator[Columns]:
         """Record batches of the file, as numpy columns."""
-        import pyarrow.parquet as pq
-
         left = self.num_rows
-        # Without pre-buffering, the reader keeps one buffered page range per column; with it (the
-        # default), pyarrow kept ~15 MB more per million rows read until the iterator ended.
-        with pq.ParquetFile(self.path, pre_buffer=False, buffer_size=1 << 20) as f:
-            for batch in f.iter_batches(batch_size=rows, columns=list(columns)):
-                if left <= 0:
-                    return
-                if batch.num_rows > left:
-                    batch = batch.slice(0, left)
-                left -= batch.num_rows
-                yield {c: batch.column(c).to_numpy(zero_copy_only=False) for c in columns}
+        for batch in parquet_batches(self.path, columns, rows):
+            if left <= 0:
+                return
+            n = len(batch[columns[0]])
+            if n > left:
+                batch = {c: v[:left] for c, v in batch.items()}
+            left -= n
+            yield batch
+
+
+def parquet_batches(path: Path, columns: tuple[str, ...], rows: int) -> Iterator[Columns]:
+    """A Parquet file's `columns` as numpy arrays, front to back, `rows` at a time (fewer where a row
+    group ends)."""
+    import pyarrow.parquet as pq
+
+    # Without pre-buffering, the reader keeps one buffered page range per column; with it (the
+    # default), pyarrow kept ~15 MB more per million rows read until the iterator ended.
+    with pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20) as f:
+        for batch in f.iter_batches(batch_size=rows, columns=list(columns)):
+            yield {c: batch.column(c).to_numpy(zero_copy_only=False) for c in columns}
 
 
 _TYPES = {"request_id": "int64", "arrival_s": "double", "prompt_len": "int64", "output_len": "int64",

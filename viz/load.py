@@ -40,23 +40,28 @@ def read_json(path: Path) -> dict:
     return data
 
 
-def read_table(folder: Path, name: str) -> pd.DataFrame:
-    """Read NAME.parquet (or NAME.csv) from `folder` and check the columns the figures use."""
+def read_table(folder: Path, name: str, columns: tuple[str, ...] | None = None) -> pd.DataFrame:
+    """Read NAME.parquet (or NAME.csv) from `folder`, only `columns` if given, and check the columns the
+    figures use (of those read)."""
     parquet, csv = folder / f"{name}.parquet", folder / f"{name}.csv"
+    wanted = list(columns) if columns is not None else None
     try:
         if parquet.is_file():
-            path, df = parquet, pd.read_parquet(parquet)
+            if columns is not None:
+                _check_schema(pq.ParquetFile(parquet), columns, parquet)
+            path, df = parquet, pd.read_parquet(parquet, columns=wanted)
         elif csv.is_file():
-            path, df = csv, pd.read_csv(csv)
+            path, df = csv, pd.read_csv(csv, usecols=wanted)
         else:
             raise VizError(f"{parquet}: file not found")
     except (OSError, ValueError) as exc:
         if isinstance(exc, VizError):
             raise
         raise VizError(f"{folder / name}: cannot read table ({exc})") from None
+    checked = TABLE_COLUMNS[name] if columns is None else columns
     if len(df) == 0:  # an empty CSV has no dtypes to check; give the columns numeric ones
-        df = df.astype({c: float for c in TABLE_COLUMNS[name] if c in df.columns})
-    check_columns(df, TABLE_COLUMNS[name], str(path))
+        df = df.astype({c: float for c in checked if c in df.columns})
+    check_columns(df, checked, str(path))
     return df
 
 
@@ -68,6 +73,23 @@ def check_columns(df: pd.DataFrame, columns: tuple[str, ...], where: str) -> Non
         dtype = df[col].dtype
         if not (pd.api.types.is_numeric_dtype(dtype) or pd.api.types.is_bool_dtype(dtype)):
             raise VizError(f"{where}: column '{col}' must be numeric, found {dtype}")
+
+
+def _sorted_groups(meta, column: str) -> list[tuple[float, float, int]] | None:
+    """(min, max, rows) of `column` per row group, from the footer's statistics; None when a group has no
+    statistics or starts below the previous group's max (the file is not sorted by that column)."""
+    names = meta.schema.to_arrow_schema().names
+    if column not in names:
+        return None
+    col = names.index(column)
+    groups, prev = [], -np.inf
+    for g in range(meta.num_row_groups):
+        stats = meta.row_group(g).column(col).statistics
+        if stats is None or not stats.has_min_max or stats.min < prev:
+            return None
+        groups.append((stats.min, stats.max, meta.row_group(g).num_rows))
+        prev = stats.max
+    return groups
 
 
 def _check_schema(f: pq.ParquetFile, columns: tuple[str, ...], path: Path) -> None:
@@ -98,6 +120,7 @@ class AllocatorRun:
         df = read_table(self.path, "memory")
         return df.sort_values("t_s", kind="stable", ignore_index=True)
 
+    @cached_property
     def _memory_file(self) -> pq.ParquetFile | None:
         """The memory table's Parquet file when it is read in row groups (time-ordered, not yet loaded)."""
         path = self.path / "memory.parquet"
@@ -107,28 +130,20 @@ class AllocatorRun:
             f = pq.ParquetFile(path, pre_buffer=False)
         except (OSError, ValueError) as exc:
             raise VizError(f"{path}: cannot read table ({exc})") from None
-        meta = f.metadata
-        if meta.num_rows == 0 or "t_s" not in meta.schema.to_arrow_schema().names:
-            return None
-        col = meta.schema.to_arrow_schema().get_field_index("t_s")
-        prev = -np.inf
-        for g in range(meta.num_row_groups):
-            stats = meta.row_group(g).column(col).statistics
-            if stats is None or not stats.has_min_max or stats.min < prev:
-                return None  # not in time order (or no statistics): load it whole and sort
-            prev = stats.max
+        if f.metadata.num_rows == 0 or _sorted_groups(f.metadata, "t_s") is None:
+            return None  # empty, or not in time order (or no statistics): load it whole and sort
         return f
 
     @cached_property
     def num_memory_rows(self) -> int:
         """Rows of the memory table (from the Parquet footer when it is streamed)."""
-        f = self._memory_file()
+        f = self._memory_file
         return f.metadata.num_rows if f is not None else len(self.memory)
 
     def memory_chunks(self, columns: tuple[str, ...]) -> Iterator[pd.DataFrame]:
         """The memory table's `columns`, in time order, a row group at a time (a 10M-request run's table
         is ~13M rows: the figures bin it as it is read); one chunk when it is small or in memory."""
-        f = self._memory_file()
+        f = self._memory_file
         if f is None:
             yield self.memory[list(columns)]
             return
@@ -144,7 +159,7 @@ class AllocatorRun:
 
     def memory_span(self) -> tuple[float, float]:
         """Start of the first memory row and end of the last one."""
-        f = self._memory_file()
+        f = self._memory_file
         if f is None:
             mem = self.memory
             return (float(mem["t_s"].iloc[0]), float(mem["t_s"].iloc[-1] + mem["dt_s"].iloc[-1])) if len(
@@ -156,16 +171,9 @@ class AllocatorRun:
 
     def request_columns(self, columns: tuple[str, ...]) -> pd.DataFrame:
         """Only these columns of the request table (all of it when already loaded)."""
-        if "requests" in self.__dict__ or not (self.path / "requests.parquet").is_file():
+        if "requests" in self.__dict__:
             return self.requests[list(columns)]
-        path = self.path / "requests.parquet"
-        try:
-            _check_schema(pq.ParquetFile(path), columns, path)
-            df = pq.read_table(path, columns=list(columns)).to_pandas()
-        except (OSError, ValueError, KeyError) as exc:
-            raise VizError(f"{path}: cannot read table ({exc})") from None
-        check_columns(df, columns, str(path))
-        return df
+        return read_table(self.path, "requests", columns)
 
     @cached_property
     def events(self) -> pd.DataFrame:
@@ -211,17 +219,11 @@ class AllocatorRun:
         meta = self._events_metadata()
         if meta is None or meta.num_rows <= max_rows:
             return None
-        col = meta.schema.to_arrow_schema().get_field_index("t_end_s")
-        rows, prev = 0, -np.inf
-        for g in range(meta.num_row_groups):
-            group = meta.row_group(g)
-            stats = group.column(col).statistics
-            if stats is None or not stats.has_min_max or stats.min < prev:
-                return None  # not sorted by release time: the caller sorts the start times
-            prev = stats.max
-            rows += group.num_rows
+        rows = 0
+        for _, high, num_rows in _sorted_groups(meta, "t_end_s") or ():  # None: not in release order
+            rows += num_rows
             if rows >= max_rows:
-                return float(stats.max)
+                return float(high)
         return None
 
     def summary_value(self, *keys: str):

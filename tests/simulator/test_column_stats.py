@@ -32,8 +32,8 @@ def test_percentiles_and_median_equal_numpy(values, cuts, qs):
     read = blocks_of(v, cuts)
     with np.errstate(over="ignore", invalid="ignore"):
         expect = [float(np.percentile(v, q)) for q in qs]
-        got = cs.percentiles(read, len(v), qs)
-        med, expect_med = cs.median(read, len(v)), float(np.median(v))
+        med, got = cs.median_and_percentiles(read, len(v), qs)
+        expect_med = float(np.median(v))
     np.testing.assert_array_equal(got, expect)
     np.testing.assert_array_equal(med, expect_med)
 
@@ -58,9 +58,9 @@ def test_a_bucket_too_large_to_collect_is_split_again():
     v = (base + rng.integers(0, 1 << 20, 200_000).astype(np.uint64)).view(np.float64)
     read = blocks_of(v, [70_000, 140_000])
     qs = [0, 12.5, 50, 99, 100]
-    assert cs.percentiles(read, len(v), qs) == [float(np.percentile(v, q)) for q in qs]
+    assert cs.median_and_percentiles(read, len(v), qs)[1] == [float(np.percentile(v, q)) for q in qs]
     same = np.full(100_000, 0.25)
-    assert cs.median(blocks_of(same, [1]), len(same)) == 0.25
+    assert cs.median_and_percentiles(blocks_of(same, [1]), len(same), ())[0] == 0.25
 
 
 def test_select_reads_the_column_a_few_times_only():
@@ -70,5 +70,6 @@ def test_select_reads_the_column_a_few_times_only():
     def read():
         reads.append(1)
         yield from blocks_of(v, [100_000, 200_000])()
-    assert cs.percentiles(read, len(v), [50, 90, 99]) == pytest.approx(np.percentile(v, [50, 90, 99]), abs=0)
+    _, got = cs.median_and_percentiles(read, len(v), [50, 90, 99])
+    assert got == pytest.approx(np.percentile(v, [50, 90, 99]), abs=0)
     assert len(reads) <= 4  # two histogram passes and one collect pass here (each a read of the column)
