@@ -8,8 +8,9 @@ Two glibc behaviours made its RSS grow with the run anyway, measured on the 10M-
   temporaries then left the heap fragmented: after 3M requests 340 MB of arena of which 290 MB free,
   while 30-60 MB was in use. A fixed threshold (`map_large_blocks`, 4 MiB) keeps big blocks in their own
   mappings, returned to the OS when freed: the arena stays at ~40 MB (15 MB free) and RSS at 0.3 GB.
-- Freed chunks below the threshold stay in the arenas; `release_free_memory` (`malloc_trim(0)`, ~1 ms)
-  returns their whole free pages, every ~1M requests and before the summary reads whole columns.
+- Freed chunks below the threshold stay in the arenas; `release_free_memory` (`malloc_trim(0)`, 7-20 ms
+  on a long run's heap) returns their whole free pages: after reading the trace, after every 65,536
+  request rows, and before the summary.
 - Arrow's default pool (mimalloc) keeps what it freed: checking the 10M-row trace file alone left the
   process at 312 MB resident (139 MB after `release_unused`). `map_large_blocks` also moves Arrow to
   the system allocator, so Arrow's buffers follow the two rules above.

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import numpy as np
 import pandas as pd
 
-from simulator.column_stats import Blocks, median_and_percentiles, weighted_percentiles
+from pagelab.column_stats import Blocks, median_and_percentiles, weighted_percentiles
 from simulator.request_log import RequestColumns, frame_blocks, output_tokens
 
 Requests = pd.DataFrame | RequestColumns  # a request table, in memory or streamed to a file

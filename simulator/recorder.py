@@ -26,9 +26,10 @@ _INT_COLUMNS = ("step", "num_steps", "num_running", "num_waiting", "num_swapped"
 MEMORY_DTYPES = {c: np.dtype(np.int64 if c in _INT_COLUMNS else np.float64) for c in MEMORY_COLUMNS}
 _DT = MEMORY_COLUMNS.index("dt_s")
 EVENT_COLUMNS = tuple((c, str(t)) for c, t in EVENT_DTYPES.items())
-# Acquisitions paired per batch (at most): a 1M-acquisition batch's numpy temporaries (~150 MB) were the
-# peaks of a long run's RSS over its ~300 MB steady state (docs/simulator-performance.md, fourth pass).
-PAIR_BATCH_ROWS = 1 << 18
+# Acquisitions paired per batch (at most): a batch's numpy temporaries and its Parquet write are the
+# peaks of a long run's RSS (docs/simulator-performance.md, fourth and fifth passes): 2^20 took ~150 MB;
+# on the 1M-request run 2^18 peaked at 338-344 MB, 2^16 at 298 MB, for the same CPU time.
+PAIR_BATCH_ROWS = 1 << 16
 
 
 class EventRecorder(RegionRecorder):

@@ -26,6 +26,11 @@ EVENT_DTYPES = {f.name: np.dtype(f.type.to_pandas_dtype()) for f in EVENT_SCHEMA
 # 1M-request run's tenures: 15.9 MB per 4.2 M rows, against 23 MB with byte-stream-split times and
 # delta / plain ints, and 17.9 MB with snappy; zstd level 1 costs about what snappy does.
 _EVENT_ENCODING: dict = {}
+EVENT_GROUP_ROWS = 1 << 18  # tenures per row group at least (the pairing hands on ~2^16 at a time)
+# The memory and request tables are the opposite: mostly distinct times and fractions, so dictionaries
+# are built only to be dropped. Plain + zstd, measured on the 1M-request run's tables (16 row groups
+# each): memory 45.6 MB instead of 48.5, requests 61.6 instead of 78.9, writes 9-40% faster, and a
+# request batch's write takes ~7 MB instead of ~35 MB at once (a peak of a long run's RSS).
 
 
 def empty_table(dtypes: dict[str, np.dtype]) -> pd.DataFrame:
@@ -93,26 +98,42 @@ class ParquetSink(TableSink):
     reader load only the tenures of a time window (viz does).
     """
 
-    def __init__(self, path: str | Path, schema: pa.Schema, batch_rows: int = 1 << 20, **options) -> None:
+    def __init__(self, path: str | Path, schema: pa.Schema, batch_rows: int = 1 << 20, group_rows: int = 0,
+                 **options) -> None:
         self.path = Path(path)
         self.schema = schema
         self.num_rows = 0
         self.batch_rows = batch_rows
+        # Batches are gathered (by reference: no copy) into row groups of at least `group_rows` rows. The
+        # writer keeps ~6 KB per row group until it closes: 2^16-row groups of a 10M run's 316M tenures
+        # would hold ~30 MB by the end, memory that grows with the run.
+        self.group_rows = group_rows
+        self._gathered: list[pa.Table] = []
+        self._num_gathered = 0
         self._writer = pq.ParquetWriter(self.path, schema, compression="zstd", compression_level=1,
                                         **options)
 
     def write(self, columns: dict[str, np.ndarray]) -> None:
-        """Append the batch to the file."""
+        """Append the batch to the file (or to the row group being gathered)."""
         n = len(next(iter(columns.values())))
         if n:
-            table = pa.Table.from_arrays([pa.array(columns[f.name], f.type) for f in self.schema],
-                                         schema=self.schema)
-            self._writer.write_table(table, row_group_size=max(n, 1 << 20))
+            self._gathered.append(pa.Table.from_arrays(
+                [pa.array(columns[f.name], f.type) for f in self.schema], schema=self.schema))
+            self._num_gathered += n
             self.num_rows += n
+            if self._num_gathered >= self.group_rows:
+                self._write_gathered()
+
+    def _write_gathered(self) -> None:
+        if self._gathered:
+            table = pa.concat_tables(self._gathered)  # chunked: the batches are not copied
+            self._writer.write_table(table, row_group_size=max(self._num_gathered, 1 << 20))
+            self._gathered, self._num_gathered = [], 0
 
     def close(self) -> None:
         """Write the footer (an empty table still gets its schema)."""
         if self._writer is not None:
+            self._write_gathered()
             self._writer.close()
             self._writer = None
 
@@ -142,18 +163,20 @@ class CsvSink(TableSink):
             self._writer = None
 
 
-def ParquetEventSink(path: str | Path, batch_rows: int = 1 << 20) -> ParquetSink:  # noqa: N802 - a sink type
+def ParquetEventSink(path: str | Path, batch_rows: int = 1 << 20,  # noqa: N802 - a sink type
+                     group_rows: int = EVENT_GROUP_ROWS) -> ParquetSink:
     """A Parquet sink with the events table's schema and encodings."""
-    return ParquetSink(path, EVENT_SCHEMA, batch_rows, **_EVENT_ENCODING)
+    return ParquetSink(path, EVENT_SCHEMA, batch_rows, group_rows=group_rows, **_EVENT_ENCODING)
 
 
-def open_event_sink(path_stem: str | Path, table_format: str = "parquet", batch_rows: int = 1 << 20
-                    ) -> TableSink:
-    """A file sink for the run folder's events table: PATH_STEM.parquet or PATH_STEM.csv."""
+def open_event_sink(path_stem: str | Path, table_format: str = "parquet", batch_rows: int = 1 << 20,
+                    group_rows: int = EVENT_GROUP_ROWS) -> TableSink:
+    """A file sink for the run folder's events table: PATH_STEM.parquet or PATH_STEM.csv (Parquet row
+    groups of at least `group_rows` tenures)."""
     stem = Path(path_stem)
     if table_format == "csv":
         return CsvSink(stem.with_suffix(".csv"), EVENT_SCHEMA, batch_rows)
-    return ParquetEventSink(stem.with_suffix(".parquet"), batch_rows)
+    return ParquetEventSink(stem.with_suffix(".parquet"), batch_rows, group_rows)
 
 
 def open_table_sink(path_stem: str | Path, dtypes: dict[str, np.dtype], table_format: str = "parquet",
@@ -162,4 +185,4 @@ def open_table_sink(path_stem: str | Path, dtypes: dict[str, np.dtype], table_fo
     stem = Path(path_stem)
     if table_format == "csv":
         return CsvSink(stem.with_suffix(".csv"), _schema(dtypes), batch_rows)
-    return ParquetSink(stem.with_suffix(".parquet"), _schema(dtypes), batch_rows)
+    return ParquetSink(stem.with_suffix(".parquet"), _schema(dtypes), batch_rows, use_dictionary=False)

@@ -100,6 +100,7 @@ def canonical_blocks(blocks: Iterable[dict[str, np.ndarray]]) -> bool:
                 and all(((c[k] >= 1) & (c[k] <= MAX_COUNT)).all() for k in COUNT_COLUMNS)):
             return False
         last_arrival, last_id = arrival[-1], ids[-1]
+        del c, arrival, ids  # before the next block is read: one block in memory, not two
     return True
 
 def _validate(raw: RawTrace, source: str, warnings: list[str] | None) -> pd.DataFrame:

@@ -22,7 +22,7 @@ def test_streamed_events_read_back_equal_to_the_in_memory_frame(tmp_path, fmt, b
     trace = _trace()
     cfg = SimConfig(capacity_tokens=6000)  # small pool: preemptions, many short tenures
     mem = simulate(trace, cfg)
-    sink = open_event_sink(tmp_path / "events", fmt, batch_rows=batch_rows)
+    sink = open_event_sink(tmp_path / "events", fmt, batch_rows=batch_rows, group_rows=0)
     streamed = simulate(trace, cfg, events=sink)
     assert streamed.events is None and streamed.num_events == len(mem.events) > 1000
     path = tmp_path / f"events.{fmt}"
@@ -34,6 +34,20 @@ def test_streamed_events_read_back_equal_to_the_in_memory_frame(tmp_path, fmt, b
     assert (np.diff(t_end) >= 0).all()
     if fmt == "parquet" and batch_rows == 37:
         assert pq.ParquetFile(path).metadata.num_row_groups > 10  # written as the run went
+
+
+def test_batches_are_gathered_into_row_groups_of_at_least_group_rows(tmp_path):
+    trace = _trace()
+    cfg = SimConfig(capacity_tokens=6000)
+    mem = simulate(trace, cfg)
+    sink = open_event_sink(tmp_path / "events", batch_rows=37, group_rows=300)
+    streamed = simulate(trace, cfg, events=sink)
+    assert streamed.num_events == len(mem.events) > 1000
+    meta = pq.ParquetFile(tmp_path / "events.parquet").metadata
+    sizes = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+    assert sum(sizes) == len(mem.events) and len(sizes) > 2
+    assert min(sizes[:-1]) >= 300 and max(sizes) < 300 + 37 * 4  # gathered, then written
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "events.parquet"), mem.events)
 
 
 def test_batch_size_does_not_change_the_table_with_prefix_sharing():

@@ -3,11 +3,15 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from traces import load_trace, validate_trace
-from traces.stats import trace_info
+from traces.chunks import FrameChunks
+from traces.stats import PERCENTILES, trace_info
 
 
 def test_trace_info_small_trace():
@@ -66,3 +70,21 @@ def test_azure_conv_figures():
     assert info["prompt_len"]["max"] == 14_050
     assert info["output_len"]["max"] == 1000
     assert info["mean_rate_per_s"] == pytest.approx(5.53, abs=0.01)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 5000), st.integers(1, 2**40)), min_size=1, max_size=300),
+       st.integers(1, 64))
+def test_length_statistics_read_in_blocks_are_numpys_on_the_whole_column(lengths, block):
+    prompt = np.array([p for p, _ in lengths], np.int64)
+    output = np.array([o for _, o in lengths], np.int64)
+    df = validate_trace(pd.DataFrame({"arrival_s": np.arange(len(prompt), dtype=float),
+                                      "prompt_len": prompt, "output_len": output}))
+    info = trace_info(FrameChunks(df, max_rows=block))  # blocks cut anywhere
+    for col, values in (("prompt_len", prompt), ("output_len", output)):
+        expected = np.percentile(values, PERCENTILES)
+        assert [info[col][f"p{q}"] for q in PERCENTILES] == expected.tolist()
+        assert info[col]["max"] == int(values.max())
+        assert info[col]["mean"] == pytest.approx(float(values.mean()), rel=1e-12)
+    assert info["total_tokens"] == int(prompt.sum() + output.sum())
+    assert info == trace_info(df)

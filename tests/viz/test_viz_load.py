@@ -111,7 +111,7 @@ def test_big_events_tables_are_read_by_time_window(tmp_path, monkeypatch):
     folder.mkdir()
     trace = generate_trace(SyntheticConfig(num_requests=150, rate=40.0, seed=2))
     res = simulate(trace, SimConfig(capacity_tokens=6000),
-                   events=open_event_sink(folder / "events", batch_rows=200))
+                   events=open_event_sink(folder / "events", batch_rows=200, group_rows=0))
     (folder / "config.json").write_text('{"allocator": "paged"}')
     (folder / "summary.json").write_text("{}")
     monkeypatch.setattr(viz.load, "WINDOW_READ_ROWS", 100)

@@ -1,4 +1,4 @@
-"""simulator.column_stats: exact percentiles of a column read in blocks, equal to numpy's on the whole."""
+"""pagelab.column_stats: exact percentiles of a column read in blocks, equal to numpy's on the whole."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator import column_stats as cs
+from pagelab import column_stats as cs
 
 
 def blocks_of(values: np.ndarray, cuts: list[int], weights: np.ndarray | None = None):
