@@ -14,13 +14,17 @@ Two glibc behaviours made its RSS grow with the run anyway, measured on the 10M-
 - Arrow's default pool (mimalloc) keeps what it freed: checking the 10M-row trace file alone left the
   process at 312 MB resident (139 MB after `release_unused`). `map_large_blocks` also moves Arrow to
   the system allocator, so Arrow's buffers follow the two rules above.
+- Each thread that allocates gets its own arena: the tenure-pairing thread's grew from 18 to 39 MB
+  over a 4M-request run (about half of it free), beside a main arena with 20-27 MB free. One arena for
+  all threads (`M_ARENA_MAX` 1) lets each reuse the other's free space: a 3M-request run peaked at
+  243 MB instead of 252 MB (loop median 222 vs 232 MB), half the system time, the same wall time.
 """
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 
-_M_MMAP_THRESHOLD = -3  # mallopt parameter (malloc.h)
+_M_MMAP_THRESHOLD, _M_ARENA_MAX = -3, -8  # mallopt parameters (malloc.h)
 LARGE_BLOCK_BYTES = 4 << 20
 
 
@@ -47,10 +51,13 @@ def release_free_memory() -> bool:
 
 def map_large_blocks(threshold: int = LARGE_BLOCK_BYTES) -> bool:
     """Serve blocks of at least `threshold` bytes from their own mappings from now on, in this process
-    (fixes glibc's otherwise rising threshold), Arrow's included; True when glibc took the setting."""
+    (fixes glibc's otherwise rising threshold), Arrow's included, and every thread from one arena
+    (call it before threads allocate); True when glibc took the settings."""
     if _LIBC is None:
         return False
     import pyarrow as pa
 
     pa.set_memory_pool(pa.system_memory_pool())
-    return bool(_LIBC.mallopt(_M_MMAP_THRESHOLD, threshold))
+    took_threshold = _LIBC.mallopt(_M_MMAP_THRESHOLD, threshold)
+    took_arenas = _LIBC.mallopt(_M_ARENA_MAX, 1)
+    return bool(took_threshold and took_arenas)
