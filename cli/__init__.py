@@ -5,7 +5,12 @@ Each command group lives in its own module and registers itself on `app` when im
 import signal
 import sys
 
-import typer
+from pagelab.memory import one_arena
+
+# Before anything imports numpy: see pagelab/memory.py (one malloc arena keeps a long run's RSS flat).
+one_arena()
+
+import typer  # noqa: E402
 
 HELP = {"help_option_names": ["-h", "--help"]}
 

@@ -16,8 +16,10 @@ Two glibc behaviours made its RSS grow with the run anyway, measured on the 10M-
   the system allocator, so Arrow's buffers follow the two rules above.
 - Each thread that allocates gets its own arena: the tenure-pairing thread's grew from 18 to 39 MB
   over a 4M-request run (about half of it free), beside a main arena with 20-27 MB free. One arena for
-  all threads (`M_ARENA_MAX` 1) lets each reuse the other's free space: a 3M-request run peaked at
-  243 MB instead of 252 MB (loop median 222 vs 232 MB), half the system time, the same wall time.
+  all threads (`one_arena`, `M_ARENA_MAX` 1) lets each reuse the other's free space: a 3M-request run
+  peaked at 243 MB instead of 252 MB (loop median 222 vs 232 MB), half the system time, the same wall
+  time. The setting binds only threads without an arena, and importing numpy starts OpenBLAS threads
+  that take one, so the CLI calls `one_arena` first thing (cli/__init__.py).
 """
 from __future__ import annotations
 
@@ -49,6 +51,12 @@ def release_free_memory() -> bool:
     return bool(_LIBC.malloc_trim(0)) if _LIBC is not None else False
 
 
+def one_arena() -> bool:
+    """Serve every thread from one malloc arena; True when glibc took the setting. It binds only threads
+    that have no arena yet: call it before numpy is imported (OpenBLAS's threads take one at import)."""
+    return bool(_LIBC.mallopt(_M_ARENA_MAX, 1)) if _LIBC is not None else False
+
+
 def map_large_blocks(threshold: int = LARGE_BLOCK_BYTES) -> bool:
     """Serve blocks of at least `threshold` bytes from their own mappings from now on, in this process
     (fixes glibc's otherwise rising threshold), Arrow's included, and every thread from one arena
@@ -59,5 +67,4 @@ def map_large_blocks(threshold: int = LARGE_BLOCK_BYTES) -> bool:
 
     pa.set_memory_pool(pa.system_memory_pool())
     took_threshold = _LIBC.mallopt(_M_MMAP_THRESHOLD, threshold)
-    took_arenas = _LIBC.mallopt(_M_ARENA_MAX, 1)
-    return bool(took_threshold and took_arenas)
+    return bool(took_threshold) and one_arena()

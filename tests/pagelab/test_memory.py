@@ -38,3 +38,27 @@ def test_without_glibc_both_are_no_ops(monkeypatch):
     monkeypatch.setattr(memory, "_LIBC", None)
     assert memory.map_large_blocks() is False
     assert memory.release_free_memory() is False
+
+
+@glibc
+def test_the_cli_keeps_every_thread_on_one_arena():
+    import subprocess
+    import sys
+
+    # malloc_info lists one <heap> per arena; numpy's OpenBLAS threads took a second one before.
+    code = (
+        "import ctypes, re, tempfile, threading\n"
+        "import cli, numpy\n"
+        "worker = threading.Thread(target=lambda: [numpy.ones(100_000) for _ in range(20)])\n"
+        "worker.start(); worker.join()\n"
+        "libc = ctypes.CDLL('libc.so.6')\n"
+        "libc.fopen.restype = ctypes.c_void_p\n"
+        "libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]\n"
+        "libc.fclose.argtypes = [ctypes.c_void_p]\n"
+        "libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]\n"
+        "path = tempfile.NamedTemporaryFile(delete=False).name\n"
+        "fp = libc.fopen(path.encode(), b'w'); libc.malloc_info(0, fp); libc.fclose(fp)\n"
+        "print(len(re.findall('<heap nr=', open(path).read())))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "1"
