@@ -37,7 +37,6 @@ _INT_VALUES = ("request_id", "prompt_len", "output_len", "n", "beam_width", "num
 _FLOAT_VALUES = ("arrival_s", "admitted_s", "first_token_s", "finish_s")
 _ROW_COLUMNS = (*TRACE_COLUMNS, "admitted_s", "first_token_s", "finish_s", "num_preemptions", "rejected",
                 "prefix_hit_tokens")
-_TRIM_EVERY = 1  # batches (65,536 requests) between returns of freed heap to the OS: each costs 7-20 ms
 
 
 def derived_columns(arrival: np.ndarray, output: np.ndarray, admitted: np.ndarray, first_token: np.ndarray,
@@ -92,7 +91,6 @@ class RequestLog:
         self._done: set[int] = set()
         self.next_row = 0  # rows before this one have been handed on
         self._ints, self._floats = array("q"), array("d")  # finished rows not yet handed on
-        self._num_flushes = 0
 
     def open(self, row: int, values: tuple) -> None:
         """Request `row` (its TRACE_COLUMNS `values`) is built: it has no times yet."""
@@ -134,9 +132,7 @@ class RequestLog:
                                 cols["first_token_s"], cols["finish_s"])
         self.totals.add(cols)
         self.sink.write(cols)
-        self._num_flushes += 1
-        if self._num_flushes % _TRIM_EVERY == 0:
-            release_free_memory()  # see pagelab/memory.py
+        release_free_memory()  # after every batch (7-20 ms): see pagelab/memory.py
 
     def finish_run(self) -> TableSink:
         """Hand on the last rows (every request must be closed) and close the sink."""

@@ -92,7 +92,8 @@ class FrameSink(TableSink):
 
 
 class ParquetSink(TableSink):
-    """Writes each batch as (at least) one row group of a Parquet file as it comes.
+    """Writes batches to a Parquet file as they come, each as (at least) one row group, or gathered into
+    row groups of at least `group_rows` rows.
 
     Event row groups follow release time, so their min/max statistics on t_start_s / t_end_s let a
     reader load only the tenures of a time window (viz does).
