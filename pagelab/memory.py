@@ -1,7 +1,7 @@
 """Keep a long run's resident memory to what it holds (glibc's allocator; elsewhere these do nothing).
 
 A simulation frees as much as it allocates (requests come and go, event batches are paired and written).
-Two glibc behaviours made its RSS grow with the run anyway, measured on the 10M-request trace:
+Four allocator behaviours made its RSS grow with the run anyway, measured on the 10M-request trace:
 
 - glibc's mmap threshold is dynamic: once a large block (a pairing batch's 8 MB numpy temporary) is
   freed, blocks up to that size come from the heap from then on. The pairing thread's batch-sized

@@ -14,8 +14,9 @@ from collections.abc import Iterator
 import numpy as np
 import pandas as pd
 
-from pagelab.column_stats import Blocks, median_and_percentiles, weighted_percentiles
-from simulator.request_log import RequestColumns, frame_blocks, output_tokens
+from pagelab.column_stats import BLOCK_ROWS, Blocks, median_and_percentiles, weighted_percentiles
+from simulator.request_log import RequestColumns, output_tokens
+from traces.chunks import FrameChunks
 
 Requests = pd.DataFrame | RequestColumns  # a request table, in memory or streamed to a file
 METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -47,7 +48,7 @@ def _blocks(requests: Requests, names: tuple[str, ...]) -> Iterator[dict[str, np
     10M-request table is never read whole (column_stats.py)."""
     if isinstance(requests, RequestColumns):
         return requests.blocks(names)
-    return frame_blocks(requests, names)
+    return FrameChunks(requests).iter_chunks(names, BLOCK_ROWS)
 
 
 def _finite(requests: Requests, name: str) -> Blocks:
@@ -183,8 +184,8 @@ def queue_lengths(requests: Requests, times: np.ndarray) -> np.ndarray:
     waiting = np.zeros(len(t), np.int64)
     for b in _blocks(requests, ("rejected", "arrival_s", "admitted_s")):
         kept = ~b["rejected"].astype(bool, copy=False)
-        arrival, admitted = b["arrival_s"][kept], b["admitted_s"][kept]  # never admitted: NaN, never <= t
-        waiting += (arrival[None, :] <= t[:, None]).sum(1) - (admitted[None, :] <= t[:, None]).sum(1)
+        arrival, admitted = np.sort(b["arrival_s"][kept]), np.sort(b["admitted_s"][kept])  # NaN sorts last
+        waiting += np.searchsorted(arrival, t, side="right") - np.searchsorted(admitted, t, side="right")
     return waiting
 
 

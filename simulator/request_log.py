@@ -18,7 +18,7 @@ import numpy as np
 from pagelab.column_stats import BLOCK_ROWS
 from pagelab.memory import release_free_memory
 from simulator.sinks import FrameSink, TableSink
-from traces.chunks import parquet_batches
+from traces.chunks import FrameChunks, parquet_batches
 
 TRACE_COLUMNS = ("request_id", "arrival_s", "prompt_len", "output_len", "n", "beam_width")
 REQUEST_DTYPES = {
@@ -175,7 +175,7 @@ class RequestColumns:
     def blocks(self, names: tuple[str, ...]) -> Iterator[dict[str, np.ndarray]]:
         """The columns `names`, `BLOCK_ROWS` rows at a time (the last block shorter), wherever they live."""
         if self.frame is not None:
-            yield from frame_blocks(self.frame, names)
+            yield from FrameChunks(self.frame).iter_chunks(names, BLOCK_ROWS)
             return
         if str(self.path).endswith(".csv"):
             import pandas as pd
@@ -186,13 +186,6 @@ class RequestColumns:
             return
         # Batches end at row-group boundaries: re-cut them so that sums add the same blocks as in memory.
         yield from _reblock(parquet_batches(self.path, names, BLOCK_ROWS), BLOCK_ROWS)
-
-
-def frame_blocks(frame, names: tuple[str, ...]) -> Iterator[dict[str, np.ndarray]]:
-    """The columns `names` of a DataFrame, `BLOCK_ROWS` rows at a time (views, no copy)."""
-    cols = {c: frame[c].to_numpy() for c in names}
-    for at in range(0, len(frame), BLOCK_ROWS):
-        yield {c: v[at:at + BLOCK_ROWS] for c, v in cols.items()}
 
 
 def _reblock(batches: Iterator[dict[str, np.ndarray]], rows: int) -> Iterator[dict[str, np.ndarray]]:

@@ -13,14 +13,21 @@ from traces.chunks import FrameChunks, TraceChunks
 PERCENTILES = (50, 90, 99)
 
 
-def _describe(trace: TraceChunks, col: str) -> tuple[dict[str, float], int]:
-    """Mean, p50/p90/p99 and max of a length column (and its sum), read a block at a time: the
-    percentiles are np.percentile's, by selection over the blocks (pagelab/column_stats.py)."""
-    total = top = 0
+def _totals(trace: TraceChunks, col: str) -> tuple[int, int, int]:
+    """Sum, max and number of values above 1 of a count column, read a block at a time."""
+    total = top = above = 0
     for c in trace.iter_chunks((col,), BLOCK_ROWS):
         values = c[col].astype(np.int64, copy=False)
         total += int(values.sum())
         top = max(top, int(values.max()))
+        above += int((values > 1).sum())
+    return total, top, above
+
+
+def _describe(trace: TraceChunks, col: str) -> tuple[dict[str, float], int]:
+    """Mean, p50/p90/p99 and max of a length column (and its sum), read a block at a time: the
+    percentiles are np.percentile's, by selection over the blocks (pagelab/column_stats.py)."""
+    total, top, _ = _totals(trace, col)
     blocks = lambda: ((c[col], None) for c in trace.iter_chunks((col,), BLOCK_ROWS))  # noqa: E731
     _, pct = median_and_percentiles(blocks, trace.num_rows, PERCENTILES)
     out = {"mean": total / trace.num_rows}
@@ -31,16 +38,10 @@ def _describe(trace: TraceChunks, col: str) -> tuple[dict[str, float], int]:
 
 def _uses(trace: TraceChunks, col: str) -> dict[str, float | int]:
     """Mean, max and number of requests above 1 of the n or beam_width column (1 where absent)."""
-    num = trace.num_rows
     if col not in trace.columns:
         return {"mean": 1.0, "max": 1, "requests_above_1": 0}
-    total = top = above = 0
-    for c in trace.iter_chunks((col,), BLOCK_ROWS):
-        values = c[col].astype(np.int64, copy=False)
-        total += int(values.sum())
-        top = max(top, int(values.max()))
-        above += int((values > 1).sum())
-    return {"mean": total / num, "max": top, "requests_above_1": above}
+    total, top, above = _totals(trace, col)
+    return {"mean": total / trace.num_rows, "max": top, "requests_above_1": above}
 
 
 def mean_rate(arrival_s: np.ndarray) -> float | None:
