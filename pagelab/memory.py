@@ -1,7 +1,7 @@
 """Keep a long run's resident memory to what it holds (glibc's allocator; elsewhere these do nothing).
 
 A simulation frees as much as it allocates (requests come and go, event batches are paired and written).
-Four allocator behaviours made its RSS grow with the run anyway, measured on the 10M-request trace:
+Five allocator behaviours made its RSS grow with the run anyway, measured on the 10M-request trace:
 
 - glibc's mmap threshold is dynamic: once a large block (a pairing batch's 8 MB numpy temporary) is
   freed, blocks up to that size come from the heap from then on. The pairing thread's batch-sized
@@ -14,6 +14,12 @@ Four allocator behaviours made its RSS grow with the run anyway, measured on the
 - Arrow's default pool (mimalloc) keeps what it freed: checking the 10M-row trace file alone left the
   process at 312 MB resident (139 MB after `release_unused`). `map_large_blocks` also moves Arrow to
   the system allocator, so Arrow's buffers follow the two rules above.
+- Reading and checking a trace before the run (a 10M-row file: 153 batches of 65,536 rows, ~0.5 MB a
+  column) left the heap at 67 MB with 41 MB free in holes (1M rows: 39 MB, 14 free); trimming returned
+  the pages, but the loop then spread its working set over the holes and sat ~20 MB higher for the whole
+  10M run. `map_large_blocks(READ_BLOCK_BYTES)` while the trace is read (the CLI does, then `simulate`
+  sets 4 MiB for the loop) keeps those buffers out of the heap: 28 MB of heap at the first step for both
+  traces, and a start-up peak of 161 MB instead of 198 MB at 10M.
 - Each thread that allocates gets its own arena: the tenure-pairing thread's grew from 18 to 39 MB
   over a 4M-request run (about half of it free), beside a main arena with 20-27 MB free. One arena for
   all threads (`one_arena`, `M_ARENA_MAX` 1) lets each reuse the other's free space: a 3M-request run
@@ -27,7 +33,8 @@ import ctypes
 import ctypes.util
 
 _M_MMAP_THRESHOLD, _M_ARENA_MAX = -3, -8  # mallopt parameters (malloc.h)
-LARGE_BLOCK_BYTES = 4 << 20
+LARGE_BLOCK_BYTES = 4 << 20  # for the loop
+READ_BLOCK_BYTES = 256 << 10  # while a trace is read in batches, before the loop
 
 
 def _libc():

@@ -27,9 +27,10 @@ MEMORY_DTYPES = {c: np.dtype(np.int64 if c in _INT_COLUMNS else np.float64) for 
 _DT = MEMORY_COLUMNS.index("dt_s")
 EVENT_COLUMNS = tuple((c, str(t)) for c, t in EVENT_DTYPES.items())
 # Acquisitions paired per batch (at most): a batch's numpy temporaries and its Parquet write are the
-# peaks of a long run's RSS (docs/simulator-performance.md, fourth and fifth passes): 2^20 took ~150 MB;
-# on the 1M-request run 2^18 peaked at 338-344 MB, 2^16 at 298 MB, for the same CPU time.
-PAIR_BATCH_ROWS = 1 << 16
+# peaks of a long run's RSS (docs/simulator-performance.md, fourth to sixth passes): 2^20 took ~150 MB;
+# on the 1M-request run 2^18 peaked at 338-344 MB, 2^16 at 298 MB, for the same CPU time. Later, with the
+# other peaks gone, 2^16 -> 2^14 took the loop's median RSS from 222 to 200 MB; 2^12 cost 15% more CPU.
+PAIR_BATCH_ROWS = 1 << 14
 
 
 class EventRecorder(RegionRecorder):

@@ -26,11 +26,16 @@ EVENT_DTYPES = {f.name: np.dtype(f.type.to_pandas_dtype()) for f in EVENT_SCHEMA
 # 1M-request run's tenures: 15.9 MB per 4.2 M rows, against 23 MB with byte-stream-split times and
 # delta / plain ints, and 17.9 MB with snappy; zstd level 1 costs about what snappy does.
 _EVENT_ENCODING: dict = {}
-EVENT_GROUP_ROWS = 1 << 18  # tenures per row group at least (the pairing hands on ~2^16 at a time)
+EVENT_GROUP_ROWS = 1 << 18  # tenures per row group at least (the pairing hands on ~2^14 at a time)
 # The memory and request tables are the opposite: mostly distinct times and fractions, so dictionaries
 # are built only to be dropped. Plain + zstd, measured on the 1M-request run's tables (16 row groups
 # each): memory 45.6 MB instead of 48.5, requests 61.6 instead of 78.9, writes 9-40% faster, and a
 # request batch's write takes ~7 MB instead of ~35 MB at once (a peak of a long run's RSS).
+# Memory rows leave the MemoryLog 2^14 at a time (a 17-column batch is ~2.2 MB in each of its three forms:
+# flat array, numpy columns, Arrow arrays) and are gathered into 2^16-row groups: with 2^16-row batches
+# the flush was the largest allocation left on the 1M-request run's path (docs/simulator-performance.md).
+TABLE_BATCH_ROWS = 1 << 14
+TABLE_GROUP_ROWS = 1 << 16
 
 
 def empty_table(dtypes: dict[str, np.dtype]) -> pd.DataFrame:
@@ -181,9 +186,11 @@ def open_event_sink(path_stem: str | Path, table_format: str = "parquet", batch_
 
 
 def open_table_sink(path_stem: str | Path, dtypes: dict[str, np.dtype], table_format: str = "parquet",
-                    batch_rows: int = 1 << 16) -> TableSink:
-    """A file sink for a run folder's table of these dtypes (memory rows, request rows)."""
+                    batch_rows: int = TABLE_BATCH_ROWS, group_rows: int = TABLE_GROUP_ROWS) -> TableSink:
+    """A file sink for a run folder's table of these dtypes (memory rows, request rows): batches of
+    `batch_rows` rows asked for, Parquet row groups of at least `group_rows`."""
     stem = Path(path_stem)
     if table_format == "csv":
         return CsvSink(stem.with_suffix(".csv"), _schema(dtypes), batch_rows)
-    return ParquetSink(stem.with_suffix(".parquet"), _schema(dtypes), batch_rows, use_dictionary=False)
+    return ParquetSink(stem.with_suffix(".parquet"), _schema(dtypes), batch_rows, group_rows=group_rows,
+                       use_dictionary=False)

@@ -25,7 +25,7 @@ def streamed(tmp_path_factory):
     folder.mkdir()
     trace = generate_trace(SyntheticConfig(num_requests=300, rate=30.0, seed=4))
     simulate(trace, SimConfig(capacity_tokens=8000, mode="step", record_events=False),
-             memory=open_table_sink(folder / "memory", MEMORY_DTYPES, batch_rows=64),
+             memory=open_table_sink(folder / "memory", MEMORY_DTYPES, batch_rows=64, group_rows=0),
              requests=open_table_sink(folder / "requests", REQUEST_DTYPES, batch_rows=50))
     (folder / "config.json").write_text('{"allocator": "paged"}')
     (folder / "summary.json").write_text("{}")
