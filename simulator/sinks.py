@@ -31,9 +31,11 @@ EVENT_GROUP_ROWS = 1 << 18  # tenures per row group at least (the pairing hands 
 # are built only to be dropped. Plain + zstd, measured on the 1M-request run's tables (16 row groups
 # each): memory 45.6 MB instead of 48.5, requests 61.6 instead of 78.9, writes 9-40% faster, and a
 # request batch's write takes ~7 MB instead of ~35 MB at once (a peak of a long run's RSS).
-# Memory rows leave the MemoryLog 2^14 at a time (a 17-column batch is ~2.2 MB in each of its three forms:
-# flat array, numpy columns, Arrow arrays) and are gathered into 2^16-row groups: with 2^16-row batches
-# the flush was the largest allocation left on the 1M-request run's path (docs/simulator-performance.md).
+# Table sinks ask for 2^14-row batches and gather them into 2^16-row groups. The MemoryLog takes its batch
+# size from its sink: a 17-column batch is ~2.2 MB in each of its three forms (flat array, numpy columns,
+# Arrow arrays), and with 2^16-row batches its flush was the largest allocation left on the 1M-request
+# run's path (docs/simulator-performance.md). The RequestLog hands on 2^16-row batches of its own (its
+# totals are summed per batch), which fill a group each and are written as they come.
 TABLE_BATCH_ROWS = 1 << 14
 TABLE_GROUP_ROWS = 1 << 16
 
