@@ -49,6 +49,7 @@ def measure_once(trace: str | None, num_requests: int | None, config: SimConfig,
     With events on, the tenures stream into a Parquet file in a temporary folder as `simulate --out`
     does, and the time includes writing it (`events_mb` is its size).
     """
+    from pagelab.parquet_parts import table_bytes
     from simulator.simulate import simulate
     from simulator.sinks import ParquetEventSink
     df = _load(trace, num_requests, rate, lengths, seed)
@@ -58,7 +59,7 @@ def measure_once(trace: str | None, num_requests: int | None, config: SimConfig,
         t0 = time.perf_counter()
         result = simulate(df, config, events=ParquetEventSink(path) if config.record_events else None)
         wall = time.perf_counter() - t0
-        events_mb = path.stat().st_size / (1 << 20) if path.exists() else 0.0
+        events_mb = table_bytes(path) / (1 << 20) if path.exists() else 0.0
     s = result.summary
     return {
         "trace": trace or f"synthetic({lengths}, {rate:g} req/s)",

@@ -16,6 +16,8 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
+from pagelab.parquet_parts import PART_GROUPS, part_name
+
 # Compact types: pool offsets, sizes, request ids and counts all fit in int32 (the recorder checks).
 EVENT_SCHEMA = pa.schema([("request_id", pa.int32()), ("start", pa.int32()), ("size", pa.int32()),
                           ("t_start_s", pa.float64()), ("t_end_s", pa.float64()),
@@ -99,27 +101,43 @@ class FrameSink(TableSink):
 
 
 class ParquetSink(TableSink):
-    """Writes batches to a Parquet file as they come, each as (at least) one row group, or gathered into
-    row groups of at least `group_rows` rows.
+    """Writes batches to Parquet as they come, each as (at least) one row group, or gathered into row
+    groups of at least `group_rows` rows; a new part file every `part_groups` row groups
+    (pagelab/parquet_parts.py: a table that ends within its first part is a single file at `path`).
 
     Event row groups follow release time, so their min/max statistics on t_start_s / t_end_s let a
     reader load only the tenures of a time window (viz does).
     """
 
     def __init__(self, path: str | Path, schema: pa.Schema, batch_rows: int = 1 << 20, group_rows: int = 0,
-                 **options) -> None:
+                 part_groups: int = PART_GROUPS, **options) -> None:
+        if part_groups < 1:
+            raise ValueError(f"part_groups must be >= 1, got {part_groups}")
         self.path = Path(path)
         self.schema = schema
         self.num_rows = 0
         self.batch_rows = batch_rows
         # Batches are gathered (by reference: no copy) into row groups of at least `group_rows` rows. The
         # writer keeps ~6 KB per row group until it closes: 2^16-row groups of a 10M run's 316M tenures
-        # would hold ~30 MB by the end, memory that grows with the run.
+        # would hold ~30 MB by the end, memory that grows with the run; parts bound it.
         self.group_rows = group_rows
+        self.part_groups = part_groups
+        self._options = options
         self._gathered: list[pa.Table] = []
         self._num_gathered = 0
-        self._writer = pq.ParquetWriter(self.path, schema, compression="zstd", compression_level=1,
-                                        **options)
+        self._num_parts = 0
+        self._groups_in_part = 0
+        if self.path.is_file():
+            self.path.unlink()  # ParquetWriter replaced a file; a directory of parts is never removed
+        self.path.mkdir()
+        self._writer: pq.ParquetWriter | None = None
+        self._open_part()  # now: an empty table still gets a file with its schema
+
+    def _open_part(self) -> None:
+        self._writer = pq.ParquetWriter(self.path / part_name(self._num_parts), self.schema,
+                                        compression="zstd", compression_level=1, **self._options)
+        self._num_parts += 1
+        self._groups_in_part = 0
 
     def write(self, columns: dict[str, np.ndarray]) -> None:
         """Append the batch to the file (or to the row group being gathered)."""
@@ -134,16 +152,30 @@ class ParquetSink(TableSink):
 
     def _write_gathered(self) -> None:
         if self._gathered:
+            if self._writer is None:
+                self._open_part()
             table = pa.concat_tables(self._gathered)  # chunked: the batches are not copied
             self._writer.write_table(table, row_group_size=max(self._num_gathered, 1 << 20))
             self._gathered, self._num_gathered = [], 0
+            self._groups_in_part += 1
+            if self._groups_in_part >= self.part_groups:
+                self._writer.close()  # its footer entries go with it
+                self._writer = None
 
     def close(self) -> None:
-        """Write the footer (an empty table still gets its schema)."""
+        """Write the last footer (an empty table still gets its schema); one part becomes the file."""
+        if self._num_parts == 0:
+            return  # closed already
+        self._write_gathered()
         if self._writer is not None:
-            self._write_gathered()
             self._writer.close()
             self._writer = None
+        if self._num_parts == 1:
+            single = self.path.with_name(f".{self.path.name}.part")
+            (self.path / part_name(0)).rename(single)
+            self.path.rmdir()
+            single.rename(self.path)
+        self._num_parts = 0
 
 
 class CsvSink(TableSink):
@@ -172,27 +204,29 @@ class CsvSink(TableSink):
 
 
 def ParquetEventSink(path: str | Path, batch_rows: int = 1 << 20,  # noqa: N802 - a sink type
-                     group_rows: int = EVENT_GROUP_ROWS) -> ParquetSink:
+                     group_rows: int = EVENT_GROUP_ROWS, part_groups: int = PART_GROUPS) -> ParquetSink:
     """A Parquet sink with the events table's schema and encodings."""
-    return ParquetSink(path, EVENT_SCHEMA, batch_rows, group_rows=group_rows, **_EVENT_ENCODING)
+    return ParquetSink(path, EVENT_SCHEMA, batch_rows, group_rows=group_rows, part_groups=part_groups,
+                       **_EVENT_ENCODING)
 
 
 def open_event_sink(path_stem: str | Path, table_format: str = "parquet", batch_rows: int = 1 << 20,
-                    group_rows: int = EVENT_GROUP_ROWS) -> TableSink:
+                    group_rows: int = EVENT_GROUP_ROWS, part_groups: int = PART_GROUPS) -> TableSink:
     """A file sink for the run folder's events table: PATH_STEM.parquet or PATH_STEM.csv (Parquet row
     groups of at least `group_rows` tenures)."""
     stem = Path(path_stem)
     if table_format == "csv":
         return CsvSink(stem.with_suffix(".csv"), EVENT_SCHEMA, batch_rows)
-    return ParquetEventSink(stem.with_suffix(".parquet"), batch_rows, group_rows)
+    return ParquetEventSink(stem.with_suffix(".parquet"), batch_rows, group_rows, part_groups)
 
 
 def open_table_sink(path_stem: str | Path, dtypes: dict[str, np.dtype], table_format: str = "parquet",
-                    batch_rows: int = TABLE_BATCH_ROWS, group_rows: int = TABLE_GROUP_ROWS) -> TableSink:
+                    batch_rows: int = TABLE_BATCH_ROWS, group_rows: int = TABLE_GROUP_ROWS,
+                    part_groups: int = PART_GROUPS) -> TableSink:
     """A file sink for a run folder's table of these dtypes (memory rows, request rows): batches of
     `batch_rows` rows asked for, Parquet row groups of at least `group_rows`."""
     stem = Path(path_stem)
     if table_format == "csv":
         return CsvSink(stem.with_suffix(".csv"), _schema(dtypes), batch_rows)
     return ParquetSink(stem.with_suffix(".parquet"), _schema(dtypes), batch_rows, group_rows=group_rows,
-                       use_dictionary=False)
+                       part_groups=part_groups, use_dictionary=False)

@@ -70,17 +70,16 @@ class ParquetChunks(TraceChunks):
 
 
 def parquet_batches(path: Path, columns: tuple[str, ...], rows: int) -> Iterator[Columns]:
-    """A Parquet file's `columns` as numpy arrays, front to back, `rows` at a time (fewer where a row
-    group ends)."""
-    import pyarrow.parquet as pq
+    """A Parquet table's `columns` as numpy arrays, front to back, `rows` at a time (fewer where a row
+    group or a part ends); one file, or a directory of parts (pagelab/parquet_parts.py)."""
+    from pagelab.parquet_parts import iter_batches
 
     # Without pre-buffering, the reader keeps one buffered page range per column; with it (the
     # default), pyarrow kept ~15 MB more per million rows read until the iterator ended. One thread: each
     # decoding thread's malloc arena kept its own freed buffers (checking the 10M-row trace peaked at
     # 207 MB with threads, 181 MB without; the caller reads one batch at a time anyway).
-    with pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20) as f:
-        for batch in f.iter_batches(batch_size=rows, columns=list(columns), use_threads=False):
-            yield {c: batch.column(c).to_numpy(zero_copy_only=False) for c in columns}
+    for batch in iter_batches(path, list(columns), rows, pre_buffer=False, buffer_size=1 << 20):
+        yield {c: batch.column(c).to_numpy(zero_copy_only=False) for c in columns}
 
 
 _TYPES = {"request_id": "int64", "arrival_s": "double", "prompt_len": "int64", "output_len": "int64",

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
+from pagelab.parquet_parts import PartedFile, table_exists
 from viz.errors import VizError
 from viz.palette import STATE_ORDER, allocator_sort_key
 
@@ -46,9 +47,9 @@ def read_table(folder: Path, name: str, columns: tuple[str, ...] | None = None) 
     parquet, csv = folder / f"{name}.parquet", folder / f"{name}.csv"
     wanted = list(columns) if columns is not None else None
     try:
-        if parquet.is_file():
+        if table_exists(parquet):
             if columns is not None:
-                _check_schema(pq.ParquetFile(parquet), columns, parquet)
+                _check_schema(PartedFile(parquet), columns, parquet)
             path, df = parquet, pd.read_parquet(parquet, columns=wanted)
         elif csv.is_file():
             path, df = csv, pd.read_csv(csv, usecols=wanted)
@@ -92,7 +93,7 @@ def _sorted_groups(meta, column: str) -> list[tuple[float, float, int]] | None:
     return groups
 
 
-def _check_schema(f: pq.ParquetFile, columns: tuple[str, ...], path: Path) -> None:
+def _check_schema(f: PartedFile, columns: tuple[str, ...], path: Path) -> None:
     """VizError naming the file and the first of `columns` it lacks."""
     names = f.schema_arrow.names
     for col in columns:
@@ -121,13 +122,13 @@ class AllocatorRun:
         return df.sort_values("t_s", kind="stable", ignore_index=True)
 
     @cached_property
-    def _memory_file(self) -> pq.ParquetFile | None:
-        """The memory table's Parquet file when it is read in row groups (time-ordered, not yet loaded)."""
+    def _memory_file(self) -> PartedFile | None:
+        """The memory table's Parquet file(s) when read in row groups (time-ordered, not yet loaded)."""
         path = self.path / "memory.parquet"
-        if "memory" in self.__dict__ or not path.is_file():
+        if "memory" in self.__dict__ or not table_exists(path):
             return None
         try:
-            f = pq.ParquetFile(path, pre_buffer=False)
+            f = PartedFile(path, pre_buffer=False)
         except (OSError, ValueError) as exc:
             raise VizError(f"{path}: cannot read table ({exc})") from None
         if f.metadata.num_rows == 0 or _sorted_groups(f.metadata, "t_s") is None:
@@ -188,10 +189,10 @@ class AllocatorRun:
 
     def _events_metadata(self):
         path = self.path / "events.parquet"
-        if "events" in self.__dict__ or not path.is_file():
+        if "events" in self.__dict__ or not table_exists(path):
             return None
         try:
-            return pq.ParquetFile(path).metadata
+            return PartedFile(path).metadata
         except (OSError, ValueError) as exc:
             raise VizError(f"{path}: cannot read table ({exc})") from None
 

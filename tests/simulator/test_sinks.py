@@ -6,6 +6,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
+from pagelab.parquet_parts import PART_GROUPS, PartedFile, part_files
 from simulator.sim_config import SimConfig
 from simulator.simulate import simulate
 from simulator.sinks import EVENT_DTYPES, FrameSink, open_event_sink
@@ -33,7 +34,12 @@ def test_streamed_events_read_back_equal_to_the_in_memory_frame(tmp_path, fmt, b
     t_end = back["t_end_s"].to_numpy()
     assert (np.diff(t_end) >= 0).all()
     if fmt == "parquet" and batch_rows == 37:
-        assert pq.ParquetFile(path).metadata.num_row_groups > 10  # written as the run went
+        num_groups = PartedFile(path).metadata.num_row_groups
+        assert num_groups > 10  # written as the run went
+        # More row groups than one part holds: a directory of parts, each but the last one full.
+        assert path.is_dir() == (num_groups > PART_GROUPS)
+        assert [pq.ParquetFile(p).metadata.num_row_groups for p in part_files(path)][:-1] == \
+            [PART_GROUPS] * (len(part_files(path)) - 1)
 
 
 def test_batches_are_gathered_into_row_groups_of_at_least_group_rows(tmp_path):

@@ -96,12 +96,13 @@ def test_missing_allocator_folder(run_dir):
         load_run(run_dir)
 
 
-def test_big_events_tables_are_read_by_time_window(tmp_path, monkeypatch):
+@pytest.mark.parametrize("part_groups", [1 << 10, 2])  # one file; a directory of parts (2 row groups each)
+def test_big_events_tables_are_read_by_time_window(tmp_path, monkeypatch, part_groups):
     """A release-ordered Parquet events table (as simulate streams it) is read a window at a time."""
     import numpy as np
-    import pyarrow.parquet as pq
 
     import viz.load
+    from pagelab.parquet_parts import PartedFile
     from simulator.sim_config import SimConfig
     from simulator.simulate import simulate
     from simulator.sinks import open_event_sink
@@ -111,7 +112,8 @@ def test_big_events_tables_are_read_by_time_window(tmp_path, monkeypatch):
     folder.mkdir()
     trace = generate_trace(SyntheticConfig(num_requests=150, rate=40.0, seed=2))
     res = simulate(trace, SimConfig(capacity_tokens=6000),
-                   events=open_event_sink(folder / "events", batch_rows=200, group_rows=0))
+                   events=open_event_sink(folder / "events", batch_rows=200, group_rows=0,
+                                          part_groups=part_groups))
     (folder / "config.json").write_text('{"allocator": "paged"}')
     (folder / "summary.json").write_text("{}")
     monkeypatch.setattr(viz.load, "WINDOW_READ_ROWS", 100)
@@ -124,7 +126,8 @@ def test_big_events_tables_are_read_by_time_window(tmp_path, monkeypatch):
         pd.testing.assert_frame_equal(alloc.events_between(t0, t1).reset_index(drop=True), want)
     limit = len(whole) // 2
     end = alloc.early_events_end(limit)
-    meta = pq.ParquetFile(folder / "events.parquet").metadata
+    meta = PartedFile(folder / "events.parquet").metadata
+    assert (folder / "events.parquet").is_dir() == (part_groups == 2)
     biggest = max(meta.row_group(g).num_rows for g in range(meta.num_row_groups))
     assert meta.num_row_groups > 5
     # Ended by T: at least `limit` tenures; ended before T: fewer than `limit` plus one row group.

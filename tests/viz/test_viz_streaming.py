@@ -20,13 +20,15 @@ from viz.timeline import QUEUES, memory_series
 
 @pytest.fixture(scope="module")
 def streamed(tmp_path_factory):
-    """A paged run whose memory table has many row groups (as a long simulate --out writes it)."""
+    """A paged run whose memory table has many row groups in several part files (as a long simulate --out
+    writes it)."""
     folder = tmp_path_factory.mktemp("run") / "paged"
     folder.mkdir()
     trace = generate_trace(SyntheticConfig(num_requests=300, rate=30.0, seed=4))
     simulate(trace, SimConfig(capacity_tokens=8000, mode="step", record_events=False),
-             memory=open_table_sink(folder / "memory", MEMORY_DTYPES, batch_rows=64, group_rows=0),
-             requests=open_table_sink(folder / "requests", REQUEST_DTYPES, batch_rows=50))
+             memory=open_table_sink(folder / "memory", MEMORY_DTYPES, batch_rows=64, group_rows=0,
+                                    part_groups=3),
+             requests=open_table_sink(folder / "requests", REQUEST_DTYPES, batch_rows=50, part_groups=1))
     (folder / "config.json").write_text('{"allocator": "paged"}')
     (folder / "summary.json").write_text("{}")
     return folder
@@ -36,6 +38,7 @@ def test_the_table_is_read_in_row_groups(streamed):
     alloc = load_allocator(streamed)
     chunks = list(alloc.memory_chunks(("t_s", "dt_s")))
     assert len(chunks) > 5 and "memory" not in alloc.__dict__
+    assert len(list((streamed / "memory.parquet").glob("part-*.parquet"))) == -(-len(chunks) // 3)
     num_rows = len(pd.read_parquet(streamed / "memory.parquet"))
     assert alloc.num_memory_rows == sum(len(c) for c in chunks) == num_rows
 

@@ -1,0 +1,90 @@
+"""Parquet tables written in parts: NAME.parquet is one file, or a directory of part files in row order.
+
+A Parquet writer keeps every row group's footer entry (~870 bytes a column chunk, whatever the options)
+until it closes. A 10M-request run streams ~1,600 row groups into its three tables: ~13 MB that grew with
+the run and, allocated a group at a time between the loop's own allocations, kept heap pages from being
+returned (docs/simulator-performance.md, "seventh pass"). A streamed table therefore starts a new part
+file every `PART_GROUPS` row groups, so a writer holds at most that many entries. A table that ends within
+its first part is moved to NAME.parquet as a single file, the layout every small run has.
+
+pandas.read_parquet and pyarrow.parquet.read_table read either layout; `PartedFile` gives the row groups
+of both as one sequence (what pyarrow.parquet.ParquetFile gives for one file).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+PART_GROUPS = 64  # row groups per part file (events: 2^24 tenures, ~0.4 MB of footer held at most)
+PART_PATTERN = "part-*.parquet"
+
+
+def part_name(index: int) -> str:
+    """File name of part `index` (zero-padded: name order is row order)."""
+    return f"part-{index:05d}.parquet"
+
+
+def part_files(path: str | Path) -> list[Path]:
+    """The Parquet files holding a table, in row order: the file itself, or a directory's parts."""
+    path = Path(path)
+    return sorted(path.glob(PART_PATTERN)) if path.is_dir() else [path]
+
+
+def table_exists(path: str | Path) -> bool:
+    """Whether NAME.parquet is there, as a file or as a directory of parts."""
+    path = Path(path)
+    return path.is_file() or (path.is_dir() and bool(part_files(path)))
+
+
+def table_bytes(path: str | Path) -> int:
+    """Size on disk of a table in either layout."""
+    return sum(p.stat().st_size for p in part_files(path) if p.is_file())
+
+
+class _Metadata:
+    """The footer-level facts of a parted table that readers ask pyarrow's FileMetaData for."""
+
+    def __init__(self, files: list[pq.ParquetFile]) -> None:
+        self._groups = [(f, g) for f in files for g in range(f.metadata.num_row_groups)]
+        self.schema = files[0].metadata.schema
+        self.num_rows = sum(f.metadata.num_rows for f in files)
+        self.num_row_groups = len(self._groups)
+
+    def row_group(self, index: int):
+        """RowGroupMetaData of row group `index` counted across the parts."""
+        f, g = self._groups[index]
+        return f.metadata.row_group(g)
+
+
+class PartedFile:
+    """A table's row groups across its part files, read like one pyarrow.parquet.ParquetFile."""
+
+    def __init__(self, path: str | Path, **options) -> None:
+        self.path = Path(path)
+        names = part_files(self.path)
+        if not names:
+            raise OSError(f"{self.path}: a directory without Parquet parts ({PART_PATTERN})")
+        self.files = [pq.ParquetFile(p, **options) for p in names]
+        self.metadata = _Metadata(self.files)
+        self.schema_arrow = self.files[0].schema_arrow
+
+    def read_row_group(self, index: int, columns: list[str] | None = None) -> pa.Table:
+        """Row group `index` (counted across the parts)."""
+        f, g = self.metadata._groups[index]
+        return f.read_row_group(g, columns=columns)
+
+    def close(self) -> None:
+        """Close every part."""
+        for f in self.files:
+            f.close()
+
+
+def iter_batches(path: str | Path, columns: list[str], batch_size: int,
+                 **options) -> Iterator[pa.RecordBatch]:
+    """Record batches of a table in either layout, front to back, one part open at a time."""
+    for name in part_files(path):
+        with pq.ParquetFile(name, **options) as f:
+            yield from f.iter_batches(batch_size=batch_size, columns=columns, use_threads=False)
