@@ -81,6 +81,12 @@ class PartedFile:
         for f in self.files:
             f.close()
 
+    def __enter__(self) -> PartedFile:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
 
 def iter_batches(path: str | Path, columns: list[str], batch_size: int,
                  **options) -> Iterator[pa.RecordBatch]:

@@ -49,7 +49,8 @@ def read_table(folder: Path, name: str, columns: tuple[str, ...] | None = None) 
     try:
         if table_exists(parquet):
             if columns is not None:
-                _check_schema(PartedFile(parquet), columns, parquet)
+                with PartedFile(parquet) as f:
+                    _check_schema(f, columns, parquet)
             path, df = parquet, pd.read_parquet(parquet, columns=wanted)
         elif csv.is_file():
             path, df = csv, pd.read_csv(csv, usecols=wanted)

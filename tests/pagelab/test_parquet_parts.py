@@ -43,6 +43,9 @@ def test_every_reader_gets_the_rows_in_order_whatever_the_parts(tmp_path_factory
     per_part = [pq.ParquetFile(p).metadata.num_row_groups for p in part_files(path)]
     assert sum(per_part) == f.metadata.num_row_groups and all(n == part_groups for n in per_part[:-1])
     np.testing.assert_array_equal(np.concatenate(groups) if groups else np.zeros(0, np.int64), rows)
+    f.close()
+    with PartedFile(path) as g:
+        assert g.schema_arrow == SCHEMA
     np.testing.assert_array_equal(pd.read_parquet(path)["row"].to_numpy(), rows)
     batches = [b.column("row").to_numpy() for b in iter_batches(path, ["row"], 7)]
     np.testing.assert_array_equal(np.concatenate(batches) if batches else np.zeros(0, np.int64), rows)
