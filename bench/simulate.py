@@ -59,7 +59,7 @@ def measure_once(trace: str | None, num_requests: int | None, config: SimConfig,
         t0 = time.perf_counter()
         result = simulate(df, config, events=ParquetEventSink(path) if config.record_events else None)
         wall = time.perf_counter() - t0
-        events_mb = table_bytes(path) / (1 << 20) if path.exists() else 0.0
+        events_mb = table_bytes(path) / (1 << 20)  # 0 when events are off (no file)
     s = result.summary
     return {
         "trace": trace or f"synthetic({lengths}, {rate:g} req/s)",

@@ -48,14 +48,14 @@ class _Metadata:
     """The footer-level facts of a parted table that readers ask pyarrow's FileMetaData for."""
 
     def __init__(self, files: list[pq.ParquetFile]) -> None:
-        self._groups = [(f, g) for f in files for g in range(f.metadata.num_row_groups)]
+        self.groups = [(f, g) for f in files for g in range(f.metadata.num_row_groups)]  # (part, its group)
         self.schema = files[0].metadata.schema
         self.num_rows = sum(f.metadata.num_rows for f in files)
-        self.num_row_groups = len(self._groups)
+        self.num_row_groups = len(self.groups)
 
     def row_group(self, index: int):
         """RowGroupMetaData of row group `index` counted across the parts."""
-        f, g = self._groups[index]
+        f, g = self.groups[index]
         return f.metadata.row_group(g)
 
 
@@ -73,7 +73,7 @@ class PartedFile:
 
     def read_row_group(self, index: int, columns: list[str] | None = None) -> pa.Table:
         """Row group `index` (counted across the parts)."""
-        f, g = self.metadata._groups[index]
+        f, g = self.metadata.groups[index]
         return f.read_row_group(g, columns=columns)
 
     def close(self) -> None:

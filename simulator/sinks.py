@@ -130,12 +130,12 @@ class ParquetSink(TableSink):
         if self.path.is_file():
             self.path.unlink()  # ParquetWriter replaced a file; a directory of parts is never removed
         self.path.mkdir()
-        self._writer: pq.ParquetWriter | None = None
         self._open_part()  # now: an empty table still gets a file with its schema
 
     def _open_part(self) -> None:
-        self._writer = pq.ParquetWriter(self.path / part_name(self._num_parts), self.schema,
-                                        compression="zstd", compression_level=1, **self._options)
+        self._writer: pq.ParquetWriter | None = pq.ParquetWriter(
+            self.path / part_name(self._num_parts), self.schema, compression="zstd", compression_level=1,
+            **self._options)
         self._num_parts += 1
         self._groups_in_part = 0
 
