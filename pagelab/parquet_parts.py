@@ -45,18 +45,20 @@ def table_bytes(path: str | Path) -> int:
 
 
 class _Metadata:
-    """The footer-level facts of a parted table that readers ask pyarrow's FileMetaData for."""
+    """The footer-level facts of a parted table that readers ask pyarrow's FileMetaData for (it holds the
+    parts' footers only, so it outlives the open files)."""
 
-    def __init__(self, files: list[pq.ParquetFile]) -> None:
-        self.groups = [(f, g) for f in files for g in range(f.metadata.num_row_groups)]  # (part, its group)
-        self.schema = files[0].metadata.schema
-        self.num_rows = sum(f.metadata.num_rows for f in files)
+    def __init__(self, parts: list[pq.FileMetaData]) -> None:
+        self.parts = parts
+        self.groups = [(i, g) for i, m in enumerate(parts) for g in range(m.num_row_groups)]  # (part, group)
+        self.schema = parts[0].schema
+        self.num_rows = sum(m.num_rows for m in parts)
         self.num_row_groups = len(self.groups)
 
     def row_group(self, index: int):
         """RowGroupMetaData of row group `index` counted across the parts."""
-        f, g = self.groups[index]
-        return f.metadata.row_group(g)
+        i, g = self.groups[index]
+        return self.parts[i].row_group(g)
 
 
 class PartedFile:
@@ -68,13 +70,13 @@ class PartedFile:
         if not names:
             raise OSError(f"{self.path}: a directory without Parquet parts ({PART_PATTERN})")
         self.files = [pq.ParquetFile(p, **options) for p in names]
-        self.metadata = _Metadata(self.files)
+        self.metadata = _Metadata([f.metadata for f in self.files])
         self.schema_arrow = self.files[0].schema_arrow
 
     def read_row_group(self, index: int, columns: list[str] | None = None) -> pa.Table:
         """Row group `index` (counted across the parts)."""
-        f, g = self.metadata.groups[index]
-        return f.read_row_group(g, columns=columns)
+        i, g = self.metadata.groups[index]
+        return self.files[i].read_row_group(g, columns=columns)
 
     def close(self) -> None:
         """Close every part."""

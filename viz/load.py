@@ -193,7 +193,8 @@ class AllocatorRun:
         if "events" in self.__dict__ or not table_exists(path):
             return None
         try:
-            return PartedFile(path).metadata
+            with PartedFile(path) as f:
+                return f.metadata
         except (OSError, ValueError) as exc:
             raise VizError(f"{path}: cannot read table ({exc})") from None
 
