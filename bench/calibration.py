@@ -6,7 +6,9 @@ rate (`--time-scale 2`, "A-x2"). None of them is in the `make profile` calibrati
 replayed on the CPU engine (tiny preset, torch backend, CPU-time clock, block size 16, 0.25 GiB of KV,
 recompute preemption, prefix caching on), simulated with the profile on the replay's own configuration
 (`simulate --profile P --config-from RUN`), and compared (`pagelab compare`). The table gives, per run,
-the errors of the simulation against the measurement and whether each target is met.
+the errors of the simulation against the measurement and whether each target is met. Parts replayed
+twice (`--repeat`) also give the noise floor: each repeat compared with its first replay, and whether the
+machine repeats itself within the targets at all (if not, no verdict above says anything about the model).
 
 Everything runs in this process through the `pagelab` commands themselves, so the run folders under
 --out are the ones a user would get by typing the commands one by one (docs/calibration.md, "The loop").
@@ -33,6 +35,8 @@ TARGET_E2E = 0.10
 TARGET_THROUGHPUT = 0.05
 COLUMNS = ("e2e median |err|", "e2e p90 |err|", "TTFT median |err|", "TPOT median |err|", "throughput err",
            "step median |err|", "total busy time err")
+# A repeat against its first replay, signed as (repeat - first) / first.
+FLOOR_COLUMNS = ("e2e median |diff|", "throughput diff", "total busy time diff")
 
 
 def held_out_part(trace: pd.DataFrame, start: int, size: int = PART_SIZE) -> pd.DataFrame:
@@ -115,8 +119,70 @@ def verdict_lines(rows: dict[str, dict]) -> list[str]:
     return out
 
 
+def floor_pairs(runs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """(repeat, first replay of its part) for every repeat among `runs` (as `run_names` gives them)."""
+    first: dict[str, str] = {}
+    pairs = []
+    for name, part in runs:
+        if part in first:
+            pairs.append((name, first[part]))
+        else:
+            first[part] = name
+    return pairs
+
+
+def floor_row(comparison: dict) -> dict[str, float | None]:
+    """The floor table's columns (fractions) of a repeat compared with its first replay."""
+    values = (comparison["latency"]["e2e_s"]["median_abs"], comparison["throughput"]["rel_error"],
+              comparison["step_time"]["total_rel_error"])
+    return dict(zip(FLOOR_COLUMNS, values, strict=True))
+
+
+def noise_floor(out: Path, pairs: list[tuple[str, str]]) -> dict[str, dict]:
+    """Compare each repeat's replay with its first one (`pagelab compare`, into OUT/REPEAT/floor)."""
+    rows = {}
+    for repeat, first in pairs:
+        cmp = out / repeat / "floor"
+        pagelab("compare", out / repeat / "real", out / first / "real", "--out", cmp)
+        rows[f"{repeat} vs {first}"] = floor_row(json.loads((cmp / "comparison.json").read_text()))
+    return rows
+
+
+def floor_table(rows: dict[str, dict]) -> str:
+    """The floor rows as a markdown table."""
+    head = ["repeat vs first replay", *FLOOR_COLUMNS]
+    lines = ["| " + " | ".join(c.replace("|", "\\|") for c in head) + " |", "|" + "---|" * len(head)]
+    for name, row in rows.items():
+        cells = ["-" if v is None else f"{100 * v:.1f}%" if c == FLOOR_COLUMNS[0] else f"{100 * v:+.1f}%"
+                 for c, v in row.items()]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def floor_lines(rows: dict[str, dict]) -> list[str]:
+    """Whether this machine repeats its own replays within the targets: where it does not, a part's
+    verdicts measure the machine's noise as much as the model's error."""
+    if not rows:
+        return ["noise floor: not measured (--repeat B,A,C measures it), so the verdicts above cannot tell "
+                "the model's error from the machine's noise"]
+    noisy, steady = [], []
+    for name, row in rows.items():
+        e2e, thr = row[FLOOR_COLUMNS[0]], row[FLOOR_COLUMNS[1]]
+        over = ([f"e2e {100 * e2e:.1f}%"] if e2e is None or e2e > TARGET_E2E else []) + \
+               ([f"throughput {100 * thr:+.1f}%"] if thr is None or abs(thr) > TARGET_THROUGHPUT else [])
+        part = name.split(" vs ")[1]
+        (noisy if over else steady).append(f"{part} ({', '.join(over)})" if over else part)
+    if not noisy:
+        return [f"noise floor within both targets on every repeated part ({', '.join(steady)}): the verdicts "
+                "above judge the model"]
+    return [f"noise floor ABOVE a target on {', '.join(noisy)}: this machine does not repeat those replays "
+            "within the targets, so their verdicts cannot judge the model"
+            + (f"; {', '.join(steady)} within both" if steady else "")]
+
+
 def validate(profile: str, out: Path, runs: list[tuple[str, str]], reuse: bool = False) -> dict[str, dict]:
-    """Replay, simulate and compare every (run name, part); write validation.md/.json; the table's rows."""
+    """Replay, simulate and compare every (run name, part); measure the noise floor of the repeats; write
+    validation.md/.json; the table's rows."""
     from traces import load_trace, save_trace
 
     trace = load_trace(TRACE)
@@ -128,13 +194,16 @@ def validate(profile: str, out: Path, runs: list[tuple[str, str]], reuse: bool =
         if not trace_csv.is_file():
             save_trace(held_out_part(trace, start), trace_csv)
         rows[name] = summary_row(validate_run(trace_csv, scale, profile, out / name, reuse))
-    table, lines = markdown_table(rows), verdict_lines(rows)
-    report = (f"profile {profile}, held-out runs of {TRACE} (docs/calibration.md)\n\n{table}\n\n"
-              + "\n".join(lines))
+    floor = noise_floor(out, floor_pairs(runs))
+    table, lines = markdown_table(rows), verdict_lines(rows) + floor_lines(floor)
+    report = f"profile {profile}, held-out runs of {TRACE} (docs/calibration.md)\n\n{table}\n\n"
+    if floor:
+        report += f"Noise floor (each repeat against its first replay):\n\n{floor_table(floor)}\n\n"
+    report += "\n".join(lines)
     print(f"\n{report}")
     (out / "validation.md").write_text(report + "\n")
-    (out / "validation.json").write_text(json.dumps({"profile": profile, "rows": rows, "verdicts": lines},
-                                                    indent=2) + "\n")
+    (out / "validation.json").write_text(json.dumps({"profile": profile, "rows": rows, "floor": floor,
+                                                     "verdicts": lines}, indent=2) + "\n")
     return rows
 
 

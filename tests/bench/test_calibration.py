@@ -1,10 +1,27 @@
-"""The held-out validation's cheap parts: cutting the trace, naming repeats, the table and the verdicts."""
+"""The held-out validation's parts: cutting the trace, naming repeats, the tables, the verdicts, the floor."""
 from __future__ import annotations
 
+import shutil
+
+import numpy as np
+import pandas as pd
 import pytest
 
-from bench.calibration import PARTS, held_out_part, markdown_table, run_names, summary_row, verdict_lines
-from traces import load_trace
+from bench.calibration import (
+    PARTS,
+    floor_lines,
+    floor_pairs,
+    floor_row,
+    floor_table,
+    held_out_part,
+    markdown_table,
+    noise_floor,
+    pagelab,
+    run_names,
+    summary_row,
+    verdict_lines,
+)
+from traces import SyntheticConfig, generate_trace, load_trace, save_trace
 
 
 def test_parts_are_the_documented_slices_shifted_to_start_at_zero():
@@ -50,3 +67,62 @@ def test_targets_are_judged_per_run_on_the_issue_thresholds():
     assert len(table) == 5
     assert table[2].startswith("| A | 10.0% | 20.0% |") and table[2].endswith("| met | met |")
     assert "| -5.0% |" in table[2] and table[3].endswith("| NOT met | met |")
+
+
+def test_each_repeat_is_paired_with_the_first_replay_of_its_part():
+    runs = run_names(["A", "B", "C"], ["B", "A", "B"])
+    assert floor_pairs(runs) == [("B-repeat", "B"), ("A-repeat", "A"), ("B-repeat2", "B")]
+    assert floor_pairs(run_names(["A", "C"], [])) == []
+    # A part named only in --repeat: its first replay is the plain name.
+    assert floor_pairs(run_names(["A"], ["C", "C"])) == [("C-repeat", "C")]
+
+
+def test_the_floor_says_which_parts_the_machine_repeats_within_the_targets():
+    rows = {"B-repeat vs B": floor_row(_comparison(0.394, 0.147)),
+            "A-repeat vs A": floor_row(_comparison(0.211, 0.034)),
+            "C-repeat vs C": floor_row(_comparison(0.06, -0.047))}
+    assert floor_lines(rows) == [
+        "noise floor ABOVE a target on B (e2e 39.4%, throughput +14.7%), A (e2e 21.1%): this machine "
+        "does not repeat those replays within the targets, so their verdicts cannot judge the model; "
+        "C within both"]
+    steady = {"A-repeat vs A": floor_row(_comparison(0.10, 0.05))}  # on the thresholds: within
+    assert floor_lines(steady)[0].startswith("noise floor within both targets on every repeated part (A)")
+    assert floor_lines({"C-repeat vs C": floor_row(_comparison(0.02, -0.0501))})[0].startswith(
+        "noise floor ABOVE a target on C (throughput -5.0%)")
+    assert "not measured" in floor_lines({})[0]
+    table = floor_table(rows).splitlines()
+    assert table[2] == "| B-repeat vs B | 39.4% | +14.7% | -2.0% |" and len(table) == 5
+
+
+@pytest.fixture(scope="module")
+def two_replays(tmp_path_factory, single_thread):
+    """The same tiny trace replayed twice on the CPU (wall clock: the two differ in timing), and a copy."""
+    out = tmp_path_factory.mktemp("floor")
+    trace = generate_trace(SyntheticConfig(num_requests=8, arrival="poisson", rate=40.0, lengths="uniform",
+                                           prompt_range=(8, 60), output_range=(4, 24), max_model_len=256,
+                                           seed=3))
+    save_trace(trace, out / "trace.csv")
+    for name in ("P", "P-repeat"):
+        pagelab("replay", out / "trace.csv", "--model", "tiny", "--device", "cpu", "--backend", "torch",
+                "--num-blocks", 24, "--max-model-len", 256, "--out", out / name / "real")
+    shutil.copytree(out / "P" / "real", out / "P-copy" / "real")
+    return out
+
+
+def _e2e(run) -> pd.Series:
+    requests = pd.read_parquet(run / "real" / "paged" / "requests.parquet").set_index("request_id")
+    return requests["finish_s"] - requests["arrival_s"]
+
+
+def test_the_noise_floor_compares_each_repeat_with_its_first_replay(two_replays):
+    out = two_replays
+    rows = noise_floor(out, [("P-repeat", "P"), ("P-copy", "P")])
+    assert list(rows) == ["P-repeat vs P", "P-copy vs P"]
+    # A replay against an exact copy of itself: no difference at all, so within both targets.
+    assert rows["P-copy vs P"] == {"e2e median |diff|": 0.0, "throughput diff": 0.0,
+                                   "total busy time diff": 0.0}
+    # Against the repeat: the median |relative e2e difference| over the requests, from the tables themselves.
+    first, repeat = _e2e(out / "P"), _e2e(out / "P-repeat")
+    expected = float(np.median(np.abs((repeat - first.loc[repeat.index]) / first.loc[repeat.index])))
+    assert rows["P-repeat vs P"]["e2e median |diff|"] == pytest.approx(expected, rel=1e-9)
+    assert (out / "P-repeat" / "floor" / "comparison.json").is_file()
