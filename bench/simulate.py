@@ -21,9 +21,10 @@ from simulator.sim_config import ALLOCATORS, SimConfig
 DEFAULT_RATE = 15.0  # req/s: with "sharegpt" lengths, about the Azure conversation trace's tokens per second
 
 
-def _rss_mb() -> float:
-    """Peak resident memory of this process so far, in MiB (ru_maxrss is KiB on Linux, bytes on macOS)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+def _rss_mb(who: int = resource.RUSAGE_SELF) -> float:
+    """Peak resident memory of this process so far (or of its largest finished child, with
+    RUSAGE_CHILDREN), in MiB (ru_maxrss is KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(who).ru_maxrss
     return peak / (1 << 20) if sys.platform == "darwin" else peak / 1024
 
 
@@ -47,17 +48,19 @@ def measure_once(trace: str | None, num_requests: int | None, config: SimConfig,
     """Build the trace, simulate it once in this process, and report wall time and memory.
 
     With events on, the tenures stream into a Parquet file in a temporary folder as `simulate --out`
-    does, and the time includes writing it (`events_mb` is its size).
+    does (a long run pairs and writes them in a child process: `peak_rss_mb` adds its peak), and the time
+    includes writing it (`events_mb` is its size).
     """
     from pagelab.parquet_parts import table_bytes
+    from simulator.event_process import open_events_sink
     from simulator.simulate import simulate
-    from simulator.sinks import ParquetEventSink
     df = _load(trace, num_requests, rate, lengths, seed)
     before = _rss_mb()
     with tempfile.TemporaryDirectory(prefix="pagelab-bench-") as tmp:
         path = Path(tmp) / "events.parquet"
+        sink = open_events_sink(path.with_suffix(""), "parquet", len(df)) if config.record_events else None
         t0 = time.perf_counter()
-        result = simulate(df, config, events=ParquetEventSink(path) if config.record_events else None)
+        result = simulate(df, config, events=sink)
         wall = time.perf_counter() - t0
         events_mb = table_bytes(path) / (1 << 20)  # 0 when events are off (no file)
     s = result.summary
@@ -70,7 +73,7 @@ def measure_once(trace: str | None, num_requests: int | None, config: SimConfig,
         "wall_s": wall,
         "us_per_request": 1e6 * wall / len(df),
         "rss_before_mb": before,
-        "peak_rss_mb": _rss_mb(),
+        "peak_rss_mb": _rss_mb() + _rss_mb(resource.RUSAGE_CHILDREN),  # both peaks, as if at once
         "num_steps": s["num_steps"],
         "num_memory_rows": len(result.memory),
         "num_events": result.num_events,

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.core.allocator import MemoryBreakdown, RegionRecorder
+from simulator.event_process import ProcessEventSink
 from simulator.sinks import EVENT_DTYPES, EventSink, FrameSink, TableSink
 from simulator.tenures import ACQUIRE, PER_EVENT_RID, PER_EVENT_TIME, RELEASE, SHARE, RawRuns, TenurePairer
 
@@ -48,7 +49,8 @@ class EventRecorder(RegionRecorder):
     two cores that work mostly leaves the simulation's critical path. Batches are processed one at a time
     in order (the next waits for the previous), so the output is the same as pairing them inline, and at
     most two batches exist at once. Without it (a replay, whose step times are measured) they are paired
-    inline.
+    inline. With a `ProcessEventSink` (simulator/event_process.py) the batches go to a child process that
+    pairs and writes them there, off the GIL.
     """
 
     def __init__(self, sink: EventSink | None = None, flush_rows: int | None = None,
@@ -57,9 +59,11 @@ class EventRecorder(RegionRecorder):
         self.num_acquired = 0  # tenures started so far (the next number)
         self.sink = sink if sink is not None else FrameSink()
         self.flush_rows = flush_rows or min(self.sink.batch_rows, PAIR_BATCH_ROWS)
-        self._pairer = TenurePairer(self.sink)
+        # A ProcessEventSink pairs in its own process: batches go to it as they are, never to a thread.
+        in_process = isinstance(self.sink, ProcessEventSink)
+        self._pairer = self.sink if in_process else TenurePairer(self.sink)
         self._base = 0  # first acquisition not yet handed to the pairer
-        self._background = background
+        self._background = background and not in_process
         self._executor: ThreadPoolExecutor | None = None
         self._pending: Future | None = None
         self._reset_runs()
@@ -173,6 +177,8 @@ class EventRecorder(RegionRecorder):
         """Hand the sink every tenure released before now (a release at `now` waits: see tenures.py);
         returns when the sink has them."""
         self._flush(False)
+        if isinstance(self._pairer, ProcessEventSink):
+            self._pairer.sync()
 
     def finish(self, end_s: float) -> EventSink:
         """Hand the sink everything (regions still held end at `end_s`), close it and return it."""
@@ -190,8 +196,11 @@ class EventRecorder(RegionRecorder):
         return self.sink
 
     def abort(self) -> None:
-        """Stop the background thread (after the batch it is on) and drop what is left: the run failed."""
+        """Stop the background thread (after the batch it is on) or the events process, and drop what is
+        left: the run failed."""
         self._pending = None
+        if isinstance(self._pairer, ProcessEventSink):
+            self._pairer.abort()
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None

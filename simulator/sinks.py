@@ -9,14 +9,17 @@ memory does not grow with its number of tenures or steps.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from pagelab.parquet_parts import PART_GROUPS, part_name
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # Compact types: pool offsets, sizes, request ids and counts all fit in int32 (the recorder checks).
 EVENT_SCHEMA = pa.schema([("request_id", pa.int32()), ("start", pa.int32()), ("size", pa.int32()),
@@ -44,6 +47,8 @@ TABLE_GROUP_ROWS = 1 << 16
 
 def empty_table(dtypes: dict[str, np.dtype]) -> pd.DataFrame:
     """A table with no rows and the given dtypes."""
+    import pandas as pd  # here: the events process (simulator/event_process.py) never needs pandas
+
     return pd.DataFrame({c: pd.Series(dtype=t) for c, t in dtypes.items()})
 
 
@@ -97,6 +102,8 @@ class FrameSink(TableSink):
             return empty_table(self.dtypes)
         if len(self._batches) > 1:
             self._batches = [{c: np.concatenate([b[c] for b in self._batches]) for c in self.dtypes}]
+        import pandas as pd
+
         return pd.DataFrame(self._batches[0], copy=False)
 
 

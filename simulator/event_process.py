@@ -1,0 +1,214 @@
+"""Tenure pairing and the events file in a second process: the simulation's other core, without the GIL.
+
+In a thread, pairing cost a long run ~10% of its wall time although numpy and the Parquet encoder release
+the GIL: the pairer's Python between those calls waits for the GIL, which the simulation loop (pure
+Python) gives up only when the interpreter forces it every 5 ms, and the loop then waited for the pairer
+at the next batch (docs/simulator-performance.md, ninth sitting). `ProcessEventSink` moves the pairer and
+the sink into a child process: the recorder hands it each batch of raw runs (`RawRuns`, flat typed
+arrays: pickled as bytes), the child pairs them in the same order with the same `TenurePairer`, so the
+events file is byte for byte what the thread writes. The child is `python -m simulator.event_process`
+on a socket (no multiprocessing start method: spawn would re-import the CLI's `__main__`, fork a process
+with OpenBLAS and Arrow threads).
+
+Failure: an exception in the child comes back and is raised at the next batch or at `close`; a child that
+died raises RuntimeError; the child exits when the parent's end of the socket closes (the parent died).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from simulator.sinks import EventSink
+
+# Batches kept in the parent while the child starts (its imports take ~1 s); then it waits for the child.
+MAX_BACKLOG = 16
+
+
+class ProcessEventSink:
+    """An events sink that lives in a child process, with the tenure pairer in front of it.
+
+    `open_sink` makes the real sink there (it must pickle: a module-level function or a
+    functools.partial of one, e.g. `partial(open_event_sink, stem, "parquet")`). The EventRecorder calls
+    `process` with each raw batch instead of pairing it itself; `close` returns when the file is complete
+    and sets `num_rows` and `path`.
+    """
+
+    def __init__(self, open_sink: Callable[[], EventSink], batch_rows: int = 1 << 20) -> None:
+        self.open_sink = open_sink
+        self.batch_rows = batch_rows
+        self.num_rows = 0
+        self.path: Path | None = None
+        self._proc: subprocess.Popen | None = None
+        self._conn: Connection | None = None
+        self._ready = False
+        self._backlog: list[tuple] = []
+
+    def _start(self) -> None:
+        parent, child = socket.socketpair()
+        root = str(Path(__file__).resolve().parents[1])  # the directory holding the simulator package
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH")))))
+        self._proc = subprocess.Popen([sys.executable, "-m", "simulator.event_process", str(child.fileno())],
+                                      pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL)
+        child.close()
+        self._conn = Connection(parent.detach())
+        self._send(("open", self.open_sink))
+
+    def process(self, raw, first_row: int, before: float | None, end_s: float = 0.0) -> None:
+        """Queue one batch for the child (what `TenurePairer.process` does, done there)."""
+        if self._proc is None:
+            self._start()
+        self._backlog.append(("batch", raw, first_row, before, end_s))
+        self._drain(wait=len(self._backlog) > MAX_BACKLOG)
+
+    def _drain(self, wait: bool) -> None:
+        """Send the backlog once the child is ready (waiting for it with `wait`); raise what it raised."""
+        while self._conn.poll() or (wait and not self._ready):
+            self._receive("ready")
+        if self._ready:
+            for msg in self._backlog:
+                self._send(msg)
+            self._backlog.clear()
+
+    def sync(self) -> None:
+        """Return when the child has processed every batch sent so far."""
+        if self._proc is None:
+            return
+        self._drain(wait=True)
+        self._send(("sync",))
+        self._receive("synced")
+
+    def close(self) -> None:
+        """Finish the file in the child and wait for it to exit (an empty table still gets its file)."""
+        if self._proc is None:
+            self._start()
+        if self._conn is None:
+            return  # closed already
+        self._drain(wait=True)
+        self._send(("close",))
+        self.num_rows, path = self._receive("closed")[1:]
+        self.path = Path(path) if path is not None else None
+        self._end()
+
+    def abort(self) -> None:
+        """Stop the child now and drop what it had (the run failed; its folder is thrown away)."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+        self._end()
+
+    def write(self, columns) -> None:
+        """Not a table sink: the recorder hands raw batches to `process`."""
+        raise TypeError("ProcessEventSink takes raw batches (EventRecorder.process), not tenure tables")
+
+    def _end(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        if self._proc is not None:
+            self._proc.wait()
+        self._backlog.clear()
+
+    def _send(self, msg: tuple) -> None:
+        try:
+            self._conn.send(msg)
+        except (BrokenPipeError, ConnectionResetError):
+            self._died()
+
+    def _receive(self, expected: str) -> tuple:
+        """The child's next message: `ready` marks it started; an error is raised here."""
+        try:
+            msg = self._conn.recv()
+        except (EOFError, ConnectionResetError):
+            self._died()
+        if msg[0] == "error":
+            self.abort()
+            raise msg[1]
+        if msg[0] == "ready":
+            self._ready = True
+            return msg if expected == "ready" else self._receive(expected)
+        if msg[0] != expected:
+            self.abort()
+            raise RuntimeError(f"events process: expected {expected!r}, got {msg[0]!r}")
+        return msg
+
+    def _died(self):
+        try:
+            msg = self._conn.recv() if self._conn.poll() else None  # it may have said why before it went
+        except (EOFError, OSError):
+            msg = None
+        if msg is not None and msg[0] == "error":
+            self._end()
+            raise msg[1]
+        code = self._proc.wait() if self._proc is not None else None
+        self._end()
+        raise RuntimeError(f"the events process exited early (exit code {code}): the events table is "
+                           "incomplete")
+
+
+def _reply_error(conn: Connection, exc: BaseException) -> None:
+    try:
+        conn.send(("error", exc))
+    except (pickle.PicklingError, TypeError, AttributeError):
+        conn.send(("error", RuntimeError(f"events process: {type(exc).__name__}: {exc}")))
+
+
+def _serve(conn: Connection) -> None:
+    """The child: open the sink, then pair and write batches until told to close (or the parent is gone)."""
+    from pagelab.memory import map_large_blocks, one_arena
+
+    one_arena()  # before numpy starts its threads (pagelab/memory.py)
+    map_large_blocks()
+    from simulator.tenures import TenurePairer
+
+    try:
+        _, open_sink = conn.recv()
+        sink = open_sink()
+        pairer = TenurePairer(sink)
+        conn.send(("ready",))
+        while True:
+            msg = conn.recv()
+            if msg[0] == "batch":
+                pairer.process(*msg[1:])
+            elif msg[0] == "sync":
+                conn.send(("synced",))
+            elif msg[0] == "close":
+                sink.close()
+                path = getattr(sink, "path", None)
+                conn.send(("closed", sink.num_rows, str(path) if path is not None else None))
+                return
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        return  # the parent is gone (or aborted): nothing to report to
+    except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # else nobody is left to tell
+            _reply_error(conn, exc)
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes us
+    _serve(Connection(int(sys.argv[1])))
+
+
+# Below this many requests a run is over before the child's start (~1 s) pays for itself: pair in a thread.
+PROCESS_MIN_REQUESTS = 100_000
+
+
+def open_events_sink(path_stem: str | Path, table_format: str, num_requests: int,
+                     min_requests: int = PROCESS_MIN_REQUESTS) -> EventSink | ProcessEventSink:
+    """The run folder's events sink (simulator.sinks.open_event_sink): in a child process for a run of at
+    least `min_requests` requests, else in this one (paired in the recorder's thread)."""
+    from functools import partial
+
+    from simulator.sinks import open_event_sink
+
+    if num_requests >= min_requests:
+        return ProcessEventSink(partial(open_event_sink, Path(path_stem), table_format))
+    return open_event_sink(path_stem, table_format)

@@ -1,0 +1,95 @@
+"""Tenures paired and written in a child process: the same file as in a thread, and failures that surface."""
+from __future__ import annotations
+
+from functools import partial
+
+import pandas as pd
+import pytest
+
+from simulator.event_process import ProcessEventSink, open_events_sink
+from simulator.recorder import EventRecorder
+from simulator.sim_config import SimConfig
+from simulator.simulate import simulate
+from simulator.sinks import EVENT_DTYPES, ParquetSink, open_event_sink
+from traces import SyntheticConfig, generate_trace, load_trace
+
+
+def _trace(num: int = 150) -> pd.DataFrame:
+    return generate_trace(SyntheticConfig(num_requests=num, rate=40.0, lengths="sharegpt", seed=3))
+
+
+def _both(tmp_path, trace, cfg, fmt="parquet", batch_rows=37):
+    """The events file of a run paired in the recorder's thread, and of the same run paired in a child."""
+    thread = simulate(trace, cfg, events=open_event_sink(tmp_path / "thread", fmt, batch_rows=batch_rows))
+    sink = ProcessEventSink(partial(open_event_sink, tmp_path / "child", fmt, batch_rows), batch_rows)
+    child = simulate(trace, cfg, events=sink)
+    return thread, child, sink
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_a_child_writes_the_file_the_thread_writes(tmp_path, fmt):
+    thread, child, sink = _both(tmp_path, _trace(), SimConfig(capacity_tokens=6000), fmt)
+    assert child.events is None and child.num_events == thread.num_events == sink.num_rows > 1000
+    assert sink.path == tmp_path / f"child.{fmt}"
+    assert sink.path.read_bytes() == (tmp_path / f"thread.{fmt}").read_bytes()
+    pd.testing.assert_frame_equal(child.requests, thread.requests)
+
+
+def test_shared_prefix_blocks_pair_alike_in_a_child(tmp_path):
+    trace = load_trace("mooncake-conv").iloc[:40].reset_index(drop=True)
+    cfg = SimConfig(enable_prefix_caching=True, capacity_tokens=40_000)
+    thread, child, sink = _both(tmp_path, trace, cfg, batch_rows=5)
+    events = pd.read_parquet(sink.path)
+    assert (events["max_ref_count"] > 1).any()  # shares went through the child's pairing
+    pd.testing.assert_frame_equal(events, pd.read_parquet(tmp_path / "thread.parquet"))
+
+
+def test_flush_returns_once_the_child_has_written_the_tenures(tmp_path):
+    sink = ProcessEventSink(partial(open_event_sink, tmp_path / "events", "csv"))
+    rec = EventRecorder(sink)
+    rec.acquire_blocks([3, 4], 16, 7)
+    rec.now = 1.0
+    rec.release_blocks([3, 4], 16, [16, 5])
+    rec.now = 2.0
+    rec.flush()  # released at 1.0 < 2.0: in the file now (the child's CSV writer has flushed its batch)
+    rec.finish(3.0)
+    back = pd.read_csv(tmp_path / "events.csv").astype(EVENT_DTYPES)
+    assert back[["start", "t_end_s", "filled"]].values.tolist() == [[48, 1.0, 16], [64, 1.0, 5]]
+
+
+def test_an_error_in_the_child_is_raised_in_the_run(tmp_path):
+    sink = ProcessEventSink(partial(open_event_sink, tmp_path / "missing" / "events", "parquet"), 37)
+    with pytest.raises(FileNotFoundError):
+        simulate(_trace(60), SimConfig(capacity_tokens=6000), events=sink)
+    assert sink._proc.returncode is not None  # no child left behind
+
+
+def test_a_child_that_dies_fails_the_run(tmp_path):
+    sink = ProcessEventSink(partial(open_event_sink, tmp_path / "events", "parquet"), 37)
+    rec = EventRecorder(sink)
+    rec.acquire_blocks(list(range(40)), 16, 1)  # one batch: the child starts
+    sink._proc.kill()
+    sink._proc.wait()
+    with pytest.raises(RuntimeError, match="exited early"):
+        for i in range(200):
+            rec.release_blocks(list(range(40)), 16, [16] * 40)
+            rec.acquire_blocks(list(range(40)), 16, i)
+        rec.finish(1.0)
+
+
+def test_the_child_exits_when_the_parent_end_closes(tmp_path):
+    sink = ProcessEventSink(partial(open_event_sink, tmp_path / "events", "parquet"))
+    sink.sync()  # not started: nothing to wait for
+    rec = EventRecorder(sink, flush_rows=1)
+    rec.acquire_blocks([0], 16, 1)
+    sink._conn.close()  # what the parent dying does to the socket
+    assert sink._proc.wait(timeout=60) == 0
+
+
+def test_long_runs_pair_in_a_child_short_ones_in_a_thread(tmp_path):
+    short = open_events_sink(tmp_path / "short", "parquet", 999, min_requests=1000)
+    long = open_events_sink(tmp_path / "long", "parquet", 1000, min_requests=1000)
+    assert isinstance(short, ParquetSink) and isinstance(long, ProcessEventSink)
+    short.close()
+    long.close()  # never fed: the child still writes an empty table with the schema
+    assert long.num_rows == 0 and list(pd.read_parquet(long.path).columns) == list(EVENT_DTYPES)
