@@ -66,7 +66,8 @@ def simulate(trace: pd.DataFrame | TraceChunks, config: SimConfig,
     fast mode); it must not change anything. `step_times`, if given, replaces the latency model with a
     replay's measured step times (simulator/measured_steps.py) and forces step mode. `events`, if given
     (and config.record_events), receives the tenures as the run goes (e.g. a ParquetEventSink writing the
-    run folder's events table) and is closed at the end; without it they come back as a DataFrame.
+    run folder's events table, or a ProcessEventSink pairing and writing them in a child process:
+    simulator/event_process.py) and is closed at the end; without it they come back as a DataFrame.
     `memory`, likewise, receives the per-step memory rows (`simulator.sinks.open_table_sink`);
     SimResult.memory is then None; `requests` receives the request rows in trace order
     (`simulator.sinks.open_table_sink`), SimResult.requests is then None. `trace` is a DataFrame
