@@ -1,8 +1,10 @@
 """Simulator speed benchmark (`pagelab bench simulate`): wall time and peak memory per size and allocator.
 
-Each measurement runs `simulate` on a bundled/loaded trace or on a synthetic trace of the given size,
-by default in a fresh process (multiprocessing "spawn") so that its peak resident memory is its own.
-The library returns records; the CLI prints them (e.g. as a scaling curve).
+Each measurement runs `simulate` as `pagelab simulate --out` does: a canonical Parquet trace read in blocks
+of rows, and the memory rows, request rows and (with events on) tenures streamed to Parquet files in a
+temporary folder. Synthetic traces of each size are generated and written to Parquet first, outside the
+measurement. By default each run gets a fresh process (multiprocessing "spawn"), so that its peak resident
+memory is its own. The library returns records; the CLI prints them (e.g. as a scaling curve).
 """
 from __future__ import annotations
 
@@ -28,54 +30,71 @@ def _rss_mb(who: int = resource.RUSAGE_SELF) -> float:
     return peak / (1 << 20) if sys.platform == "darwin" else peak / 1024
 
 
-def _load(trace: str | None, num_requests: int | None, rate: float, lengths: str, seed: int):
-    from traces import SyntheticConfig, generate_trace, load_trace
-    if trace is None:
-        if num_requests is None:
-            raise ConfigError("a synthetic benchmark trace needs a number of requests")
-        cfg = SyntheticConfig(num_requests=num_requests, rate=rate, lengths=lengths, seed=seed)
-        return generate_trace(cfg)
-    df = load_trace(trace)
-    if num_requests is not None:
-        if num_requests > len(df):
-            raise ConfigError(f"{trace} has {len(df)} requests, fewer than the {num_requests} asked for")
-        df = df.iloc[:num_requests].reset_index(drop=True)
-    return df
+def _load(trace: str, num_requests: int | None):
+    """The trace as the CLI reads it: a canonical Parquet file in blocks of rows (its first
+    `num_requests`), anything else (CSV, a bundled name, a file with prefix keys) whole, then cut."""
+    from traces import load_trace
+    from traces.chunks import open_parquet_chunks
+
+    path = Path(trace)
+    chunks = open_parquet_chunks(path, num_requests) if path.suffix == ".parquet" and path.is_file() else None
+    work = chunks if chunks is not None else load_trace(trace)
+    have = chunks.num_rows if chunks is not None else len(work)
+    if num_requests is not None and have < num_requests:
+        raise ConfigError(f"{trace} has {have} requests, fewer than the {num_requests} asked for")
+    if chunks is None and num_requests is not None:
+        work = work.iloc[:num_requests].reset_index(drop=True)
+    return work, min(have, num_requests or have)
 
 
-def measure_once(trace: str | None, num_requests: int | None, config: SimConfig, rate: float = DEFAULT_RATE,
-                 lengths: str = "sharegpt", seed: int = 0) -> dict:
-    """Build the trace, simulate it once in this process, and report wall time and memory.
+def write_synthetic(path: Path, num_requests: int, rate: float, lengths: str, seed: int) -> Path:
+    """Generate a synthetic trace (Poisson arrivals at `rate`, `lengths`) and save it as Parquet."""
+    from traces import SyntheticConfig, generate_trace, save_trace
 
-    With events on, the tenures stream into a Parquet file in a temporary folder as `simulate --out`
-    does (a long run pairs and writes them in a child process: `peak_rss_mb` adds its peak), and the time
-    includes writing it (`events_mb` is its size).
+    cfg = SyntheticConfig(num_requests=num_requests, rate=rate, lengths=lengths, seed=seed)
+    return save_trace(generate_trace(cfg), path)
+
+
+def measure_once(trace: str, num_requests: int | None, config: SimConfig, label: str | None = None) -> dict:
+    """Read the trace and simulate it once in this process, as `simulate --out` does; report wall time
+    (reading the trace and writing the tables included) and memory.
+
+    The memory and request rows, and with events on the tenures, stream into Parquet files in a temporary
+    folder (a long run pairs and writes its tenures in a child process: `peak_rss_mb` adds its peak);
+    `events_mb` is the events table's size.
     """
     from pagelab.parquet_parts import table_bytes
     from simulator.event_process import open_events_sink
+    from simulator.recorder import MEMORY_DTYPES
+    from simulator.request_log import REQUEST_DTYPES
     from simulator.simulate import simulate
-    df = _load(trace, num_requests, rate, lengths, seed)
+    from simulator.sinks import open_table_sink
+
+    work, n = _load(trace, num_requests)
     before = _rss_mb()
     with tempfile.TemporaryDirectory(prefix="pagelab-bench-") as tmp:
-        path = Path(tmp) / "events.parquet"
-        sink = open_events_sink(path.with_suffix(""), "parquet", len(df)) if config.record_events else None
+        folder = Path(tmp)
+        sinks = {"memory": open_table_sink(folder / "memory", MEMORY_DTYPES),
+                 "requests": open_table_sink(folder / "requests", REQUEST_DTYPES)}
+        if config.record_events:
+            sinks["events"] = open_events_sink(folder / "events", "parquet", n)
         t0 = time.perf_counter()
-        result = simulate(df, config, events=sink)
+        result = simulate(work, config, **sinks)
         wall = time.perf_counter() - t0
-        events_mb = table_bytes(path) / (1 << 20)  # 0 when events are off (no file)
+        events_mb = table_bytes(folder / "events.parquet") / (1 << 20)  # 0 when events are off (no file)
     s = result.summary
     return {
-        "trace": trace or f"synthetic({lengths}, {rate:g} req/s)",
-        "num_requests": len(df),
+        "trace": label or trace,
+        "num_requests": n,
         "allocator": config.allocator,
         "record_events": config.record_events,
         "mode": config.mode,
         "wall_s": wall,
-        "us_per_request": 1e6 * wall / len(df),
+        "us_per_request": 1e6 * wall / n,
         "rss_before_mb": before,
         "peak_rss_mb": _rss_mb() + _rss_mb(resource.RUSAGE_CHILDREN),  # both peaks, as if at once
         "num_steps": s["num_steps"],
-        "num_memory_rows": len(result.memory),
+        "num_memory_rows": sinks["memory"].num_rows,
         "num_events": result.num_events,
         "events_mb": events_mb,
         "sim_duration_s": s["sim_duration_s"],
@@ -116,29 +135,38 @@ def bench_simulate(num_requests_list: Sequence[int | None], allocators: Sequence
                    config: SimConfig | None = None, isolate: bool = True) -> list[dict]:
     """Time `simulate` for every (size, allocator, events) combination, `repeat` times each.
 
-    `trace` None: synthetic traces of each size (`lengths`, Poisson arrivals at `rate`); else a trace path
-    or bundled name, cut to each size (None: all of it). `config` supplies everything but the allocator
-    and `record_events`. With `isolate`, each run gets its own process, so `peak_rss_mb` is that run's
-    peak (interpreter and libraries included; `rss_before_mb` is the level before simulating).
-    Returns one record per run with `wall_s`, `us_per_request`, `peak_rss_mb` and run statistics.
+    `trace` None: synthetic traces of each size (`lengths`, Poisson arrivals at `rate`, written to a
+    temporary Parquet file first); else a trace path or bundled name, cut to each size (None: all of it).
+    `config` supplies everything but the allocator and `record_events`. With `isolate`, each run gets its
+    own process, so `peak_rss_mb` is that run's peak (interpreter and libraries included; `rss_before_mb`
+    is the level before simulating). Returns one record per run with `wall_s`, `us_per_request`,
+    `peak_rss_mb` and run statistics.
     """
     for name in allocators:
         if name not in ALLOCATORS:
             raise ConfigError(f"unknown allocator {name!r}; choose from {', '.join(ALLOCATORS)}")
     if repeat < 1:
         raise ConfigError(f"repeat must be >= 1, got {repeat}")
+    if trace is None and None in num_requests_list:
+        raise ConfigError("a synthetic benchmark trace needs a number of requests")
     base = config or SimConfig()
     records = []
-    for n in num_requests_list:
-        for name in allocators:
-            for ev in events:
-                cfg = dataclasses.replace(base, allocator=name, record_events=ev)
-                for i in range(repeat):
-                    args = (trace, n, cfg)
-                    kwargs = {"rate": rate, "lengths": lengths, "seed": seed}
-                    record = _isolated(args, kwargs) if isolate else measure_once(*args, **kwargs)
-                    record.update(repeat=i, isolated=isolate)
-                    records.append(record)
+    with tempfile.TemporaryDirectory(prefix="pagelab-bench-traces-") as traces_dir:
+        for n in num_requests_list:
+            path, label = trace, None
+            if trace is None:
+                path = str(write_synthetic(Path(traces_dir) / f"syn-{n}.parquet", n, rate, lengths, seed))
+                label = f"synthetic({lengths}, {rate:g} req/s)"
+            for name in allocators:
+                for ev in events:
+                    cfg = dataclasses.replace(base, allocator=name, record_events=ev)
+                    for i in range(repeat):
+                        args = (path, n, cfg, label)
+                        record = _isolated(args, {}) if isolate else measure_once(*args)
+                        record.update(repeat=i, isolated=isolate)
+                        records.append(record)
+            if trace is None:
+                Path(path).unlink()  # a 10M-request trace is ~150 MB
     return records
 
 
