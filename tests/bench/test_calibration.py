@@ -14,6 +14,7 @@ from bench.calibration import (
     floor_row,
     floor_table,
     held_out_part,
+    judged_lines,
     markdown_table,
     noise_floor,
     pagelab,
@@ -92,6 +93,23 @@ def test_the_floor_says_which_parts_the_machine_repeats_within_the_targets():
     assert "not measured" in floor_lines({})[0]
     table = floor_table(rows).splitlines()
     assert table[2] == "| B-repeat vs B | 39.4% | +14.7% | -2.0% |" and len(table) == 5
+
+
+def test_only_runs_of_parts_the_machine_repeats_are_judged():
+    runs = run_names(["A", "B", "C"], ["B", "A", "C"])
+    rows = {"A": summary_row(_comparison(0.116, 0.006)), "B": summary_row(_comparison(0.108, -0.036)),
+            "C": summary_row(_comparison(0.02, 0.108)), "B-repeat": summary_row(_comparison(0.028, 0.008)),
+            "A-repeat": summary_row(_comparison(0.179, 0.019)),
+            "C-repeat": summary_row(_comparison(0.01, 0.0))}
+    floor = {"B-repeat vs B": floor_row(_comparison(0.099, -0.043)),
+             "A-repeat vs A": floor_row(_comparison(0.09, -0.013)),
+             "C-repeat vs C": floor_row(_comparison(0.066, 0.053))}  # C's throughput floor is over 5%
+    assert judged_lines(rows, floor, runs) == [
+        "judged runs (B, A and their repeats): e2e target met on 1 of 4, NOT met on A, B, A-repeat",
+        "judged runs (B, A and their repeats): throughput target met on 4 of 4"]
+    noisy = {"A-repeat vs A": floor_row(_comparison(0.4, 0.0))}
+    assert judged_lines(rows, noisy, runs)[0].startswith("judged runs: none")
+    assert judged_lines(rows, {}, runs) == []
 
 
 @pytest.fixture(scope="module")
