@@ -55,7 +55,8 @@ def calibrate_cmd(
     allocator: str = typer.Option(None, help="Fit only this allocator's folder of each run."),
     min_steps: int = typer.Option(20, help="Fewest measured steps a fit accepts."),
     objective: str = typer.Option("absolute", help="absolute (least squares in seconds: total time right) or "
-                                                   "relative (every step weighs alike)."),
+                                                   "relative (every step weighs alike, then scaled to the "
+                                                   "measured total time)."),
 ) -> None:
     """Fit the step-latency model to measured replays; print the fit quality and write a profile."""
     from simulator.calibrate import calibrate

@@ -156,6 +156,21 @@ def test_fit_with_noise_and_a_zero_coefficient_stays_non_negative():
     assert fitted.coefficients[3] == pytest.approx(coefs[3], rel=0.05)
 
 
+def test_relative_fit_keeps_the_total_time_and_recovers_exact_coefficients():
+    exact = pd.DataFrame(_measured(np.random.default_rng(4), 500))
+    fitted = fit_latency(exact, OPT, A100, relative=True)
+    np.testing.assert_allclose(fitted.coefficients, TRUE_COEFS, rtol=1e-6)
+    # With noise, unscaled relative least squares prices the steps short in total; the fit must not.
+    rng = np.random.default_rng(5)
+    noisy = _measured(rng, 3000)
+    noisy["step_s"] = noisy["step_s"] * np.exp(0.3 * rng.standard_normal(3000))
+    fitted = fit_latency(noisy, OPT, A100, relative=True)
+    busy = noisy["num_batched_tokens"] > 0
+    predicted = fitted.step_times(noisy["num_batched_tokens"], noisy["attn_pairs"], noisy["kv_tokens_read"])
+    assert predicted[busy].sum() == pytest.approx(noisy["step_s"][busy].sum(), rel=1e-9)
+    assert all(c >= 0 for c in fitted.coefficients)
+
+
 def test_fit_rejects_bad_measurements():
     data = _measured(np.random.default_rng(2), 20)
     with pytest.raises(ConfigError, match="missing column 'step_s'"):
