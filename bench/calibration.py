@@ -110,13 +110,16 @@ def markdown_table(rows: dict[str, dict]) -> str:
 
 def verdict_lines(rows: dict[str, dict]) -> list[str]:
     """One line per target: on how many held-out runs it is met, and which miss it."""
-    out = []
-    for i, target in enumerate((f"e2e median |err| <= {TARGET_E2E:.0%}",
-                                f"|throughput err| <= {TARGET_THROUGHPUT:.0%}")):
-        missed = [name for name, row in rows.items() if not verdicts(row)[i]]
-        out.append(f"{target}: met on {len(rows) - len(missed)} of {len(rows)} held-out runs"
-                   + (f", NOT met on {', '.join(missed)}" if missed else ""))
-    return out
+    targets = (f"e2e median |err| <= {TARGET_E2E:.0%}", f"|throughput err| <= {TARGET_THROUGHPUT:.0%}")
+    return [f"{target}: met on {len(rows) - len(missed)} of {len(rows)} held-out runs"
+            + (f", NOT met on {', '.join(missed)}" if missed else "")
+            for target, missed in zip(targets, _missed(rows), strict=True)]
+
+
+def _missed(rows: dict[str, dict]) -> tuple[list[str], list[str]]:
+    """The runs that miss the e2e target, and those that miss the throughput target."""
+    return ([n for n, row in rows.items() if not verdicts(row)[0]],
+            [n for n, row in rows.items() if not verdicts(row)[1]])
 
 
 def floor_pairs(runs: list[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -159,6 +162,13 @@ def floor_table(rows: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def _floor_over(row: dict) -> list[str]:
+    """How a repeat's floor row exceeds the targets ("e2e 12.3%", "throughput +6.1%"); empty: within both."""
+    e2e, thr = row[FLOOR_COLUMNS[0]], row[FLOOR_COLUMNS[1]]
+    return ([f"e2e {100 * e2e:.1f}%"] if e2e is None or e2e > TARGET_E2E else []) + \
+           ([f"throughput {100 * thr:+.1f}%"] if thr is None or abs(thr) > TARGET_THROUGHPUT else [])
+
+
 def floor_lines(rows: dict[str, dict]) -> list[str]:
     """Whether this machine repeats its own replays within the targets: where it does not, a part's
     verdicts measure the machine's noise as much as the model's error."""
@@ -167,9 +177,7 @@ def floor_lines(rows: dict[str, dict]) -> list[str]:
                 "the model's error from the machine's noise"]
     noisy, steady = [], []
     for name, row in rows.items():
-        e2e, thr = row[FLOOR_COLUMNS[0]], row[FLOOR_COLUMNS[1]]
-        over = ([f"e2e {100 * e2e:.1f}%"] if e2e is None or e2e > TARGET_E2E else []) + \
-               ([f"throughput {100 * thr:+.1f}%"] if thr is None or abs(thr) > TARGET_THROUGHPUT else [])
+        over = _floor_over(row)
         part = name.split(" vs ")[1]
         (noisy if over else steady).append(f"{part} ({', '.join(over)})" if over else part)
     if not noisy:
@@ -187,21 +195,16 @@ def judged_lines(rows: dict[str, dict], floor: dict[str, dict], runs: list[tuple
         return []
     steady: dict[str, bool] = {}
     for name, row in floor.items():
-        e2e, thr = row[FLOOR_COLUMNS[0]], row[FLOOR_COLUMNS[1]]
-        ok = e2e is not None and e2e <= TARGET_E2E and thr is not None and abs(thr) <= TARGET_THROUGHPUT
         part = name.split(" vs ")[1]
-        steady[part] = steady.get(part, True) and ok
+        steady[part] = steady.get(part, True) and not _floor_over(row)
     parts = [p for p, ok in steady.items() if ok]
     if not parts:
         return ["judged runs: none (no repeated part is within both targets of its first replay)"]
     judged = {name: rows[name] for name, part in runs if part in parts and name in rows}
-    out = []
-    for i, target in enumerate(("e2e", "throughput")):
-        missed = [name for name, row in judged.items() if not verdicts(row)[i]]
-        out.append(f"judged runs ({', '.join(parts)} and their repeats): {target} target met on "
-                   f"{len(judged) - len(missed)} of {len(judged)}"
-                   + (f", NOT met on {', '.join(missed)}" if missed else ""))
-    return out
+    return [f"judged runs ({', '.join(parts)} and their repeats): {target} target met on "
+            f"{len(judged) - len(missed)} of {len(judged)}"
+            + (f", NOT met on {', '.join(missed)}" if missed else "")
+            for target, missed in zip(("e2e", "throughput"), _missed(judged), strict=True)]
 
 
 def validate(profile: str, out: Path, runs: list[tuple[str, str]], reuse: bool = False) -> dict[str, dict]:
