@@ -40,28 +40,13 @@ bench: env
 	$(PY) -m pytest -q benchmarks --benchmark-enable --benchmark-only
 
 # A latency profile for this machine in one command (docs/calibration.md), e.g. on a GPU:
-#   make profile DEVICE=cuda MODEL=llama-1b-shape GPU=h100-80gb BACKEND=triton PROFILE=h100-1b.json
-# Three replays of synthetic calibration traces, then a fit. The traces span what a workload's steps can be:
-# prompts up to max_model_len (a fit extrapolates badly past its longest prefill), and short prompts in
-# batches of 2-8, so that per-sequence and per-context-token decode costs can be told apart.
-# Then, on a CPU, the held-out validation: python -m bench.calibration --profile $(PROFILE) --repeat B,A,C
+#   make profile DEVICE=cuda GPU=h100-80gb PROFILE=h100-1b.json     (llama-1b-shape, Triton, wall clock)
+# bench/profile.py replays three synthetic calibration traces and fits them. Then the held-out validation:
+#   python -m bench.calibration --profile $(PROFILE) --device $(DEVICE) --repeat B,A,C
 DEVICE ?= cpu
-MODEL ?= tiny
-BACKEND ?= torch
-GPU ?= cpu
-CLOCK ?= $(if $(filter cpu,$(DEVICE)),cpu,wall)
-PROFILE ?= runs/profile/$(GPU)-$(MODEL).json
-CAL_TRACE = $(VENV)/bin/pagelab trace gen --num 48 --arrival poisson --lengths uniform --output-range 8:300 \
-	  --max-model-len 4096
 profile: env
-	mkdir -p runs/profile
-	$(CAL_TRACE) --rate 1.5 --prompt-range 16:3796 --seed 11 --out runs/profile/cal1.csv
-	$(CAL_TRACE) --rate 4 --prompt-range 16:3796 --seed 12 --out runs/profile/cal2.csv
-	$(CAL_TRACE) --rate 3 --prompt-range 16:600 --seed 13 --out runs/profile/cal3.csv
-	for i in 1 2 3; do rm -rf runs/profile/replay$$i; $(VENV)/bin/pagelab replay runs/profile/cal$$i.csv --limit 48 \
-	  --model $(MODEL) --device $(DEVICE) --backend $(BACKEND) --clock $(CLOCK) --out runs/profile/replay$$i || exit 1; done
-	$(VENV)/bin/pagelab calibrate runs/profile/replay1 runs/profile/replay2 runs/profile/replay3 --gpu $(GPU) \
-	  --objective relative --out $(PROFILE)
+	$(PY) -m bench.profile --device $(DEVICE) $(if $(GPU),--gpu $(GPU)) $(if $(MODEL),--model $(MODEL)) \
+	  $(if $(BACKEND),--backend $(BACKEND)) $(if $(PROFILE),--out $(PROFILE))
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info

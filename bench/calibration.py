@@ -1,10 +1,11 @@
-"""Held-out validation of a CPU latency profile (`python -m bench.calibration`; docs/calibration.md).
+"""Held-out validation of a latency profile (`python -m bench.calibration`; docs/calibration.md).
 
 The issue-14 targets, measured in one command: the first 120 requests of the bundled Azure conversation
 trace are cut into three parts of 40 (A, B, C; each shifted to start at 0), and A is also run at half the
 rate (`--time-scale 2`, "A-x2"). None of them is in the `make profile` calibration set. Each part is
-replayed on the CPU engine (tiny preset, torch backend, CPU-time clock, block size 16, 0.25 GiB of KV,
-recompute preemption, prefix caching on), simulated with the profile on the replay's own configuration
+replayed on the engine (by default the CPU engine: tiny preset, torch backend, CPU-time clock, block size
+16, 0.25 GiB of KV, recompute preemption, prefix caching on; `--device cuda`: llama-1b-shape, Triton, wall
+clock, 8 GiB of KV; bench/replay_setup.py), simulated with the profile on the replay's own configuration
 (`simulate --profile P --config-from RUN`), and compared (`pagelab compare`). The table gives, per run,
 the errors of the simulation against the measurement and whether each target is met. Parts replayed
 twice (`--repeat`) also give the noise floor: each repeat compared with its first replay, and whether the
@@ -22,14 +23,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from bench.replay_setup import ReplaySetup, add_arguments, pagelab
+
 # name -> (first request, arrival time scale); the order of docs/calibration.md's table.
 PARTS = {"A": (0, 1.0), "B": (40, 1.0), "A-x2": (0, 2.0), "C": (80, 1.0)}
 PART_SIZE = 40
 TRACE = "azure-conv"
-# The replay of every part: what the bundled profile was measured with (Makefile, `make profile`).
-REPLAY_OPTIONS = ("--model", "tiny", "--device", "cpu", "--backend", "torch", "--clock", "cpu",
-                  "--block-size", "16", "--kv-memory-gb", "0.25", "--preemption", "recompute",
-                  "--prefix-caching")
 # The issue's targets: median |end-to-end latency error| and |output throughput error| per held-out run.
 TARGET_E2E = 0.10
 TARGET_THROUGHPUT = 0.05
@@ -60,21 +59,18 @@ def run_names(parts: list[str], repeats: list[str]) -> list[tuple[str, str]]:
     return runs
 
 
-def pagelab(*args: str) -> None:
-    """Run one `pagelab` command in this process; a non-zero exit stops the validation."""
-    from cli import app
-
-    code = app(args=[str(a) for a in args], prog_name="pagelab", standalone_mode=False)
-    if code not in (None, 0):
-        raise SystemExit(f"pagelab {' '.join(map(str, args))} failed (exit {code})")
-
-
-def validate_run(trace_csv: Path, time_scale: float, profile: str, out: Path, reuse: bool) -> dict:
-    """Replay (unless `reuse` finds one), simulate and compare one run; the comparison's JSON."""
-    real, sim, cmp = out / "real", out / "sim", out / "compare"
+def replay_run(trace_csv: Path, time_scale: float, setup: ReplaySetup, out: Path, reuse: bool) -> Path:
+    """Replay one run into OUT/real (unless `reuse` finds one there); the run folder."""
+    real = out / "real"
     if not (reuse and (real / "summary.json").is_file()):
         pagelab("replay", trace_csv, "--limit", str(PART_SIZE), "--time-scale", str(time_scale),
-                *REPLAY_OPTIONS, "--out", real, "--overwrite")
+                *setup.replay_options(), "--out", real, "--overwrite")
+    return real
+
+
+def validate_run(real: Path, profile: str, out: Path) -> dict:
+    """Simulate the replay in `real` with the profile and compare the two; the comparison's JSON."""
+    sim, cmp = out / "sim", out / "compare"
     pagelab("simulate", "--profile", profile, "--config-from", real, "--out", sim, "--overwrite")
     pagelab("compare", sim, real, "--out", cmp)
     return json.loads((cmp / "comparison.json").read_text())
@@ -207,20 +203,29 @@ def judged_lines(rows: dict[str, dict], floor: dict[str, dict], runs: list[tuple
             for target, missed in zip(("e2e", "throughput"), _missed(judged), strict=True)]
 
 
-def validate(profile: str, out: Path, runs: list[tuple[str, str]], reuse: bool = False) -> dict[str, dict]:
-    """Replay, simulate and compare every (run name, part); measure the noise floor of the repeats; write
-    validation.md/.json; the table's rows."""
+def replay_all(setup: ReplaySetup, out: Path, runs: list[tuple[str, str]],
+               reuse: bool = False) -> dict[str, Path]:
+    """Write each part's trace into `out` and replay every (run name, part); run name -> replay folder."""
     from traces import load_trace, save_trace
 
     trace = load_trace(TRACE)
     out.mkdir(parents=True, exist_ok=True)
-    rows: dict[str, dict] = {}
+    reals = {}
     for name, part in runs:
         start, scale = PARTS[part]
         trace_csv = out / f"azure-{start}-{start + PART_SIZE - 1}.csv"
         if not trace_csv.is_file():
             save_trace(held_out_part(trace, start), trace_csv)
-        rows[name] = summary_row(validate_run(trace_csv, scale, profile, out / name, reuse))
+        reals[name] = replay_run(trace_csv, scale, setup, out / name, reuse)
+    return reals
+
+
+def validate(profile: str, out: Path, runs: list[tuple[str, str]], reuse: bool = False,
+             setup: ReplaySetup | None = None) -> dict[str, dict]:
+    """Replay, simulate and compare every (run name, part); measure the noise floor of the repeats; write
+    validation.md/.json; the table's rows."""
+    reals = replay_all(setup or ReplaySetup(), out, runs, reuse)
+    rows = {name: summary_row(validate_run(real, profile, out / name)) for name, real in reals.items()}
     floor = noise_floor(out, floor_pairs(runs))
     table = markdown_table(rows)
     lines = verdict_lines(rows) + floor_lines(floor) + judged_lines(rows, floor, runs)
@@ -247,12 +252,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", default="", help="parts replayed a second time, e.g. B,A,C (the noise floor)")
     ap.add_argument("--reuse", action="store_true", help="keep replays already in --out (validate another "
                     "profile on the same measurements)")
+    ap.add_argument("--replay-only", action="store_true", help="replay the runs and stop (measure on one "
+                    "machine, validate with --reuse on another)")
+    add_arguments(ap)
     args = ap.parse_args(argv)
     try:
         runs = run_names(split_names(args.parts), split_names(args.repeat))
     except ValueError as exc:
         ap.error(str(exc))
-    validate(args.profile, args.out, runs, args.reuse)
+    setup = ReplaySetup.from_args(args)
+    if args.replay_only:
+        replay_all(setup, args.out, runs, args.reuse)
+        floor = noise_floor(args.out, floor_pairs(runs))
+        print("\n".join([floor_table(floor)] * bool(floor) + floor_lines(floor)))
+    else:
+        validate(args.profile, args.out, runs, args.reuse, setup)
     return 0
 
 

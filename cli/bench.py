@@ -272,12 +272,23 @@ def calibration_bench(
     repeat: str = typer.Option("", help="Parts replayed a second time, e.g. B,A,C (the noise floor)."),
     reuse: bool = typer.Option(False, "--reuse", help="Keep replays already in --out (another profile, "
                                                      "same measurements)."),
+    replay_only: bool = typer.Option(False, "--replay-only", help="Replay and stop (validate elsewhere "
+                                                                  "with --reuse)."),
+    device: str = typer.Option("cpu", help="cpu (tiny, torch, CPU-time clock) or cuda (llama-1b-shape, "
+                                           "Triton, wall clock)."),
+    model: str = typer.Option(None, help="Engine model preset (default: the device's)."),
+    backend: str = typer.Option(None, help="torch or triton (default: the device's)."),
+    kv_memory_gb: float = typer.Option(None, help="KV pool in GiB (default: 0.25 on cpu, 8 on cuda)."),
 ) -> None:
-    """Held-out validation of a CPU latency profile: replay, simulate and compare Azure parts (minutes)."""
-    from bench.calibration import run_names, split_names, validate
+    """Held-out validation of a latency profile: replay, simulate and compare Azure parts (minutes)."""
+    from bench.calibration import main
 
+    argv = ["--profile", profile, "--out", str(out), "--parts", parts, "--repeat", repeat, "--device", device]
+    argv += ["--reuse"] * reuse + ["--replay-only"] * replay_only
+    for flag, value in (("--model", model), ("--backend", backend), ("--kv-memory-gb", kv_memory_gb)):
+        if value is not None:
+            argv += [flag, str(value)]
     try:
-        runs = run_names(split_names(parts), split_names(repeat))
+        main(argv)
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    validate(profile, out, runs, reuse)

@@ -1,0 +1,72 @@
+"""A latency profile for this machine in one command (`python -m bench.profile`; `make profile` calls it).
+
+Three synthetic calibration traces are replayed on the engine and `pagelab calibrate` fits them with the
+relative objective. The traces span what a workload's steps can be: prompts up to max_model_len (a fit
+extrapolates badly past its longest prefill) at two rates, and short prompts in batches of 2-8, so that
+per-sequence and per-context-token decode costs can be told apart (docs/calibration.md, sittings 15-22).
+Everything runs through the `pagelab` commands, so the run folders under --runs are a user's own.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from bench.replay_setup import ReplaySetup, add_arguments, pagelab
+
+NUM_REQUESTS = 48
+# name -> (Poisson rate in req/s, prompt range, seed); outputs 8-300 tokens in all three.
+TRACES = {"cal1": (1.5, (16, 3796), 11), "cal2": (4.0, (16, 3796), 12), "cal3": (3.0, (16, 600), 13)}
+OUTPUT_RANGE = (8, 300)
+
+
+def prompt_range(low_high: tuple[int, int], max_model_len: int) -> tuple[int, int]:
+    """The recipe's prompt range, its top cut to leave room for the longest output under max_model_len."""
+    low, high = low_high
+    return low, max(low, min(high, max_model_len - OUTPUT_RANGE[1]))
+
+
+def make_profile(setup: ReplaySetup, gpu: str, out: Path, runs: Path, num: int = NUM_REQUESTS) -> Path:
+    """Generate the calibration traces (`num` requests each), replay them on `setup` into `runs`, fit and
+    write `out`."""
+    runs.mkdir(parents=True, exist_ok=True)
+    folders = []
+    for name, (rate, prompts, seed) in TRACES.items():
+        low, high = prompt_range(prompts, setup.max_model_len)
+        trace = runs / f"{name}.csv"
+        pagelab("trace", "gen", "--num", num, "--arrival", "poisson", "--lengths", "uniform",
+                "--output-range", f"{OUTPUT_RANGE[0]}:{OUTPUT_RANGE[1]}", "--max-model-len",
+                setup.max_model_len, "--rate", rate, "--prompt-range", f"{low}:{high}", "--seed", seed,
+                "--out", trace)
+        folder = runs / f"replay-{name}"
+        pagelab("replay", trace, "--limit", num, *setup.replay_options(), "--out", folder,
+                "--overwrite")
+        folders.append(folder)
+    pagelab("calibrate", *folders, "--gpu", gpu, "--objective", "relative", "--out", out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line of `python -m bench.profile`."""
+    ap = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__.splitlines()[0])
+    add_arguments(ap)
+    ap.add_argument("--gpu", help="GPU preset of the profile (default: cpu on cpu; required on cuda, e.g. "
+                    "h100-80gb)")
+    ap.add_argument("--out", type=Path, help="profile file (default: runs/profile/GPU-MODEL.json)")
+    ap.add_argument("--num", type=int, default=NUM_REQUESTS, help=f"requests per calibration trace (default "
+                    f"{NUM_REQUESTS})")
+    ap.add_argument("--runs", type=Path, default=Path("runs/profile"), help="folder of the traces and "
+                    "replays (default runs/profile)")
+    args = ap.parse_args(argv)
+    setup = ReplaySetup.from_args(args)
+    gpu = args.gpu or ("cpu" if setup.device == "cpu" else None)
+    if gpu is None:
+        ap.error("--gpu is required with --device cuda (the GPU preset the profile stands for, e.g. "
+                 "h100-80gb)")
+    out = args.out or args.runs / f"{gpu}-{setup.model}.json"
+    make_profile(setup, gpu, out, args.runs, args.num)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""What a calibration replays on: the engine options shared by `bench.profile` and `bench.calibration`.
+
+A profile is only as good as the match between the replays it was fitted on and the replays it is
+validated against, so both tools build their `pagelab replay` options from one `ReplaySetup`.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+# Per device: (model, backend, KV pool in GiB). The CPU row is what the bundled cpu-tiny was measured with;
+# on a GPU a fixed pool (not "all free memory") keeps a replay and its simulation on the same capacity.
+DEFAULTS = {"cpu": ("tiny", "torch", 0.25), "cuda": ("llama-1b-shape", "triton", 8.0)}
+MAX_MODEL_LEN = 4096  # tiny's own limit; GPU presets are cut to it so the same prompts run everywhere
+
+
+@dataclass(frozen=True)
+class ReplaySetup:
+    """Model, device, backend and pool of every replay of a calibration or a validation."""
+
+    device: str = "cpu"
+    model: str = "tiny"
+    backend: str = "torch"
+    kv_memory_gb: float = 0.25
+    max_model_len: int = MAX_MODEL_LEN
+    block_size: int = 16
+
+    @property
+    def clock(self) -> str:
+        """CPU replays run on the CPU-time clock (docs/calibration.md); GPU replays on the wall clock."""
+        return "cpu" if self.device == "cpu" else "wall"
+
+    def replay_options(self) -> tuple[str, ...]:
+        """The `pagelab replay` options of this setup (recompute preemption, prefix caching on)."""
+        return ("--model", self.model, "--device", self.device, "--backend", self.backend,
+                "--clock", self.clock, "--block-size", str(self.block_size),
+                "--kv-memory-gb", f"{self.kv_memory_gb:g}", "--max-model-len", str(self.max_model_len),
+                "--preemption", "recompute", "--prefix-caching")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ReplaySetup:
+        """The setup named by `add_arguments`' options, the device's defaults filling the rest."""
+        model, backend, kv = DEFAULTS[args.device]
+        return cls(device=args.device, model=args.model or model, backend=args.backend or backend,
+                   kv_memory_gb=args.kv_memory_gb if args.kv_memory_gb is not None else kv,
+                   max_model_len=args.max_model_len, block_size=args.block_size)
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """--device, --model, --backend, --kv-memory-gb, --max-model-len, --block-size."""
+    ap.add_argument("--device", choices=sorted(DEFAULTS), default="cpu", help="cpu (CPU-time clock) or cuda "
+                    "(wall clock)")
+    ap.add_argument("--model", help="engine model preset (default: tiny on cpu, llama-1b-shape on cuda)")
+    ap.add_argument("--backend", choices=("torch", "triton"), help="attention backend (default: torch on "
+                    "cpu, triton on cuda)")
+    ap.add_argument("--kv-memory-gb", type=float, help="KV pool in GiB (default: 0.25 on cpu, 8 on cuda)")
+    ap.add_argument("--max-model-len", type=int, default=MAX_MODEL_LEN, help=f"longest sequence; longer "
+                    f"prompts are clipped (default {MAX_MODEL_LEN})")
+    ap.add_argument("--block-size", type=int, default=16, help="paged block size (default 16)")
+
+
+def pagelab(*args: object) -> None:
+    """Run one `pagelab` command in this process; a non-zero exit stops the caller."""
+    from cli import app
+
+    code = app(args=[str(a) for a in args], prog_name="pagelab", standalone_mode=False)
+    if code not in (None, 0):
+        raise SystemExit(f"pagelab {' '.join(map(str, args))} failed (exit {code})")

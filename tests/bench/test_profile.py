@@ -1,0 +1,77 @@
+"""The calibration recipe (`python -m bench.profile`) and the replay setup it shares with the validation."""
+from __future__ import annotations
+
+import argparse
+import json
+
+import pandas as pd
+import pytest
+
+from bench import calibration, profile
+from bench.replay_setup import ReplaySetup, add_arguments
+
+
+def _setup(*argv: str) -> ReplaySetup:
+    ap = argparse.ArgumentParser()
+    add_arguments(ap)
+    return ReplaySetup.from_args(ap.parse_args(list(argv)))
+
+
+def test_each_device_gets_its_own_defaults_and_clock():
+    cpu = _setup()
+    assert (cpu.model, cpu.backend, cpu.kv_memory_gb, cpu.clock) == ("tiny", "torch", 0.25, "cpu")
+    gpu = _setup("--device", "cuda")
+    assert (gpu.model, gpu.backend, gpu.kv_memory_gb, gpu.clock) == ("llama-1b-shape", "triton", 8.0, "wall")
+    custom = _setup("--device", "cuda", "--model", "tiny", "--kv-memory-gb", "2", "--block-size", "32")
+    assert (custom.model, custom.backend, custom.kv_memory_gb, custom.block_size) == \
+        ("tiny", "triton", 2.0, 32)
+
+
+def test_replay_options_are_what_the_bundled_profile_was_measured_with():
+    opts = ReplaySetup().replay_options()
+    assert opts[-1] == "--prefix-caching"
+    pairs = dict(zip(opts[:-1:2], opts[1:-1:2], strict=True))
+    assert pairs == {"--model": "tiny", "--device": "cpu", "--backend": "torch", "--clock": "cpu",
+                     "--block-size": "16", "--kv-memory-gb": "0.25", "--max-model-len": "4096",
+                     "--preemption": "recompute"}
+    gpu = _setup("--device", "cuda").replay_options()
+    assert gpu[gpu.index("--clock") + 1] == "wall" and gpu[gpu.index("--kv-memory-gb") + 1] == "8"
+
+
+def test_prompt_ranges_leave_room_for_the_longest_output():
+    assert profile.prompt_range((16, 3796), 4096) == (16, 3796)
+    assert profile.prompt_range((16, 3796), 1024) == (16, 1024 - profile.OUTPUT_RANGE[1])
+    assert profile.prompt_range((16, 600), 200) == (16, 16)  # never below the bottom of the range
+
+
+def test_a_gpu_profile_needs_its_gpu_preset(capsys):
+    with pytest.raises(SystemExit) as exc:
+        profile.main(["--device", "cuda"])
+    assert exc.value.code == 2
+    assert "--gpu is required" in capsys.readouterr().err
+
+
+def test_the_recipe_replays_three_traces_and_fits_them_all(tmp_path, single_thread):
+    out = tmp_path / "p.json"
+    assert profile.main(["--num", "4", "--max-model-len", "320", "--runs", str(tmp_path / "runs"),
+                         "--out", str(out)]) == 0
+    prof = json.loads(out.read_text())
+    assert (prof["model"], prof["gpu"], prof["block_size"], prof["device"]) == ("tiny", "cpu", 16, "cpu")
+    steps = [pd.read_parquet(tmp_path / "runs" / f"replay-{name}" / "paged" / "steps.parquet")
+             for name in profile.TRACES]
+    assert prof["fit"]["num_steps"] == sum(len(s) for s in steps)
+    for name, (_, (low, _high), _) in profile.TRACES.items():
+        trace = pd.read_csv(tmp_path / "runs" / f"{name}.csv")
+        assert len(trace) == 4
+        assert trace["prompt_len"].between(low, 320 - profile.OUTPUT_RANGE[1]).all()
+    # The relative objective, scaled: the fit prices its own steps' total exactly.
+    assert prof["fit"]["total_time_rel_error"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_replay_only_measures_the_floor_without_a_profile(tmp_path, single_thread, capsys):
+    assert calibration.main(["--replay-only", "--parts", "C", "--repeat", "C", "--max-model-len", "256",
+                             "--out", str(tmp_path), "--profile", "no-such-profile"]) == 0
+    assert (tmp_path / "C" / "real" / "paged" / "steps.parquet").is_file()
+    assert (tmp_path / "C-repeat" / "floor" / "comparison.json").is_file()
+    assert not (tmp_path / "C" / "sim").exists()
+    assert "C-repeat vs C" in capsys.readouterr().out
