@@ -25,6 +25,8 @@ def check_block_manager(bm: KVAllocator) -> None:
             _fail(f"block {bid} has negative ref count {bm._ref[bid]}")
         if bm._ref[bid] != refs.get(bid, 0):
             _fail(f"block {bid}: ref count {bm._ref[bid]} but {refs.get(bid, 0)} table entries")
+    if bm._plain and (any(r > 1 for r in bm._ref) or any(k is not None for k in bm._key)):
+        _fail("the manager claims no block was ever shared or keyed, but one is")
     free = bm._free
     if len(set(free)) != len(free):
         _fail("a block appears twice in the free stack")

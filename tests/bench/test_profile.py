@@ -51,7 +51,7 @@ def test_a_gpu_profile_needs_its_gpu_preset(capsys):
     assert "--gpu is required" in capsys.readouterr().err
 
 
-def test_the_recipe_replays_three_traces_and_fits_them_all(tmp_path, single_thread):
+def test_the_recipe_replays_every_trace_and_fits_them_all(tmp_path, single_thread):
     out = tmp_path / "p.json"
     assert profile.main(["--num", "4", "--max-model-len", "320", "--runs", str(tmp_path / "runs"),
                          "--out", str(out)]) == 0

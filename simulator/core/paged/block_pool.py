@@ -8,11 +8,13 @@ serves one block or many (a slice of the free stack unless it must evict), and t
 """
 from __future__ import annotations
 
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING
 
 from simulator.core.errors import AllocationError
 from simulator.core.sequence import Sequence
+
+_request_id = attrgetter("request_id")
 
 if TYPE_CHECKING:
     from collections import OrderedDict
@@ -40,6 +42,7 @@ class BlockPool:
     _seqs: dict[int, Sequence]
     _total_filled: int
     _internal: int
+    _plain: bool
 
     def _take(self, num: int, request_id: int | list[int], times: list[float] | None = None) -> list[int]:
         """`num` blocks with ref count 1: from the free stack (lowest id first), then the least recently
@@ -100,6 +103,7 @@ class BlockPool:
                 self._recorder.acquire(bid * self.block_size, self.block_size, request_id)
         self._ref[bid] = ref + 1
         if ref >= 1:
+            self._plain = False
             if self._bulk_recorder is not None:
                 self._bulk_recorder.share_block(bid, self.block_size, ref + 1)
             elif self._recorder is not None:
@@ -129,7 +133,7 @@ class BlockPool:
         """Give each of `seqs`, in order, the fresh block its next token needs, as `append_slot` does when a
         sequence's last block is full (a sequence may appear again for a later step). For the simulator's
         lazy decode batch, which counts tokens itself and settles them with `set_num_tokens`."""
-        rids = [s.request_id for s in seqs] if self._recorder is not None else 0
+        rids = list(map(_request_id, seqs)) if self._recorder is not None else 0
         new = self._take(len(seqs), rids, times)
         filled, bs = self._filled, self.block_size
         for s, bid in zip(seqs, new, strict=True):
@@ -158,7 +162,8 @@ class BlockPool:
         n = len(table)
         if n > 1:
             get = itemgetter(*table)
-            if get(ref).count(1) == n and get(hashes).count(None) == n and get(keys).count(None) == n:
+            if self._plain or (get(ref).count(1) == n and get(hashes).count(None) == n
+                               and get(keys).count(None) == n):
                 # The common case: no block shared, none cached: all go back to the free stack at once.
                 fills = get(filled)
                 self._total_filled -= sum(fills)

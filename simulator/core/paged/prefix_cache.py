@@ -75,6 +75,7 @@ class PrefixCacheMixin:
             if parent_key is None:
                 return  # an unkeyed parent breaks the chain; nothing after it can be matched
         h = self._hash_fn((parent_hash, content, seq.extra_key))
+        self._plain = False
         self._key[bid] = (parent_key, content, seq.extra_key)
         self._hash[bid] = h
         self._cached.setdefault(h, bid)  # an identical or colliding block already published wins
