@@ -41,7 +41,7 @@ bench: env
 
 # A latency profile for this machine in one command (docs/calibration.md), e.g. on a GPU:
 #   make profile DEVICE=cuda GPU=h100-80gb PROFILE=h100-1b.json     (llama-1b-shape, Triton, wall clock)
-# bench/profile.py replays three synthetic calibration traces and fits them. Then the held-out validation:
+# bench/profile.py replays four synthetic calibration traces and fits them. Then the held-out validation:
 #   python -m bench.calibration --profile $(PROFILE) --device $(DEVICE) --repeat B,A,C
 DEVICE ?= cpu
 profile: env

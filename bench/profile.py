@@ -1,9 +1,10 @@
 """A latency profile for this machine in one command (`python -m bench.profile`; `make profile` calls it).
 
-Three synthetic calibration traces are replayed on the engine and `pagelab calibrate` fits them with the
-relative objective. The traces span what a workload's steps can be: prompts up to max_model_len (a fit
-extrapolates badly past its longest prefill) at two rates, and short prompts in batches of 2-8, so that
-per-sequence and per-context-token decode costs can be told apart (docs/calibration.md, sittings 15-22).
+Four synthetic calibration traces are replayed on the engine and `pagelab calibrate` fits them with the
+relative objective. The traces span what a workload's steps can be, two prompt ranges at two loads: prompts
+up to max_model_len (a fit extrapolates badly past its longest prefill) in small and in large batches, and
+short prompts in batches of 2-8 and of 10-25, so that per-sequence and per-context-token decode costs can
+be told apart at every batch size (docs/calibration.md, sittings 15-23).
 Everything runs through the `pagelab` commands, so the run folders under --runs are a user's own.
 """
 from __future__ import annotations
@@ -15,8 +16,9 @@ from pathlib import Path
 from bench.replay_setup import ReplaySetup, add_arguments, pagelab
 
 NUM_REQUESTS = 48
-# name -> (Poisson rate in req/s, prompt range, seed); outputs 8-300 tokens in all three.
-TRACES = {"cal1": (1.5, (16, 3796), 11), "cal2": (4.0, (16, 3796), 12), "cal3": (3.0, (16, 600), 13)}
+# name -> (Poisson rate in req/s, prompt range, seed); outputs 8-300 tokens in all four.
+TRACES = {"cal1": (1.5, (16, 3796), 11), "cal2": (4.0, (16, 3796), 12), "cal3": (3.0, (16, 600), 13),
+          "cal4": (10.0, (16, 600), 14)}
 OUTPUT_RANGE = (8, 300)
 
 

@@ -269,3 +269,19 @@ def test_taxonomy_splits_reservation_and_internal_fragmentation(paged, make_grou
     assert sum(b.fractions().values()) == pytest.approx(1.0)
     assert b.block_occupancy == pytest.approx(12 / 43)
     assert b.token_occupancy == pytest.approx(9 / 43)
+
+
+@pytest.mark.parametrize("how", ["publish", "fork", "none"])
+def test_a_release_takes_the_bulk_path_only_while_no_block_was_ever_shared_or_keyed(paged, make_group, how):
+    bm = paged(16, 4, enable_prefix_caching=how == "publish")
+    g = make_group(9, token_ids=list(range(9)) if how == "publish" else None)
+    bm.allocate(g)
+    if how == "fork":
+        bm.fork(g.seqs[0], make_group(1).seqs[0])
+    assert bm._plain is (how == "none")
+    bm.free(g.seqs[0])  # the debug checker verifies ref counts, pools and the cache after the release
+    assert bm._plain is (how == "none")  # a claim about the past: it never turns back on
+    if how == "publish":
+        assert len(bm._cached) == 2 and bm.num_cached_free_blocks == 2
+    bm.reset()
+    assert bm._plain
