@@ -28,7 +28,8 @@ def prompt_range(low_high: tuple[int, int], max_model_len: int) -> tuple[int, in
     return low, max(low, min(high, max_model_len - OUTPUT_RANGE[1]))
 
 
-def make_profile(setup: ReplaySetup, gpu: str, out: Path, runs: Path, num: int = NUM_REQUESTS) -> Path:
+def make_profile(setup: ReplaySetup, gpu: str, out: Path, runs: Path, num: int = NUM_REQUESTS,
+                 sqrt_decode: bool = False) -> Path:
     """Generate the calibration traces (`num` requests each), replay them on `setup` into `runs`, fit and
     write `out`."""
     runs.mkdir(parents=True, exist_ok=True)
@@ -44,7 +45,8 @@ def make_profile(setup: ReplaySetup, gpu: str, out: Path, runs: Path, num: int =
         pagelab("replay", trace, "--limit", num, *setup.replay_options(), "--out", folder,
                 "--overwrite")
         folders.append(folder)
-    pagelab("calibrate", *folders, "--gpu", gpu, "--objective", "relative", "--out", out)
+    pagelab("calibrate", *folders, "--gpu", gpu, "--objective", "relative", "--out", out,
+            "--sqrt-decode" if sqrt_decode else "--no-sqrt-decode")
     return out
 
 
@@ -59,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"{NUM_REQUESTS})")
     ap.add_argument("--runs", type=Path, default=Path("runs/profile"), help="folder of the traces and "
                     "replays (default runs/profile)")
+    ap.add_argument("--sqrt-decode", action=argparse.BooleanOptionalAction, default=False,
+                    help="fit the sixth term, c5 * sqrt(decode sequences) (default: off)")
     args = ap.parse_args(argv)
     setup = ReplaySetup.from_args(args)
     gpu = args.gpu or ("cpu" if setup.device == "cpu" else None)
@@ -66,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--gpu is required with --device cuda (the GPU preset the profile stands for, e.g. "
                  "h100-80gb)")
     out = args.out or args.runs / f"{gpu}-{setup.model}.json"
-    make_profile(setup, gpu, out, args.runs, args.num)
+    make_profile(setup, gpu, out, args.runs, args.num, args.sqrt_decode)
     return 0
 
 

@@ -57,6 +57,9 @@ def calibrate_cmd(
     objective: str = typer.Option("absolute", help="absolute (least squares in seconds: total time right) or "
                                                    "relative (every step weighs alike, then scaled to the "
                                                    "measured total time)."),
+    sqrt_decode: bool = typer.Option(False, "--sqrt-decode/--no-sqrt-decode",
+                                     help="Add a sixth term, c5 * sqrt(decode sequences): per-sequence "
+                                          "decode cost falling as batches grow (docs/latency-model.md)."),
 ) -> None:
     """Fit the step-latency model to measured replays; print the fit quality and write a profile."""
     from simulator.calibrate import calibrate
@@ -67,7 +70,8 @@ def calibrate_cmd(
             measured.append((f"{run}/{name}", read_config(folder), read_steps(folder)))
     if objective not in ("absolute", "relative"):
         raise UserError(f"--objective must be absolute or relative, got {objective!r}")
-    profile = calibrate(measured, gpu=gpu, min_steps=min_steps, relative=objective == "relative")
+    profile = calibrate(measured, gpu=gpu, min_steps=min_steps, relative=objective == "relative",
+                        sqrt_decode=sqrt_decode)
     payload = json.dumps(profile.to_dict(), indent=2) + "\n"
     atomic_write_bytes(out, payload.encode())
     fit = profile.meta["fit"]

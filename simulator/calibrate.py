@@ -1,7 +1,8 @@
 """Calibration: fit the step-latency model to the steps tables of measured replays, and judge the fit.
 
 The fit is `FittedLatency` (docs/latency-model.md): time = c0 + c1 * tokens + c2 * attn_pairs +
-c3 * kv_tokens_read, non-negative least squares over every measured step that computed something.
+c3 * kv_tokens_read + c4 * decode seqs [+ c5 * sqrt(decode seqs)], non-negative least squares over every
+measured step that computed something.
 Pure functions over tables; reading run folders is the CLI's job (cli/calibrate.py).
 """
 from __future__ import annotations
@@ -47,7 +48,8 @@ def check_steps(steps: pd.DataFrame, source: str) -> None:
 
 
 def calibrate(runs: Sequence[tuple[str, dict, pd.DataFrame]], gpu: str | None = None,
-              min_steps: int = MIN_STEPS, relative: bool = False) -> FittedLatency:
+              min_steps: int = MIN_STEPS, relative: bool = False,
+              sqrt_decode: bool = False) -> FittedLatency:
     """Fit a profile to the steps of measured runs, given as (source, config.json, steps table) each.
 
     All runs must share the model, device, backend, dtype and block size (a profile stands for one of
@@ -79,7 +81,8 @@ def calibrate(runs: Sequence[tuple[str, dict, pd.DataFrame]], gpu: str | None = 
                           "(replay more requests)")
     data = {f: table[f].to_numpy(np.float64) for f in (*FEATURES, DECODE_FEATURE)}
     data["step_s"] = table["dt_s"].to_numpy(np.float64)
-    fitted = fit_latency(data, model, get_gpu(gpu), source="steps", relative=relative)
+    fitted = fit_latency(data, model, get_gpu(gpu), source="steps", relative=relative,
+                         sqrt_decode=sqrt_decode)
     meta = {"device": device, "backend": first.get("backend"), "dtype": first.get("dtype"),
             "engine_model": first.get("model"), "fitted_on": [s for s, _, _ in runs],
             "objective": "relative" if relative else "absolute"}

@@ -26,6 +26,12 @@ COEFFICIENT_NAMES = ("step_overhead_s", "s_per_token", "s_per_attn_pair", "s_per
 # already prices). Profiles without it keep 4 coefficients.
 DECODE_FEATURE = "num_decode_seqs"
 DECODE_COEFFICIENT = "s_per_decode_seq"
+# Optional sixth: c5 * sqrt(decode sequences). A decode batch's per-sequence cost falls as the batch grows
+# (the linear layers' matrix-vector products become matrix products, per-step work is shared), so a
+# linear term alone prices batches of 2-4 short and of 16-64 long; with both terms the fit can bend.
+# Measured on four sittings of the CPU engine (docs/calibration.md, sittings 23-26).
+SQRT_DECODE_COEFFICIENT = "s_per_sqrt_decode_seq"
+OPTIONAL_COEFFICIENTS = (DECODE_COEFFICIENT, SQRT_DECODE_COEFFICIENT)
 
 
 def step_features(q_lens: np.ndarray, context_lens: np.ndarray) -> tuple[int, int, int]:
@@ -125,7 +131,8 @@ class RooflineLatency(_SwapAndPrefill):
 
 @dataclass(frozen=True)
 class FittedLatency(_SwapAndPrefill):
-    """c0 + c1 * tokens + c2 * attn_pairs + c3 * kv_tokens_read [+ c4 * decode seqs], fitted to measurements.
+    """c0 + c1 * tokens + c2 * attn_pairs + c3 * kv_tokens_read [+ c4 * decode seqs [+ c5 * sqrt(decode
+    seqs)]], fitted to measurements.
 
     `block_size` (when known) is the block size of the runs it was fitted on: paged attention's cost
     depends on it, so a profile is refused for simulations with another one. `meta` carries the fit's
@@ -134,26 +141,31 @@ class FittedLatency(_SwapAndPrefill):
 
     model: ModelSpec
     gpu: GPUSpec
-    coefficients: tuple[float, ...]  # 4, or 5 with s_per_decode_seq
+    coefficients: tuple[float, ...]  # 4, 5 with s_per_decode_seq, 6 with s_per_sqrt_decode_seq too
     num_samples: int = 0
     rms_residual_s: float = 0.0
     block_size: int | None = None
     meta: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
-        if len(self.coefficients) not in (4, 5) or not all(math.isfinite(c) and c >= 0
-                                                           for c in self.coefficients):
+        if len(self.coefficients) not in (4, 5, 6) or not all(math.isfinite(c) and c >= 0
+                                                              for c in self.coefficients):
             raise ConfigError(
-                f"fitted latency needs 4 or 5 finite non-negative coefficients, got {self.coefficients}")
+                f"fitted latency needs 4, 5 or 6 finite non-negative coefficients, got {self.coefficients}")
 
     def step_time(self, num_batched_tokens: int, attn_pairs: int, kv_tokens_read: int,
                   num_decode_seqs: int = 0) -> float:
         """Seconds for one step."""
         if num_batched_tokens <= 0:
             return 0.0
-        c0, c1, c2, c3 = self.coefficients[:4]
+        coefs = self.coefficients
+        c0, c1, c2, c3 = coefs[:4]
         t = c0 + c1 * num_batched_tokens + c2 * attn_pairs + c3 * kv_tokens_read
-        return t + self.coefficients[4] * num_decode_seqs if len(self.coefficients) == 5 else t
+        if len(coefs) > 4:
+            t = t + coefs[4] * num_decode_seqs
+            if len(coefs) > 5:  # the same operations in the same order as step_times: identical floats
+                t = t + coefs[5] * math.sqrt(num_decode_seqs)
+        return t
 
     def step_times(self, num_batched_tokens: np.ndarray, attn_pairs: np.ndarray,
                    kv_tokens_read: np.ndarray, num_decode_seqs: np.ndarray | int = 0) -> np.ndarray:
@@ -162,15 +174,18 @@ class FittedLatency(_SwapAndPrefill):
         tokens = np.asarray(num_batched_tokens, dtype=np.float64)
         times = (c0 + c1 * tokens + c2 * np.asarray(attn_pairs, dtype=np.float64)
                  + c3 * np.asarray(kv_tokens_read, dtype=np.float64))
-        if len(self.coefficients) == 5:
-            times = times + self.coefficients[4] * np.asarray(num_decode_seqs, dtype=np.float64)
+        if len(self.coefficients) > 4:
+            decode = np.asarray(num_decode_seqs, dtype=np.float64)
+            times = times + self.coefficients[4] * decode
+            if len(self.coefficients) > 5:
+                times = times + self.coefficients[5] * np.sqrt(decode)
         return np.where(tokens > 0, times, 0.0)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form; the model and GPU are stored by preset name."""
         out = {
             "kind": "fitted", "model": self.model.name, "gpu": self.gpu.name,
-            "coefficients": dict(zip((*COEFFICIENT_NAMES, DECODE_COEFFICIENT)[:len(self.coefficients)],
+            "coefficients": dict(zip((*COEFFICIENT_NAMES, *OPTIONAL_COEFFICIENTS)[:len(self.coefficients)],
                                      self.coefficients, strict=True)),
             "num_samples": self.num_samples, "rms_residual_s": self.rms_residual_s,
         }
@@ -185,8 +200,10 @@ class FittedLatency(_SwapAndPrefill):
         """Rebuild from to_dict's output; a given model/gpu/block size must match the profile's."""
         try:
             coefs = tuple(float(data["coefficients"][k]) for k in COEFFICIENT_NAMES)
-            if DECODE_COEFFICIENT in data["coefficients"]:
-                coefs += (float(data["coefficients"][DECODE_COEFFICIENT]),)
+            for name in OPTIONAL_COEFFICIENTS:  # each needs the ones before it
+                if name not in data["coefficients"]:
+                    break
+                coefs += (float(data["coefficients"][name]),)
             model_name, gpu_name = str(data["model"]), str(data["gpu"])
             recorded_bs = None if data.get("block_size") is None else int(data["block_size"])
         except (KeyError, TypeError, ValueError) as exc:
@@ -218,10 +235,12 @@ def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def fit_latency(data: Mapping[str, Any], model: ModelSpec, gpu: GPUSpec,
-                source: str = "measured steps", relative: bool = False) -> FittedLatency:
+                source: str = "measured steps", relative: bool = False,
+                sqrt_decode: bool = False) -> FittedLatency:
     """Fit FittedLatency by non-negative least squares to measured steps (columns FEATURES + step_s, and
-    num_decode_seqs for the fifth coefficient when present); `relative` minimises relative residuals, then
-    scales the fit so that its total over the steps is their measured total."""
+    num_decode_seqs for the fifth coefficient when present, and with `sqrt_decode` the sixth); `relative`
+    minimises relative residuals, then scales the fit so that its total over the steps is their measured
+    total."""
     columns = {}
     names = (*FEATURES, DECODE_FEATURE) if DECODE_FEATURE in data else FEATURES
     for name in (*names, "step_s"):
@@ -238,6 +257,10 @@ def fit_latency(data: Mapping[str, Any], model: ModelSpec, gpu: GPUSpec,
     if num_kept < 4:
         raise ConfigError(f"{source}: need at least 4 steps with num_batched_tokens > 0, got {num_kept}")
     features = np.column_stack([np.ones(num_kept)] + [columns[f][keep] for f in names])
+    if sqrt_decode:
+        if DECODE_FEATURE not in columns:
+            raise ConfigError(f"{source}: the sqrt(decode sequences) term needs column {DECODE_FEATURE!r}")
+        features = np.column_stack([features, np.sqrt(columns[DECODE_FEATURE][keep])])
     target = columns["step_s"][keep]
     if relative:  # minimise relative residuals: every step counts alike, short decodes as much as prefills
         weight = 1.0 / np.maximum(target, 1e-9)

@@ -1,4 +1,7 @@
 """Calibration (fit a profile to measured steps), measured step times, and the sim-vs-real comparison."""
+import dataclasses
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -59,7 +62,6 @@ def test_fit_without_noise_is_exact_and_clips_negative_coefficients():
 def test_profile_round_trips_through_json_and_checks_block_size(tmp_path):
     profile = calibrate([("a", CONFIG, _steps(np.random.default_rng(2), 100))])
     path = tmp_path / "p.json"
-    import json
     path.write_text(json.dumps(profile.to_dict()))
     again = load_fitted(path, get_model("tiny"), get_gpu("cpu"), block_size=16)
     assert again == profile and again.meta["fit"] == profile.meta["fit"]
@@ -139,7 +141,6 @@ def test_measured_step_times_drive_the_clock_and_keep_the_decisions():
     # Slower steps (a fast-mode config is forced to step mode): each step takes its given time (arrivals
     # then fall elsewhere relative to steps, so decisions may change).
     slow = MeasuredSteps(tuple(2 * t for t in measured.start_s), tuple(2 * d for d in measured.dt_s))
-    import dataclasses
     slowed = simulate(trace, dataclasses.replace(CFG, mode="fast"), step_times=slow)
     steps = slowed.memory[slowed.memory["num_steps"] > 0]
     n = len(steps)
@@ -175,3 +176,53 @@ def test_memory_difference_finds_a_changed_step():
     assert d["step_aligned"] and not d["equal"] and d["num_steps_differing"] == 1
     assert d["max_abs_difference"]["free"] == pytest.approx(0.25)
     assert memory_difference(a, a)["equal"]
+
+
+SIX = (*TRUE, 1.5e-3)  # and per sqrt(decode sequences): a batch's per-sequence cost falls as it grows
+
+
+def test_the_sqrt_decode_term_is_fitted_only_when_asked_and_recovered():
+    rng = np.random.default_rng(6)
+    steps = [("a", CONFIG, _steps(rng, 400, coefs=SIX, noise=0.0))]
+    six = calibrate(steps, sqrt_decode=True)
+    np.testing.assert_allclose(six.coefficients, SIX, rtol=1e-6)
+    assert six.to_dict()["coefficients"]["s_per_sqrt_decode_seq"] == pytest.approx(SIX[5], rel=1e-6)
+    five = calibrate(steps)
+    assert len(five.coefficients) == 5 and five.meta["fit"]["r2"] < six.meta["fit"]["r2"]
+    # The relative objective keeps the measured total with six terms too.
+    noisy = calibrate([("a", CONFIG, _steps(rng, 600, coefs=SIX, noise=0.2))], relative=True,
+                      sqrt_decode=True)
+    assert noisy.meta["fit"]["total_time_rel_error"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_six_term_profile_round_trips_and_times_scalar_and_vector_alike(tmp_path):
+    profile = calibrate([("a", CONFIG, _steps(np.random.default_rng(7), 300, coefs=SIX))], sqrt_decode=True)
+    path = tmp_path / "six.json"
+    path.write_text(json.dumps(profile.to_dict()))
+    loaded = load_fitted(path)
+    assert loaded.coefficients == profile.coefficients and len(loaded.coefficients) == 6
+    steps = _steps(np.random.default_rng(8), 500, coefs=SIX)
+    cols = [steps[c].to_numpy()
+            for c in ("num_batched_tokens", "attn_pairs", "kv_tokens_read", "num_decode_seqs")]
+    vector = loaded.step_times(*cols)
+    scalar = [loaded.step_time(int(t), int(p), int(k), int(d)) for t, p, k, d in zip(*cols, strict=True)]
+    np.testing.assert_array_equal(vector, scalar)  # spans (vector) and steps (scalar) must agree to the bit
+    # A sixth coefficient without the fifth is not a profile this code wrote: it is read as four.
+    data = profile.to_dict()
+    del data["coefficients"]["s_per_decode_seq"]
+    assert len(FittedLatency.from_dict(data).coefficients) == 4
+
+
+def test_fast_mode_equals_step_mode_under_a_six_term_profile(tmp_path):
+    path = tmp_path / "six.json"
+    six = FittedLatency(get_model("tiny"), get_gpu("cpu"), SIX, block_size=16)
+    path.write_text(json.dumps(six.to_dict()))
+    trace = generate_trace(SyntheticConfig(num_requests=120, rate=30, lengths="sharegpt", max_model_len=2048,
+                                           seed=9))
+    cfg = SimConfig(model="tiny", gpu="cpu", capacity_tokens=20000, block_size=16, max_model_len=2048,
+                    latency=str(path))
+    fast, step = simulate(trace, cfg), simulate(trace, dataclasses.replace(cfg, mode="step"))
+    for col in ("admitted_s", "first_token_s", "finish_s"):
+        np.testing.assert_array_equal(fast.requests[col].to_numpy(), step.requests[col].to_numpy(),
+                                      err_msg=col)
+    assert (fast.memory["num_steps"] > 1).any()  # spans ran
