@@ -1,10 +1,11 @@
 """A latency profile for this machine in one command (`python -m bench.profile`; `make profile` calls it).
 
 Four synthetic calibration traces are replayed on the engine and `pagelab calibrate` fits them with the
-relative objective. The traces span what a workload's steps can be, two prompt ranges at two loads: prompts
-up to max_model_len (a fit extrapolates badly past its longest prefill) in small and in large batches, and
-short prompts in batches of 2-8 and of 10-25, so that per-sequence and per-context-token decode costs can
-be told apart at every batch size (docs/calibration.md, sittings 15-23).
+relative objective and the six-term model (`--sqrt-decode`). The traces span what a workload's steps can
+be, two prompt ranges at two loads: prompts up to max_model_len (a fit extrapolates badly past its longest
+prefill) in small and in large batches, and short prompts in batches of 2-8 and of 10-25, so that
+per-sequence and per-context-token decode costs can be told apart at every batch size
+(docs/calibration.md, sittings 15-30).
 Everything runs through the `pagelab` commands, so the run folders under --runs are a user's own.
 """
 from __future__ import annotations
@@ -29,7 +30,7 @@ def prompt_range(low_high: tuple[int, int], max_model_len: int) -> tuple[int, in
 
 
 def make_profile(setup: ReplaySetup, gpu: str, out: Path, runs: Path, num: int = NUM_REQUESTS,
-                 sqrt_decode: bool = False) -> Path:
+                 sqrt_decode: bool = True) -> Path:
     """Generate the calibration traces (`num` requests each), replay them on `setup` into `runs`, fit and
     write `out`."""
     runs.mkdir(parents=True, exist_ok=True)
@@ -61,8 +62,9 @@ def main(argv: list[str] | None = None) -> int:
                     f"{NUM_REQUESTS})")
     ap.add_argument("--runs", type=Path, default=Path("runs/profile"), help="folder of the traces and "
                     "replays (default runs/profile)")
-    ap.add_argument("--sqrt-decode", action=argparse.BooleanOptionalAction, default=False,
-                    help="fit the sixth term, c5 * sqrt(decode sequences) (default: off)")
+    ap.add_argument("--sqrt-decode", action=argparse.BooleanOptionalAction, default=True,
+                    help="fit the sixth term, c5 * sqrt(decode sequences) (default: on; docs/calibration.md, "
+                    "sittings 23-29)")
     args = ap.parse_args(argv)
     setup = ReplaySetup.from_args(args)
     gpu = args.gpu or ("cpu" if setup.device == "cpu" else None)
