@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from simulator.core.allocator import AllocStatus, KVAllocator
 from simulator.core.errors import ConfigError
+from simulator.core.running import RunningGroups
 from simulator.core.sequence import Sequence, SequenceGroup, SequenceStatus, shares_allocation
 
 PREEMPTION_MODES = ("recompute", "swap")
@@ -101,7 +102,7 @@ class Scheduler:
         self.token_budget = config.token_budget  # tokens one step may compute
         self.allocator = allocator
         self.waiting: deque[SequenceGroup] = deque()
-        self.running: list[SequenceGroup] = []  # admission order: the last one is preempted first
+        self.running = RunningGroups()  # admission order: the last one is preempted first
         self.swapped: deque[SequenceGroup] = deque()
         self.num_preemptions = 0
         # Per group: prompt tokens still to compute (prefill / recompute), keyed by request id.
@@ -158,7 +159,7 @@ class Scheduler:
                 out.scheduled.append(ScheduledGroup(group, len(seqs), False, False))
                 out.num_batched_tokens += len(seqs)
                 kept.append(group)
-        self.running = kept
+        self.running = RunningGroups(kept)
         if not out.preempted:
             self._swap_in(out, budget)
         if not out.preempted and not self.swapped:
@@ -301,7 +302,7 @@ class Scheduler:
         """Remove and return groups whose sequences have all finished."""
         done = [g for g in self.running if g.is_finished]
         if done:
-            self.running = [g for g in self.running if not g.is_finished]
+            self.running = RunningGroups(g for g in self.running if not g.is_finished)
             for g in done:
                 self.prefill_left.pop(g.request_id, None)
         return done
