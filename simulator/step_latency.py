@@ -29,7 +29,7 @@ DECODE_COEFFICIENT = "s_per_decode_seq"
 # Optional sixth: c5 * sqrt(decode sequences). A decode batch's per-sequence cost falls as the batch grows
 # (the linear layers' matrix-vector products become matrix products, per-step work is shared), so a
 # linear term alone prices batches of 2-4 short and of 16-64 long; with both terms the fit can bend.
-# Measured on four sittings of the CPU engine (docs/calibration.md, sittings 23-26).
+# Measured on the CPU engine in docs/calibration.md, sittings 23-30.
 SQRT_DECODE_COEFFICIENT = "s_per_sqrt_decode_seq"
 OPTIONAL_COEFFICIENTS = (DECODE_COEFFICIENT, SQRT_DECODE_COEFFICIENT)
 
