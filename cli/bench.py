@@ -281,14 +281,29 @@ def calibration_bench(
     kv_memory_gb: float = typer.Option(None, help="KV pool in GiB (default: 0.25 on cpu, 8 on cuda)."),
 ) -> None:
     """Held-out validation of a latency profile: replay, simulate and compare Azure parts (minutes)."""
-    from bench.calibration import main
+    from bench.calibration import (
+        floor_lines,
+        floor_pairs,
+        noise_floor,
+        replay_all,
+        run_names,
+        split_names,
+        validate,
+    )
+    from bench.replay_setup import DEFAULTS, MAX_MODEL_LEN, ReplaySetup
 
-    argv = ["--profile", profile, "--out", str(out), "--parts", parts, "--repeat", repeat, "--device", device]
-    argv += ["--reuse"] * reuse + ["--replay-only"] * replay_only
-    for flag, value in (("--model", model), ("--backend", backend), ("--kv-memory-gb", kv_memory_gb)):
-        if value is not None:
-            argv += [flag, str(value)]
     try:
-        main(argv)
+        runs = run_names(split_names(parts), split_names(repeat))
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    if device not in DEFAULTS:
+        raise UserError(f"--device must be one of {', '.join(DEFAULTS)}, got {device!r}")
+    default_model, default_backend, default_kv = DEFAULTS[device]
+    setup = ReplaySetup(device=device, model=model or default_model, backend=backend or default_backend,
+                        kv_memory_gb=default_kv if kv_memory_gb is None else kv_memory_gb,
+                        max_model_len=MAX_MODEL_LEN)
+    if replay_only:
+        replay_all(setup, out, runs, reuse)
+        console.print("\n".join(floor_lines(noise_floor(out, floor_pairs(runs)))))
+    else:
+        validate(profile, out, runs, reuse, setup)

@@ -62,6 +62,7 @@ CASES = [
     (("replay", "tiny.csv", "--kv-memory-gb", "1e6"), "does not fit in this machine's memory"),
     (("bench", "engine", "--num-prompts", "0"), "--limit/--num-prompts must be >= 1, got 0"),
     (("bench", "calibration", "--parts", "A,D"), "unknown part 'D'; choose from A, B, A-x2, C"),
+    (("bench", "calibration", "--device", "tpu"), "--device must be one of cpu, cuda, got 'tpu'"),
     (("simulate", "--bogus"), "No such option: --bogus"),
 ]
 
