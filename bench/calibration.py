@@ -220,6 +220,13 @@ def replay_all(setup: ReplaySetup, out: Path, runs: list[tuple[str, str]],
     return reals
 
 
+def replay_only(setup: ReplaySetup, out: Path, runs: list[tuple[str, str]], reuse: bool = False) -> str:
+    """Replay every run and measure the repeats' noise floor, no profile needed; the floor's report."""
+    replay_all(setup, out, runs, reuse)
+    floor = noise_floor(out, floor_pairs(runs))
+    return "\n".join([floor_table(floor)] * bool(floor) + floor_lines(floor))
+
+
 def validate(profile: str, out: Path, runs: list[tuple[str, str]], reuse: bool = False,
              setup: ReplaySetup | None = None) -> dict[str, dict]:
     """Replay, simulate and compare every (run name, part); measure the noise floor of the repeats; write
@@ -262,9 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(exc))
     setup = ReplaySetup.from_args(args)
     if args.replay_only:
-        replay_all(setup, args.out, runs, args.reuse)
-        floor = noise_floor(args.out, floor_pairs(runs))
-        print("\n".join([floor_table(floor)] * bool(floor) + floor_lines(floor)))
+        print(replay_only(setup, args.out, runs, args.reuse))
     else:
         validate(args.profile, args.out, runs, args.reuse, setup)
     return 0

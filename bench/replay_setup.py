@@ -38,12 +38,21 @@ class ReplaySetup:
                 "--preemption", "recompute", "--prefix-caching")
 
     @classmethod
+    def for_device(cls, device: str, model: str | None = None, backend: str | None = None,
+                   kv_memory_gb: float | None = None, **rest) -> ReplaySetup:
+        """The setup of `device`, its defaults (DEFAULTS) filling what is None; ValueError for a device
+        without defaults."""
+        if device not in DEFAULTS:
+            raise ValueError(f"--device must be one of {', '.join(DEFAULTS)}, got {device!r}")
+        default_model, default_backend, default_kv = DEFAULTS[device]
+        return cls(device=device, model=model or default_model, backend=backend or default_backend,
+                   kv_memory_gb=default_kv if kv_memory_gb is None else kv_memory_gb, **rest)
+
+    @classmethod
     def from_args(cls, args: argparse.Namespace) -> ReplaySetup:
-        """The setup named by `add_arguments`' options, the device's defaults filling the rest."""
-        model, backend, kv = DEFAULTS[args.device]
-        return cls(device=args.device, model=args.model or model, backend=args.backend or backend,
-                   kv_memory_gb=args.kv_memory_gb if args.kv_memory_gb is not None else kv,
-                   max_model_len=args.max_model_len, block_size=args.block_size)
+        """The setup named by `add_arguments`' options."""
+        return cls.for_device(args.device, args.model, args.backend, args.kv_memory_gb,
+                              max_model_len=args.max_model_len, block_size=args.block_size)
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:

@@ -281,29 +281,16 @@ def calibration_bench(
     kv_memory_gb: float = typer.Option(None, help="KV pool in GiB (default: 0.25 on cpu, 8 on cuda)."),
 ) -> None:
     """Held-out validation of a latency profile: replay, simulate and compare Azure parts (minutes)."""
-    from bench.calibration import (
-        floor_lines,
-        floor_pairs,
-        noise_floor,
-        replay_all,
-        run_names,
-        split_names,
-        validate,
-    )
-    from bench.replay_setup import DEFAULTS, MAX_MODEL_LEN, ReplaySetup
+    from bench.calibration import replay_only as replay_and_floor
+    from bench.calibration import run_names, split_names, validate
+    from bench.replay_setup import ReplaySetup
 
     try:
         runs = run_names(split_names(parts), split_names(repeat))
+        setup = ReplaySetup.for_device(device, model, backend, kv_memory_gb)
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    if device not in DEFAULTS:
-        raise UserError(f"--device must be one of {', '.join(DEFAULTS)}, got {device!r}")
-    default_model, default_backend, default_kv = DEFAULTS[device]
-    setup = ReplaySetup(device=device, model=model or default_model, backend=backend or default_backend,
-                        kv_memory_gb=default_kv if kv_memory_gb is None else kv_memory_gb,
-                        max_model_len=MAX_MODEL_LEN)
     if replay_only:
-        replay_all(setup, out, runs, reuse)
-        console.print("\n".join(floor_lines(noise_floor(out, floor_pairs(runs)))))
+        console.print(replay_and_floor(setup, out, runs, reuse))
     else:
         validate(profile, out, runs, reuse, setup)

@@ -74,7 +74,8 @@ class BlockManager(BlockPool, BlockQueries, PrefixCacheMixin, SwapMixin, KVAlloc
         self._total_filled = 0
         self._internal = 0  # slots of final blocks that their sequence will never fill
         # No block has been shared or given a content key since the reset: every held block is then
-        # unshared and uncached, and a release needs no per-block check (`_release_device`).
+        # unshared and uncached, and a release needs no per-block check (`_release_device`). Cleared where
+        # shares and keys originate, `_incref` and `_register_full` (a swap-in only restores saved keys).
         self._plain = True
         self._cpu_ref = [0] * num_cpu_blocks
         self._cpu_filled = [0] * num_cpu_blocks

@@ -120,7 +120,6 @@ class SwapMixin:
                     self._total_filled += self._cpu_filled[cid]
                     saved = self._cpu_key[cid]
                     if saved is not None:
-                        self._plain = False
                         self._key[bid], self._hash[bid] = saved
                         self._cached.setdefault(saved[1], bid)
                     copies.append((cid, bid))
