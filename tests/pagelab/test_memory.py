@@ -103,4 +103,6 @@ def test_reading_a_trace_under_the_read_threshold_leaves_the_heap_where_it_was(t
 
     read, loop = heap_growth_mb(memory.READ_BLOCK_BYTES), heap_growth_mb(memory.LARGE_BLOCK_BYTES)
     assert read < 3.0
-    assert loop > read + 5.0  # the setting is what makes the difference (measured: 0.75 vs 13.4 MB)
+    # The setting is what makes the difference. Measured, 12 isolated runs each: read 0.41-0.5 MB, loop
+    # 11.7-16.9 MB; once, in a full-suite run, read 0.66 and loop 5.3 MB (a 5 MB margin failed): margin 3 MB.
+    assert loop > read + 3.0
