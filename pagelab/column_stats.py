@@ -115,15 +115,21 @@ def _collect_pass(blocks: Blocks, targets: list[_Target]) -> None:
         t.value = _value(int(keys[order[at]]))
 
 
-def median_and_percentiles(blocks: Blocks, count: int, qs: Iterable[float]) -> tuple[float, list[float]]:
-    """np.median and np.percentile (linear) at each q of `count` unweighted values, in one selection."""
+def median_and_percentiles(blocks: Blocks, count: int, qs: Iterable[float],
+                           known: dict[int, float] | None = None) -> tuple[float, list[float]]:
+    """np.median and np.percentile (linear) at each q of `count` unweighted values, in one selection.
+    `known` (0-based rank -> value) holds values selected earlier from the same blocks: only the ranks
+    it lacks are selected, and they are added to it."""
     qs = list(qs)
     virtual = [(count - 1) * (q / 100) for q in qs]
     lows = [int(np.floor(v)) for v in virtual]
     mid = count // 2
     middle = [mid] if count % 2 else [mid - 1, mid]
     ranks = sorted({*middle, *(r for lo in lows for r in (lo, min(lo + 1, count - 1)))})
-    found = dict(zip(ranks, select(blocks, [r + 1 for r in ranks]), strict=True))
+    found = {} if known is None else known
+    missing = [r for r in ranks if r not in found]
+    if missing:
+        found.update(zip(missing, select(blocks, [r + 1 for r in missing]), strict=True))
     out = []
     for v, lo in zip(virtual, lows, strict=True):
         a, b, t = found[lo], found[min(lo + 1, count - 1)], v - lo

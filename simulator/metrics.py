@@ -91,27 +91,46 @@ def _moments(read: Blocks, spread: bool = True) -> tuple[int, float, float, floa
     return count, weight, mean, math.sqrt(squares / weight)
 
 
+def _column_moments(requests: Requests, name: str, spread: bool) -> tuple[int, float, float, float]:
+    """`_moments` of a column's defined values; a file-backed table computes them (spread included) once."""
+    if not isinstance(requests, RequestColumns):
+        return _moments(_finite(requests, name), spread)
+    key = ("moments", name)
+    if key not in requests.memo:
+        requests.memo[key] = _moments(_finite(requests, name), spread=True)
+    return requests.memo[key]
+
+
+def _column_percentiles(requests: Requests, name: str, count: int, qs) -> tuple[float, list[float]]:
+    """`median_and_percentiles` of a column's defined values; a file-backed table keeps the values it
+    selected, so a later call selects only ranks not asked before (a 10M-row column takes ~1 s a pass)."""
+    known = requests.memo.setdefault(("ranks", name), {}) if isinstance(requests, RequestColumns) else None
+    return median_and_percentiles(_finite(requests, name), count, qs, known)
+
+
 def column_summary(requests: Requests, name: str) -> dict:
     """Mean, p50, p90 and p99 of a latency column in seconds (None when no request defines it)."""
-    read = _finite(requests, name)
-    count, _, mean, _ = _moments(read, spread=False)
+    count, _, mean, _ = _column_moments(requests, name, spread=False)
     if count == 0:
         return {"mean": None, "p50": None, "p90": None, "p99": None}
-    _, (p50, p90, p99) = median_and_percentiles(read, count, (50, 90, 99))
+    _, (p50, p90, p99) = _column_percentiles(requests, name, count, (50, 90, 99))
     return {"mean": mean, "p50": p50, "p90": p90, "p99": p99}
 
 
 def latency_stats(requests: Requests, metric: str, percentiles=DEFAULT_PERCENTILES) -> dict:
     """mean, median, std and the percentiles of one metric in ms (None when no request defines it)."""
     keys = ["mean", "median", "std", *(f"p{q:g}" for q in percentiles)]
-    read = _gaps(requests) if metric == "itl" else _finite(requests, _COLUMN[metric])
-    count, weight, mean, std = _moments(read)
+    if metric == "itl":
+        read = _gaps(requests)
+        count, weight, mean, std = _moments(read)
+    else:
+        count, weight, mean, std = _column_moments(requests, _COLUMN[metric], spread=True)
     if count == 0:
         return dict.fromkeys(keys)
     if metric == "itl":
         median, *pcts = weighted_percentiles(read, weight, [50, *percentiles])
     else:
-        median, pcts = median_and_percentiles(read, count, percentiles)
+        median, pcts = _column_percentiles(requests, _COLUMN[metric], count, percentiles)
     stats = {"mean": mean, "median": median, "std": std}
     stats |= {f"p{q:g}": v for q, v in zip(percentiles, pcts, strict=True)}
     return {k: 1e3 * v for k, v in stats.items()}
@@ -134,12 +153,17 @@ def bench_metrics(requests: Requests, duration_s: float, *, metrics=DEFAULT_METR
                   percentiles=DEFAULT_PERCENTILES, goodput: dict[str, float] | None = None) -> dict:
     """The `vllm bench serve` result of one run: counts, throughputs, goodput and latency statistics."""
     completed = rejected = in_tokens = out_tokens = 0
-    for b in _blocks(requests, ("finish_s", "rejected", "prompt_len", "output_len", "n", "beam_width")):
-        done = ~np.isnan(b["finish_s"])
-        completed += int(done.sum())
-        rejected += int(b["rejected"].sum())
-        in_tokens += int(b["prompt_len"][done].sum())
-        out_tokens += output_tokens(b["output_len"][done], b["n"][done], b["beam_width"][done])
+    totals = requests.totals if isinstance(requests, RequestColumns) else None
+    if totals is not None and totals.num_requests:  # summed as the table was written: no pass
+        completed, rejected = totals.num_finished, totals.num_rejected
+        in_tokens, out_tokens = totals.input_tokens, totals.output_tokens
+    else:
+        for b in _blocks(requests, ("finish_s", "rejected", "prompt_len", "output_len", "n", "beam_width")):
+            done = ~np.isnan(b["finish_s"])
+            completed += int(done.sum())
+            rejected += int(b["rejected"].sum())
+            in_tokens += int(b["prompt_len"][done].sum())
+            out_tokens += output_tokens(b["output_len"][done], b["n"][done], b["beam_width"][done])
     per_s = (lambda x: x / duration_s) if duration_s > 0 else (lambda x: None)
     result = {
         "duration_s": float(duration_s),

@@ -6,6 +6,7 @@ pairs them into tenures with numpy in batches, handing finished tenures to a sin
 """
 from __future__ import annotations
 
+import struct
 from array import array
 from collections.abc import Sequence as SeqLike
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -26,6 +27,9 @@ _INT_COLUMNS = ("step", "num_steps", "num_running", "num_waiting", "num_swapped"
                 "blocks_used")
 MEMORY_DTYPES = {c: np.dtype(np.int64 if c in _INT_COLUMNS else np.float64) for c in MEMORY_COLUMNS}
 _DT = MEMORY_COLUMNS.index("dt_s")
+# One memory row as native float64 bytes: `array.frombytes` of a packed row costs a third of
+# `array.extend` with the tuple, which converts and grows the array value by value (one row a step).
+_pack_row = struct.Struct(f"={len(MEMORY_COLUMNS)}d").pack
 EVENT_COLUMNS = tuple((c, str(t)) for c, t in EVENT_DTYPES.items())
 # Acquisitions paired per batch (at most): a batch's numpy temporaries and its Parquet write are the
 # peaks of a long run's RSS (docs/simulator-performance.md, fourth to sixth passes): 2^20 took ~150 MB;
@@ -41,16 +45,16 @@ class EventRecorder(RegionRecorder):
     (`acquire_blocks`, `release_blocks`, `share_block`) log paged blocks, named by block id with unit =
     block size, a whole run per call; the per-region calls of the RegionRecorder interface log one region,
     named by its first slot (unit 1). Each tenure is numbered in acquisition order. A call only appends to
-    flat typed arrays (one C-level `extend` per run, no per-key Python work). Every `flush_rows`
-    acquisitions the log is handed, as one `RawRuns` batch, to a background thread that pairs it into
-    tenures with numpy (simulator/tenures.py `TenurePairer`) and writes the finished ones to `sink`
-    (default: a FrameSink kept in memory). With `background` (the simulator's choice) that happens in a
-    background thread while the simulation goes on: numpy and the Parquet encoder release the GIL, so on
-    two cores that work mostly leaves the simulation's critical path. Batches are processed one at a time
-    in order (the next waits for the previous), so the output is the same as pairing them inline, and at
-    most two batches exist at once. Without it (a replay, whose step times are measured) they are paired
-    inline. With a `ProcessEventSink` (simulator/event_process.py) the batches go to a child process that
-    pairs and writes them there, off the GIL.
+    flat lists (one C-level `extend` per run, no per-key Python work; tenures.py `RawRuns`). Every
+    `flush_rows` acquisitions the log is handed, as one `RawRuns` batch, to a background thread that
+    pairs it into tenures with numpy (simulator/tenures.py `TenurePairer`) and writes the finished ones
+    to `sink` (default: a FrameSink kept in memory). With `background` (the simulator's choice) that
+    happens while the simulation goes on: numpy and the Parquet encoder release the GIL, so on two cores
+    that work mostly leaves the simulation's critical path. Batches are processed one at a time in order
+    (the next waits for the previous), so the output is the same as pairing them inline, and at most two
+    batches exist at once. Without it (a replay, whose step times are measured) they are paired inline.
+    With a `ProcessEventSink` (simulator/event_process.py) the batches go to a child process that pairs
+    and writes them there, off the GIL.
     """
 
     def __init__(self, sink: EventSink | None = None, flush_rows: int | None = None,
@@ -239,10 +243,10 @@ class MemoryLog:
             num_batched_tokens: int, blocks_used: int) -> None:
         """Append one row; `fractions` holds the five taxonomy states."""
         f = fractions
-        self._values.extend((step, num_steps, t_s, dt_s, f["token_states"], f["reservation"],
-                             f["internal_fragmentation"], f["external_fragmentation"], f["free"], cached_free,
-                             f["token_states"], block_occupancy, counts[0], counts[1], counts[2],
-                             num_batched_tokens, blocks_used))
+        self._values.frombytes(_pack_row(
+            step, num_steps, t_s, dt_s, f["token_states"], f["reservation"], f["internal_fragmentation"],
+            f["external_fragmentation"], f["free"], cached_free, f["token_states"], block_occupancy,
+            counts[0], counts[1], counts[2], num_batched_tokens, blocks_used))
         if len(self._values) >= self._limit:  # inline: one call less per row
             self.flush()
 
@@ -251,9 +255,9 @@ class MemoryLog:
                 block_occupancy: float, counts: tuple[int, int, int], num_batched_tokens: int,
                 blocks_used: int) -> None:
         """Append one row from fractions of capacity already computed (a span's time-weighted means)."""
-        self._values.extend((step, num_steps, t_s, dt_s, token_states, reservation, internal, external, free,
-                             cached_free, token_states, block_occupancy, counts[0], counts[1], counts[2],
-                             num_batched_tokens, blocks_used))
+        self._values.frombytes(_pack_row(
+            step, num_steps, t_s, dt_s, token_states, reservation, internal, external, free, cached_free,
+            token_states, block_occupancy, counts[0], counts[1], counts[2], num_batched_tokens, blocks_used))
         if len(self._values) >= self._limit:  # inline: one call less per row
             self.flush()
 
@@ -262,9 +266,10 @@ class MemoryLog:
         """Append one row from a breakdown given as (capacity, token_states, reservation, internal, external,
         free, cached_free, allocated) slots (the allocators' `breakdown_slots`)."""
         cap, tokens, resv, internal, external, free, cached, allocated = slots
-        self._values.extend((step, num_steps, t_s, dt_s, tokens / cap, resv / cap, internal / cap,
-                             external / cap, free / cap, cached / cap, tokens / cap, allocated / cap,
-                             counts[0], counts[1], counts[2], num_batched_tokens, allocated // block_size))
+        self._values.frombytes(_pack_row(
+            step, num_steps, t_s, dt_s, tokens / cap, resv / cap, internal / cap, external / cap, free / cap,
+            cached / cap, tokens / cap, allocated / cap, counts[0], counts[1], counts[2], num_batched_tokens,
+            allocated // block_size))
         if len(self._values) >= self._limit:  # inline: one call less per row
             self.flush()
 

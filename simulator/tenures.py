@@ -86,30 +86,55 @@ PER_EVENT_RID, PER_EVENT_TIME = 1, 2  # flags of an acquisition run that lists o
 
 
 class RawRuns:
-    """One batch of raw recorder events, as flat typed arrays (numpy reads them without a copy).
+    """One batch of raw recorder events, as flat Python lists (numpy converts them when pairing).
 
     Every event names a key (block id, or first slot for unit 1); `e_*` hold the keys in the order the
     events happened and, per run (one recorder call), its length, kind and unit. Acquisition runs carry a
     region size, a request id and a time (or, flagged in `a_flags`, one of each per event in `a_rids` /
     `a_times`); release runs a time and one filled count per event; shares a new ref count each.
+    Lists, not typed arrays: `array.extend` from a list converts element by element (~40 ns each, the
+    recorder's largest cost), `list.extend` copies pointers (~5 ns). A batch is converted once, whole:
+    by numpy in the pairing thread, or by `typed()` (~16 ns an element) before it goes to the pairing
+    process, so that it pickles as bytes (a list of ints costs the child ~35 ns an element to unpickle).
     """
 
     __slots__ = ("e_keys", "e_n", "e_kind", "e_unit", "a_size", "a_rid", "a_t", "a_flags", "a_rids",
                  "a_times", "r_t", "r_filled", "s_ref")
 
     def __init__(self) -> None:
-        self.e_keys, self.e_n, self.e_kind, self.e_unit = array("q"), array("q"), array("b"), array("q")
-        self.a_size, self.a_rid, self.a_t, self.a_flags = array("q"), array("q"), array("d"), array("b")
-        self.a_rids, self.a_times = array("q"), array("d")
-        self.r_t, self.r_filled, self.s_ref = array("d"), array("q"), array("q")
+        self.e_keys: list[int] = []
+        self.e_n: list[int] = []
+        self.e_kind: list[int] = []
+        self.e_unit: list[int] = []
+        self.a_size: list[int] = []
+        self.a_rid: list[int] = []
+        self.a_t: list[float] = []
+        self.a_flags: list[int] = []
+        self.a_rids: list[int] = []
+        self.a_times: list[float] = []
+        self.r_t: list[float] = []
+        self.r_filled: list[int] = []
+        self.s_ref: list[int] = []
+
+    def typed(self) -> RawRuns:
+        """The same batch as flat typed arrays (numpy reads them without a copy)."""
+        out = RawRuns.__new__(RawRuns)
+        for name, code in _TYPECODES.items():
+            setattr(out, name, array(code, getattr(self, name)))
+        return out
 
 
-def _per_event(per_run: np.ndarray, counts: np.ndarray, flagged: np.ndarray, listed: array, dtype
+_TYPECODES = {"e_keys": "q", "e_n": "q", "e_kind": "b", "e_unit": "q", "a_size": "q", "a_rid": "q",
+              "a_t": "d", "a_flags": "b", "a_rids": "q", "a_times": "d", "r_t": "d", "r_filled": "q",
+              "s_ref": "q"}
+
+
+def _per_event(per_run: np.ndarray, counts: np.ndarray, flagged: np.ndarray, listed: list, dtype
                ) -> np.ndarray:
     """Per-event values from one value per run, with the flagged runs' values listed one per event."""
     out = np.repeat(per_run, counts)
     if len(listed):
-        out[np.repeat(flagged, counts)] = np.frombuffer(listed, dtype)
+        out[np.repeat(flagged, counts)] = np.asarray(listed, dtype)
     return out
 
 
@@ -125,29 +150,29 @@ class TenurePairer:
         """Pair the batch (its acquisitions numbered from `first_row`), then hand the sink the tenures
         released before `before` (all of them, held ones ending at `end_s`, when it is None)."""
         if len(raw.e_n):
-            counts = np.frombuffer(raw.e_n, np.int64)
-            run_kind = np.frombuffer(raw.e_kind, np.int8)
-            keys = np.frombuffer(raw.e_keys, np.int64)
-            run_unit = np.frombuffer(raw.e_unit, np.int64)
+            counts = np.asarray(raw.e_n, np.int64)
+            run_kind = np.asarray(raw.e_kind, np.int8)
+            keys = np.asarray(raw.e_keys, np.int64)
+            run_unit = np.asarray(raw.e_unit, np.int64)
             kinds = np.repeat(run_kind, counts)
             rows = self.open_rows.resolve(keys, run_unit, counts, kinds, first_row)
             acq_runs = run_kind == ACQUIRE
             if acq_runs.any():
                 acq = kinds == ACQUIRE
                 a_counts = counts[acq_runs]
-                flags = np.frombuffer(raw.a_flags, np.int8)
+                flags = np.asarray(raw.a_flags, np.int8)
                 start = keys[acq] * np.repeat(run_unit[acq_runs], a_counts)
                 self.tenures.add(first_row,
-                                 _per_event(np.frombuffer(raw.a_rid, np.int64), a_counts,
+                                 _per_event(np.asarray(raw.a_rid, np.int64), a_counts,
                                             (flags & PER_EVENT_RID) != 0, raw.a_rids, np.int64),
-                                 start, np.repeat(np.frombuffer(raw.a_size, np.int64), a_counts),
-                                 _per_event(np.frombuffer(raw.a_t, np.float64), a_counts,
+                                 start, np.repeat(np.asarray(raw.a_size, np.int64), a_counts),
+                                 _per_event(np.asarray(raw.a_t, np.float64), a_counts,
                                             (flags & PER_EVENT_TIME) != 0, raw.a_times, np.float64))
             if len(raw.r_t):
-                t_end = np.repeat(np.frombuffer(raw.r_t, np.float64), counts[run_kind == RELEASE])
-                self.tenures.release(rows[kinds == RELEASE], t_end, np.frombuffer(raw.r_filled, np.int64))
+                t_end = np.repeat(np.asarray(raw.r_t, np.float64), counts[run_kind == RELEASE])
+                self.tenures.release(rows[kinds == RELEASE], t_end, np.asarray(raw.r_filled, np.int64))
             if len(raw.s_ref):
-                self.tenures.share(rows[kinds == SHARE], np.frombuffer(raw.s_ref, np.int64))
+                self.tenures.share(rows[kinds == SHARE], np.asarray(raw.s_ref, np.int64))
         self.tenures.flush(self.sink, before, end_s)
 
 

@@ -107,6 +107,9 @@ class Scheduler:
         self.num_preemptions = 0
         # Per group: prompt tokens still to compute (prefill / recompute), keyed by request id.
         self.prefill_left: dict[int, int] = {}
+        # The waiting head `can_ever_allocate` accepted: a group does not grow while it waits, so the
+        # answer holds until it leaves the queue (an overloaded run asks again at every step otherwise).
+        self._fits_ever: SequenceGroup | None = None
 
     def add_request(self, group: SequenceGroup) -> None:
         """Queue a new request."""
@@ -211,24 +214,34 @@ class Scheduler:
 
     def head_admission(self, room: int) -> Admission:
         """What admission would do now with the request at the head of the queue, given `room` tokens
-        left in this step's budget (a query: nothing changes). WAIT is stable while memory only shrinks
-        and the running set does not change, which lets the simulator skip steps (simulator/span.py)."""
+        left in this step's budget (a query: nothing changes but a memo of `can_ever_allocate`). WAIT is
+        stable while memory only shrinks and the running set does not change, which lets the simulator
+        skip steps (simulator/span.py)."""
         group = self.waiting[0]
         seqs = self._live(group)
         limit = self.config.max_model_len
         if seqs[0].length > limit or (seqs[0].final_len or 0) > limit:
             return Admission.REJECT
-        if len(self.running) >= self.config.max_num_seqs or room <= 0:
-            # It waits whatever memory is free now (only NEVER would reject it): the cheap question.
-            return Admission.WAIT if self.allocator.can_ever_allocate(group) else Admission.REJECT
+        if len(self.running) >= self.config.max_num_seqs or room <= 0 or \
+                (not self.config.enable_chunked_prefill and self._prefill_tokens(seqs) > room):
+            # No seat, or the whole prompt must fit in this step's token budget and does not: it waits
+            # whatever memory is free now (only NEVER would reject it), the cheap question.
+            return Admission.WAIT if self._can_ever_allocate(group) else Admission.REJECT
         status = self.allocator.can_allocate(group)
         if status is AllocStatus.NEVER:
             return Admission.REJECT
         if status is AllocStatus.LATER:
             return Admission.WAIT
-        if not self.config.enable_chunked_prefill and self._prefill_tokens(seqs) > room:
-            return Admission.WAIT  # the whole prompt must fit in this step's token budget
         return Admission.ADMIT
+
+    def _can_ever_allocate(self, group: SequenceGroup) -> bool:
+        """The allocator's `can_ever_allocate`, asked once while `group` heads the queue."""
+        if group is self._fits_ever:
+            return True
+        if self.allocator.can_ever_allocate(group):
+            self._fits_ever = group
+            return True
+        return False
 
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
         waiting = self.waiting
@@ -238,6 +251,7 @@ class Scheduler:
             if decision is Admission.WAIT:
                 return
             group = waiting.popleft()
+            self._fits_ever = None
             if decision is Admission.REJECT:
                 self._reject(group, out)
                 continue

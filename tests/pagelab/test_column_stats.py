@@ -73,3 +73,22 @@ def test_select_reads_the_column_a_few_times_only():
     _, got = cs.median_and_percentiles(read, len(v), [50, 90, 99])
     assert got == pytest.approx(np.percentile(v, [50, 90, 99]), abs=0)
     assert len(reads) <= 4  # two histogram passes and one collect pass here (each a read of the column)
+
+
+def test_known_ranks_are_reused_and_only_missing_ones_selected():
+    v = np.random.default_rng(3).normal(size=5000)
+    passes = []
+    inner = blocks_of(v, [700, 2100, 4000])
+
+    def read():
+        passes.append(1)
+        yield from inner()
+    known: dict[int, float] = {}
+    first = cs.median_and_percentiles(read, len(v), (50, 90, 99), known)
+    assert passes and len(known) >= 4  # the median's and each percentile's ranks were selected
+    passes.clear()
+    again = cs.median_and_percentiles(read, len(v), (99, 50), known)
+    assert passes == []  # every rank asked was known: no pass over the blocks
+    assert again == (first[0], [first[1][2], first[1][0]])
+    more = cs.median_and_percentiles(read, len(v), (10,), known)
+    assert passes and more[1] == [float(np.percentile(v, 10))] and more[0] == float(np.median(v))

@@ -174,6 +174,23 @@ def test_request_columns_of_a_frame_total_what_the_frame_holds():
     assert isinstance(RequestLog().sink, FrameSink)
 
 
+def test_statistics_of_a_streamed_request_table_equal_the_frame_s(tmp_path):
+    from simulator.metrics import bench_metrics, column_summary
+
+    trace = generate_trace(SyntheticConfig(num_requests=400, rate=9.0, n=2, seed=4))
+    frame = simulate(trace, SimConfig(capacity_tokens=6000)).requests
+    sink = open_table_sink(tmp_path / "requests", REQUEST_DTYPES)
+    streamed = simulate(trace, SimConfig(capacity_tokens=6000), requests=sink).request_columns
+    assert streamed.frame is None and streamed.totals.input_tokens > 0
+    for _ in range(2):  # the second time from what the first left in the table's memo
+        assert [column_summary(streamed, c) for c in ("ttft_s", "tpot_s", "e2e_s")] == \
+            [column_summary(frame, c) for c in ("ttft_s", "tpot_s", "e2e_s")]
+        for qs in ((99.0,), (50.0, 90.0, 99.9)):
+            got = bench_metrics(streamed, 100.0, metrics=("ttft", "tpot", "itl", "e2el"), percentiles=qs)
+            assert got == bench_metrics(frame, 100.0, metrics=("ttft", "tpot", "itl", "e2el"), percentiles=qs)
+    assert ("moments", "ttft_s") in streamed.memo and ("ranks", "e2e_s") in streamed.memo
+
+
 def test_trace_info_of_blocks_equals_trace_info_of_the_frame(tmp_path):
     from traces.stats import trace_info
 
