@@ -4,8 +4,8 @@ In a thread, pairing cost a long run ~10% of its wall time although numpy and th
 the GIL: the pairer's Python between those calls waits for the GIL, which the simulation loop (pure
 Python) gives up only when the interpreter forces it every 5 ms, and the loop then waited for the pairer
 at the next batch (docs/simulator-performance.md, ninth sitting). `ProcessEventSink` moves the pairer and
-the sink into a child process: the recorder hands it each batch of raw runs (`RawRuns`, typed
-arrays: pickled as bytes), the child pairs them in the same order with the same `TenurePairer`, so the
+the sink into a child process: the recorder hands it each batch of raw runs (`RawRuns`, flat
+lists), the child pairs them in the same order with the same `TenurePairer`, so the
 events file is byte for byte what the thread writes. The child is `python -m simulator.event_process`
 on a socket (no multiprocessing start method: spawn would re-import the CLI's `__main__`, fork a process
 with OpenBLAS and Arrow threads).
@@ -67,7 +67,7 @@ class ProcessEventSink:
         """Queue one batch for the child (what `TenurePairer.process` does, done there)."""
         if self._proc is None:
             self._start()
-        self._backlog.append(("batch", raw.typed(), first_row, before, end_s))
+        self._backlog.append(("batch", raw, first_row, before, end_s))
         self._drain(wait=len(self._backlog) > MAX_BACKLOG)
 
     def _drain(self, wait: bool) -> None:

@@ -13,8 +13,6 @@ bounded by the pool (one open tenure per held block), so memory does not grow wi
 """
 from __future__ import annotations
 
-from array import array
-
 import numpy as np
 
 from simulator.sinks import EVENT_DTYPES, EventSink
@@ -93,9 +91,10 @@ class RawRuns:
     region size, a request id and a time (or, flagged in `a_flags`, one of each per event in `a_rids` /
     `a_times`); release runs a time and one filled count per event; shares a new ref count each.
     Lists, not typed arrays: `array.extend` from a list converts element by element (~40 ns each, the
-    recorder's largest cost), `list.extend` copies pointers (~5 ns). A batch is converted once, whole:
-    by numpy in the pairing thread, or by `typed()` (~16 ns an element) before it goes to the pairing
-    process, so that it pickles as bytes (a list of ints costs the child ~35 ns an element to unpickle).
+    recorder's largest cost), `list.extend` copies pointers (~5 ns). A batch is converted once, whole, by
+    numpy where it is paired: in the recorder's thread, or in the pairing process, which unpickles the
+    lists (~10 ns an element to pickle here; converting them to typed arrays first, to pickle bytes, cost
+    the 1M-request run ~6% more wall time: docs/simulator-performance.md, eleventh sitting).
     """
 
     __slots__ = ("e_keys", "e_n", "e_kind", "e_unit", "a_size", "a_rid", "a_t", "a_flags", "a_rids",
@@ -115,18 +114,6 @@ class RawRuns:
         self.r_t: list[float] = []
         self.r_filled: list[int] = []
         self.s_ref: list[int] = []
-
-    def typed(self) -> RawRuns:
-        """The same batch as flat typed arrays (numpy reads them without a copy)."""
-        out = RawRuns.__new__(RawRuns)
-        for name, code in _TYPECODES.items():
-            setattr(out, name, array(code, getattr(self, name)))
-        return out
-
-
-_TYPECODES = {"e_keys": "q", "e_n": "q", "e_kind": "b", "e_unit": "q", "a_size": "q", "a_rid": "q",
-              "a_t": "d", "a_flags": "b", "a_rids": "q", "a_times": "d", "r_t": "d", "r_filled": "q",
-              "s_ref": "q"}
 
 
 def _per_event(per_run: np.ndarray, counts: np.ndarray, flagged: np.ndarray, listed: list, dtype

@@ -90,3 +90,20 @@ def test_overload_warning_only_when_the_queue_keeps_growing():
     fast = table([(a, a + 0.5, a + 0.6, a + 1, 5, 5) for a in arrival])
     assert overload_warning(fast, duration_s=n + 1) is None
     assert not math.isnan(fast["tpot_s"].iloc[0])
+
+
+def test_queue_lengths_count_directly_for_few_times_as_the_sorted_search_does():
+    rng = np.random.default_rng(5)
+    n = 500
+    arrival = np.sort(rng.random(n) * 100)
+    admitted = arrival + rng.random(n) * 20
+    admitted[rng.random(n) < 0.1] = np.nan  # never admitted
+    reqs = table([(a, d, d + 0.1, d + 1, 5, 5) for a, d in zip(arrival, admitted, strict=True)])
+    reqs["rejected"] = rng.random(n) < 0.05  # some never-admitted rows are kept: still waiting
+    many = np.linspace(-1, 130, 40)  # more than a few times: sorted per block
+    few = many[[0, 7, 21, 39]]
+    by_search = queue_lengths(reqs, many)
+    np.testing.assert_array_equal(queue_lengths(reqs, few), by_search[[0, 7, 21, 39]])
+    kept = ~reqs["rejected"].to_numpy()
+    expect = [int((arrival[kept] <= t).sum() - (admitted[kept] <= t).sum()) for t in many]
+    np.testing.assert_array_equal(by_search, expect)

@@ -175,7 +175,7 @@ def test_request_columns_of_a_frame_total_what_the_frame_holds():
 
 
 def test_statistics_of_a_streamed_request_table_equal_the_frame_s(tmp_path):
-    from simulator.metrics import bench_metrics, column_summary
+    from simulator.metrics import bench_metrics, column_summary, overload_warning
 
     trace = generate_trace(SyntheticConfig(num_requests=400, rate=9.0, n=2, seed=4))
     frame = simulate(trace, SimConfig(capacity_tokens=6000)).requests
@@ -189,6 +189,8 @@ def test_statistics_of_a_streamed_request_table_equal_the_frame_s(tmp_path):
             got = bench_metrics(streamed, 100.0, metrics=("ttft", "tpot", "itl", "e2el"), percentiles=qs)
             assert got == bench_metrics(frame, 100.0, metrics=("ttft", "tpot", "itl", "e2el"), percentiles=qs)
     assert ("moments", "ttft_s") in streamed.memo and ("ranks", "e2e_s") in streamed.memo
+    assert streamed.totals.last_arrival_s == float(trace["arrival_s"].max())
+    assert overload_warning(streamed, 1e3) == overload_warning(frame, 1e3)
 
 
 def test_trace_info_of_blocks_equals_trace_info_of_the_frame(tmp_path):

@@ -141,7 +141,8 @@ class BlockPool:
             filled[table[-1]] = bs
             filled[bid] = 1
             table.append(bid)
-            if not s._internal_counted and s.final_len is not None and len(table) * bs >= s.final_len:
+            # `_limit` is the final length, or 2^62 when unknown: one attribute read on the common path.
+            if len(table) * bs >= s._limit and not s._internal_counted:
                 self._count_internal(s)
 
     def add_decode_tokens(self, num_tokens: int) -> None:
