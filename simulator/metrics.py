@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from pagelab.column_stats import BLOCK_ROWS, Blocks, median_and_percentiles, weighted_percentiles
-from simulator.request_log import RequestColumns, output_tokens
+from simulator.request_log import RequestColumns, RequestTotals, output_tokens
 from traces.chunks import FrameChunks
 
 Requests = pd.DataFrame | RequestColumns  # a request table, in memory or streamed to a file
@@ -91,6 +91,13 @@ def _moments(read: Blocks, spread: bool = True) -> tuple[int, float, float, floa
     return count, weight, mean, math.sqrt(squares / weight)
 
 
+def _written_totals(requests: Requests) -> RequestTotals | None:
+    """The totals summed as a streamed request table was written (None for a frame, or none kept)."""
+    if isinstance(requests, RequestColumns) and requests.totals.num_requests:
+        return requests.totals
+    return None
+
+
 def _column_moments(requests: Requests, name: str, spread: bool) -> tuple[int, float, float, float]:
     """`_moments` of a column's defined values; a file-backed table computes them (spread included) once."""
     if not isinstance(requests, RequestColumns):
@@ -153,8 +160,8 @@ def bench_metrics(requests: Requests, duration_s: float, *, metrics=DEFAULT_METR
                   percentiles=DEFAULT_PERCENTILES, goodput: dict[str, float] | None = None) -> dict:
     """The `vllm bench serve` result of one run: counts, throughputs, goodput and latency statistics."""
     completed = rejected = in_tokens = out_tokens = 0
-    totals = requests.totals if isinstance(requests, RequestColumns) else None
-    if totals is not None and totals.num_requests:  # summed as the table was written: no pass
+    totals = _written_totals(requests)
+    if totals is not None:  # no pass over the table
         completed, rejected = totals.num_finished, totals.num_rejected
         in_tokens, out_tokens = totals.input_tokens, totals.output_tokens
     else:
@@ -219,8 +226,8 @@ def queue_lengths(requests: Requests, times: np.ndarray) -> np.ndarray:
 
 def overload_warning(requests: Requests, duration_s: float) -> str | None:
     """A warning when the waiting queue still grows at the end of the trace (arrivals outpace service)."""
-    totals = requests.totals if isinstance(requests, RequestColumns) else None
-    if totals is not None and totals.num_requests:  # kept as the table was written: no pass
+    totals = _written_totals(requests)
+    if totals is not None:  # no pass over the table
         last = totals.last_arrival_s
     else:
         last = max((float(b["arrival_s"].max()) for b in _blocks(requests, ("arrival_s",))), default=0.0)

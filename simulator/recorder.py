@@ -238,18 +238,6 @@ class MemoryLog:
     def __len__(self) -> int:
         return self._num_flushed + len(self._values) // len(MEMORY_COLUMNS)
 
-    def add(self, step: int, num_steps: int, t_s: float, dt_s: float, fractions: dict[str, float],
-            cached_free: float, block_occupancy: float, counts: tuple[int, int, int],
-            num_batched_tokens: int, blocks_used: int) -> None:
-        """Append one row; `fractions` holds the five taxonomy states."""
-        f = fractions
-        self._values.frombytes(_pack_row(
-            step, num_steps, t_s, dt_s, f["token_states"], f["reservation"], f["internal_fragmentation"],
-            f["external_fragmentation"], f["free"], cached_free, f["token_states"], block_occupancy,
-            counts[0], counts[1], counts[2], num_batched_tokens, blocks_used))
-        if len(self._values) >= self._limit:  # inline: one call less per row
-            self.flush()
-
     def add_row(self, step: int, num_steps: int, t_s: float, dt_s: float, token_states: float,
                 reservation: float, internal: float, external: float, free: float, cached_free: float,
                 block_occupancy: float, counts: tuple[int, int, int], num_batched_tokens: int,

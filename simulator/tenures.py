@@ -101,19 +101,8 @@ class RawRuns:
                  "a_times", "r_t", "r_filled", "s_ref")
 
     def __init__(self) -> None:
-        self.e_keys: list[int] = []
-        self.e_n: list[int] = []
-        self.e_kind: list[int] = []
-        self.e_unit: list[int] = []
-        self.a_size: list[int] = []
-        self.a_rid: list[int] = []
-        self.a_t: list[float] = []
-        self.a_flags: list[int] = []
-        self.a_rids: list[int] = []
-        self.a_times: list[float] = []
-        self.r_t: list[float] = []
-        self.r_filled: list[int] = []
-        self.s_ref: list[int] = []
+        for name in self.__slots__:
+            setattr(self, name, [])
 
 
 def _per_event(per_run: np.ndarray, counts: np.ndarray, flagged: np.ndarray, listed: list, dtype
