@@ -5,10 +5,12 @@ Each command group lives in its own module and registers itself on `app` when im
 import signal
 import sys
 
-from pagelab.memory import one_arena
+from pagelab.memory import arrow_pool_returns_memory, one_arena
 
-# Before anything imports numpy: see pagelab/memory.py (one malloc arena keeps a long run's RSS flat).
+# Before anything imports numpy or pyarrow: see pagelab/memory.py (one malloc arena, and an Arrow pool that
+# gives freed pages back, keep a long run's RSS flat).
 one_arena()
+arrow_pool_returns_memory()
 
 import typer  # noqa: E402
 

@@ -27,6 +27,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pagelab.memory import MIMALLOC_PURGE_VARIABLE
+
 if TYPE_CHECKING:
     from simulator.sinks import EventSink
 
@@ -57,6 +59,7 @@ class ProcessEventSink:
         parent, child = socket.socketpair()
         root = str(Path(__file__).resolve().parents[1])  # the directory holding the simulator package
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH")))))
+        env.setdefault(MIMALLOC_PURGE_VARIABLE, "0")  # Arrow gives freed pages back (pagelab/memory.py)
         self._proc = subprocess.Popen([sys.executable, "-m", "simulator.event_process", str(child.fileno())],
                                       pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL)
         child.close()

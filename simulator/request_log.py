@@ -17,7 +17,7 @@ import numpy as np
 
 from pagelab.column_stats import BLOCK_ROWS
 from pagelab.memory import release_free_memory
-from simulator.sinks import FrameSink, TableSink
+from simulator.sinks import TABLE_BATCH_ROWS, FrameSink, TableSink
 from traces.chunks import FrameChunks, parquet_batches
 
 TRACE_COLUMNS = ("request_id", "arrival_s", "prompt_len", "output_len", "n", "beam_width")
@@ -30,6 +30,7 @@ REQUEST_DTYPES = {
     "normalized_latency_s": np.dtype(np.float64),
 }
 _NAN = float("nan")
+TRIM_ROWS = 1 << 16  # request rows handed on between two heap trims
 # A finished row waits for its batch packed into one flat buffer (8 bytes a value; as tuples of Python
 # objects a 65,536-row batch took ~21 MB, one of the peaks of a long run's RSS). One `struct` pack a
 # row: `array.extend` with a tuple converts and grows value by value, at three times the cost.
@@ -85,9 +86,10 @@ class RequestTotals:
 class RequestLog:
     """The in-flight requests' times and counters (trace row -> value); rows leave in order, in batches."""
 
-    def __init__(self, sink: TableSink | None = None, batch_rows: int = 1 << 16) -> None:
+    def __init__(self, sink: TableSink | None = None, batch_rows: int = TABLE_BATCH_ROWS) -> None:
         self.sink = sink if sink is not None else FrameSink(dtypes=REQUEST_DTYPES)
         self.batch_rows = batch_rows
+        self._untrimmed = 0  # rows handed on since the heap was last trimmed
         self.totals = RequestTotals()
         self.admitted: dict[int, float] = {}
         self.first_token: dict[int, float] = {}
@@ -137,7 +139,10 @@ class RequestLog:
                                 cols["first_token_s"], cols["finish_s"])
         self.totals.add(cols)
         self.sink.write(cols)
-        release_free_memory()  # after every batch (7-20 ms): see pagelab/memory.py
+        self._untrimmed += len(cols["finish_s"])
+        if self._untrimmed >= TRIM_ROWS:  # 7-20 ms each: see pagelab/memory.py
+            release_free_memory()
+            self._untrimmed = 0
 
     def finish_run(self) -> TableSink:
         """Hand on the last rows (every request must be closed) and close the sink."""

@@ -1,7 +1,10 @@
 """pagelab.memory: glibc's allocator settings for long runs (no-ops where the C library is not glibc)."""
 from __future__ import annotations
 
+import os
 import platform
+import subprocess
+import sys
 
 import pyarrow as pa
 import pytest
@@ -42,9 +45,6 @@ def test_without_glibc_both_are_no_ops(monkeypatch):
 
 @glibc
 def test_the_cli_keeps_every_thread_on_one_arena():
-    import subprocess
-    import sys
-
     # malloc_info lists one <heap> per arena; numpy's OpenBLAS threads took a second one before.
     code = (
         "import ctypes, re, tempfile, threading\n"
@@ -85,9 +85,6 @@ print((libc.mallinfo2().arena - before) / 2**20)
 
 @glibc
 def test_reading_a_trace_under_the_read_threshold_leaves_the_heap_where_it_was(tmp_path):
-    import subprocess
-    import sys
-
     from traces import SyntheticConfig, generate_trace, save_trace
 
     # What the CLI does before a run: check the Parquet trace and take its statistics, 65,536 rows at a
@@ -106,3 +103,77 @@ def test_reading_a_trace_under_the_read_threshold_leaves_the_heap_where_it_was(t
     # The setting is what makes the difference. Measured, 12 isolated runs each: read 0.41-0.5 MB, loop
     # 11.7-16.9 MB; once, in a full-suite run, read 0.66 and loop 5.3 MB (a 5 MB margin failed): margin 3 MB.
     assert loop > read + 3.0
+
+
+
+_MAPPED_BYTES_OF_BLOCKS = """
+import ctypes
+from pagelab import memory
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = MallInfo2
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+size = 3 << 20  # under the loop's 4 MiB threshold, over the read one
+def mapped():  # bytes in blocks with mappings of their own, for one block of `size`
+    before = libc.mallinfo2().hblkhd
+    block = libc.malloc(size)
+    grown = libc.mallinfo2().hblkhd - before
+    libc.free(block)
+    return grown
+memory.map_large_blocks()
+out = [mapped()]
+with memory.reading_blocks():
+    out.append(mapped())
+out.append(mapped())
+try:
+    with memory.reading_blocks():
+        raise KeyError("a failed read")
+except KeyError:
+    out.append(mapped())
+print(*(int(n >= size) for n in out))
+"""
+
+
+@glibc
+def test_reading_blocks_maps_mid_sized_blocks_inside_and_gives_the_loop_its_threshold_after():
+    # A fresh process: a block is mapped only when no free chunk of the heap can hold it, and the test
+    # process's heap has had many. 1 = the block had a mapping of its own, 0 = it came from the heap.
+    out = subprocess.run([sys.executable, "-c", _MAPPED_BYTES_OF_BLOCKS], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.split() == ["0", "1", "0", "0"]  # loop, read, loop again, loop after a failed read
+
+
+_PURGE = "import {}os; print(os.environ.get({!r}, 'unset'))"
+
+
+def _in_a_new_process(code: str, purge: str | None = None) -> str:
+    env = {k: v for k, v in os.environ.items() if k != memory.MIMALLOC_PURGE_VARIABLE}
+    if purge is not None:
+        env[memory.MIMALLOC_PURGE_VARIABLE] = purge
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    return out.stdout.strip()
+
+
+def test_the_cli_has_arrows_pool_return_freed_pages_before_pyarrow_is_imported():
+    var = memory.MIMALLOC_PURGE_VARIABLE
+    assert _in_a_new_process(_PURGE.format("", var)) == "unset"
+    assert _in_a_new_process(_PURGE.format("cli, ", var)) == "0"
+    assert _in_a_new_process(_PURGE.format("cli, ", var), purge="250") == "250"  # a delay the user chose
+    # The CLI sets it right after importing pagelab.memory, which must not import pyarrow (mimalloc reads
+    # the variable at pyarrow's first import).
+    assert _in_a_new_process("import sys, pagelab.memory; print('pyarrow' in sys.modules)") == "False"
+
+
+def test_arrow_pool_returns_memory_says_whether_it_can_still_take_effect(monkeypatch):
+    var = memory.MIMALLOC_PURGE_VARIABLE
+    monkeypatch.delenv(var, raising=False)
+    assert "pyarrow" in sys.modules  # imported above: too late for this process
+    assert memory.arrow_pool_returns_memory() is False
+    assert os.environ[var] == "0"  # still for the processes it starts
+    monkeypatch.setenv(var, "250")
+    monkeypatch.delitem(sys.modules, "pyarrow")
+    assert memory.arrow_pool_returns_memory() is True
+    assert os.environ[var] == "250"  # the user's choice stands

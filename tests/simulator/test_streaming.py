@@ -84,6 +84,28 @@ def test_request_log_hands_rows_on_in_trace_order_whatever_order_they_finish(ord
     assert log.totals.num_finished == 40 and log.totals.output_tokens == 120
 
 
+def test_request_log_batches_are_the_row_groups_of_the_run_folders_table(tmp_path):
+    # Each batch the log hands on is written as one Parquet row group (nothing gathered in memory between
+    # writes: simulator/sinks.py); the file holds the rows, and the totals, that the in-memory log does.
+    import pyarrow.parquet as pq
+
+    from simulator.sinks import TABLE_GROUP_ROWS
+
+    num = 2 * TABLE_GROUP_ROWS + 1000
+    logs = [RequestLog(), RequestLog(open_table_sink(tmp_path / "requests", REQUEST_DTYPES))]
+    assert logs[1].batch_rows == TABLE_GROUP_ROWS
+    for log in logs:
+        for i in range(num):
+            log.open(i, (i, float(i), 7, 2 + i % 5, 1, 1))
+            log.admitted[i], log.first_token[i], log.finish[i] = i + 0.5, i + 1.0, i + 2.0 + i % 3
+            log.close(i)
+    memory, streamed = (log.finish_run() for log in logs)
+    meta = pq.ParquetFile(streamed.path).metadata
+    assert [meta.row_group(g).num_rows for g in range(meta.num_row_groups)] == [TABLE_GROUP_ROWS] * 2 + [1000]
+    pd.testing.assert_frame_equal(pd.read_parquet(streamed.path), memory.frame(), check_exact=True)
+    assert vars(logs[0].totals) == vars(logs[1].totals)
+
+
 def test_request_log_refuses_to_end_with_a_request_in_flight():
     log = RequestLog()
     log.open(0, (0, 0.0, 1, 1, 1, 1))
