@@ -105,7 +105,6 @@ def test_reading_a_trace_under_the_read_threshold_leaves_the_heap_where_it_was(t
     assert loop > read + 3.0
 
 
-
 _MAPPED_BYTES_OF_BLOCKS = """
 import ctypes
 from pagelab import memory
