@@ -64,16 +64,21 @@ def test_the_cli_keeps_every_thread_on_one_arena():
     assert out.stdout.strip() == "1"
 
 
-_HEAP_AFTER_READING = """
-import ctypes, sys
-from pathlib import Path
-import cli  # one arena, as the CLI sets it
-from pagelab import memory
-class MallInfo(ctypes.Structure):
+# glibc's mallinfo2 in a fresh process (the scripts below start with it).
+_MALLINFO2 = """
+import ctypes
+class MallInfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
                                                 "fsmblks", "uordblks", "fordblks", "keepcost")]
 libc = ctypes.CDLL("libc.so.6")
-libc.mallinfo2.restype = MallInfo
+libc.mallinfo2.restype = MallInfo2
+"""
+
+_HEAP_AFTER_READING = _MALLINFO2 + """
+import sys
+from pathlib import Path
+import cli  # one arena, as the CLI sets it
+from pagelab import memory
 memory.map_large_blocks(int(sys.argv[2]))
 from traces.chunks import open_parquet_chunks
 from traces.stats import trace_info
@@ -105,14 +110,8 @@ def test_reading_a_trace_under_the_read_threshold_leaves_the_heap_where_it_was(t
     assert loop > read + 3.0
 
 
-_MAPPED_BYTES_OF_BLOCKS = """
-import ctypes
+_MAPPED_BYTES_OF_BLOCKS = _MALLINFO2 + """
 from pagelab import memory
-class MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                "fsmblks", "uordblks", "fordblks", "keepcost")]
-libc = ctypes.CDLL("libc.so.6")
-libc.mallinfo2.restype = MallInfo2
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
 size = 3 << 20  # under the loop's 4 MiB threshold, over the read one
