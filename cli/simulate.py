@@ -10,7 +10,7 @@ import typer
 from cli import app
 from cli.common import UserError, atomic_dir, err_console, finite_float, user_errors
 from cli.serving import Bars, allocators, cap_concurrency, check_metric_options, load_workload, report
-from pagelab.memory import READ_BLOCK_BYTES, map_large_blocks
+from pagelab.memory import map_large_blocks
 from simulator.core.cache_config import ALLOCATORS
 
 ALL_ALLOCATORS = list(ALLOCATORS)
@@ -123,7 +123,7 @@ def simulate_cmd(
     # A canonical Parquet trace is read in blocks of rows as the simulation goes (a 10M-request trace is
     # never held whole), unless a replay's run or --sharing needs it in memory.
     stream = step_times_from is None and config_from is None and not sharing
-    map_large_blocks(READ_BLOCK_BYTES)  # while the trace is read; simulate() sets the loop's (pagelab/memory)
+    map_large_blocks()  # before the trace is read: its blocks stay out of the heap (pagelab/memory.py)
     df, info = load_workload(trace, trace_opt, limit, num_prompts, rate, burstiness, seed, stream=stream)
     model, gpu, latency = _latency_choice(model, gpu, latency, profile)
     base = SimConfig(model=model, gpu=gpu, kv_memory_gb=kv_memory_gb, capacity_tokens=capacity_tokens,

@@ -27,7 +27,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pagelab.memory import MIMALLOC_PURGE_VARIABLE
+from pagelab.memory import ARROW_POOL_VARIABLE, MIMALLOC_PURGE_VARIABLE
 
 if TYPE_CHECKING:
     from simulator.sinks import EventSink
@@ -59,7 +59,9 @@ class ProcessEventSink:
         parent, child = socket.socketpair()
         root = str(Path(__file__).resolve().parents[1])  # the directory holding the simulator package
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH")))))
-        env.setdefault(MIMALLOC_PURGE_VARIABLE, "0")  # Arrow gives freed pages back (pagelab/memory.py)
+        # Arrow allocates from glibc, as in the CLI (pagelab/memory.py `arrow_pool_returns_memory`).
+        env.setdefault(ARROW_POOL_VARIABLE, "system")
+        env.setdefault(MIMALLOC_PURGE_VARIABLE, "0")
         self._proc = subprocess.Popen([sys.executable, "-m", "simulator.event_process", str(child.fileno())],
                                       pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL)
         child.close()
@@ -166,10 +168,10 @@ def _reply_error(conn: Connection, exc: BaseException) -> None:
 
 def _serve(conn: Connection) -> None:
     """The child: open the sink, then pair and write batches until told to close (or the parent is gone)."""
-    from pagelab.memory import map_large_blocks, one_arena
+    from pagelab.memory import PAIRING_BLOCK_BYTES, map_large_blocks, one_arena
 
     one_arena()  # before numpy starts its threads (pagelab/memory.py)
-    map_large_blocks()
+    map_large_blocks(PAIRING_BLOCK_BYTES)
     from simulator.tenures import TenurePairer
 
     try:

@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pagelab.memory import reading_blocks
 from simulator.core.scheduler import Scheduler, SchedulerOutput
 from simulator.core.sequence import Sequence, SequenceGroup
 from simulator.decode_batch import DecodeBatch
@@ -97,9 +96,8 @@ class SimState(RunState):
         """Move the arrival cursor to the next block of rows; False at the end of the trace."""
         self._arrival_start += len(self._arrival)
         self._arrival = []
-        with reading_blocks():  # a new row group's buffers stay out of the loop's heap (pagelab/memory.py)
-            chunk = next(self._arrival_chunks, None)
-            self._arrival = chunk["arrival_s"].tolist() if chunk is not None else []
+        chunk = next(self._arrival_chunks, None)
+        self._arrival = chunk["arrival_s"].tolist() if chunk is not None else []
         self.next_arrival = self._arrival[0] if self._arrival else math.inf
         return chunk is not None
 
@@ -138,10 +136,9 @@ class SimState(RunState):
     def _load_rows(self, i: int) -> None:
         """Python copies of the next block of rows (the one holding row `i`)."""
         self._rows = ()
-        with reading_blocks():  # as in _next_arrival_chunk
-            chunk = next(self._build_chunks)
-            self._rows_start = self._rows_end
-            self._rows = tuple(chunk[c].tolist() for c in self._build_columns)
+        chunk = next(self._build_chunks)
+        self._rows_start = self._rows_end
+        self._rows = tuple(chunk[c].tolist() for c in self._build_columns)
         self._rows_end = self._rows_start + len(self._rows[0])
         if not self._rows_start <= i < self._rows_end:
             raise RuntimeError(f"request row {i} built out of order (next block: rows {self._rows_start}.."

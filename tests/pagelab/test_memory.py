@@ -89,12 +89,12 @@ print((libc.mallinfo2().arena - before) / 2**20)
 
 
 @glibc
-def test_reading_a_trace_under_the_read_threshold_leaves_the_heap_where_it_was(tmp_path):
+def test_reading_a_trace_under_the_runs_threshold_leaves_the_heap_where_it_was(tmp_path):
     from traces import SyntheticConfig, generate_trace, save_trace
 
     # What the CLI does before a run: check the Parquet trace and take its statistics, 65,536 rows at a
-    # time. Under the loop's 4 MiB threshold the batches' column buffers come from the heap and leave it
-    # grown (holes the run then spreads into); under READ_BLOCK_BYTES they are mappings of their own.
+    # time. Under a 4 MiB threshold the batches' column buffers come from the heap and leave it grown
+    # (holes the run then spreads into); under LARGE_BLOCK_BYTES they are mappings of their own.
     path = tmp_path / "trace.parquet"
     save_trace(generate_trace(SyntheticConfig(num_requests=300_000, rate=40.0, seed=1)), path)
 
@@ -103,75 +103,77 @@ def test_reading_a_trace_under_the_read_threshold_leaves_the_heap_where_it_was(t
                              capture_output=True, text=True, check=True)
         return float(out.stdout.strip())
 
-    read, loop = heap_growth_mb(memory.READ_BLOCK_BYTES), heap_growth_mb(memory.LARGE_BLOCK_BYTES)
-    assert read < 3.0
-    # The setting is what makes the difference. Measured, 12 isolated runs each: read 0.41-0.5 MB, loop
-    # 11.7-16.9 MB; once, in a full-suite run, read 0.66 and loop 5.3 MB (a 5 MB margin failed): margin 3 MB.
-    assert loop > read + 3.0
+    run, pairing = heap_growth_mb(memory.LARGE_BLOCK_BYTES), heap_growth_mb(memory.PAIRING_BLOCK_BYTES)
+    assert run < 3.0
+    # The setting is what makes the difference. Measured, 12 isolated runs each: 256 KB 0.41-0.5 MB, 4 MiB
+    # 11.7-16.9 MB; once, in a full-suite run, 0.66 and 5.3 MB (a 5 MB margin failed): margin 3 MB.
+    assert pairing > run + 3.0
 
 
-_MAPPED_BYTES_OF_BLOCKS = _MALLINFO2 + """
+_BATCH_MAPPED = _MALLINFO2 + """
+import struct, sys
+from array import array
 from pagelab import memory
-libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-libc.free.argtypes = [ctypes.c_void_p]
-size = 3 << 20  # under the loop's 4 MiB threshold, over the read one
-def mapped():  # bytes in blocks with mappings of their own, for one block of `size`
-    before = libc.mallinfo2().hblkhd
-    block = libc.malloc(size)
-    grown = libc.mallinfo2().hblkhd - before
-    libc.free(block)
-    return grown
-memory.map_large_blocks()
-out = [mapped()]
-with memory.reading_blocks():
-    out.append(mapped())
-out.append(mapped())
-try:
-    with memory.reading_blocks():
-        raise KeyError("a failed read")
-except KeyError:
-    out.append(mapped())
-print(*(int(n >= size) for n in out))
+memory.map_large_blocks(int(sys.argv[1]))
+row = struct.Struct("=17d").pack(*range(17))
+before = libc.mallinfo2().hblkhd
+batch = array("d")  # what the memory log does: a 2^14-row batch of packed rows, grown by appends
+for _ in range(1 << 14):
+    batch.frombytes(row)
+print(int(libc.mallinfo2().hblkhd - before >= len(batch) * batch.itemsize))
 """
 
 
 @glibc
-def test_reading_blocks_maps_mid_sized_blocks_inside_and_gives_the_loop_its_threshold_after():
-    # A fresh process: a block is mapped only when no free chunk of the heap can hold it, and the test
-    # process's heap has had many. 1 = the block had a mapping of its own, 0 = it came from the heap.
-    out = subprocess.run([sys.executable, "-c", _MAPPED_BYTES_OF_BLOCKS], capture_output=True, text=True,
-                         check=True)
-    assert out.stdout.split() == ["0", "1", "0", "0"]  # loop, read, loop again, loop after a failed read
+def test_the_loops_growing_batch_buffers_are_mappings_under_the_runs_threshold():
+    # A 2.2 MB batch grown by appends moves ~100 times on its way up; from the heap, the small blocks
+    # the loop places between those moves pin the holes it leaves (a 10M run's heap grew 33 -> 46 MB).
+    # Under LARGE_BLOCK_BYTES it is a mapping of its own, unmapped when dropped. 1 = a mapping.
+    def mapped(threshold: int) -> str:
+        out = subprocess.run([sys.executable, "-c", _BATCH_MAPPED, str(threshold)], capture_output=True,
+                             text=True, check=True)
+        return out.stdout.strip()
+
+    assert mapped(memory.LARGE_BLOCK_BYTES) == "1"
+    assert mapped(memory.PAIRING_BLOCK_BYTES) == "0"
 
 
-_PURGE = "import {}os; print(os.environ.get({!r}, 'unset'))"
+_SHOW = "import {}os; print(os.environ.get({!r}, 'unset'))"
 
 
-def _in_a_new_process(code: str, purge: str | None = None) -> str:
-    env = {k: v for k, v in os.environ.items() if k != memory.MIMALLOC_PURGE_VARIABLE}
-    if purge is not None:
-        env[memory.MIMALLOC_PURGE_VARIABLE] = purge
+def _in_a_new_process(code: str, **env_vars: str) -> str:
+    env = {k: v for k, v in os.environ.items()
+           if k not in (memory.MIMALLOC_PURGE_VARIABLE, memory.ARROW_POOL_VARIABLE)}
+    env.update(env_vars)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     return out.stdout.strip()
 
 
-def test_the_cli_has_arrows_pool_return_freed_pages_before_pyarrow_is_imported():
-    var = memory.MIMALLOC_PURGE_VARIABLE
-    assert _in_a_new_process(_PURGE.format("", var)) == "unset"
-    assert _in_a_new_process(_PURGE.format("cli, ", var)) == "0"
-    assert _in_a_new_process(_PURGE.format("cli, ", var), purge="250") == "250"  # a delay the user chose
-    # The CLI sets it right after importing pagelab.memory, which must not import pyarrow (mimalloc reads
-    # the variable at pyarrow's first import).
+def test_the_cli_puts_arrow_on_glibcs_allocator_before_pyarrow_is_imported():
+    pool, purge = memory.ARROW_POOL_VARIABLE, memory.MIMALLOC_PURGE_VARIABLE
+    assert _in_a_new_process(_SHOW.format("", pool)) == "unset"
+    assert _in_a_new_process(_SHOW.format("cli, ", pool)) == "system"
+    assert _in_a_new_process(_SHOW.format("cli, ", purge)) == "0"
+    # What the user chose stands.
+    assert _in_a_new_process(_SHOW.format("cli, ", pool), **{pool: "mimalloc"}) == "mimalloc"
+    assert _in_a_new_process(_SHOW.format("cli, ", purge), **{purge: "250"}) == "250"
+    # Arrow's C++ default pool, which the Parquet reader and writers use, is glibc's.
+    backend = "import cli, pyarrow; print(pyarrow.default_memory_pool().backend_name)"
+    assert _in_a_new_process(backend) == "system"
+    # The CLI sets them right after importing pagelab.memory, which must not import pyarrow (Arrow reads
+    # the variables at pyarrow's first import).
     assert _in_a_new_process("import sys, pagelab.memory; print('pyarrow' in sys.modules)") == "False"
 
 
 def test_arrow_pool_returns_memory_says_whether_it_can_still_take_effect(monkeypatch):
-    var = memory.MIMALLOC_PURGE_VARIABLE
-    monkeypatch.delenv(var, raising=False)
+    pool, purge = memory.ARROW_POOL_VARIABLE, memory.MIMALLOC_PURGE_VARIABLE
+    monkeypatch.delenv(pool, raising=False)
+    monkeypatch.delenv(purge, raising=False)
     assert "pyarrow" in sys.modules  # imported above: too late for this process
     assert memory.arrow_pool_returns_memory() is False
-    assert os.environ[var] == "0"  # still for the processes it starts
-    monkeypatch.setenv(var, "250")
+    assert (os.environ[pool], os.environ[purge]) == ("system", "0")  # still for the processes it starts
+    monkeypatch.setenv(pool, "jemalloc")
+    monkeypatch.setenv(purge, "250")
     monkeypatch.delitem(sys.modules, "pyarrow")
     assert memory.arrow_pool_returns_memory() is True
-    assert os.environ[var] == "250"  # the user's choice stands
+    assert (os.environ[pool], os.environ[purge]) == ("jemalloc", "250")  # the user's choice stands
