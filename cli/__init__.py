@@ -7,8 +7,8 @@ import sys
 
 from pagelab.memory import arrow_pool_returns_memory, one_arena
 
-# Before anything imports numpy or pyarrow: see pagelab/memory.py (one malloc arena, and Arrow on glibc's
-# allocator, keep a long run's RSS flat).
+# Before anything imports numpy or pyarrow: see pagelab/memory.py (one malloc arena, and Arrow on its
+# jemalloc pool, keep a long run's RSS flat).
 one_arena()
 arrow_pool_returns_memory()
 

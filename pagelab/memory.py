@@ -28,11 +28,12 @@ Allocator behaviours made its RSS grow with the run anyway, measured on the 10M-
   the process at 312 MB resident, and `pa.set_memory_pool` moves only pyarrow's Python layer; the
   Parquet reader and writers' C++ code keeps the default pool. Even returning freed pages at once
   (MIMALLOC_PURGE_DELAY=0), a 10M-request run's mimalloc regions grew by 10-15 MB at two points of the
-  run, while Arrow counted at most 9 MB allocated from it. `arrow_pool_returns_memory` sets
-  ARROW_DEFAULT_MEMORY_POOL=system before pyarrow is imported (the CLI does first thing; the events
-  process inherits it): all of Arrow then allocates from glibc, under the rules above. Measured: no
-  CPU cost visible (alternating pairs), and with the 256 KB threshold the 10M run's peak went from 190
-  to 176 MB (1M: 177 -> 172 MB). (The purge delay stays set for a user who picks mimalloc.)
+  run, while Arrow counted at most 9 MB allocated from it. On glibc (the system pool), Arrow's small
+  buffers took the heap's free part from 3 to 14 MB in the first million requests. Arrow's jemalloc
+  keeps them apart and returns what they free: `arrow_pool_returns_memory` sets
+  ARROW_DEFAULT_MEMORY_POOL before pyarrow is imported (the CLI does first thing; the events process
+  inherits it). Measured with the 256 KB threshold: 10M peak 190 MB (mimalloc, 4 MiB) -> 176 (system)
+  -> see docs/simulator-performance.md (jemalloc); 1M 177 -> 172 -> 165 MB; no CPU cost visible.
 - Each thread that allocates gets its own arena: the tenure-pairing thread's grew from 18 to 39 MB
   over a 4M-request run (about half of it free), beside a main arena with 20-27 MB free. One arena for
   all threads (`one_arena`, `M_ARENA_MAX` 1) lets each reuse the other's free space: a 3M-request run
@@ -55,6 +56,8 @@ LARGE_BLOCK_BYTES = 256 << 10  # the CLI, the trace reads and the loop
 PAIRING_BLOCK_BYTES = 4 << 20  # the events process (simulator/event_process.py)
 SUMMARY_BLOCK_BYTES = 64 << 10  # after the loop, while the statistics read the request table back
 ARROW_POOL_VARIABLE = "ARROW_DEFAULT_MEMORY_POOL"
+# Arrow's jemalloc: in pyarrow's Linux wheels only (elsewhere Arrow would warn and fall back to mimalloc).
+ARROW_POOL = "jemalloc" if sys.platform.startswith("linux") else "system"
 MIMALLOC_PURGE_VARIABLE = "MIMALLOC_PURGE_DELAY"
 
 
@@ -80,10 +83,11 @@ def release_free_memory() -> bool:
 
 
 def arrow_pool_returns_memory() -> bool:
-    """Have Arrow allocate from glibc (its system pool) and, if a user picks mimalloc instead, have that
-    return freed pages at once, in this process and the ones it starts (variables already set are kept);
-    True when it takes effect here (Arrow reads them when pyarrow is first imported)."""
-    os.environ.setdefault(ARROW_POOL_VARIABLE, "system")
+    """Have Arrow allocate from its jemalloc pool (glibc's where it has none) and, if a user picks mimalloc
+    instead, have that return freed pages at once, in this process and the ones it starts (variables
+    already set are kept); True when it takes effect here (Arrow reads them when pyarrow is first
+    imported)."""
+    os.environ.setdefault(ARROW_POOL_VARIABLE, ARROW_POOL)
     os.environ.setdefault(MIMALLOC_PURGE_VARIABLE, "0")
     return "pyarrow" not in sys.modules
 

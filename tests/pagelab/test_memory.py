@@ -152,14 +152,15 @@ def _in_a_new_process(code: str, **env_vars: str) -> str:
 def test_the_cli_puts_arrow_on_glibcs_allocator_before_pyarrow_is_imported():
     pool, purge = memory.ARROW_POOL_VARIABLE, memory.MIMALLOC_PURGE_VARIABLE
     assert _in_a_new_process(_SHOW.format("", pool)) == "unset"
-    assert _in_a_new_process(_SHOW.format("cli, ", pool)) == "system"
+    assert _in_a_new_process(_SHOW.format("cli, ", pool)) == memory.ARROW_POOL
     assert _in_a_new_process(_SHOW.format("cli, ", purge)) == "0"
     # What the user chose stands.
     assert _in_a_new_process(_SHOW.format("cli, ", pool), **{pool: "mimalloc"}) == "mimalloc"
     assert _in_a_new_process(_SHOW.format("cli, ", purge), **{purge: "250"}) == "250"
-    # Arrow's C++ default pool, which the Parquet reader and writers use, is glibc's.
+    # Arrow's C++ default pool, which the Parquet reader and writers use, is the one chosen (and exists:
+    # Arrow would fall back to mimalloc with a warning).
     backend = "import cli, pyarrow; print(pyarrow.default_memory_pool().backend_name)"
-    assert _in_a_new_process(backend) == "system"
+    assert _in_a_new_process(backend) == memory.ARROW_POOL
     # The CLI sets them right after importing pagelab.memory, which must not import pyarrow (Arrow reads
     # the variables at pyarrow's first import).
     assert _in_a_new_process("import sys, pagelab.memory; print('pyarrow' in sys.modules)") == "False"
@@ -171,7 +172,7 @@ def test_arrow_pool_returns_memory_says_whether_it_can_still_take_effect(monkeyp
     monkeypatch.delenv(purge, raising=False)
     assert "pyarrow" in sys.modules  # imported above: too late for this process
     assert memory.arrow_pool_returns_memory() is False
-    assert (os.environ[pool], os.environ[purge]) == ("system", "0")  # still for the processes it starts
+    assert (os.environ[pool], os.environ[purge]) == (memory.ARROW_POOL, "0")  # for the processes it starts
     monkeypatch.setenv(pool, "jemalloc")
     monkeypatch.setenv(purge, "250")
     monkeypatch.delitem(sys.modules, "pyarrow")
