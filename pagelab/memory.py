@@ -33,8 +33,8 @@ Allocator behaviours made its RSS grow with the run anyway, measured on the 10M-
   keeps them apart and returns what they free: `arrow_pool_returns_memory` sets
   ARROW_DEFAULT_MEMORY_POOL before pyarrow is imported (the CLI does first thing; the events process
   inherits it). Measured, peak of the 10M run (1M): mimalloc and a 4 MiB threshold 190 MB (177),
-  the system pool and 256 KB 176 (172), jemalloc and 256 KB 169 (165); the system pool's CPU cost
-  was too small to see in alternating pairs (jemalloc's was not measured apart).
+  the system pool and 256 KB 176 (172), jemalloc and 256 KB 169 (165); CPU in alternating pairs: the
+  system pool no cost visible, jemalloc 1-3 % more than it in four pairs of five (within the noise).
 - Each thread that allocates gets its own arena: the tenure-pairing thread's grew from 18 to 39 MB
   over a 4M-request run (about half of it free), beside a main arena with 20-27 MB free. One arena for
   all threads (`one_arena`, `M_ARENA_MAX` 1) lets each reuse the other's free space: a 3M-request run
