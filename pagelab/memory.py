@@ -30,7 +30,7 @@ Allocator behaviours made its RSS grow with the run anyway, measured on the 10M-
   (MIMALLOC_PURGE_DELAY=0), a 10M-request run's mimalloc regions grew by 10-15 MB at two points of the
   run, while Arrow counted at most 9 MB allocated from it. On glibc (the system pool), Arrow's small
   buffers took the heap's free part from 3 to 14 MB in the first million requests. Arrow's jemalloc
-  keeps them apart and returns what they free: `arrow_pool_returns_memory` sets
+  keeps them apart and returns what they free: `choose_arrow_pool` sets
   ARROW_DEFAULT_MEMORY_POOL before pyarrow is imported (the CLI does first thing; the events process
   inherits it). Measured, peak of the 10M run (1M): mimalloc and a 4 MiB threshold 190 MB (177),
   the system pool and 256 KB 176 (172), jemalloc and 256 KB 169 (165); CPU in alternating pairs: the
@@ -60,6 +60,8 @@ ARROW_POOL_VARIABLE = "ARROW_DEFAULT_MEMORY_POOL"
 # Arrow's jemalloc: in pyarrow's Linux wheels only (elsewhere Arrow would warn and fall back to mimalloc).
 ARROW_POOL = "jemalloc" if sys.platform.startswith("linux") else "system"
 MIMALLOC_PURGE_VARIABLE = "MIMALLOC_PURGE_DELAY"
+# What the CLI's process and the events process run Arrow with (a variable already set is kept).
+ARROW_ENV = {ARROW_POOL_VARIABLE: ARROW_POOL, MIMALLOC_PURGE_VARIABLE: "0"}
 
 
 def _libc():
@@ -83,13 +85,12 @@ def release_free_memory() -> bool:
     return bool(_LIBC.malloc_trim(0)) if _LIBC is not None else False
 
 
-def arrow_pool_returns_memory() -> bool:
-    """Have Arrow allocate from its jemalloc pool (glibc's where it has none) and, if a user picks mimalloc
-    instead, have that return freed pages at once, in this process and the ones it starts (variables
-    already set are kept); True when it takes effect here (Arrow reads them when pyarrow is first
-    imported)."""
-    os.environ.setdefault(ARROW_POOL_VARIABLE, ARROW_POOL)
-    os.environ.setdefault(MIMALLOC_PURGE_VARIABLE, "0")
+def choose_arrow_pool() -> bool:
+    """Set `ARROW_ENV` in this process's environment, for it and the processes it starts: Arrow allocates
+    from its jemalloc pool (glibc's where it has none) and, if a user picks mimalloc instead, that returns
+    freed pages at once; True when it takes effect here (Arrow reads them when pyarrow is first imported)."""
+    for name, value in ARROW_ENV.items():
+        os.environ.setdefault(name, value)
     return "pyarrow" not in sys.modules
 
 

@@ -27,7 +27,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pagelab.memory import ARROW_POOL, ARROW_POOL_VARIABLE, MIMALLOC_PURGE_VARIABLE
+from pagelab.memory import ARROW_ENV
 
 if TYPE_CHECKING:
     from simulator.sinks import EventSink
@@ -58,10 +58,9 @@ class ProcessEventSink:
     def _start(self) -> None:
         parent, child = socket.socketpair()
         root = str(Path(__file__).resolve().parents[1])  # the directory holding the simulator package
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH")))))
-        # Arrow's pool as in the CLI (pagelab/memory.py `arrow_pool_returns_memory`).
-        env.setdefault(ARROW_POOL_VARIABLE, ARROW_POOL)
-        env.setdefault(MIMALLOC_PURGE_VARIABLE, "0")
+        # Arrow's pool as in the CLI (pagelab/memory.py `choose_arrow_pool`), simulate() as a library too.
+        env = {**ARROW_ENV, **os.environ,
+               "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))}
         self._proc = subprocess.Popen([sys.executable, "-m", "simulator.event_process", str(child.fileno())],
                                       pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL)
         child.close()

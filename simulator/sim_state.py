@@ -95,7 +95,7 @@ class SimState(RunState):
     def _next_arrival_chunk(self) -> bool:
         """Move the arrival cursor to the next block of rows; False at the end of the trace."""
         self._arrival_start += len(self._arrival)
-        self._arrival = []
+        self._arrival = []  # the old block goes before the next is read: one block alive, not two
         chunk = next(self._arrival_chunks, None)
         self._arrival = chunk["arrival_s"].tolist() if chunk is not None else []
         self.next_arrival = self._arrival[0] if self._arrival else math.inf
@@ -135,7 +135,7 @@ class SimState(RunState):
 
     def _load_rows(self, i: int) -> None:
         """Python copies of the next block of rows (the one holding row `i`)."""
-        self._rows = ()
+        self._rows = ()  # as in _next_arrival_chunk
         chunk = next(self._build_chunks)
         self._rows_start = self._rows_end
         self._rows = tuple(chunk[c].tolist() for c in self._build_columns)

@@ -97,7 +97,7 @@ def simulate(trace: pd.DataFrame | TraceChunks, config: SimConfig,
             gc.enable()
     # The summary and the report read the request table back a block at a time: as while reading the
     # trace, keep those blocks (and their selections' 64 KB masks) out of the heap the loop leaves behind
-    # (pagelab/memory.py): at the 256 KB read threshold, a 10M-row table's statistics grew it by ~7 MB.
+    # (pagelab/memory.py): at the loop's 256 KB threshold, a 10M-row table's statistics grew it by ~7 MB.
     map_large_blocks(SUMMARY_BLOCK_BYTES)
     if run.recorder is None and events is not None:
         events.close()  # nothing recorded: the file still gets its (empty) table

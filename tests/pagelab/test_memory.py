@@ -149,7 +149,7 @@ def _in_a_new_process(code: str, **env_vars: str) -> str:
     return out.stdout.strip()
 
 
-def test_the_cli_puts_arrow_on_glibcs_allocator_before_pyarrow_is_imported():
+def test_the_cli_chooses_arrows_pool_before_pyarrow_is_imported():
     pool, purge = memory.ARROW_POOL_VARIABLE, memory.MIMALLOC_PURGE_VARIABLE
     assert _in_a_new_process(_SHOW.format("", pool)) == "unset"
     assert _in_a_new_process(_SHOW.format("cli, ", pool)) == memory.ARROW_POOL
@@ -166,15 +166,15 @@ def test_the_cli_puts_arrow_on_glibcs_allocator_before_pyarrow_is_imported():
     assert _in_a_new_process("import sys, pagelab.memory; print('pyarrow' in sys.modules)") == "False"
 
 
-def test_arrow_pool_returns_memory_says_whether_it_can_still_take_effect(monkeypatch):
+def test_choose_arrow_pool_says_whether_it_can_still_take_effect(monkeypatch):
     pool, purge = memory.ARROW_POOL_VARIABLE, memory.MIMALLOC_PURGE_VARIABLE
     monkeypatch.delenv(pool, raising=False)
     monkeypatch.delenv(purge, raising=False)
     assert "pyarrow" in sys.modules  # imported above: too late for this process
-    assert memory.arrow_pool_returns_memory() is False
+    assert memory.choose_arrow_pool() is False
     assert (os.environ[pool], os.environ[purge]) == (memory.ARROW_POOL, "0")  # for the processes it starts
     monkeypatch.setenv(pool, "jemalloc")
     monkeypatch.setenv(purge, "250")
     monkeypatch.delitem(sys.modules, "pyarrow")
-    assert memory.arrow_pool_returns_memory() is True
+    assert memory.choose_arrow_pool() is True
     assert (os.environ[pool], os.environ[purge]) == ("jemalloc", "250")  # the user's choice stands
