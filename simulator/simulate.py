@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from pagelab.memory import SUMMARY_BLOCK_BYTES, map_large_blocks, release_free_memory
+from pagelab.memory import map_large_blocks, release_free_memory
 from simulator.fast import fast_step, finish_batch
 from simulator.measured_steps import MeasuredSteps
 from simulator.request_log import RequestColumns
@@ -95,10 +95,6 @@ def simulate(trace: pd.DataFrame | TraceChunks, config: SimConfig,
     finally:
         if gc_enabled:
             gc.enable()
-    # The summary and the report read the request table back a block at a time: as while reading the
-    # trace, keep those blocks (and their selections' 64 KB masks) out of the heap the loop leaves behind
-    # (pagelab/memory.py): at the loop's 256 KB threshold, a 10M-row table's statistics grew it by ~7 MB.
-    map_large_blocks(SUMMARY_BLOCK_BYTES)
     if run.recorder is None and events is not None:
         events.close()  # nothing recorded: the file still gets its (empty) table
     return _result(run, time.perf_counter() - wall0)
