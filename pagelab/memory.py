@@ -27,8 +27,8 @@ Allocator behaviours made its RSS grow with the run anyway, measured on the 10M-
   to 4.4 MB in the first two million requests. So the CLI's process runs under `LARGE_BLOCK_BYTES` =
   64 KB, from reading the trace through the statistics after the loop: the heap holds small objects
   only (26-29 MB, free 2-3 MB, flat from 1M requests on). Measured side by side, peak of the 10M run
-  (1M): 256 KB 170.4 MB (166.3), 64 KB 167.5 (165.8); it costs page faults (+2.6 s of system time a
-  million requests, 1-2 % of the run's CPU). (The pairing process keeps 4 MiB, `PAIRING_BLOCK_BYTES`:
+  (1M): 256 KB 170.4 MB (166.3), 64 KB 167.5 (165.8); it costs page faults (+2.6-3.2 s of system time
+  a million requests, 1-2 % of the run's CPU). (The pairing process keeps 4 MiB, `PAIRING_BLOCK_BYTES`:
   its numpy temporaries would otherwise be fresh mappings, page faults and all, every batch.)
 - Arrow's own pool, mimalloc, keeps what Arrow frees: checking the 10M-row trace file alone once left
   the process at 312 MB resident, and `pa.set_memory_pool` moves only pyarrow's Python layer; the
