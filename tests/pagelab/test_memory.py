@@ -125,18 +125,20 @@ print(int(libc.mallinfo2().hblkhd - before >= len(batch) * batch.itemsize))
 """
 
 
+
+def _mapped(script: str, threshold: int) -> str:
+    """What `script` prints when run in a fresh process under the mmap `threshold` ("1": a mapping)."""
+    out = subprocess.run([sys.executable, "-c", script, str(threshold)], capture_output=True, text=True,
+                         check=True)
+    return out.stdout.strip()
+
 @glibc
 def test_the_loops_growing_batch_buffers_are_mappings_under_the_runs_threshold():
     # A 2.2 MB batch grown by appends moves ~100 times on its way up; from the heap, the small blocks
     # the loop places between those moves pin the holes it leaves (a 10M run's heap grew 33 -> 46 MB).
     # Under LARGE_BLOCK_BYTES it is a mapping of its own, unmapped when dropped. 1 = a mapping.
-    def mapped(threshold: int) -> str:
-        out = subprocess.run([sys.executable, "-c", _BATCH_MAPPED, str(threshold)], capture_output=True,
-                             text=True, check=True)
-        return out.stdout.strip()
-
-    assert mapped(memory.LARGE_BLOCK_BYTES) == "1"
-    assert mapped(memory.PAIRING_BLOCK_BYTES) == "0"
+    assert _mapped(_BATCH_MAPPED, memory.LARGE_BLOCK_BYTES) == "1"
+    assert _mapped(_BATCH_MAPPED, memory.PAIRING_BLOCK_BYTES) == "0"
 
 
 _SHOW = "import {}os; print(os.environ.get({!r}, 'unset'))"
@@ -198,10 +200,5 @@ def test_the_recorders_growing_lists_leave_the_heap_under_the_runs_threshold():
     # Between 64 and 256 KB, the heap's churn on a long run was mostly the recorder's raw lists on their way
     # up (and the pickled batches): free chunks of 64 KB and more grew 0.6 -> 4.4 MB in 2M requests.
     # Under LARGE_BLOCK_BYTES a list that size is a mapping of its own; under 256 KB it was in the heap.
-    def mapped(threshold: int) -> str:
-        out = subprocess.run([sys.executable, "-c", _LIST_MAPPED, str(threshold)], capture_output=True,
-                             text=True, check=True)
-        return out.stdout.strip()
-
-    assert mapped(memory.LARGE_BLOCK_BYTES) == "1"
-    assert mapped(256 << 10) == "0"
+    assert _mapped(_LIST_MAPPED, memory.LARGE_BLOCK_BYTES) == "1"
+    assert _mapped(_LIST_MAPPED, 256 << 10) == "0"
