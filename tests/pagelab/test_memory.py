@@ -14,6 +14,13 @@ from pagelab import memory
 glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt / malloc_trim")
 
 
+def _run(script: str, *args: object, env: dict[str, str] | None = None) -> str:
+    """What `script` prints, run with `args` in a fresh process (allocator settings start from scratch)."""
+    out = subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True,
+                         check=True, env=env)
+    return out.stdout.strip()
+
+
 @glibc
 def test_map_large_blocks_takes_the_settings_and_moves_arrow_to_the_system_allocator():
     assert memory.map_large_blocks() is True
@@ -27,9 +34,9 @@ def _rss_bytes() -> int:
 
 @glibc
 def test_release_free_memory_returns_free_pages_inside_the_heap():
-    memory.map_large_blocks()  # 64 KB blocks come from the heap, not from their own mappings
-    blocks = [bytearray(64 << 10) for _ in range(400)]  # 25 MB, touched (zero-filled)
-    pin = bytearray(64 << 10)  # the heap's top stays in use: free() alone cannot shrink the heap
+    memory.map_large_blocks()  # 32 KB blocks come from the heap (under LARGE_BLOCK_BYTES), not from mappings
+    blocks = [bytearray(32 << 10) for _ in range(800)]  # 25 MB, touched (zero-filled)
+    pin = bytearray(32 << 10)  # the heap's top stays in use: free() alone cannot shrink the heap
     before = _rss_bytes()
     del blocks
     assert memory.release_free_memory() is True
@@ -60,8 +67,7 @@ def test_the_cli_keeps_every_thread_on_one_arena():
         "fp = libc.fopen(path.encode(), b'w'); libc.malloc_info(0, fp); libc.fclose(fp)\n"
         "print(len(re.findall('<heap nr=', open(path).read())))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "1"
+    assert _run(code) == "1"
 
 
 # glibc's mallinfo2 in a fresh process (the scripts below start with it).
@@ -98,12 +104,8 @@ def test_reading_a_trace_under_the_runs_threshold_leaves_the_heap_where_it_was(t
     path = tmp_path / "trace.parquet"
     save_trace(generate_trace(SyntheticConfig(num_requests=300_000, rate=40.0, seed=1)), path)
 
-    def heap_growth_mb(threshold: int) -> float:
-        out = subprocess.run([sys.executable, "-c", _HEAP_AFTER_READING, str(path), str(threshold)],
-                             capture_output=True, text=True, check=True)
-        return float(out.stdout.strip())
-
-    run, pairing = heap_growth_mb(memory.LARGE_BLOCK_BYTES), heap_growth_mb(memory.PAIRING_BLOCK_BYTES)
+    run, pairing = (float(_run(_HEAP_AFTER_READING, path, t))
+                    for t in (memory.LARGE_BLOCK_BYTES, memory.PAIRING_BLOCK_BYTES))
     assert run < 3.0
     # The setting is what makes the difference. Measured, 12 isolated runs each: 256 KB 0.41-0.5 MB, 4 MiB
     # 11.7-16.9 MB; once, in a full-suite run, 0.66 and 5.3 MB (a 5 MB margin failed): margin 3 MB. At
@@ -111,13 +113,17 @@ def test_reading_a_trace_under_the_runs_threshold_leaves_the_heap_where_it_was(t
     assert pairing > run + 3.0
 
 
-_BATCH_MAPPED = _MALLINFO2 + """
-import struct, sys
-from array import array
+# Scripts that print 1 when what they grow is a mapping of its own under the threshold in argv[1].
+_UNDER_THRESHOLD = _MALLINFO2 + """
+import sys
 from pagelab import memory
 memory.map_large_blocks(int(sys.argv[1]))
-row = struct.Struct("=17d").pack(*range(17))
 before = libc.mallinfo2().hblkhd
+"""
+_BATCH_MAPPED = _UNDER_THRESHOLD + """
+import struct
+from array import array
+row = struct.Struct("=17d").pack(*range(17))
 batch = array("d")  # what the memory log does: a 2^14-row batch of packed rows, grown by appends
 for _ in range(1 << 14):
     batch.frombytes(row)
@@ -125,20 +131,13 @@ print(int(libc.mallinfo2().hblkhd - before >= len(batch) * batch.itemsize))
 """
 
 
-
-def _mapped(script: str, threshold: int) -> str:
-    """What `script` prints when run in a fresh process under the mmap `threshold` ("1": a mapping)."""
-    out = subprocess.run([sys.executable, "-c", script, str(threshold)], capture_output=True, text=True,
-                         check=True)
-    return out.stdout.strip()
-
 @glibc
 def test_the_loops_growing_batch_buffers_are_mappings_under_the_runs_threshold():
     # A 2.2 MB batch grown by appends moves ~100 times on its way up; from the heap, the small blocks
     # the loop places between those moves pin the holes it leaves (a 10M run's heap grew 33 -> 46 MB).
     # Under LARGE_BLOCK_BYTES it is a mapping of its own, unmapped when dropped. 1 = a mapping.
-    assert _mapped(_BATCH_MAPPED, memory.LARGE_BLOCK_BYTES) == "1"
-    assert _mapped(_BATCH_MAPPED, memory.PAIRING_BLOCK_BYTES) == "0"
+    assert _run(_BATCH_MAPPED, memory.LARGE_BLOCK_BYTES) == "1"
+    assert _run(_BATCH_MAPPED, memory.PAIRING_BLOCK_BYTES) == "0"
 
 
 _SHOW = "import {}os; print(os.environ.get({!r}, 'unset'))"
@@ -147,9 +146,7 @@ _SHOW = "import {}os; print(os.environ.get({!r}, 'unset'))"
 def _in_a_new_process(code: str, **env_vars: str) -> str:
     env = {k: v for k, v in os.environ.items()
            if k not in (memory.MIMALLOC_PURGE_VARIABLE, memory.ARROW_POOL_VARIABLE)}
-    env.update(env_vars)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
-    return out.stdout.strip()
+    return _run(code, env={**env, **env_vars})
 
 
 def test_the_cli_chooses_arrows_pool_before_pyarrow_is_imported():
@@ -183,11 +180,7 @@ def test_choose_arrow_pool_says_whether_it_can_still_take_effect(monkeypatch):
     assert (os.environ[pool], os.environ[purge]) == ("jemalloc", "250")  # the user's choice stands
 
 
-_LIST_MAPPED = _MALLINFO2 + """
-import sys
-from pagelab import memory
-memory.map_large_blocks(int(sys.argv[1]))
-before = libc.mallinfo2().hblkhd
+_LIST_MAPPED = _UNDER_THRESHOLD + """
 keys = []
 for i in range(12_500):  # the recorder's raw list of block ids, grown a run at a time: ~200 KB of pointers
     keys.extend((i, i + 1))
@@ -200,5 +193,5 @@ def test_the_recorders_growing_lists_leave_the_heap_under_the_runs_threshold():
     # Between 64 and 256 KB, the heap's churn on a long run was mostly the recorder's raw lists on their way
     # up (and the pickled batches): free chunks of 64 KB and more grew 0.6 -> 4.4 MB in 2M requests.
     # Under LARGE_BLOCK_BYTES a list that size is a mapping of its own; under 256 KB it was in the heap.
-    assert _mapped(_LIST_MAPPED, memory.LARGE_BLOCK_BYTES) == "1"
-    assert _mapped(_LIST_MAPPED, 256 << 10) == "0"
+    assert _run(_LIST_MAPPED, memory.LARGE_BLOCK_BYTES) == "1"
+    assert _run(_LIST_MAPPED, 256 << 10) == "0"
