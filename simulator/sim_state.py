@@ -22,7 +22,7 @@ from traces.chunks import TraceChunks
 from traces.prefix import block_keys
 from traces.schema import PREFIX_COLUMNS
 
-_ROW_BLOCK = 4096  # rows copied to Python at a time for building requests
+_ROW_BLOCK = 4096  # rows copied to Python at a time (building requests; the arrival times)
 _BUILD_COLUMNS = ("request_id", "arrival_s", "prompt_len", "output_len", "n", "beam_width")
 
 
@@ -73,7 +73,8 @@ class SimState(RunState):
         self._build_chunks = self.source.iter_chunks(self._build_columns, _ROW_BLOCK)
         self._rows: tuple[list, ...] = ()
         self._rows_start = self._rows_end = 0
-        self._arrival_chunks = self.source.iter_chunks(("arrival_s",))
+        # Small blocks: the arrival cursor lives until the last arrival, half a long overloaded run.
+        self._arrival_chunks = self.source.iter_chunks(("arrival_s",), _ROW_BLOCK)
         self._arrival: list[float] = []  # the arrival cursor's block (a list: bisect beats numpy calls)
         self._arrival_start = 0
         self.next_arrival = math.inf
