@@ -3,22 +3,15 @@ from __future__ import annotations
 
 import os
 import platform
-import subprocess
 import sys
 
 import pyarrow as pa
 import pytest
+from fresh_process import run_script
 
 from pagelab import memory
 
 glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt / malloc_trim")
-
-
-def _run(script: str, *args: object, env: dict[str, str] | None = None) -> str:
-    """What `script` prints, run with `args` in a fresh process (allocator settings start from scratch)."""
-    out = subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True,
-                         check=True, env=env)
-    return out.stdout.strip()
 
 
 @glibc
@@ -67,7 +60,7 @@ def test_the_cli_keeps_every_thread_on_one_arena():
         "fp = libc.fopen(path.encode(), b'w'); libc.malloc_info(0, fp); libc.fclose(fp)\n"
         "print(len(re.findall('<heap nr=', open(path).read())))\n"
     )
-    assert _run(code) == "1"
+    assert run_script(code) == "1"
 
 
 # glibc's mallinfo2 in a fresh process (the scripts below start with it).
@@ -104,7 +97,7 @@ def test_reading_a_trace_under_the_runs_threshold_leaves_the_heap_where_it_was(t
     path = tmp_path / "trace.parquet"
     save_trace(generate_trace(SyntheticConfig(num_requests=300_000, rate=40.0, seed=1)), path)
 
-    run, pairing = (float(_run(_HEAP_AFTER_READING, path, t))
+    run, pairing = (float(run_script(_HEAP_AFTER_READING, path, t))
                     for t in (memory.LARGE_BLOCK_BYTES, memory.PAIRING_BLOCK_BYTES))
     assert run < 3.0
     # The setting is what makes the difference. Measured, 12 isolated runs each: 256 KB 0.41-0.5 MB, 4 MiB
@@ -136,8 +129,8 @@ def test_the_loops_growing_batch_buffers_are_mappings_under_the_runs_threshold()
     # A 2.2 MB batch grown by appends moves ~100 times on its way up; from the heap, the small blocks
     # the loop places between those moves pin the holes it leaves (a 10M run's heap grew 33 -> 46 MB).
     # Under LARGE_BLOCK_BYTES it is a mapping of its own, unmapped when dropped. 1 = a mapping.
-    assert _run(_BATCH_MAPPED, memory.LARGE_BLOCK_BYTES) == "1"
-    assert _run(_BATCH_MAPPED, memory.PAIRING_BLOCK_BYTES) == "0"
+    assert run_script(_BATCH_MAPPED, memory.LARGE_BLOCK_BYTES) == "1"
+    assert run_script(_BATCH_MAPPED, memory.PAIRING_BLOCK_BYTES) == "0"
 
 
 _SHOW = "import {}os; print(os.environ.get({!r}, 'unset'))"
@@ -146,7 +139,7 @@ _SHOW = "import {}os; print(os.environ.get({!r}, 'unset'))"
 def _in_a_new_process(code: str, **env_vars: str) -> str:
     env = {k: v for k, v in os.environ.items()
            if k not in (memory.MIMALLOC_PURGE_VARIABLE, memory.ARROW_POOL_VARIABLE)}
-    return _run(code, env={**env, **env_vars})
+    return run_script(code, env={**env, **env_vars})
 
 
 def test_the_cli_chooses_arrows_pool_before_pyarrow_is_imported():
@@ -193,5 +186,5 @@ def test_the_recorders_growing_lists_leave_the_heap_under_the_runs_threshold():
     # Between 64 and 256 KB, the heap's churn on a long run was mostly the recorder's raw lists on their way
     # up (and the pickled batches): free chunks of 64 KB and more grew 0.6 -> 4.4 MB in 2M requests.
     # Under LARGE_BLOCK_BYTES a list that size is a mapping of its own; under 256 KB it was in the heap.
-    assert _run(_LIST_MAPPED, memory.LARGE_BLOCK_BYTES) == "1"
-    assert _run(_LIST_MAPPED, 256 << 10) == "0"
+    assert run_script(_LIST_MAPPED, memory.LARGE_BLOCK_BYTES) == "1"
+    assert run_script(_LIST_MAPPED, 256 << 10) == "0"

@@ -7,13 +7,12 @@ keeps only requests in flight (simulator/request_log.py), and the trace is read 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections import deque
 
 import numpy as np
 import pandas as pd
 import pytest
+from fresh_process import run_script
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -255,6 +254,4 @@ def test_a_runs_two_trace_cursors_hold_a_few_megabytes_of_arrows_memory(tmp_path
     # the trace. Measured: 10.9 MB with 1 MB read buffers and 2^16-row arrival blocks, 6.7 MB now.
     path = tmp_path / "t.parquet"
     save_trace(generate_trace(SyntheticConfig(num_requests=300_000, rate=40.0, seed=7)), path)
-    out = subprocess.run([sys.executable, "-c", _CURSOR_MEMORY, str(path)], capture_output=True, text=True,
-                         check=True)
-    assert int(out.stdout.strip()) < 8 << 20
+    assert int(run_script(_CURSOR_MEMORY, path)) < 8 << 20
