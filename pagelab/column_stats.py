@@ -3,7 +3,7 @@
 A 10M-request table's latency column is 80 MB; sorting it (plus its weights, for the ITL percentiles)
 took ~0.5 GB at the end of a 10M-request run, more than the whole 1M-request run. Here percentiles are
 found by radix selection over the file: each pass reads the column block by block and histograms the
-next 16 bits of an order-preserving integer key of the values that can still hold the answer; once the
+next 12 bits of an order-preserving integer key of the values that can still hold the answer; once the
 candidates are few they are collected and sorted. The answers are exactly numpy's:
 `median_and_percentiles` as np.median and np.percentile (linear), `weighted_percentiles` as the
 inverted CDF of values repeated by integer weights. Sums add block partial sums in block order, so a
@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 import numpy as np
 
 BLOCK_ROWS = 1 << 16  # rows per block (the request log's batch size)
-_BITS = 16  # key bits decided per pass
+_BITS = 12  # key bits decided per pass (the first pass: sign and exponent)
 _FEW = 1 << 16  # candidates collected and sorted at once
 _SIGN = np.uint64(1 << 63)
 
@@ -25,8 +25,14 @@ Blocks = Callable[[], Iterator[tuple[np.ndarray, np.ndarray | None]]]  # (values
 
 def _keys(values: np.ndarray) -> np.ndarray:
     """uint64 keys ordered as the (non-NaN) float64 values; -0.0 and 0.0 get the same key."""
-    bits = (values.astype(np.float64) + 0.0).view(np.uint64)  # + 0.0 turns -0.0 into 0.0
-    return np.where(bits & _SIGN, ~bits, bits | _SIGN)
+    # In place on one copy: a block's keys are the pass's largest temporary (8 bytes a row).
+    bits = np.array(values, np.float64)
+    bits += 0.0  # turns -0.0 into 0.0
+    bits = bits.view(np.uint64)
+    negative = bits >= _SIGN
+    np.invert(bits, out=bits, where=negative)
+    np.bitwise_or(bits, _SIGN, out=bits, where=~negative)
+    return bits
 
 
 def _value(key: int) -> float:
@@ -65,30 +71,38 @@ def select(blocks: Blocks, wants: Iterable[float]) -> list[float]:
 
 
 def _histogram_pass(blocks: Blocks, targets: list[_Target]) -> None:
-    """Decide the next 16 bits of each target (targets on the same prefix share one histogram)."""
+    """Decide the next `_BITS` bits of each target (targets on the same prefix share one histogram)."""
     groups: dict[tuple[int, int], list[_Target]] = {}
     for t in targets:
         groups.setdefault((t.shift, t.prefix), []).append(t)
     if not groups:
         return
-    size = 1 << _BITS
-    hists = {g: (np.zeros(size), np.zeros(size, np.int64)) for g in groups}
+    # Per group: counts, and the weights' sums when the blocks carry weights (else the counts are the sums).
+    hists: dict[tuple[int, int], tuple[np.ndarray, np.ndarray | None]] = {}
     for values, weights in blocks():
         keys = _keys(values)
-        for (shift, _), (hist_w, hist_n) in hists.items():
-            sel = groups[(shift, _)][0].matches(keys)
+        for (shift, prefix), members in groups.items():
+            bits = min(_BITS, 64 - shift)
+            if (shift, prefix) not in hists:
+                hists[(shift, prefix)] = (np.zeros(1 << bits, np.int64),
+                                          None if weights is None else np.zeros(1 << bits))
+            hist_n, hist_w = hists[(shift, prefix)]
+            sel = members[0].matches(keys)
             k = keys if sel is None else keys[sel]
-            w = weights if weights is None or sel is None else weights[sel]
-            bucket = ((k >> np.uint64(64 - shift - _BITS)) & np.uint64(size - 1)).astype(np.intp)
-            hist_w += np.bincount(bucket, w, minlength=size)
-            hist_n += np.bincount(bucket, minlength=size)
+            bucket = k >> np.uint64(64 - shift - bits)
+            bucket &= np.uint64((1 << bits) - 1)
+            bucket = bucket.view(np.int64)  # bins fit: under 2^bits
+            hist_n += np.bincount(bucket, minlength=1 << bits)
+            if hist_w is not None:
+                hist_w += np.bincount(bucket, weights if sel is None else weights[sel], minlength=1 << bits)
     for g, members in groups.items():
-        hist_w, hist_n = hists[g]
-        cum = np.cumsum(hist_w)
+        bits = min(_BITS, 64 - g[0])
+        hist_n, hist_w = hists.get(g, (np.zeros(1 << bits, np.int64), None))
+        cum = np.cumsum(hist_n if hist_w is None else hist_w)
         for t in members:
-            b = min(int(np.searchsorted(cum, t.want - t.below, side="left")), size - 1)
+            b = min(int(np.searchsorted(cum, t.want - t.below, side="left")), (1 << bits) - 1)
             t.below += float(cum[b - 1]) if b else 0.0
-            t.prefix, t.shift = t.prefix << _BITS | b, t.shift + _BITS
+            t.prefix, t.shift = t.prefix << bits | b, t.shift + bits
             if t.shift == 64:
                 t.value = _value(t.prefix)  # every candidate has this very key
             elif hist_n[b] <= _FEW:
