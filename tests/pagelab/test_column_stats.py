@@ -63,6 +63,18 @@ def test_a_bucket_too_large_to_collect_is_split_again():
     assert cs.median_and_percentiles(blocks_of(same, [1]), len(same), ())[0] == 0.25
 
 
+def test_weighted_selection_through_several_histogram_passes():
+    # 200k values in one binade with uneven weights: the first passes cannot collect, so the weights'
+    # histogram (not the counts') must pick each bucket.
+    rng = np.random.default_rng(2)
+    base = np.float64(1.0).view(np.uint64)
+    v = (base + rng.integers(0, 1 << 40, 200_000).astype(np.uint64)).view(np.float64)
+    w = np.where(v < 1.25, 9.0, 1.0)  # a quarter of the values carry most of the weight
+    qs = [1, 25, 50, 75, 99.9]
+    expect = [float(np.percentile(np.repeat(v, w.astype(int)), q, method="inverted_cdf")) for q in qs]
+    assert cs.weighted_percentiles(blocks_of(v, [65_536, 131_072], w), float(w.sum()), qs) == expect
+
+
 def test_select_reads_the_column_a_few_times_only():
     reads = []
     v = np.random.default_rng(1).lognormal(size=300_000)
