@@ -285,10 +285,11 @@ class MemoryLog:
         values = self._array()
         self._wsum += values[:, _DT] @ values
         self._dt += float(values[:, _DT].sum())
-        self.sink.write(self._columns(values))
+        columns = self._columns(values)  # copies: the packed rows (2.2 MB) go before the sink encodes
         self._num_flushed += len(values)
         del values
         self._values = array("d")
+        self.sink.write(columns)
 
     def finish(self) -> None:
         """Hand the sink the last rows and close it (nothing to do without a sink)."""
