@@ -16,20 +16,20 @@ Allocator behaviours made its RSS grow with the run anyway, measured on the 10M-
   column) left the heap at 67 MB with 41 MB free in holes under a 4 MiB threshold, and the loop then
   spread its working set over the holes for the whole run. Under 256 KB (now 64 KB) those buffers are
   mappings of their own: 28 MB of heap at the first step for 1M and 10M rows alike.
-- The loop's own batch buffers grow and go: the memory log's packed rows (`array.frombytes`, up to 2.25 MB
-  a 2^14-row batch; 2^13 rows since the sixteenth sitting), the request log's (a bytearray, 1.7 MB), the
-  recorder's raw lists (~0.3 MB), the Parquet writers' buffers (~0.6 MB) and the trace cursors' row-group
-  blocks. Under a 4 MiB threshold each batch left holes in the heap that later small allocations pinned:
-  over a 10M-request run the heap grew 33 -> 46 MB, its free part 3 -> 12 MB, while 28-36 MB was in use.
-  Under 256 KB the heap still crept to 34-37 MB (free 6-8 MB): what was left in it between 64 and 256 KB
-  were mostly the recorder's raw lists on their way up (list growth, ~40 a thousand requests), the pickled
-  event batches and the request log's dict tables, and glibc's free chunks of 64 KB and more grew from 0.6
+- The loop's own batch buffers grow and go: the memory log's packed rows (`array.frombytes`, up to
+  2.25 MB a 2^14-row batch), the request log's (a bytearray, 1.7 MB), the recorder's raw lists (~0.3 MB),
+  the Parquet writers' buffers (~0.6 MB) and the trace cursors' row-group blocks. Under a 4 MiB
+  threshold each batch left holes in the heap that later small allocations pinned: over a 10M-request
+  run the heap grew 33 -> 46 MB, its free part 3 -> 12 MB, while 28-36 MB was in use. Under 256 KB the
+  heap still crept to 34-37 MB (free 6-8 MB): what was left in it between 64 and 256 KB were mostly the
+  recorder's raw lists on their way up (list growth, ~40 a thousand requests), the pickled event
+  batches and the request log's dict tables, and glibc's free chunks of 64 KB and more grew from 0.6
   to 4.4 MB in the first two million requests. So the CLI's process runs under `LARGE_BLOCK_BYTES` =
-  64 KB, from reading the trace through the statistics after the loop: the heap holds small objects only
-  (26-29 MB, free 2-3 MB, flat from 1M requests on). Measured side by side, peak of the 10M run (1M):
-  256 KB 170.4 MB (166.3), 64 KB 167.5 (165.8); it costs page faults (+2.6-3.2 s of system time a million
-  requests, 1-2 % of the run's CPU). (The pairing process keeps 4 MiB, `PAIRING_BLOCK_BYTES`: its numpy
-  temporaries would otherwise be fresh mappings, page faults and all, every batch.)
+  64 KB, from reading the trace through the statistics after the loop: the heap holds small objects
+  only (26-29 MB, free 2-3 MB, flat from 1M requests on). Measured side by side, peak of the 10M run
+  (1M): 256 KB 170.4 MB (166.3), 64 KB 167.5 (165.8); it costs page faults (+2.6-3.2 s of system time
+  a million requests, 1-2 % of the run's CPU). (The pairing process keeps 4 MiB, `PAIRING_BLOCK_BYTES`:
+  its numpy temporaries would otherwise be fresh mappings, page faults and all, every batch.)
 - Arrow's own pool, mimalloc, keeps what Arrow frees: checking the 10M-row trace file alone once left
   the process at 312 MB resident, and `pa.set_memory_pool` moves only pyarrow's Python layer; the
   Parquet reader and writers' C++ code keeps the default pool. Even returning freed pages at once

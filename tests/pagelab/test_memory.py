@@ -117,8 +117,8 @@ _BATCH_MAPPED = _UNDER_THRESHOLD + """
 import struct
 from array import array
 row = struct.Struct("=17d").pack(*range(17))
-batch = array("d")  # what the memory log does: a 2^13-row batch of packed rows, grown by appends
-for _ in range(1 << 13):
+batch = array("d")  # what the memory log does: a 2^14-row batch of packed rows, grown by appends
+for _ in range(1 << 14):
     batch.frombytes(row)
 print(int(libc.mallinfo2().hblkhd - before >= len(batch) * batch.itemsize))
 """
@@ -126,7 +126,7 @@ print(int(libc.mallinfo2().hblkhd - before >= len(batch) * batch.itemsize))
 
 @glibc
 def test_the_loops_growing_batch_buffers_are_mappings_under_the_runs_threshold():
-    # A 1.1 MB batch grown by appends moves ~100 times on its way up; from the heap, the small blocks
+    # A 2.2 MB batch grown by appends moves ~100 times on its way up; from the heap, the small blocks
     # the loop places between those moves pin the holes it leaves (a 10M run's heap grew 33 -> 46 MB).
     # Under LARGE_BLOCK_BYTES it is a mapping of its own, unmapped when dropped. 1 = a mapping.
     assert run_script(_BATCH_MAPPED, memory.LARGE_BLOCK_BYTES) == "1"
