@@ -36,16 +36,14 @@ EVENT_GROUP_ROWS = 1 << 18  # tenures per row group at least (the pairing hands 
 # are built only to be dropped. Plain + zstd, measured on the 1M-request run's tables (16 row groups
 # each): memory 45.6 MB instead of 48.5, requests 61.6 instead of 78.9, writes 9-40% faster, and a
 # request batch's write takes ~7 MB instead of ~35 MB at once (a peak of a long run's RSS).
-# Table sinks ask for 2^13-row batches and write each as a row group. The MemoryLog and the RequestLog
-# take their batch size from their sink: a 17-column batch is ~1.1 MB in each of its three forms (flat
+# Table sinks ask for 2^14-row batches and write each as a row group. The MemoryLog and the RequestLog
+# take their batch size from their sink: a 17-column batch is ~2.2 MB in each of its three forms (flat
 # packed rows, numpy columns, Arrow arrays). With 2^16-row batches a flush was the largest allocation on
 # the 1M-request run's path (docs/simulator-performance.md); 2^14-row batches gathered into 2^16-row groups
 # held up to 8.9 MB of Arrow arrays per table between two writes, and when both tables' gatherings
 # topped out together the loop's RSS did too: a longer run meets that more often, so a 10M run peaked
-# higher than a 1M run (twelfth sitting). One group per batch. 2^14 -> 2^13 (sixteenth sitting): the
-# loop's high-water mark ~4 MiB lower over a 10M run's first million requests (two packed buffers and
-# their flushes halved), for 2x the row groups: the memory table 5 % larger, whole-table reads slower.
-TABLE_BATCH_ROWS = 1 << 13
+# higher than a 1M run (twelfth sitting). One group per batch: the files take ~4x the row groups.
+TABLE_BATCH_ROWS = 1 << 14
 TABLE_GROUP_ROWS = TABLE_BATCH_ROWS
 
 
