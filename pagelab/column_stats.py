@@ -77,35 +77,31 @@ def _histogram_pass(blocks: Blocks, targets: list[_Target]) -> None:
         groups.setdefault((t.shift, t.prefix), []).append(t)
     if not groups:
         return
-    # Per group: counts, and the weights' sums when the blocks carry weights (else the counts are the sums).
-    hists: dict[tuple[int, int], tuple[np.ndarray, np.ndarray | None]] = {}
+    bits = {g: min(_BITS, 64 - g[0]) for g in groups}  # the last pass decides what is left of 64
+    counts = {g: np.zeros(1 << n, np.int64) for g, n in bits.items()}
+    sums: dict[tuple[int, int], np.ndarray] = {}  # of the weights, when the blocks carry weights
     for values, weights in blocks():
         keys = _keys(values)
-        for (shift, prefix), members in groups.items():
-            bits = min(_BITS, 64 - shift)
-            if (shift, prefix) not in hists:
-                hists[(shift, prefix)] = (np.zeros(1 << bits, np.int64),
-                                          None if weights is None else np.zeros(1 << bits))
-            hist_n, hist_w = hists[(shift, prefix)]
+        for g, members in groups.items():
             sel = members[0].matches(keys)
             k = keys if sel is None else keys[sel]
-            bucket = k >> np.uint64(64 - shift - bits)
-            bucket &= np.uint64((1 << bits) - 1)
+            bucket = k >> np.uint64(64 - g[0] - bits[g])
+            bucket &= np.uint64((1 << bits[g]) - 1)
             bucket = bucket.view(np.int64)  # bins fit: under 2^bits
-            hist_n += np.bincount(bucket, minlength=1 << bits)
-            if hist_w is not None:
-                hist_w += np.bincount(bucket, weights if sel is None else weights[sel], minlength=1 << bits)
+            counts[g] += np.bincount(bucket, minlength=1 << bits[g])
+            if weights is not None:
+                w = weights if sel is None else weights[sel]
+                sums.setdefault(g, np.zeros(1 << bits[g]))
+                sums[g] += np.bincount(bucket, w, minlength=1 << bits[g])
     for g, members in groups.items():
-        bits = min(_BITS, 64 - g[0])
-        hist_n, hist_w = hists.get(g, (np.zeros(1 << bits, np.int64), None))
-        cum = np.cumsum(hist_n if hist_w is None else hist_w)
+        cum = np.cumsum(sums.get(g, counts[g]))  # unweighted: the counts are the sums
         for t in members:
-            b = min(int(np.searchsorted(cum, t.want - t.below, side="left")), (1 << bits) - 1)
+            b = min(int(np.searchsorted(cum, t.want - t.below, side="left")), (1 << bits[g]) - 1)
             t.below += float(cum[b - 1]) if b else 0.0
-            t.prefix, t.shift = t.prefix << bits | b, t.shift + bits
+            t.prefix, t.shift = t.prefix << bits[g] | b, t.shift + bits[g]
             if t.shift == 64:
                 t.value = _value(t.prefix)  # every candidate has this very key
-            elif hist_n[b] <= _FEW:
+            elif counts[g][b] <= _FEW:
                 t.collect = True
 
 
