@@ -16,7 +16,7 @@ import pandas as pd
 
 from simulator.core.allocator import MemoryBreakdown, RegionRecorder
 from simulator.event_process import ProcessEventSink
-from simulator.sinks import EVENT_DTYPES, EventSink, FrameSink, TableSink
+from simulator.sinks import EVENT_DTYPES, TABLE_CHUNK_ROWS, EventSink, FrameSink, TableSink
 from simulator.tenures import ACQUIRE, PER_EVENT_RID, PER_EVENT_TIME, RELEASE, SHARE, RawRuns, TenurePairer
 
 MEMORY_COLUMNS = ("step", "num_steps", "t_s", "dt_s", "token_states", "reservation",
@@ -219,24 +219,30 @@ class EventRecorder(RegionRecorder):
 
 
 class MemoryLog:
-    """Per-step (or per-span) memory rows, kept in one flat float array (8 bytes a value).
+    """Per-step (or per-span) memory rows, kept in flat float arrays (8 bytes a value).
 
     With a `sink` (a run folder's memory table), every `sink.batch_rows` rows go to it as a batch, and
     the log keeps only the time-weighted sums the summary needs (`weighted_means`), so a long run's
     memory does not grow with its steps.
     """
 
-    def __init__(self, sink: TableSink | None = None) -> None:
-        self._values = array("d")
+    def __init__(self, sink: TableSink | None = None, chunk_rows: int = TABLE_CHUNK_ROWS) -> None:
+        self._values = array("d")  # the rows after `_chunks`
         self.sink = sink
         width = len(MEMORY_COLUMNS)
-        self._limit = sink.batch_rows * width if sink is not None else float("inf")
+        # With a sink, rows are kept in chunks (simulator/sinks.py, TABLE_CHUNK_ROWS); `_limit`: the
+        # values that end the current chunk (never, without a sink).
+        self._chunks: list[array] = []
+        self._chunk_values = chunk_rows * width
+        self._batch_values = sink.batch_rows * width if sink is not None else float("inf")
+        self._chunked_values = 0  # in `_chunks`
+        self._limit = min(self._chunk_values, self._batch_values) if sink is not None else float("inf")
         self._num_flushed = 0
         self._wsum = np.zeros(width)  # sum of value * dt_s over the rows handed to the sink
         self._dt = 0.0
 
     def __len__(self) -> int:
-        return self._num_flushed + len(self._values) // len(MEMORY_COLUMNS)
+        return self._num_flushed + (self._chunked_values + len(self._values)) // len(MEMORY_COLUMNS)
 
     def add_row(self, step: int, num_steps: int, t_s: float, dt_s: float, token_states: float,
                 reservation: float, internal: float, external: float, free: float, cached_free: float,
@@ -247,7 +253,7 @@ class MemoryLog:
             step, num_steps, t_s, dt_s, token_states, reservation, internal, external, free, cached_free,
             token_states, block_occupancy, counts[0], counts[1], counts[2], num_batched_tokens, blocks_used))
         if len(self._values) >= self._limit:  # inline: one call less per row
-            self.flush()
+            self._next_chunk()
 
     def add_slots(self, step: int, num_steps: int, t_s: float, dt_s: float, slots: tuple,
                   counts: tuple[int, int, int], num_batched_tokens: int, block_size: int) -> None:
@@ -259,7 +265,7 @@ class MemoryLog:
             cached / cap, tokens / cap, allocated / cap, counts[0], counts[1], counts[2], num_batched_tokens,
             allocated // block_size))
         if len(self._values) >= self._limit:  # inline: one call less per row
-            self.flush()
+            self._next_chunk()
 
     def add_breakdown(self, step: int, t_s: float, dt_s: float, b: MemoryBreakdown,
                       counts: tuple[int, int, int], num_batched_tokens: int, block_size: int,
@@ -268,6 +274,16 @@ class MemoryLog:
         slots = (b.capacity, b.token_states, b.reservation, b.internal_fragmentation,
                  b.external_fragmentation, b.free, b.cached_free, b.allocated)
         self.add_slots(step, num_steps, t_s, dt_s, slots, counts, num_batched_tokens, block_size)
+
+    def _next_chunk(self) -> None:
+        """The rows so far become a chunk; a batch of chunks goes to the sink (batches of exactly the
+        sink's `batch_rows`: a batch's last chunk may be shorter)."""
+        self._chunks.append(self._values)
+        self._chunked_values += len(self._values)
+        self._values = array("d")
+        if self._chunked_values >= self._batch_values:
+            self.flush()
+        self._limit = min(self._chunk_values, self._batch_values - self._chunked_values)
 
     def _array(self) -> np.ndarray:
         width = len(MEMORY_COLUMNS)
@@ -280,15 +296,27 @@ class MemoryLog:
 
     def flush(self) -> None:
         """Hand the rows kept so far to the sink (keeping their time-weighted sums)."""
-        if self.sink is None or not self._values:
+        if self.sink is None:
             return
-        values = self._array()
-        self._wsum += values[:, _DT] @ values
-        self._dt += float(values[:, _DT].sum())
-        columns = self._columns(values)  # copies: the packed rows (2.2 MB) go before the sink encodes
-        self._num_flushed += len(values)
-        del values
-        self._values = array("d")
+        chunks = [*self._chunks, self._values] if self._values else self._chunks
+        self._chunks, self._values, self._chunked_values = [], array("d"), 0
+        width = len(MEMORY_COLUMNS)
+        num = sum(map(len, chunks)) // width
+        if not num:
+            return
+        columns = {name: np.empty(num, MEMORY_DTYPES[name]) for name in MEMORY_COLUMNS}
+        start = 0
+        while chunks:
+            values = np.frombuffer(chunks[0], dtype=np.float64).reshape(-1, width)
+            end = start + len(values)
+            self._wsum += values[:, _DT] @ values
+            self._dt += float(values[:, _DT].sum())
+            for j, name in enumerate(MEMORY_COLUMNS):
+                columns[name][start:end] = values[:, j]
+            del values
+            chunks.pop(0)  # the last reference: its rows go before the next chunk's are copied
+            start = end
+        self._num_flushed += num
         self.sink.write(columns)
 
     def finish(self) -> None:

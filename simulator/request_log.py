@@ -17,7 +17,7 @@ import numpy as np
 
 from pagelab.column_stats import BLOCK_ROWS
 from pagelab.memory import release_free_memory
-from simulator.sinks import TABLE_BATCH_ROWS, FrameSink, TableSink
+from simulator.sinks import TABLE_BATCH_ROWS, TABLE_CHUNK_ROWS, FrameSink, TableSink
 from traces.chunks import FrameChunks, parquet_batches
 
 TRACE_COLUMNS = ("request_id", "arrival_s", "prompt_len", "output_len", "n", "beam_width")
@@ -46,12 +46,17 @@ _ROW_COLUMNS = (*TRACE_COLUMNS, "admitted_s", "first_token_s", "finish_s", "num_
 def derived_columns(arrival: np.ndarray, output: np.ndarray, admitted: np.ndarray, first_token: np.ndarray,
                     finish: np.ndarray) -> dict[str, np.ndarray]:
     """Queueing, TTFT, TPOT, end-to-end and normalized latency (NaN where undefined)."""
+    # In place where it can be: a flush computes these for 2^14 rows, on top of the batch's columns.
     out = output.astype(np.float64)
+    tpot = finish - first_token
+    out -= 1
     with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(out > 1, (finish - first_token) / (out - 1), np.nan)
+        tpot /= out
+    tpot[out <= 0] = np.nan
+    out += 1
     e2e = finish - arrival
     return {"queueing_s": admitted - arrival, "ttft_s": first_token - arrival, "tpot_s": tpot, "e2e_s": e2e,
-            "normalized_latency_s": e2e / out}
+            "normalized_latency_s": np.divide(e2e, out, out=out)}
 
 
 def output_tokens(output_len: np.ndarray, n: np.ndarray, beam_width: np.ndarray) -> int:
@@ -72,13 +77,16 @@ class RequestTotals:
     def add(self, b: dict[str, np.ndarray]) -> None:
         """Count one batch of rows."""
         done = ~np.isnan(b["finish_s"])
-        self.num_requests += len(done)
-        self.num_finished += int(done.sum())
+        num_rows, num_done = len(done), int(done.sum())
+        self.num_requests += num_rows
+        self.num_finished += num_done
+        if num_done == num_rows:
+            done = slice(None)  # usually every row: views instead of copies
         self.num_rejected += int(b["rejected"].sum())
         self.num_preemptions += int(b["num_preemptions"].sum())
         self.output_tokens += output_tokens(b["output_len"][done], b["n"][done], b["beam_width"][done])
         self.input_tokens += int(b["prompt_len"][done].sum())
-        if len(done):
+        if num_rows:
             self.last_arrival_s = max(self.last_arrival_s, float(b["arrival_s"].max()))
         self.normalized_sum += float(b["normalized_latency_s"][done].sum())
 
@@ -86,7 +94,8 @@ class RequestTotals:
 class RequestLog:
     """The in-flight requests' times and counters (trace row -> value); rows leave in order, in batches."""
 
-    def __init__(self, sink: TableSink | None = None, batch_rows: int = TABLE_BATCH_ROWS) -> None:
+    def __init__(self, sink: TableSink | None = None, batch_rows: int = TABLE_BATCH_ROWS,
+                 chunk_rows: int = TABLE_CHUNK_ROWS) -> None:
         self.sink = sink if sink is not None else FrameSink(dtypes=REQUEST_DTYPES)
         self.batch_rows = batch_rows
         self._untrimmed = 0  # rows handed on since the heap was last trimmed
@@ -100,7 +109,10 @@ class RequestLog:
         self._trace: dict[int, tuple] = {}  # row -> the TRACE_COLUMNS values
         self._done: set[int] = set()
         self.next_row = 0  # rows before this one have been handed on
-        self._packed = bytearray()  # finished rows not yet handed on (_PACKED each)
+        self._packed = bytearray()  # finished rows not yet handed on (_PACKED each), after `_chunks`
+        self._chunks: list[bytearray] = []  # full chunks of packed rows, in row order
+        self._chunk_bytes = _PACKED.size * min(chunk_rows, batch_rows)
+        self._chunked_rows = 0  # rows in `_chunks`
 
     def open(self, row: int, values: tuple) -> None:
         """Request `row` (its TRACE_COLUMNS `values`) is built: it has no times yet."""
@@ -125,16 +137,29 @@ class RequestLog:
                 break
             done.remove(i)
         self.next_row = i
-        if len(packed) >= _PACKED.size * self.batch_rows:
-            self._flush()
+        if len(packed) >= self._chunk_bytes:
+            self._chunks.append(packed)
+            self._packed = bytearray()
+            self._chunked_rows += len(packed) // _PACKED.size
+            if self._chunked_rows >= self.batch_rows:
+                self._flush()
 
     def _flush(self) -> None:
-        if not self._packed:
+        chunks = [*self._chunks, self._packed] if self._packed else self._chunks
+        self._chunks, self._packed, self._chunked_rows = [], bytearray(), 0
+        num = sum(len(c) for c in chunks) // _PACKED.size
+        if not num:
             return
-        rows = np.frombuffer(self._packed, _PACKED_DTYPE)
-        cols = {c: rows[c].astype(REQUEST_DTYPES[c]) for c in _ROW_COLUMNS}  # copies: the buffer goes
-        del rows
-        self._packed = bytearray()
+        cols = {c: np.empty(num, REQUEST_DTYPES[c]) for c in _ROW_COLUMNS}
+        start = 0
+        while chunks:
+            rows = np.frombuffer(chunks[0], _PACKED_DTYPE)
+            end = start + len(rows)
+            for c in _ROW_COLUMNS:
+                cols[c][start:end] = rows[c]
+            del rows
+            chunks.pop(0)  # the last reference: its packed rows go before the next chunk's are copied
+            start = end
         cols |= derived_columns(cols["arrival_s"], cols["output_len"], cols["admitted_s"],
                                 cols["first_token_s"], cols["finish_s"])
         self.totals.add(cols)
@@ -206,6 +231,9 @@ def _reblock(batches: Iterator[dict[str, np.ndarray]], rows: int) -> Iterator[di
     held: list[dict[str, np.ndarray]] = []
     num_held = 0
     for batch in batches:
+        if not held and len(next(iter(batch.values()))) == rows:
+            yield batch  # a row group of the block's size (the request table's): no copy
+            continue
         held.append(batch)
         num_held += len(next(iter(batch.values())))
         while num_held >= rows:

@@ -44,6 +44,12 @@ EVENT_GROUP_ROWS = 1 << 18  # tenures per row group at least (the pairing hands 
 # topped out together the loop's RSS did too: a longer run meets that more often, so a 10M run peaked
 # higher than a 1M run (twelfth sitting). One group per batch: the files take ~4x the row groups.
 TABLE_BATCH_ROWS = 1 << 14
+# The two logs keep a batch's packed rows in chunks, and a flush frees each chunk as soon as its rows are
+# in the batch's columns (allocated lazily: a column's pages become resident as they are written). With
+# one flat buffer, the packed rows and their columns were resident together (1.5 MB each for a request
+# batch, 2.2 MB each for a memory batch): the loop's largest rises of RSS, on top of whatever the other
+# log held at the time (docs/simulator-performance.md, seventeenth sitting).
+TABLE_CHUNK_ROWS = 1 << 12
 TABLE_GROUP_ROWS = TABLE_BATCH_ROWS
 
 

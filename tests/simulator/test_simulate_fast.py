@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 
 from simulator import BlockManager, Sequence, SequenceGroup
 from simulator.core.scheduler import Scheduler, SchedulerConfig
-from simulator.recorder import EventRecorder, MemoryLog
+from simulator.recorder import MEMORY_DTYPES, EventRecorder, MemoryLog
 from simulator.sim_config import SimConfig
 from simulator.simulate import simulate
+from simulator.sinks import FrameSink
 from traces import SyntheticConfig, generate_trace, load_trace
 
 EXACT = ["admitted_s", "first_token_s", "finish_s", "num_preemptions", "rejected", "prefix_hit_tokens"]
@@ -226,6 +227,32 @@ def test_memory_log_round_trips_rows():
     assert df.loc[1, ["reservation", "internal_fragmentation", "free", "cached_free"]].tolist() == \
         [0.2, 0.3, 0.25, 0.05]
     assert df["step"].dtype == np.int64 and df["t_s"].dtype == np.float64
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 40), st.integers(1, 9), st.integers(1, 5))
+def test_memory_log_hands_a_sink_every_row_in_batches_of_its_size(num, batch, chunk):
+    """Rows kept in chunks reach the sink in order, in batches of exactly the sink's size (the last one
+    shorter), with the time-weighted sums of the rows."""
+    rng = np.random.default_rng(num * 100 + batch * 10 + chunk)
+    sink = FrameSink(batch_rows=batch, dtypes=MEMORY_DTYPES)
+    logs = [MemoryLog(), MemoryLog(sink, chunk_rows=chunk)]
+    for i in range(num):
+        f = rng.random(8)
+        for log in logs:
+            log.add_row(i, 1 + i % 3, float(i), float(f[0]), *map(float, f[1:8]), (i, 1, 0), i % 5, 2 * i)
+    logs[1].finish()
+    assert len(logs[1]) == num
+    sizes = [len(b["step"]) for b in sink._batches]
+    assert sizes == [batch] * (num // batch) + ([num % batch] if num % batch else [])
+    expected = logs[0].to_frame()
+    pd.testing.assert_frame_equal(sink.frame(), expected, check_exact=True)
+    means, token_occupancy, _ = logs[1].weighted_means()
+    dt = expected["dt_s"].to_numpy()
+    if num:
+        want = (expected["token_occupancy"] * dt).sum() / dt.sum()
+        assert token_occupancy == pytest.approx(want, rel=1e-12)
+        assert means["free"] == pytest.approx((expected["free"] * dt).sum() / dt.sum(), rel=1e-12)
 
 
 def test_decode_blocks_in_bulk_equal_append_slot_one_by_one():

@@ -67,9 +67,9 @@ def test_pending_queue_refuses_a_tail_append_behind_pending_rows():
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.permutations(list(range(40))), st.integers(1, 7))
-def test_request_log_hands_rows_on_in_trace_order_whatever_order_they_finish(order, batch):
-    log = RequestLog(batch_rows=batch)
+@given(st.permutations(list(range(40))), st.integers(1, 7), st.integers(1, 4))
+def test_request_log_hands_rows_on_in_trace_order_whatever_order_they_finish(order, batch, chunk):
+    log = RequestLog(batch_rows=batch, chunk_rows=chunk)
     for i in range(40):
         log.open(i, (100 + i, float(i), 5, 3, 1, 1))
         log.admitted[i] = i + 0.5
@@ -78,7 +78,10 @@ def test_request_log_hands_rows_on_in_trace_order_whatever_order_they_finish(ord
         log.first_token[i] = 40.0 + i
         log.close(i)
         assert log.next_row == min(set(range(40)) - set(order[:k + 1]), default=40)
-    table = log.finish_run().frame()
+    sink = log.finish_run()
+    sizes = [len(b["finish_s"]) for b in sink._batches]
+    assert sum(sizes) == 40 and all(n >= batch for n in sizes[:-1])  # a batch is never handed on short
+    table = sink.frame()
     assert table["request_id"].tolist() == list(range(100, 140))
     assert table["finish_s"].tolist() == [50.0 + order.index(i) for i in range(40)]
     assert list(table.dtypes) == list(REQUEST_DTYPES.values())
