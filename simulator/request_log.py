@@ -107,7 +107,9 @@ class RequestLog:
         self.rejected: dict[int, bool] = {}
         self.hit_tokens: dict[int, int] = {}
         self._trace: dict[int, tuple] = {}  # row -> the TRACE_COLUMNS values
-        self._done: set[int] = set()
+        # Rows complete before an earlier one (behind a long request: ~1,000-1,400 at a time in the
+        # issue's traces), packed at once: ~600 bytes a row in the dicts above, ~150 here.
+        self._waiting: dict[int, bytes] = {}
         self.next_row = 0  # rows before this one have been handed on
         self._packed = bytearray()  # finished rows not yet handed on (_PACKED each), after `_chunks`
         self._chunks: list[bytearray] = []  # full chunks of packed rows, in row order
@@ -123,19 +125,19 @@ class RequestLog:
 
     def close(self, row: int) -> None:
         """Request `row` finished or was rejected: its row is complete."""
+        rid, arrival, prompt, output, n, beam = self._trace.pop(row)
+        values = _PACKED.pack(rid, prompt, output, n, beam, self.preemptions.pop(row), self.rejected.pop(row),
+                              self.hit_tokens.pop(row), arrival, self.admitted.pop(row),
+                              self.first_token.pop(row), self.finish.pop(row))
         if row != self.next_row:
-            self._done.add(row)  # an earlier request is still in flight: the row waits for it
+            self._waiting[row] = values  # an earlier request is still in flight: the row waits for it
             return
-        done, packed, pack, i = self._done, self._packed, _PACKED.pack, row
-        while True:
-            rid, arrival, prompt, output, n, beam = self._trace.pop(i)
-            packed += pack(rid, prompt, output, n, beam, self.preemptions.pop(i), self.rejected.pop(i),
-                           self.hit_tokens.pop(i), arrival, self.admitted.pop(i), self.first_token.pop(i),
-                           self.finish.pop(i))
+        packed, waiting = self._packed, self._waiting
+        packed += values
+        i = row + 1
+        while i in waiting:
+            packed += waiting.pop(i)
             i += 1
-            if i not in done:
-                break
-            done.remove(i)
         self.next_row = i
         if len(packed) >= self._chunk_bytes:
             self._chunks.append(packed)
