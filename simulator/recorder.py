@@ -16,7 +16,7 @@ import pandas as pd
 
 from simulator.core.allocator import MemoryBreakdown, RegionRecorder
 from simulator.event_process import ProcessEventSink
-from simulator.sinks import EVENT_DTYPES, TABLE_CHUNK_ROWS, EventSink, FrameSink, TableSink
+from simulator.sinks import EVENT_DTYPES, TABLE_CHUNK_ROWS, EventSink, FrameSink, TableSink, columns_of_chunks
 from simulator.tenures import ACQUIRE, PER_EVENT_RID, PER_EVENT_TIME, RELEASE, SHARE, RawRuns, TenurePairer
 
 MEMORY_COLUMNS = ("step", "num_steps", "t_s", "dt_s", "token_states", "reservation",
@@ -27,6 +27,7 @@ _INT_COLUMNS = ("step", "num_steps", "num_running", "num_waiting", "num_swapped"
                 "blocks_used")
 MEMORY_DTYPES = {c: np.dtype(np.int64 if c in _INT_COLUMNS else np.float64) for c in MEMORY_COLUMNS}
 _DT = MEMORY_COLUMNS.index("dt_s")
+_ROW_DTYPE = np.dtype([(c, np.float64) for c in MEMORY_COLUMNS])  # a packed row
 # One memory row as native float64 bytes: `array.frombytes` of a packed row costs a third of
 # `array.extend` with the tuple, which converts and grows the array value by value (one row a step).
 _pack_row = struct.Struct(f"={len(MEMORY_COLUMNS)}d").pack
@@ -235,14 +236,13 @@ class MemoryLog:
         self._chunks: list[array] = []
         self._chunk_values = chunk_rows * width
         self._batch_values = sink.batch_rows * width if sink is not None else float("inf")
-        self._chunked_values = 0  # in `_chunks`
         self._limit = min(self._chunk_values, self._batch_values) if sink is not None else float("inf")
         self._num_flushed = 0
         self._wsum = np.zeros(width)  # sum of value * dt_s over the rows handed to the sink
         self._dt = 0.0
 
     def __len__(self) -> int:
-        return self._num_flushed + (self._chunked_values + len(self._values)) // len(MEMORY_COLUMNS)
+        return self._num_flushed + (sum(map(len, self._chunks)) + len(self._values)) // len(MEMORY_COLUMNS)
 
     def add_row(self, step: int, num_steps: int, t_s: float, dt_s: float, token_states: float,
                 reservation: float, internal: float, external: float, free: float, cached_free: float,
@@ -279,11 +279,12 @@ class MemoryLog:
         """The rows so far become a chunk; a batch of chunks goes to the sink (batches of exactly the
         sink's `batch_rows`: a batch's last chunk may be shorter)."""
         self._chunks.append(self._values)
-        self._chunked_values += len(self._values)
         self._values = array("d")
-        if self._chunked_values >= self._batch_values:
+        chunked = sum(map(len, self._chunks))
+        if chunked >= self._batch_values:
             self.flush()
-        self._limit = min(self._chunk_values, self._batch_values - self._chunked_values)
+            chunked = 0
+        self._limit = min(self._chunk_values, self._batch_values - chunked)
 
     def _array(self) -> np.ndarray:
         width = len(MEMORY_COLUMNS)
@@ -299,25 +300,18 @@ class MemoryLog:
         if self.sink is None:
             return
         chunks = [*self._chunks, self._values] if self._values else self._chunks
-        self._chunks, self._values, self._chunked_values = [], array("d"), 0
-        width = len(MEMORY_COLUMNS)
-        num = sum(map(len, chunks)) // width
-        if not num:
+        self._chunks, self._values = [], array("d")
+        if not chunks:
             return
-        columns = {name: np.empty(num, MEMORY_DTYPES[name]) for name in MEMORY_COLUMNS}
-        start = 0
-        while chunks:
-            values = np.frombuffer(chunks[0], dtype=np.float64).reshape(-1, width)
-            end = start + len(values)
-            self._wsum += values[:, _DT] @ values
-            self._dt += float(values[:, _DT].sum())
-            for j, name in enumerate(MEMORY_COLUMNS):
-                columns[name][start:end] = values[:, j]
-            del values
-            chunks.pop(0)  # the last reference: its rows go before the next chunk's are copied
-            start = end
-        self._num_flushed += num
+        columns = columns_of_chunks(chunks, _ROW_DTYPE, MEMORY_DTYPES, self._add_sums)
+        self._num_flushed += len(columns["step"])
         self.sink.write(columns)
+
+    def _add_sums(self, rows: np.ndarray) -> None:
+        """Add a chunk's rows to the time-weighted sums."""
+        values = rows.view(np.float64).reshape(-1, len(MEMORY_COLUMNS))
+        self._wsum += values[:, _DT] @ values
+        self._dt += float(values[:, _DT].sum())
 
     def finish(self) -> None:
         """Hand the sink the last rows and close it (nothing to do without a sink)."""

@@ -17,7 +17,7 @@ import numpy as np
 
 from pagelab.column_stats import BLOCK_ROWS
 from pagelab.memory import release_free_memory
-from simulator.sinks import TABLE_BATCH_ROWS, TABLE_CHUNK_ROWS, FrameSink, TableSink
+from simulator.sinks import TABLE_BATCH_ROWS, TABLE_CHUNK_ROWS, FrameSink, TableSink, columns_of_chunks
 from traces.chunks import FrameChunks, parquet_batches
 
 TRACE_COLUMNS = ("request_id", "arrival_s", "prompt_len", "output_len", "n", "beam_width")
@@ -114,7 +114,6 @@ class RequestLog:
         self._packed = bytearray()  # finished rows not yet handed on (_PACKED each), after `_chunks`
         self._chunks: list[bytearray] = []  # full chunks of packed rows, in row order
         self._chunk_bytes = _PACKED.size * min(chunk_rows, batch_rows)
-        self._chunked_rows = 0  # rows in `_chunks`
 
     def open(self, row: int, values: tuple) -> None:
         """Request `row` (its TRACE_COLUMNS `values`) is built: it has no times yet."""
@@ -142,26 +141,15 @@ class RequestLog:
         if len(packed) >= self._chunk_bytes:
             self._chunks.append(packed)
             self._packed = bytearray()
-            self._chunked_rows += len(packed) // _PACKED.size
-            if self._chunked_rows >= self.batch_rows:
+            if sum(map(len, self._chunks)) >= _PACKED.size * self.batch_rows:
                 self._flush()
 
     def _flush(self) -> None:
         chunks = [*self._chunks, self._packed] if self._packed else self._chunks
-        self._chunks, self._packed, self._chunked_rows = [], bytearray(), 0
-        num = sum(len(c) for c in chunks) // _PACKED.size
-        if not num:
+        self._chunks, self._packed = [], bytearray()
+        if not chunks:
             return
-        cols = {c: np.empty(num, REQUEST_DTYPES[c]) for c in _ROW_COLUMNS}
-        start = 0
-        while chunks:
-            rows = np.frombuffer(chunks[0], _PACKED_DTYPE)
-            end = start + len(rows)
-            for c in _ROW_COLUMNS:
-                cols[c][start:end] = rows[c]
-            del rows
-            chunks.pop(0)  # the last reference: its packed rows go before the next chunk's are copied
-            start = end
+        cols = columns_of_chunks(chunks, _PACKED_DTYPE, {c: REQUEST_DTYPES[c] for c in _ROW_COLUMNS})
         cols |= derived_columns(cols["arrival_s"], cols["output_len"], cols["admitted_s"],
                                 cols["first_token_s"], cols["finish_s"])
         self.totals.add(cols)

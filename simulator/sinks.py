@@ -8,6 +8,7 @@ memory does not grow with its number of tenures or steps.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -50,6 +51,27 @@ TABLE_BATCH_ROWS = 1 << 14
 # batch, 2.2 MB each for a memory batch): the loop's largest rises of RSS, on top of whatever the other
 # log held at the time (docs/simulator-performance.md, seventeenth sitting).
 TABLE_CHUNK_ROWS = 1 << 12
+
+
+def columns_of_chunks(chunks: list, row_dtype: np.dtype, dtypes: dict[str, np.dtype],
+                      each: Callable[[np.ndarray], None] | None = None) -> dict[str, np.ndarray]:
+    """The columns `dtypes` of the packed rows (`row_dtype` each) in `chunks`, which it empties: a chunk
+    goes as soon as its rows are copied, so the packed rows and the columns are never resident together
+    (the columns' pages become resident as they fill). `each`, if given, sees every chunk's rows first."""
+    num = sum(memoryview(c).nbytes for c in chunks) // row_dtype.itemsize
+    columns = {c: np.empty(num, t) for c, t in dtypes.items()}
+    start = 0
+    while chunks:
+        rows = np.frombuffer(chunks[0], row_dtype)
+        end = start + len(rows)
+        if each is not None:
+            each(rows)
+        for c in dtypes:
+            columns[c][start:end] = rows[c]
+        del rows
+        chunks.pop(0)  # the last reference: its rows go before the next chunk's are copied
+        start = end
+    return columns
 TABLE_GROUP_ROWS = TABLE_BATCH_ROWS
 
 
