@@ -45,6 +45,14 @@ EVENT_GROUP_ROWS = 1 << 18  # tenures per row group at least (the pairing hands 
 # topped out together the loop's RSS did too: a longer run meets that more often, so a 10M run peaked
 # higher than a 1M run (twelfth sitting). One group per batch: the files take ~4x the row groups.
 TABLE_BATCH_ROWS = 1 << 14
+TABLE_GROUP_ROWS = TABLE_BATCH_ROWS
+# A Parquet writer keeps each row group's footer entry (a ~12 KB block and a few dozen small ones for these
+# tables) until its part closes. Allocated a group at a time among the loop's objects, 64 groups a part grew
+# the heap by ~2.4 MB over a 1M run's first part and left it in holes when the part closed, a point a 1M
+# run never reached and a 10M run passed every million requests (its loop sat 1-3 MiB higher). 16 groups
+# (262,144 rows) a part: over requests 0.1M-1M the heap grew 0.3 MiB instead of 2.4 (a glibc heap walk),
+# and a 1M run meets the parts' cycle as a 10M run does (docs/simulator-performance.md, eighteenth sitting).
+TABLE_PART_GROUPS = 16
 # The two logs keep a batch's packed rows in chunks, and a flush frees each chunk as soon as its rows are
 # in the batch's columns (allocated lazily: a column's pages become resident as they are written). With
 # one flat buffer, the packed rows and their columns were resident together (1.5 MB each for a request
@@ -72,7 +80,6 @@ def columns_of_chunks(chunks: list, row_dtype: np.dtype, dtypes: dict[str, np.dt
         chunks.pop(0)  # the last reference: its rows go before the next chunk's are copied
         start = end
     return columns
-TABLE_GROUP_ROWS = TABLE_BATCH_ROWS
 
 
 def empty_table(dtypes: dict[str, np.dtype]) -> pd.DataFrame:
@@ -259,7 +266,7 @@ def open_event_sink(path_stem: str | Path, table_format: str = "parquet", batch_
 
 def open_table_sink(path_stem: str | Path, dtypes: dict[str, np.dtype], table_format: str = "parquet",
                     batch_rows: int = TABLE_BATCH_ROWS, group_rows: int = TABLE_GROUP_ROWS,
-                    part_groups: int = PART_GROUPS) -> TableSink:
+                    part_groups: int = TABLE_PART_GROUPS) -> TableSink:
     """A file sink for a run folder's table of these dtypes (memory rows, request rows): batches of
     `batch_rows` rows asked for, Parquet row groups of at least `group_rows`."""
     stem = Path(path_stem)

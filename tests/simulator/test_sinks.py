@@ -95,3 +95,20 @@ def test_streamed_memory_rows_read_back_equal_and_summarize_alike(tmp_path, fmt)
     assert {k: v for k, v in b.items() if k not in ("memory", "token_occupancy", "block_occupancy",
                                                    "wall_s")} == \
         {k: v for k, v in a.items() if k not in ("memory", "token_occupancy", "block_occupancy", "wall_s")}
+
+
+def test_a_run_folders_tables_start_a_part_every_table_part_groups_row_groups(tmp_path):
+    from simulator.recorder import MEMORY_DTYPES
+    from simulator.sinks import TABLE_PART_GROUPS, open_table_sink
+
+    # Fewer groups a part than the events table's: the writer's footer entries of the memory and request
+    # tables sit in the loop's heap (simulator/sinks.py).
+    assert TABLE_PART_GROUPS < PART_GROUPS
+    sink = open_table_sink(tmp_path / "memory", MEMORY_DTYPES, batch_rows=10, group_rows=0)
+    rows = 10 * (TABLE_PART_GROUPS + 1)
+    for start in range(0, rows, 10):
+        sink.write({c: np.arange(start, start + 10).astype(t) for c, t in MEMORY_DTYPES.items()})
+    sink.close()
+    path = tmp_path / "memory.parquet"
+    assert [pq.ParquetFile(p).metadata.num_row_groups for p in part_files(path)] == [TABLE_PART_GROUPS, 1]
+    assert pd.read_parquet(path)["t_s"].tolist() == list(range(rows))
