@@ -49,12 +49,13 @@ class _Target:
     """One order statistic being selected: the first value, in sorted order, at which the cumulative
     weight reaches `want` (an unweighted rank r, 0-based, is want = r + 1)."""
 
-    __slots__ = ("want", "below", "prefix", "shift", "collect", "value")
+    __slots__ = ("want", "below", "prefix", "shift", "collect", "num_candidates", "value")
 
     def __init__(self, want: float) -> None:
         self.want, self.below = want, 0.0  # weight of the values under the prefix's range
         self.prefix, self.shift = 0, 0  # the top `shift` bits of the answer's key
         self.collect = False
+        self.num_candidates = 0  # of the values sharing the prefix, once `collect` is set
         self.value: float | None = None
 
     def matches(self, keys: np.ndarray) -> np.ndarray | None:
@@ -105,25 +106,44 @@ def _histogram_pass(blocks: Blocks, targets: list[_Target]) -> None:
             if t.shift == 64:
                 t.value = _value(t.prefix)  # every candidate has this very key
             elif counts[g][b] <= _FEW:
-                t.collect = True
+                t.collect, t.num_candidates = True, int(counts[g][b])
 
 
 def _collect_pass(blocks: Blocks, targets: list[_Target]) -> None:
-    """Gather each target's few candidates, sort them and pick the answer."""
+    """Gather each target's few candidates, sort them and pick the answer.
+
+    A block's candidates are copied into one buffer per target from the block's keys sorted (a
+    contiguous run: they share the key's top bits), not taken as a small array of their own per block:
+    numpy keeps freed arrays under 1 KB in a cache, up to seven of each size, and a 10M-row column's
+    blocks hold ~50-95 candidates each, so their arrays filled the cache's buckets with blocks of the
+    heap allocated in the middle of a run's trace check (the loop's pages then spread over the holes
+    under them: docs/simulator-performance.md, eighteenth sitting).
+    """
     if not targets:
         return
-    keys_of: list[list[np.ndarray]] = [[] for _ in targets]
-    weights_of: list[list[np.ndarray]] = [[] for _ in targets]
+    keys_of = [np.empty(t.num_candidates, np.uint64) for t in targets]
+    weights_of = [np.empty(t.num_candidates) for t in targets]
+    filled = [0] * len(targets)
+    ranges = [(np.uint64(t.prefix << (64 - t.shift)), np.uint64((t.prefix + 1 << (64 - t.shift)) - 1))
+              for t in targets]
     for values, weights in blocks():
         keys = _keys(values)
-        for i, t in enumerate(targets):
-            sel = t.matches(keys)
-            keys_of[i].append(keys[sel])
-            weights_of[i].append(np.ones(int(sel.sum())) if weights is None else weights[sel])
-    for t, ks, ws in zip(targets, keys_of, weights_of, strict=True):
-        keys = np.concatenate(ks)
+        order = np.argsort(keys, kind="stable")  # equal keys stay in block order, as before
+        np.take(keys, order, out=keys)
+        for i, (low, high) in enumerate(ranges):
+            start = int(np.searchsorted(keys, low, side="left"))
+            end = int(np.searchsorted(keys, high, side="right"))
+            n, at = end - start, filled[i]
+            keys_of[i][at:at + n] = keys[start:end]
+            if weights is None:
+                weights_of[i][at:at + n] = 1.0
+            else:
+                np.take(weights, order[start:end], out=weights_of[i][at:at + n], mode="clip")  # no copy
+            filled[i] += n
+    for t, keys, ws, n in zip(targets, keys_of, weights_of, filled, strict=True):
+        keys, ws = keys[:n], ws[:n]
         order = np.argsort(keys, kind="stable")
-        cum = np.cumsum(np.concatenate(ws)[order])
+        cum = np.cumsum(ws[order])
         at = min(int(np.searchsorted(cum, t.want - t.below, side="left")), len(order) - 1)
         t.value = _value(int(keys[order[at]]))
 

@@ -9,6 +9,8 @@ Allocator behaviours made its RSS grow with the run anyway, measured on the 10M-
   temporaries then left the heap fragmented: after 3M requests 340 MB of arena of which 290 MB free,
   while 30-60 MB was in use. A fixed threshold (`map_large_blocks`) keeps big blocks in their own
   mappings, returned to the OS when freed: the arena stayed at ~40 MB (15 MB free) and RSS at 0.3 GB.
+  (A free chunk of the heap that fits still serves a block over the threshold before glibc maps one:
+  the threshold keeps big blocks from making such holes, it does not move blocks out of those there are.)
 - Freed chunks below the threshold stay in the arenas; `release_free_memory` (`malloc_trim(0)`, 7-20 ms
   on a long run's heap) returns their whole free pages: after reading the trace, after every 65,536
   request rows, and before the summary.
@@ -49,7 +51,8 @@ Allocator behaviours made its RSS grow with the run anyway, measured on the 10M-
   that take one, so the CLI calls `one_arena` first thing (cli/__init__.py).
 - Not the allocator's doing, but the same creep: a Parquet writer keeps every row group's footer entry
   until it closes (~13 MB over a 10M run's tables, placed a few kilobytes at a time among the loop's
-  allocations); streamed tables start a new part file every 64 row groups (pagelab/parquet_parts.py).
+  allocations); streamed tables start a new part file every 64 row groups (pagelab/parquet_parts.py),
+  the memory and request tables every 16 (their entries sit among the loop's objects: simulator/sinks.py).
 """
 from __future__ import annotations
 

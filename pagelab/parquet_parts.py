@@ -4,7 +4,8 @@ A Parquet writer keeps every row group's footer entry (~870 bytes a column chunk
 until it closes. A 10M-request run streams ~1,600 row groups into its three tables: ~13 MB that grew with
 the run and, allocated a group at a time between the loop's own allocations, kept heap pages from being
 returned (docs/simulator-performance.md, "seventh pass"). A streamed table therefore starts a new part
-file every `PART_GROUPS` row groups, so a writer holds at most that many entries. A table that ends within
+file every `PART_GROUPS` row groups (a run folder's memory and request tables every `TABLE_PART_GROUPS`,
+simulator/sinks.py), so a writer holds at most that many entries. A table that ends within
 its first part is moved to NAME.parquet as a single file, the layout every small run has.
 
 pandas.read_parquet and pyarrow.parquet.read_table read either layout; `PartedFile` gives the row groups
