@@ -114,8 +114,8 @@ def test_a_traces_read_batches_are_mappings_of_their_own_under_the_runs_threshol
     # 4 MiB threshold the batches' column buffers come from the heap and leave it grown (holes the run
     # then spreads into); under LARGE_BLOCK_BYTES each is a mapping of its own, unmapped when dropped.
     # (This used to compare the heap's growth over a whole statistics pass: that depends on the holes
-    # imports leave, and a CI run without cached bytecode saw 1.35 MB under 4 MiB against 10-22 MB here.
-    # Which allocations are mappings does not.)
+    # imports leave. A CI run saw 1.35 MB under 4 MiB against 9.5-22 MB here, and 3.8-8 MB here without
+    # cached bytecode. Which allocations are mappings does not depend on them.)
     path = tmp_path / "trace.parquet"
     save_trace(generate_trace(SyntheticConfig(num_requests=300_000, rate=40.0, seed=1)), path)
 
