@@ -64,6 +64,11 @@ class _Target:
             return None
         return (keys >> np.uint64(64 - self.shift)) == np.uint64(self.prefix)
 
+    def key_range(self) -> tuple[np.uint64, np.uint64]:
+        """The lowest and the highest key that `matches` (its decided top bits, then all 0s or all 1s)."""
+        low = self.prefix << (64 - self.shift)
+        return np.uint64(low), np.uint64(low + (1 << (64 - self.shift)) - 1)
+
 
 def select(blocks: Blocks, wants: Iterable[float]) -> list[float]:
     """The first value, in sorted order, where the cumulative weight reaches each of `wants`."""
@@ -124,12 +129,14 @@ def _collect_pass(blocks: Blocks, targets: list[_Target]) -> None:
     keys_of = [np.empty(t.num_candidates, np.uint64) for t in targets]
     weights_of = [np.empty(t.num_candidates) for t in targets]
     filled = [0] * len(targets)
-    ranges = [(np.uint64(t.prefix << (64 - t.shift)), np.uint64((t.prefix + 1 << (64 - t.shift)) - 1))
-              for t in targets]
+    ranges = [t.key_range() for t in targets]
     for values, weights in blocks():
-        keys = _keys(values)
-        order = np.argsort(keys, kind="stable")  # equal keys stay in block order, as before
-        np.take(keys, order, out=keys)
+        keys = _keys(values)  # a copy of the block's values: sorted in place
+        if weights is None:
+            keys.sort()
+        else:
+            order = np.argsort(keys, kind="stable")  # equal keys keep their weights in block order
+            np.take(keys, order, out=keys)
         for i, (low, high) in enumerate(ranges):
             start = int(np.searchsorted(keys, low, side="left"))
             end = int(np.searchsorted(keys, high, side="right"))
