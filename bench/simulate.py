@@ -68,13 +68,13 @@ def measure_once(trace: str, num_requests: int | None, config: SimConfig, label:
     from simulator.recorder import MEMORY_DTYPES
     from simulator.request_log import REQUEST_DTYPES
     from simulator.simulate import simulate
-    from simulator.sinks import open_table_sink
+    from simulator.sinks import open_memory_sink, open_table_sink
 
     work, n = _load(trace, num_requests)
     before = _rss_mb()
     with tempfile.TemporaryDirectory(prefix="pagelab-bench-") as tmp:
         folder = Path(tmp)
-        sinks = {"memory": open_table_sink(folder / "memory", MEMORY_DTYPES),
+        sinks = {"memory": open_memory_sink(folder / "memory", MEMORY_DTYPES),
                  "requests": open_table_sink(folder / "requests", REQUEST_DTYPES)}
         if config.record_events:
             sinks["events"] = open_events_sink(folder / "events", "parquet", n)

@@ -163,10 +163,10 @@ def simulate_cmd(
                     from simulator.event_process import open_events_sink
                     from simulator.recorder import MEMORY_DTYPES
                     from simulator.request_log import REQUEST_DTYPES
-                    from simulator.sinks import open_table_sink
+                    from simulator.sinks import open_memory_sink, open_table_sink
 
                     (tmp / name).mkdir()
-                    sinks["memory"] = open_table_sink(tmp / name / "memory", MEMORY_DTYPES, table_format)
+                    sinks["memory"] = open_memory_sink(tmp / name / "memory", MEMORY_DTYPES, table_format)
                     sinks["requests"] = open_table_sink(tmp / name / "requests", REQUEST_DTYPES,
                                                           table_format)
                     if cfg.record_events:

@@ -222,9 +222,10 @@ class EventRecorder(RegionRecorder):
 class MemoryLog:
     """Per-step (or per-span) memory rows, kept in flat float arrays (8 bytes a value).
 
-    With a `sink` (a run folder's memory table), every `sink.batch_rows` rows go to it as a batch, and
-    the log keeps only the time-weighted sums the summary needs (`weighted_means`), so a long run's
-    memory does not grow with its steps.
+    With a `sink` (a run folder's memory table), the rows go to it as a batch at every `flush` (the
+    simulation flushes with each request batch) and at the latest every `sink.batch_rows` rows, and the
+    log keeps only the time-weighted sums the summary needs (`weighted_means`), so a long run's memory
+    does not grow with its steps.
     """
 
     def __init__(self, sink: TableSink | None = None, chunk_rows: int = TABLE_CHUNK_ROWS) -> None:
@@ -276,8 +277,8 @@ class MemoryLog:
         self.add_slots(step, num_steps, t_s, dt_s, slots, counts, num_batched_tokens, block_size)
 
     def _next_chunk(self) -> None:
-        """The rows so far become a chunk; a batch of chunks goes to the sink (batches of exactly the
-        sink's `batch_rows`: a batch's last chunk may be shorter)."""
+        """The rows so far become a chunk; a batch of chunks goes to the sink once it holds the sink's
+        `batch_rows` (a batch's last chunk may be shorter; `flush` ends a batch sooner)."""
         self._chunks.append(self._values)
         self._values = array("d")
         chunked = sum(map(len, self._chunks))
@@ -301,6 +302,7 @@ class MemoryLog:
             return
         chunks = [*self._chunks, self._values] if self._values else self._chunks
         self._chunks, self._values = [], array("d")
+        self._limit = min(self._chunk_values, self._batch_values)  # a batch starts here, whoever flushed
         if not chunks:
             return
         columns = columns_of_chunks(chunks, _ROW_DTYPE, MEMORY_DTYPES, self._add_sums)

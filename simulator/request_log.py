@@ -11,7 +11,7 @@ in memory exactly as before. The sink also gets the totals the summary needs, as
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -114,6 +114,9 @@ class RequestLog:
         self._packed = bytearray()  # finished rows not yet handed on (_PACKED each), after `_chunks`
         self._chunks: list[bytearray] = []  # full chunks of packed rows, in row order
         self._chunk_bytes = _PACKED.size * min(chunk_rows, batch_rows)
+        # Called at the start of every flush: the simulation hands its memory rows on here too, so the
+        # two logs' buffers never peak together (simulator/sinks.py, MEMORY_BATCH_ROWS).
+        self.before_flush: Callable[[], None] | None = None
 
     def open(self, row: int, values: tuple) -> None:
         """Request `row` (its TRACE_COLUMNS `values`) is built: it has no times yet."""
@@ -145,6 +148,8 @@ class RequestLog:
                 self._flush()
 
     def _flush(self) -> None:
+        if self.before_flush is not None:
+            self.before_flush()
         chunks = [*self._chunks, self._packed] if self._packed else self._chunks
         self._chunks, self._packed = [], bytearray()
         if not chunks:

@@ -57,10 +57,12 @@ class SimState(RunState):
         fitted = config.latency != "roofline"
         latency = make_latency_model("fitted" if fitted else "roofline", config.model, config.gpu,
                                      path=config.latency if fitted else None, block_size=config.block_size)
+        log, mem = RequestLog(requests), MemoryLog(memory)
+        log.before_flush = mem.flush  # one phase for both logs' buffers (simulator/sinks.py)
         return cls(allocator=config.allocator, enable_prefix_caching=config.enable_prefix_caching,
                    alloc=alloc, sched=Scheduler(config.scheduler_config(), alloc), source=trace,
-                   log=RequestLog(requests), cfg=config, latency=latency, recorder=recorder,
-                   rng=np.random.default_rng(config.seed), mem=MemoryLog(memory))
+                   log=log, cfg=config, latency=latency, recorder=recorder,
+                   rng=np.random.default_rng(config.seed), mem=mem)
 
     def __post_init__(self) -> None:
         log = self.log

@@ -46,6 +46,17 @@ EVENT_GROUP_ROWS = 1 << 18  # tenures per row group at least (the pairing hands 
 # higher than a 1M run (twelfth sitting). One group per batch: the files take ~4x the row groups.
 TABLE_BATCH_ROWS = 1 << 14
 TABLE_GROUP_ROWS = TABLE_BATCH_ROWS
+# A simulation hands its memory rows on with each request batch (RequestLog.before_flush), so a memory row
+# group holds the steps of ~2^14 requests (1.0-1.12 rows a request on the issue's traces); a run's memory
+# sink caps a batch at twice that, for runs with many steps a request. With a batch of its own, the
+# memory log held 0-2.2 MB when a request batch was written, a phase that drifts: the loop's peaks were
+# request flushes with the memory log nearly full, and a longer run met more of them (docs/
+# simulator-performance.md, nineteenth sitting). Flushed first, its rows are gone before the request
+# batch's columns are built.
+MEMORY_BATCH_ROWS = 1 << 15
+# Row groups of at least this: a batch cut short by the request log's phase is written as it is, unless it
+# is smaller (a run with many requests a step), which waits to be gathered with the next.
+MEMORY_GROUP_ROWS = 1 << 12
 # A Parquet writer keeps each row group's footer entry (a ~12 KB block and a few dozen small ones for these
 # tables) until its part closes. Allocated a group at a time among the loop's objects, 64 groups a part grew
 # the heap by ~2.4 MB over a 1M run's first part and left it in holes when the part closed, a point a 1M
@@ -274,3 +285,12 @@ def open_table_sink(path_stem: str | Path, dtypes: dict[str, np.dtype], table_fo
         return CsvSink(stem.with_suffix(".csv"), _schema(dtypes), batch_rows)
     return ParquetSink(stem.with_suffix(".parquet"), _schema(dtypes), batch_rows, group_rows=group_rows,
                        part_groups=part_groups, use_dictionary=False)
+
+
+def open_memory_sink(path_stem: str | Path, dtypes: dict[str, np.dtype],
+                     table_format: str = "parquet") -> TableSink:
+    """A file sink for a run folder's memory table (`dtypes`: recorder.MEMORY_DTYPES): batches of at most
+    MEMORY_BATCH_ROWS rows (the simulation flushes with each request batch), row groups of at least
+    MEMORY_GROUP_ROWS."""
+    return open_table_sink(path_stem, dtypes, table_format, batch_rows=MEMORY_BATCH_ROWS,
+                           group_rows=MEMORY_GROUP_ROWS)

@@ -112,3 +112,42 @@ def test_a_run_folders_tables_start_a_part_every_table_part_groups_row_groups(tm
     path = tmp_path / "memory.parquet"
     assert [pq.ParquetFile(p).metadata.num_row_groups for p in part_files(path)] == [TABLE_PART_GROUPS, 1]
     assert pd.read_parquet(path)["t_s"].tolist() == list(range(rows))
+
+
+class _Logged(FrameSink):
+    """A FrameSink that notes (name, rows) of each write in a shared list."""
+
+    def __init__(self, name: str, log: list, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.name, self.log = name, log
+
+    def write(self, columns) -> None:
+        self.log.append((self.name, len(next(iter(columns.values())))))
+        super().write(columns)
+
+
+@pytest.mark.parametrize("memory_rows", [1 << 15, 5000])
+def test_the_memory_log_hands_its_rows_on_first_at_every_request_batch(memory_rows):
+    """Every request batch is preceded by a memory batch (the logs' buffers share one phase); a memory batch
+    never exceeds its sink's size; the tables are those of a run kept in memory."""
+    from simulator.recorder import MEMORY_DTYPES
+    from simulator.request_log import REQUEST_DTYPES
+    from simulator.sinks import TABLE_BATCH_ROWS
+
+    num = TABLE_BATCH_ROWS + 2000
+    trace = generate_trace(SyntheticConfig(num_requests=num, rate=20.0, lengths="alpaca", seed=3))
+    cfg = SimConfig(record_events=False)
+    whole = simulate(trace, cfg)
+    log: list = []
+    memory = _Logged("memory", log, batch_rows=memory_rows, dtypes=MEMORY_DTYPES)
+    requests = _Logged("requests", log, dtypes=REQUEST_DTYPES)
+    streamed = simulate(trace, cfg, memory=memory, requests=requests)
+    batches = [n for name, n in log if name == "requests"]
+    assert len(batches) == 2 and batches[0] >= TABLE_BATCH_ROWS and sum(batches) == num
+    assert all(log[i - 1][0] == "memory" for i, (name, _) in enumerate(log) if name == "requests")
+    sizes = [n for name, n in log if name == "memory"]
+    assert max(sizes) <= memory_rows and sum(sizes) == len(whole.memory) > num
+    if memory_rows == 5000:  # capped between request batches too
+        assert sizes.count(5000) >= TABLE_BATCH_ROWS // 5000
+    pd.testing.assert_frame_equal(memory.frame(), whole.memory, check_exact=True)
+    pd.testing.assert_frame_equal(streamed.requests, whole.requests, check_exact=True)
