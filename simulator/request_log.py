@@ -115,7 +115,7 @@ class RequestLog:
         self._chunks: list[bytearray] = []  # full chunks of packed rows, in row order
         self._chunk_bytes = _PACKED.size * min(chunk_rows, batch_rows)
         # Called at the start of every flush: the simulation hands its memory rows on here too, so the
-        # two logs' buffers never peak together (simulator/sinks.py, MEMORY_BATCH_ROWS).
+        # two logs' buffers keep one phase (simulator/sinks.py, MEMORY_BATCH_ROWS).
         self.before_flush: Callable[[], None] | None = None
 
     def open(self, row: int, values: tuple) -> None:

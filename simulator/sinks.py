@@ -49,10 +49,10 @@ TABLE_GROUP_ROWS = TABLE_BATCH_ROWS
 # A simulation hands its memory rows on with each request batch (RequestLog.before_flush), so a memory row
 # group holds the steps of ~2^14 requests (1.0-1.12 rows a request on the traces); a run's memory
 # sink caps a batch at twice that, for runs with many steps a request. With a batch of its own, the
-# memory log held 0-2.2 MB when a request batch was written, a phase that drifts: the loop's peaks were
-# request flushes with the memory log nearly full, and a longer run met more of them (docs/
-# simulator-performance.md, nineteenth sitting). Flushed first, its rows are gone before the request
-# batch's columns are built.
+# memory log held 0-2.2 MB when a request batch was written, a phase that drifts, and the loop's peaks were
+# request flushes with the memory log nearly full (docs/simulator-performance.md, nineteenth sitting).
+# Flushed first, its rows are gone before the request batch's columns are built, and every run meets the
+# same phase at every flush.
 MEMORY_BATCH_ROWS = 1 << 15
 # Row groups of at least this: a batch cut short by the request log's phase is written as it is, unless it
 # is smaller (a run with many requests a step), which waits to be gathered with the next.
