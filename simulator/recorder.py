@@ -283,9 +283,9 @@ class MemoryLog:
         self._values = array("d")
         chunked = sum(map(len, self._chunks))
         if chunked >= self._batch_values:
-            self.flush()
-            chunked = 0
-        self._limit = min(self._chunk_values, self._batch_values - chunked)
+            self.flush()  # which starts the next batch's limit
+        else:
+            self._limit = min(self._chunk_values, self._batch_values - chunked)
 
     def _array(self) -> np.ndarray:
         width = len(MEMORY_COLUMNS)
