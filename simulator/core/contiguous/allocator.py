@@ -96,9 +96,13 @@ class ContiguousAllocator(KVAllocator):
         return self._placement.can_fit(parent.region[1] if parent.region else self.reservation(parent))
 
     def can_swap_out(self, group: SequenceGroup) -> bool:
-        """Whether the CPU pool holds every live sequence's tokens."""
-        need = [s.num_tokens for s in group.seqs if s.seq_id in self._seqs]
-        return self._cpu is not None and _fits_all(self._cpu, need)
+        """Whether the CPU pool holds every live sequence's tokens, placed as `swap_out` places them."""
+        return self._cpu is not None and self._cpu.can_fit_all([n for _, n in self._swap_order(group)])
+
+    def _swap_order(self, group: SequenceGroup) -> list[tuple[Sequence, int]]:
+        """The live sequences and the CPU slots each takes, largest first (first-fit packs those best)."""
+        live = [(s, max(1, s.num_tokens)) for s in group.seqs if s.seq_id in self._seqs]
+        return sorted(live, key=lambda sn: -sn[1])
 
     def can_swap_in(self, group: SequenceGroup) -> AllocStatus:
         """OK, LATER, or NEVER: whether every swapped sequence gets its region back."""
@@ -225,11 +229,11 @@ class ContiguousAllocator(KVAllocator):
         """Copy each live sequence's tokens to the CPU pool and release its region."""
         if not self.can_swap_out(group):
             raise AllocationError(f"request {group.request_id}: CPU swap pool cannot hold it")
+        cpu_starts = {s.seq_id: self._cpu.alloc(n) for s, n in self._swap_order(group)}
         copies = []
-        for s in [s for s in group.seqs if s.seq_id in self._seqs]:
-            cpu_start = self._cpu.alloc(max(1, s.num_tokens))
-            copies.append((s.region[0], cpu_start, s.num_tokens))
-            self._cpu_seqs[s.seq_id] = (cpu_start, s.num_tokens)
+        for s in [s for s in group.seqs if s.seq_id in cpu_starts]:  # in the group's order
+            copies.append((s.region[0], cpu_starts[s.seq_id], s.num_tokens))
+            self._cpu_seqs[s.seq_id] = (cpu_starts[s.seq_id], s.num_tokens)
             self._unplace(s)
         self._check()
         return copies
@@ -256,15 +260,4 @@ class ContiguousAllocator(KVAllocator):
         from simulator.core.invariants import check_contiguous
         check_contiguous(self)
 
-
-def _fits_all(placement, sizes: list[int]) -> bool:
-    free = sorted((size for _, size in placement.free_spans()), reverse=True)
-    for need in sorted(sizes, reverse=True):
-        for i, hole in enumerate(free):
-            if hole >= max(1, need):
-                free[i] -= max(1, need)
-                break
-        else:
-            return False
-    return True
 

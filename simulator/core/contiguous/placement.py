@@ -138,6 +138,18 @@ class FirstFitPlacement:
         """Whether `count` regions of `size` slots fit now (first-fit packs equal sizes greedily)."""
         return sum(h // size for h in self._sizes) >= count
 
+    def can_fit_all(self, sizes: list[int]) -> bool:
+        """Whether regions of `sizes` slots, placed in that order by `alloc`, all fit now."""
+        holes = list(self._sizes)  # what `alloc` does to the holes' sizes, on a copy
+        for size in sizes:
+            for i, hole in enumerate(holes):
+                if hole >= size:
+                    holes[i] -= size
+                    break
+            else:
+                return False
+        return True
+
     def alloc(self, size: int) -> int:
         """Place a region in the lowest hole that holds it; return its start."""
         for i, hole in enumerate(self._sizes):

@@ -167,6 +167,51 @@ def test_first_fit_coalesces():
     assert p.free_spans() == [(0, 30)]
 
 
+@settings(max_examples=200, deadline=None)
+@given(capacity=st.integers(1, 120), ops=st.lists(st.integers(1, 40), max_size=12),
+       frees=st.lists(st.booleans(), max_size=12), sizes=st.lists(st.integers(1, 40), max_size=5))
+def test_first_fit_can_fit_all_is_what_allocating_in_order_does(capacity, ops, frees, sizes):
+    import copy
+
+    p = FirstFitPlacement(capacity)
+    starts = [p.alloc(n) for n in ops if p.can_fit(n)]
+    for start, drop in zip(starts, frees, strict=False):
+        if drop:
+            p.free(start)
+    holes = p.free_spans()
+    trial = copy.deepcopy(p)
+    try:
+        for n in sizes:
+            trial.alloc(n)
+        placed = True
+    except AllocationError:
+        placed = False
+    assert p.can_fit_all(sizes) is placed
+    assert p.free_spans() == holes  # a query
+
+
+def test_swap_out_places_the_sequences_as_can_swap_out_checked(make_group):
+    """The CPU pool's holes hold 23 + 22 tokens only with the larger placed first (hypothesis found a run
+    whose swap_out placed the group's first sequence first and found no hole for the second)."""
+    ca = ContiguousAllocator(46, "pow2", "first-fit", max_model_len=64, cpu_capacity_tokens=90, debug=True)
+    a = SequenceGroup(1, [Sequence(2, 28, 38, request_id=1)])
+    b = SequenceGroup(3, [Sequence(4, 2, 2, request_id=3)])
+    ca.allocate(a)
+    ca.swap_out(a)  # CPU [0, 28)
+    ca.allocate(b)
+    ca.swap_out(b)  # CPU [28, 30)
+    ca.swap_in(a)
+    ca.append_slots(a.seqs[0], 10)
+    ca.swap_out(a)  # 38 tokens: CPU [30, 68); holes [0, 28) and [68, 90)
+    c = SequenceGroup(5, [Sequence(6, 22, 23, request_id=5), Sequence(7, 22, 23, request_id=5)])
+    ca.allocate(c)
+    ca.append_slots(c.seqs[1], 1)  # 22 and 23 tokens
+    assert ca.can_swap_out(c)
+    copies = ca.swap_out(c)
+    assert [n for _, _, n in copies] == [22, 23]  # the group's order
+    assert sorted(cpu for _, cpu, _ in copies) == [0, 68]
+
+
 class ContiguousMachine(RuleBasedStateMachine):
     """Random admit / grow / fork / finish / swap on both placements; invariants checked every step."""
 
