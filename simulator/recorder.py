@@ -7,7 +7,6 @@ pairs them into tenures with numpy in batches, handing finished tenures to a sin
 from __future__ import annotations
 
 import struct
-from array import array
 from collections.abc import Sequence as SeqLike
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -26,11 +25,22 @@ MEMORY_COLUMNS = ("step", "num_steps", "t_s", "dt_s", "token_states", "reservati
 _INT_COLUMNS = ("step", "num_steps", "num_running", "num_waiting", "num_swapped", "num_batched_tokens",
                 "blocks_used")
 MEMORY_DTYPES = {c: np.dtype(np.int64 if c in _INT_COLUMNS else np.float64) for c in MEMORY_COLUMNS}
-_DT = MEMORY_COLUMNS.index("dt_s")
-_ROW_DTYPE = np.dtype([(c, np.float64) for c in MEMORY_COLUMNS])  # a packed row
-# One memory row as native float64 bytes: `array.frombytes` of a packed row costs a third of
+# One memory row packed: the step, then the floats, then the counts as int32 (a step's counts and blocks
+# never reach 2^31; `struct` raises if one did). `token_occupancy` is `token_states` and is not packed
+# twice. 104 bytes instead of 17 float64 values (136): a flush holds a batch of these (~2^14 rows) while
+# the request batch's are written, and those held rows are the loop's RSS peaks
+# (docs/simulator-performance.md, twentieth sitting). Appending a packed row costs a third of
 # `array.extend` with the tuple, which converts and grows the array value by value (one row a step).
-_pack_row = struct.Struct(f"={len(MEMORY_COLUMNS)}d").pack
+_PACKED_FLOATS = ("t_s", "dt_s", "token_states", "reservation", "internal_fragmentation",
+                  "external_fragmentation", "free", "cached_free", "block_occupancy")
+_PACKED_COUNTS = ("num_steps", "num_running", "num_waiting", "num_swapped", "num_batched_tokens",
+                  "blocks_used")
+_ROW = struct.Struct(f"=q{len(_PACKED_FLOATS)}d{len(_PACKED_COUNTS)}i")
+_pack_row = _ROW.pack
+_ROW_DTYPE = np.dtype([("step", "=i8"), *((c, "=f8") for c in _PACKED_FLOATS),
+                       *((c, "=i4") for c in _PACKED_COUNTS)])
+_PACKED_DTYPES = {c: MEMORY_DTYPES[c] for c in _ROW_DTYPE.names}
+_DT = _PACKED_FLOATS.index("dt_s")
 EVENT_COLUMNS = tuple((c, str(t)) for c, t in EVENT_DTYPES.items())
 # Acquisitions paired per batch (at most): a batch's numpy temporaries and its Parquet write are the
 # peaks of a long run's RSS (docs/simulator-performance.md, fourth to sixth passes): 2^20 took ~150 MB;
@@ -178,6 +188,12 @@ class EventRecorder(RegionRecorder):
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="pagelab-events")
         self._pending = self._executor.submit(self._pairer.process, raw, base, now)
 
+    def hand_on(self) -> None:
+        """Hand what was recorded since the last batch to the pairer now, as a batch of its own (it pairs
+        as it would have; the simulation does at its table flushes: simulator/sinks.py)."""
+        if self._e_n:
+            self._flush(self._background)
+
     def flush(self) -> None:
         """Hand the sink every tenure released before now (a release at `now` waits: see tenures.py);
         returns when the sink has them."""
@@ -220,7 +236,7 @@ class EventRecorder(RegionRecorder):
 
 
 class MemoryLog:
-    """Per-step (or per-span) memory rows, kept in flat float arrays (8 bytes a value).
+    """Per-step (or per-span) memory rows, kept packed (104 bytes a row, `_ROW`).
 
     With a `sink` (a run folder's memory table), the rows go to it as a batch at every `flush` (the
     simulation flushes with each request batch) and at the latest every `sink.batch_rows` rows, and the
@@ -229,31 +245,31 @@ class MemoryLog:
     """
 
     def __init__(self, sink: TableSink | None = None, chunk_rows: int = TABLE_CHUNK_ROWS) -> None:
-        self._values = array("d")  # the rows after `_chunks`
+        self._packed = bytearray()  # the rows after `_chunks`
         self.sink = sink
-        width = len(MEMORY_COLUMNS)
         # With a sink, rows are kept in chunks (simulator/sinks.py, TABLE_CHUNK_ROWS); `_limit`: the
-        # values that end the current chunk (never, without a sink).
-        self._chunks: list[array] = []
-        self._chunk_values = chunk_rows * width
-        self._batch_values = sink.batch_rows * width if sink is not None else float("inf")
-        self._limit = min(self._chunk_values, self._batch_values) if sink is not None else float("inf")
+        # bytes that end the current chunk (never, without a sink).
+        self._chunks: list[bytearray] = []
+        self._chunk_bytes = chunk_rows * _ROW.size
+        self._batch_bytes = sink.batch_rows * _ROW.size if sink is not None else float("inf")
+        self._limit = min(self._chunk_bytes, self._batch_bytes) if sink is not None else float("inf")
         self._num_flushed = 0
-        self._wsum = np.zeros(width)  # sum of value * dt_s over the rows handed to the sink
+        self._wsum = np.zeros(len(_PACKED_FLOATS))  # sum of value * dt_s over the rows handed to the sink
         self._dt = 0.0
 
     def __len__(self) -> int:
-        return self._num_flushed + (sum(map(len, self._chunks)) + len(self._values)) // len(MEMORY_COLUMNS)
+        return self._num_flushed + (sum(map(len, self._chunks)) + len(self._packed)) // _ROW.size
 
     def add_row(self, step: int, num_steps: int, t_s: float, dt_s: float, token_states: float,
                 reservation: float, internal: float, external: float, free: float, cached_free: float,
                 block_occupancy: float, counts: tuple[int, int, int], num_batched_tokens: int,
                 blocks_used: int) -> None:
         """Append one row from fractions of capacity already computed (a span's time-weighted means)."""
-        self._values.frombytes(_pack_row(
-            step, num_steps, t_s, dt_s, token_states, reservation, internal, external, free, cached_free,
-            token_states, block_occupancy, counts[0], counts[1], counts[2], num_batched_tokens, blocks_used))
-        if len(self._values) >= self._limit:  # inline: one call less per row
+        packed = self._packed
+        packed += _pack_row(step, t_s, dt_s, token_states, reservation, internal, external, free, cached_free,
+                            block_occupancy, num_steps, counts[0], counts[1], counts[2], num_batched_tokens,
+                            blocks_used)
+        if len(packed) >= self._limit:  # inline: one call less per row
             self._next_chunk()
 
     def add_slots(self, step: int, num_steps: int, t_s: float, dt_s: float, slots: tuple,
@@ -261,11 +277,11 @@ class MemoryLog:
         """Append one row from a breakdown given as (capacity, token_states, reservation, internal, external,
         free, cached_free, allocated) slots (the allocators' `breakdown_slots`)."""
         cap, tokens, resv, internal, external, free, cached, allocated = slots
-        self._values.frombytes(_pack_row(
-            step, num_steps, t_s, dt_s, tokens / cap, resv / cap, internal / cap, external / cap, free / cap,
-            cached / cap, tokens / cap, allocated / cap, counts[0], counts[1], counts[2], num_batched_tokens,
-            allocated // block_size))
-        if len(self._values) >= self._limit:  # inline: one call less per row
+        packed = self._packed
+        packed += _pack_row(step, t_s, dt_s, tokens / cap, resv / cap, internal / cap, external / cap,
+                            free / cap, cached / cap, allocated / cap, num_steps, counts[0], counts[1],
+                            counts[2], num_batched_tokens, allocated // block_size)
+        if len(packed) >= self._limit:  # inline: one call less per row
             self._next_chunk()
 
     def add_breakdown(self, step: int, t_s: float, dt_s: float, b: MemoryBreakdown,
@@ -279,41 +295,41 @@ class MemoryLog:
     def _next_chunk(self) -> None:
         """The rows so far become a chunk; a batch of chunks goes to the sink once it holds the sink's
         `batch_rows` (a batch's last chunk may be shorter; `flush` ends a batch sooner)."""
-        self._chunks.append(self._values)
-        self._values = array("d")
+        self._chunks.append(self._packed)
+        self._packed = bytearray()
         chunked = sum(map(len, self._chunks))
-        if chunked >= self._batch_values:
+        if chunked >= self._batch_bytes:
             self.flush()  # which starts the next batch's limit
         else:
-            self._limit = min(self._chunk_values, self._batch_values - chunked)
-
-    def _array(self) -> np.ndarray:
-        width = len(MEMORY_COLUMNS)
-        return np.frombuffer(self._values, dtype=np.float64).reshape(-1, width) if self._values else \
-            np.zeros((0, width))
+            self._limit = min(self._chunk_bytes, self._batch_bytes - chunked)
 
     @staticmethod
-    def _columns(values: np.ndarray) -> dict[str, np.ndarray]:
-        return {name: values[:, j].astype(MEMORY_DTYPES[name]) for j, name in enumerate(MEMORY_COLUMNS)}
+    def _columns(chunks: list, each=None) -> dict[str, np.ndarray]:
+        """The table's columns, in MEMORY_COLUMNS order, of the packed rows in `chunks` (which it empties)."""
+        packed = columns_of_chunks(chunks, _ROW_DTYPE, _PACKED_DTYPES, each)
+        packed["token_occupancy"] = packed["token_states"]
+        return {c: packed[c] for c in MEMORY_COLUMNS}
 
     def flush(self) -> None:
         """Hand the rows kept so far to the sink (keeping their time-weighted sums)."""
         if self.sink is None:
             return
-        chunks = [*self._chunks, self._values] if self._values else self._chunks
-        self._chunks, self._values = [], array("d")
-        self._limit = min(self._chunk_values, self._batch_values)  # a batch starts here, whoever flushed
+        chunks = [*self._chunks, self._packed] if self._packed else self._chunks
+        self._chunks, self._packed = [], bytearray()
+        self._limit = min(self._chunk_bytes, self._batch_bytes)  # a batch starts here, whoever flushed
         if not chunks:
             return
-        columns = columns_of_chunks(chunks, _ROW_DTYPE, MEMORY_DTYPES, self._add_sums)
+        columns = self._columns(chunks, self._add_sums)
         self._num_flushed += len(columns["step"])
         self.sink.write(columns)
 
     def _add_sums(self, rows: np.ndarray) -> None:
         """Add a chunk's rows to the time-weighted sums."""
-        values = rows.view(np.float64).reshape(-1, len(MEMORY_COLUMNS))
-        self._wsum += values[:, _DT] @ values
-        self._dt += float(values[:, _DT].sum())
+        # The floats of each row are contiguous: a (rows, floats) view with the row's stride, no copy.
+        floats = np.ndarray((len(rows), len(_PACKED_FLOATS)), np.float64, rows.data,
+                            _ROW_DTYPE.fields["t_s"][1], (_ROW.size, 8))
+        self._wsum += floats[:, _DT] @ floats
+        self._dt += float(floats[:, _DT].sum())
 
     def finish(self) -> None:
         """Hand the sink the last rows and close it (nothing to do without a sink)."""
@@ -328,12 +344,14 @@ class MemoryLog:
         if self._dt <= 0:
             nan = float("nan")
             return {**{s: nan for s in MemoryBreakdown.STATES}, "cached_free": nan}, nan, nan
-        m = {c: float(v / self._dt) for c, v in zip(MEMORY_COLUMNS, self._wsum, strict=True)}
+        m = {c: float(v / self._dt) for c, v in zip(_PACKED_FLOATS, self._wsum, strict=True)}
         mean = {s: m[s] for s in (*MemoryBreakdown.STATES, "cached_free")}
-        return mean, m["token_occupancy"], m["block_occupancy"]
+        return mean, m["token_states"], m["block_occupancy"]
 
     def to_frame(self) -> pd.DataFrame | None:
         """The rows as a table with the documented dtypes (None when they went to a sink)."""
         if self.sink is not None:
             return None
-        return pd.DataFrame(self._columns(self._array()), copy=False)
+        columns = self._columns([self._packed] if self._packed else [])
+        columns["token_occupancy"] = columns["token_occupancy"].copy()  # a column of its own in a frame
+        return pd.DataFrame(columns, copy=False)

@@ -114,9 +114,13 @@ class RequestLog:
         self._packed = bytearray()  # finished rows not yet handed on (_PACKED each), after `_chunks`
         self._chunks: list[bytearray] = []  # full chunks of packed rows, in row order
         self._chunk_bytes = _PACKED.size * min(chunk_rows, batch_rows)
-        # Called at the start of every flush: the simulation hands its memory rows on here too, so the
-        # two logs' buffers keep one phase (simulator/sinks.py, MEMORY_BATCH_ROWS).
-        self.before_flush: Callable[[], None] | None = None
+        # Called once a batch, when half of it is packed: the simulation hands its memory rows on there, so
+        # the two logs' buffers keep one phase and each flush meets half of the other log's batch
+        # (simulator/sinks.py, MEMORY_BATCH_ROWS).
+        self.midway: Callable[[], None] | None = None
+        self.before_flush: Callable[[], None] | None = None  # called at the start of every flush
+        self._midway_bytes = _PACKED.size * (batch_rows // 2)
+        self._past_midway = False  # `midway` was called for the batch being packed
 
     def open(self, row: int, values: tuple) -> None:
         """Request `row` (its TRACE_COLUMNS `values`) is built: it has no times yet."""
@@ -144,7 +148,12 @@ class RequestLog:
         if len(packed) >= self._chunk_bytes:
             self._chunks.append(packed)
             self._packed = bytearray()
-            if sum(map(len, self._chunks)) >= _PACKED.size * self.batch_rows:
+            held = sum(map(len, self._chunks))
+            if held >= self._midway_bytes and not self._past_midway:
+                self._past_midway = True
+                if self.midway is not None:
+                    self.midway()
+            if held >= _PACKED.size * self.batch_rows:
                 self._flush()
 
     def _flush(self) -> None:
@@ -152,6 +161,7 @@ class RequestLog:
             self.before_flush()
         chunks = [*self._chunks, self._packed] if self._packed else self._chunks
         self._chunks, self._packed = [], bytearray()
+        self._past_midway = False
         if not chunks:
             return
         cols = columns_of_chunks(chunks, _PACKED_DTYPE, {c: REQUEST_DTYPES[c] for c in _ROW_COLUMNS})

@@ -38,21 +38,22 @@ EVENT_GROUP_ROWS = 1 << 18  # tenures per row group at least (the pairing hands 
 # each): memory 45.6 MB instead of 48.5, requests 61.6 instead of 78.9, writes 9-40% faster, and a
 # request batch's write takes ~7 MB instead of ~35 MB at once (a peak of a long run's RSS).
 # Table sinks ask for 2^14-row batches and write each as a row group. The MemoryLog and the RequestLog
-# take their batch size from their sink: a 17-column batch is ~2.2 MB in each of its three forms (flat
-# packed rows, numpy columns, Arrow arrays). With 2^16-row batches a flush was the largest allocation on
+# take their batch size from their sink: a 17-column batch is ~2.2 MB as numpy columns and as Arrow
+# arrays, 1.7 MB as packed rows. With 2^16-row batches a flush was the largest allocation on
 # the 1M-request run's path (docs/simulator-performance.md); 2^14-row batches gathered into 2^16-row groups
 # held up to 8.9 MB of Arrow arrays per table between two writes, and when both tables' gatherings
 # topped out together the loop's RSS did too: a longer run meets that more often, so a 10M run peaked
 # higher than a 1M run (twelfth sitting). One group per batch: the files take ~4x the row groups.
 TABLE_BATCH_ROWS = 1 << 14
 TABLE_GROUP_ROWS = TABLE_BATCH_ROWS
-# A simulation hands its memory rows on with each request batch (RequestLog.before_flush), so a memory row
-# group holds the steps of ~2^14 requests (1.0-1.12 rows a request on the issue's traces); a run's memory
-# sink caps a batch at twice that, for runs with many steps a request. With a batch of its own, the
-# memory log held 0-2.2 MB when a request batch was written, a phase that drifts, and the loop's peaks were
-# request flushes with the memory log nearly full (docs/simulator-performance.md, nineteenth sitting).
-# Flushed first, its rows are gone before the request batch's columns are built, and every run meets the
-# same phase at every flush.
+# A simulation keeps three logs' buffers in one phase (simulator/sim_state.py): the memory rows go when the
+# request log holds half of its batch (RequestLog.midway), the recorder's raw events before every table
+# flush. A memory row group therefore holds the steps of ~2^14 requests (1.0-1.12 rows a request on the
+# issue's traces), and a run's memory sink caps a batch at twice that, for runs with many steps a request.
+# Each buffer had a batch of its own at first, and their phases drifted: the loop's peaks were flushes
+# that met the other buffers nearly full, and a longer run met that more often. Flushed together (the
+# nineteenth sitting), every flush met the other log's whole batch; half a batch apart, each flush meets
+# half of the other's, and no raw events (docs/simulator-performance.md, nineteenth and twentieth sittings).
 MEMORY_BATCH_ROWS = 1 << 15
 # Row groups of at least this: a batch cut short by the request log's phase is written as it is, unless it
 # is smaller (a run with many requests a step), which waits to be gathered with the next.

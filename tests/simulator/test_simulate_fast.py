@@ -229,6 +229,17 @@ def test_memory_log_round_trips_rows():
     assert df["step"].dtype == np.int64 and df["t_s"].dtype == np.float64
 
 
+def test_memory_log_keeps_counts_up_to_int32_and_steps_past_it():
+    """Counts are packed as int32 and the step as int64: both round-trip at their limits."""
+    big = 2**31 - 1
+    log = MemoryLog()
+    log.add_row(2**40, big, 1.0, 0.5, 0.1, 0.2, 0.3, 0.15, 0.25, 0.05, 0.6, (big, big - 1, 0), big, big)
+    row = log.to_frame().iloc[0]
+    assert row["step"] == 2**40 and row["num_steps"] == row["num_running"] == row["blocks_used"] == big
+    assert row["num_waiting"] == big - 1 and row["num_batched_tokens"] == big
+    assert row["token_occupancy"] == row["token_states"] == 0.1 and row["block_occupancy"] == 0.6
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 40), st.integers(1, 9), st.integers(1, 5))
 def test_memory_log_hands_a_sink_every_row_in_batches_of_its_size(num, batch, chunk):

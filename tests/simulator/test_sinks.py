@@ -126,15 +126,52 @@ class _Logged(FrameSink):
         super().write(columns)
 
 
-@pytest.mark.parametrize("memory_rows", [1 << 15, 5000])
-def test_the_memory_log_hands_its_rows_on_first_at_every_request_batch(memory_rows):
-    """Every request batch is preceded by a memory batch (the logs' buffers share one phase); a memory batch
-    never exceeds its sink's size; the tables are those of a run kept in memory."""
+def test_the_recorder_hands_its_raw_events_on_before_every_table_batch():
+    """At every memory and request batch the recorder holds no raw events (its buffer keeps the tables'
+    phase), and the events are those of a run whose recorder hands them on only when its batch fills."""
+    from simulator.recorder import MEMORY_DTYPES, EventRecorder
+    from simulator.request_log import REQUEST_DTYPES
+    from simulator.sinks import TABLE_BATCH_ROWS
+
+    trace = generate_trace(SyntheticConfig(num_requests=TABLE_BATCH_ROWS + 3000, rate=20.0, lengths="alpaca",
+                                           seed=5))
+    cfg = SimConfig(record_events=True)
+    runs: list = []
+    held: list = []
+
+    class Watched(_Logged):
+        def write(self, columns) -> None:
+            held.append((self.name, len(runs[0].recorder._e_n)))
+            super().write(columns)
+
+    def observe(run) -> None:
+        if not runs:
+            runs.append(run)
+
+    log: list = []
+    streamed = simulate(trace, cfg, memory=Watched("memory", log, batch_rows=1 << 17, dtypes=MEMORY_DTYPES),
+                        requests=Watched("requests", log, dtypes=REQUEST_DTYPES), observer=observe)
+    assert {name for name, _ in held} == {"memory", "requests"}
+    assert all(n == 0 for _, n in held)
+    hand_on = EventRecorder.hand_on
+    try:
+        EventRecorder.hand_on = lambda self: None
+        alone = simulate(trace, cfg)
+    finally:
+        EventRecorder.hand_on = hand_on
+    pd.testing.assert_frame_equal(streamed.events, alone.events, check_exact=True)
+
+
+@pytest.mark.parametrize("memory_rows", [1 << 17, 5000])  # uncapped, capped
+def test_the_memory_log_hands_its_rows_on_halfway_through_every_request_batch(memory_rows):
+    """One memory batch between two request batches, handed on when the request log holds half of its
+    batch (the logs' buffers keep one phase, half a batch apart); a memory batch never exceeds its sink's
+    size; the tables are those of a run kept in memory."""
     from simulator.recorder import MEMORY_DTYPES
     from simulator.request_log import REQUEST_DTYPES
     from simulator.sinks import TABLE_BATCH_ROWS
 
-    num = TABLE_BATCH_ROWS + 2000
+    num = 2 * TABLE_BATCH_ROWS + 2000
     trace = generate_trace(SyntheticConfig(num_requests=num, rate=20.0, lengths="alpaca", seed=3))
     cfg = SimConfig(record_events=False)
     whole = simulate(trace, cfg)
@@ -142,12 +179,22 @@ def test_the_memory_log_hands_its_rows_on_first_at_every_request_batch(memory_ro
     memory = _Logged("memory", log, batch_rows=memory_rows, dtypes=MEMORY_DTYPES)
     requests = _Logged("requests", log, dtypes=REQUEST_DTYPES)
     streamed = simulate(trace, cfg, memory=memory, requests=requests)
+    pd.testing.assert_frame_equal(memory.frame(), whole.memory, check_exact=True)
+    pd.testing.assert_frame_equal(streamed.requests, whole.requests, check_exact=True)
     batches = [n for name, n in log if name == "requests"]
-    assert len(batches) == 2 and batches[0] >= TABLE_BATCH_ROWS and sum(batches) == num
-    assert all(log[i - 1][0] == "memory" for i, (name, _) in enumerate(log) if name == "requests")
+    assert len(batches) == 3 and min(batches[:2]) >= TABLE_BATCH_ROWS and sum(batches) == num
     sizes = [n for name, n in log if name == "memory"]
     assert max(sizes) <= memory_rows and sum(sizes) == len(whole.memory) > num
     if memory_rows == 5000:  # capped between request batches too
         assert sizes.count(5000) >= TABLE_BATCH_ROWS // 5000
-    pd.testing.assert_frame_equal(memory.frame(), whole.memory, check_exact=True)
-    pd.testing.assert_frame_equal(streamed.requests, whole.requests, check_exact=True)
+        return
+    # Uncapped: memory, requests, memory, requests, then the last rows of each. Rows are handed on in
+    # trace order, so the request log holds half a batch once the batch's first half has finished (and
+    # the few hundred rows waiting behind them): a memory batch ends at a step near that time.
+    assert [name for name, _ in log][:4] == ["memory", "requests", "memory", "requests"]
+    finished = np.fmax.accumulate(whole.requests["finish_s"].to_numpy())  # NaN: rejected
+    ends = np.cumsum(sizes) - 1
+    half = TABLE_BATCH_ROWS // 2
+    for k, start in enumerate((0, batches[0])):
+        t_mid = whole.memory["t_s"].iloc[ends[k]]
+        assert finished[start + half - 500] <= t_mid <= finished[start + half + 2000], (k, t_mid)

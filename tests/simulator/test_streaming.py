@@ -70,6 +70,8 @@ def test_pending_queue_refuses_a_tail_append_behind_pending_rows():
 @given(st.permutations(list(range(40))), st.integers(1, 7), st.integers(1, 4))
 def test_request_log_hands_rows_on_in_trace_order_whatever_order_they_finish(order, batch, chunk):
     log = RequestLog(batch_rows=batch, chunk_rows=chunk)
+    midways = []  # (rows handed on before, rows packed) at each call
+    log.midway = lambda: midways.append((log.sink.num_rows, log.next_row - log.sink.num_rows))
     for i in range(40):
         log.open(i, (100 + i, float(i), 5, 3, 1, 1))
         log.admitted[i] = i + 0.5
@@ -81,6 +83,10 @@ def test_request_log_hands_rows_on_in_trace_order_whatever_order_they_finish(ord
     sink = log.finish_run()
     sizes = [len(b["finish_s"]) for b in sink._batches]
     assert sum(sizes) == 40 and all(n >= batch for n in sizes[:-1])  # a batch is never handed on short
+    # `midway` once a batch, when it holds half of it (the last batch may end sooner).
+    assert len(sizes) - 1 <= len(midways) <= len(sizes)
+    assert [before for before, _ in midways] == np.cumsum([0, *sizes])[:len(midways)].tolist()
+    assert all(held >= batch // 2 for _, held in midways)
     table = sink.frame()
     assert table["request_id"].tolist() == list(range(100, 140))
     assert table["finish_s"].tolist() == [50.0 + order.index(i) for i in range(40)]
