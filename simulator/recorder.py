@@ -188,12 +188,6 @@ class EventRecorder(RegionRecorder):
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="pagelab-events")
         self._pending = self._executor.submit(self._pairer.process, raw, base, now)
 
-    def hand_on(self) -> None:
-        """Hand what was recorded since the last batch to the pairer now, as a batch of its own (it pairs
-        as it would have; the simulation does at its table flushes: simulator/sinks.py)."""
-        if self._e_n:
-            self._flush(self._background)
-
     def flush(self) -> None:
         """Hand the sink every tenure released before now (a release at `now` waits: see tenures.py);
         returns when the sink has them."""

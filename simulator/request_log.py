@@ -118,7 +118,6 @@ class RequestLog:
         # the two logs' buffers keep one phase and each flush meets half of the other log's batch
         # (simulator/sinks.py, MEMORY_BATCH_ROWS).
         self.midway: Callable[[], None] | None = None
-        self.before_flush: Callable[[], None] | None = None  # called at the start of every flush
         self._midway_bytes = _PACKED.size * (batch_rows // 2)
         self._past_midway = False  # `midway` was called for the batch being packed
 
@@ -157,8 +156,6 @@ class RequestLog:
                 self._flush()
 
     def _flush(self) -> None:
-        if self.before_flush is not None:
-            self.before_flush()
         chunks = [*self._chunks, self._packed] if self._packed else self._chunks
         self._chunks, self._packed = [], bytearray()
         self._past_midway = False

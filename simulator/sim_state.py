@@ -58,15 +58,8 @@ class SimState(RunState):
         latency = make_latency_model("fitted" if fitted else "roofline", config.model, config.gpu,
                                      path=config.latency if fitted else None, block_size=config.block_size)
         log, mem = RequestLog(requests), MemoryLog(memory)
-        # The three logs' buffers in a fixed phase: the memory rows go halfway through each request batch,
-        # the raw events before each table flush (simulator/sinks.py, MEMORY_BATCH_ROWS).
-        def midway() -> None:
-            if recorder is not None:
-                recorder.hand_on()
-            mem.flush()
-
-        log.midway = midway
-        log.before_flush = recorder.hand_on if recorder is not None else None
+        # The two logs' buffers in a fixed phase, half a batch apart (simulator/sinks.py, MEMORY_BATCH_ROWS).
+        log.midway = mem.flush
         return cls(allocator=config.allocator, enable_prefix_caching=config.enable_prefix_caching,
                    alloc=alloc, sched=Scheduler(config.scheduler_config(), alloc), source=trace,
                    log=log, cfg=config, latency=latency, recorder=recorder,

@@ -46,14 +46,15 @@ EVENT_GROUP_ROWS = 1 << 18  # tenures per row group at least (the pairing hands 
 # higher than a 1M run (twelfth sitting). One group per batch: the files take ~4x the row groups.
 TABLE_BATCH_ROWS = 1 << 14
 TABLE_GROUP_ROWS = TABLE_BATCH_ROWS
-# A simulation keeps three logs' buffers in one phase (simulator/sim_state.py): the memory rows go when the
-# request log holds half of its batch (RequestLog.midway), the recorder's raw events before every table
-# flush. A memory row group therefore holds the steps of ~2^14 requests (1.0-1.12 rows a request on the
-# issue's traces), and a run's memory sink caps a batch at twice that, for runs with many steps a request.
-# Each buffer had a batch of its own at first, and their phases drifted: the loop's peaks were flushes
-# that met the other buffers nearly full, and a longer run met that more often. Flushed together (the
-# nineteenth sitting), every flush met the other log's whole batch; half a batch apart, each flush meets
-# half of the other's, and no raw events (docs/simulator-performance.md, nineteenth and twentieth sittings).
+# A simulation keeps its two logs' buffers in one phase (simulator/sim_state.py): the memory rows go when
+# the request log holds half of its batch (RequestLog.midway). A memory row group therefore holds the steps
+# of ~2^14 requests (1.0-1.12 rows a request on the issue's traces), and a run's memory sink caps a batch
+# at twice that, for runs with many steps a request. With a batch of its own, the memory log's phase
+# drifted against the request log's: the loop's peaks were flushes that met the other log nearly full,
+# and a longer run met that more often. Flushed together (the nineteenth sitting), every flush met the
+# other log's whole batch; half a batch apart, each meets half of it (docs/simulator-performance.md,
+# nineteenth and twentieth sittings). The event recorder's raw lists keep a phase of their own: handing
+# them on at each table flush too made the events process's batches irregular, and its heap crept.
 MEMORY_BATCH_ROWS = 1 << 15
 # Row groups of at least this: a batch cut short by the request log's phase is written as it is, unless it
 # is smaller (a run with many requests a step), which waits to be gathered with the next.

@@ -126,42 +126,6 @@ class _Logged(FrameSink):
         super().write(columns)
 
 
-def test_the_recorder_hands_its_raw_events_on_before_every_table_batch():
-    """At every memory and request batch the recorder holds no raw events (its buffer keeps the tables'
-    phase), and the events are those of a run whose recorder hands them on only when its batch fills."""
-    from simulator.recorder import MEMORY_DTYPES, EventRecorder
-    from simulator.request_log import REQUEST_DTYPES
-    from simulator.sinks import TABLE_BATCH_ROWS
-
-    trace = generate_trace(SyntheticConfig(num_requests=TABLE_BATCH_ROWS + 3000, rate=20.0, lengths="alpaca",
-                                           seed=5))
-    cfg = SimConfig(record_events=True)
-    runs: list = []
-    held: list = []
-
-    class Watched(_Logged):
-        def write(self, columns) -> None:
-            held.append((self.name, len(runs[0].recorder._e_n)))
-            super().write(columns)
-
-    def observe(run) -> None:
-        if not runs:
-            runs.append(run)
-
-    log: list = []
-    streamed = simulate(trace, cfg, memory=Watched("memory", log, batch_rows=1 << 17, dtypes=MEMORY_DTYPES),
-                        requests=Watched("requests", log, dtypes=REQUEST_DTYPES), observer=observe)
-    assert {name for name, _ in held} == {"memory", "requests"}
-    assert all(n == 0 for _, n in held)
-    hand_on = EventRecorder.hand_on
-    try:
-        EventRecorder.hand_on = lambda self: None
-        alone = simulate(trace, cfg)
-    finally:
-        EventRecorder.hand_on = hand_on
-    pd.testing.assert_frame_equal(streamed.events, alone.events, check_exact=True)
-
-
 @pytest.mark.parametrize("memory_rows", [1 << 17, 5000])  # uncapped, capped
 def test_the_memory_log_hands_its_rows_on_halfway_through_every_request_batch(memory_rows):
     """One memory batch between two request batches, handed on when the request log holds half of its
