@@ -7,6 +7,7 @@ pairs them into tenures with numpy in batches, handing finished tenures to a sin
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from collections.abc import Sequence as SeqLike
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -233,9 +234,9 @@ class MemoryLog:
     """Per-step (or per-span) memory rows, kept packed (104 bytes a row, `_ROW`).
 
     With a `sink` (a run folder's memory table), the rows go to it as a batch at every `flush` (the
-    simulation flushes with each request batch) and at the latest every `sink.batch_rows` rows, and the
-    log keeps only the time-weighted sums the summary needs (`weighted_means`), so a long run's memory
-    does not grow with its steps.
+    simulation flushes halfway through each request batch) and at the latest every `sink.batch_rows` rows,
+    and the log keeps only the time-weighted sums the summary needs (`weighted_means`), so a long run's
+    memory does not grow with its steps.
     """
 
     def __init__(self, sink: TableSink | None = None, chunk_rows: int = TABLE_CHUNK_ROWS) -> None:
@@ -298,7 +299,7 @@ class MemoryLog:
             self._limit = min(self._chunk_bytes, self._batch_bytes - chunked)
 
     @staticmethod
-    def _columns(chunks: list, each=None) -> dict[str, np.ndarray]:
+    def _columns(chunks: list, each: Callable[[np.ndarray], None] | None = None) -> dict[str, np.ndarray]:
         """The table's columns, in MEMORY_COLUMNS order, of the packed rows in `chunks` (which it empties)."""
         packed = columns_of_chunks(chunks, _ROW_DTYPE, _PACKED_DTYPES, each)
         packed["token_occupancy"] = packed["token_states"]
