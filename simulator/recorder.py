@@ -13,6 +13,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import pandas as pd
+from numpy.lib.recfunctions import structured_to_unstructured
 
 from simulator.core.allocator import MemoryBreakdown, RegionRecorder
 from simulator.event_process import ProcessEventSink
@@ -320,9 +321,7 @@ class MemoryLog:
 
     def _add_sums(self, rows: np.ndarray) -> None:
         """Add a chunk's rows to the time-weighted sums."""
-        # The floats of each row are contiguous: a (rows, floats) view with the row's stride, no copy.
-        floats = np.ndarray((len(rows), len(_PACKED_FLOATS)), np.float64, rows.data,
-                            _ROW_DTYPE.fields["t_s"][1], (_ROW.size, 8))
+        floats = structured_to_unstructured(rows[list(_PACKED_FLOATS)], copy=False)  # a view: no copy
         self._wsum += floats[:, _DT] @ floats
         self._dt += float(floats[:, _DT].sum())
 

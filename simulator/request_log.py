@@ -118,8 +118,7 @@ class RequestLog:
         # the two logs' buffers keep one phase and each flush meets half of the other log's batch
         # (simulator/sinks.py, MEMORY_BATCH_ROWS).
         self.midway: Callable[[], None] | None = None
-        self._midway_bytes = _PACKED.size * (batch_rows // 2)
-        self._past_midway = False  # `midway` was called for the batch being packed
+        self._midway_bytes = _PACKED.size * max(1, batch_rows // 2)
 
     def open(self, row: int, values: tuple) -> None:
         """Request `row` (its TRACE_COLUMNS `values`) is built: it has no times yet."""
@@ -148,17 +147,14 @@ class RequestLog:
             self._chunks.append(packed)
             self._packed = bytearray()
             held = sum(map(len, self._chunks))
-            if held >= self._midway_bytes and not self._past_midway:
-                self._past_midway = True
-                if self.midway is not None:
-                    self.midway()
+            if held - len(packed) < self._midway_bytes <= held and self.midway is not None:  # crossed half
+                self.midway()
             if held >= _PACKED.size * self.batch_rows:
                 self._flush()
 
     def _flush(self) -> None:
         chunks = [*self._chunks, self._packed] if self._packed else self._chunks
         self._chunks, self._packed = [], bytearray()
-        self._past_midway = False
         if not chunks:
             return
         cols = columns_of_chunks(chunks, _PACKED_DTYPE, {c: REQUEST_DTYPES[c] for c in _ROW_COLUMNS})

@@ -292,7 +292,7 @@ def open_table_sink(path_stem: str | Path, dtypes: dict[str, np.dtype], table_fo
 def open_memory_sink(path_stem: str | Path, dtypes: dict[str, np.dtype],
                      table_format: str = "parquet") -> TableSink:
     """A file sink for a run folder's memory table (`dtypes`: recorder.MEMORY_DTYPES): batches of at most
-    MEMORY_BATCH_ROWS rows (the simulation flushes with each request batch), row groups of at least
-    MEMORY_GROUP_ROWS."""
+    MEMORY_BATCH_ROWS rows (the simulation flushes halfway through each request batch), row groups of at
+    least MEMORY_GROUP_ROWS."""
     return open_table_sink(path_stem, dtypes, table_format, batch_rows=MEMORY_BATCH_ROWS,
                            group_rows=MEMORY_GROUP_ROWS)
