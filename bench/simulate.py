@@ -60,24 +60,19 @@ def measure_once(trace: str, num_requests: int | None, config: SimConfig, label:
     (reading the trace and writing the tables included) and memory.
 
     The memory and request rows, and with events on the tenures, stream into Parquet files in a temporary
-    folder (a long run pairs and writes its tenures in a child process: `peak_rss_mb` adds its peak);
+    folder (a long run pairs and writes its tenures in a child process, which writes the other two tables
+    too: `peak_rss_mb` adds its peak);
     `events_mb` is the events table's size.
     """
     from pagelab.parquet_parts import table_bytes
-    from simulator.event_process import open_events_sink
-    from simulator.recorder import MEMORY_DTYPES
-    from simulator.request_log import REQUEST_DTYPES
+    from simulator.hosted_tables import open_run_sinks
     from simulator.simulate import simulate
-    from simulator.sinks import open_memory_sink, open_table_sink
 
     work, n = _load(trace, num_requests)
     before = _rss_mb()
     with tempfile.TemporaryDirectory(prefix="pagelab-bench-") as tmp:
         folder = Path(tmp)
-        sinks = {"memory": open_memory_sink(folder / "memory", MEMORY_DTYPES),
-                 "requests": open_table_sink(folder / "requests", REQUEST_DTYPES)}
-        if config.record_events:
-            sinks["events"] = open_events_sink(folder / "events", "parquet", n)
+        sinks = open_run_sinks(folder, "parquet", n, config.record_events)
         t0 = time.perf_counter()
         result = simulate(work, config, **sinks)
         wall = time.perf_counter() - t0

@@ -160,18 +160,10 @@ def simulate_cmd(
                 cfg = dataclasses.replace(base, allocator=name)
                 sinks = {}
                 if tmp is not None:
-                    from simulator.event_process import open_events_sink
-                    from simulator.recorder import MEMORY_DTYPES
-                    from simulator.request_log import REQUEST_DTYPES
-                    from simulator.sinks import open_memory_sink, open_table_sink
+                    from simulator.hosted_tables import open_run_sinks
 
                     (tmp / name).mkdir()
-                    sinks["memory"] = open_memory_sink(tmp / name / "memory", MEMORY_DTYPES, table_format)
-                    sinks["requests"] = open_table_sink(tmp / name / "requests", REQUEST_DTYPES,
-                                                          table_format)
-                    if cfg.record_events:
-                        sinks["events"] = open_events_sink(tmp / name / "events", table_format,
-                                                           info["num_requests"])
+                    sinks = open_run_sinks(tmp / name, table_format, info["num_requests"], cfg.record_events)
                 results[name] = simulate(df, cfg, progress=report_progress, step_times=measured, **sinks)
         if sharing:
             from simulator.sharing import sharing_saving

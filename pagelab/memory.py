@@ -68,8 +68,15 @@ ARROW_POOL_VARIABLE = "ARROW_DEFAULT_MEMORY_POOL"
 # Arrow's jemalloc: in pyarrow's Linux wheels only (elsewhere Arrow would warn and fall back to mimalloc).
 ARROW_POOL = "jemalloc" if sys.platform.startswith("linux") else "system"
 MIMALLOC_PURGE_VARIABLE = "MIMALLOC_PURGE_DELAY"
+# Arrow's jemalloc (built with the je_arrow_ prefix) reads its options from this variable when it starts;
+# `pyarrow.jemalloc_set_decay_ms` comes too late, it binds only arenas not made yet.
+JEMALLOC_CONF_VARIABLE = "JE_ARROW_MALLOC_CONF"
+# Return freed pages at once: Arrow's release builds let them decay over a second of allocator activity,
+# so a writer's or a reader's freed buffers stayed resident beside the next ones (twenty-first sitting).
+JEMALLOC_CONF = "dirty_decay_ms:0,muzzy_decay_ms:0"
 # What the CLI's process and the events process run Arrow with (a variable already set is kept).
-ARROW_ENV = {ARROW_POOL_VARIABLE: ARROW_POOL, MIMALLOC_PURGE_VARIABLE: "0"}
+ARROW_ENV = {ARROW_POOL_VARIABLE: ARROW_POOL, MIMALLOC_PURGE_VARIABLE: "0",
+             JEMALLOC_CONF_VARIABLE: JEMALLOC_CONF}
 
 
 def _libc():
@@ -95,8 +102,9 @@ def release_free_memory() -> bool:
 
 def choose_arrow_pool() -> bool:
     """Set `ARROW_ENV` in this process's environment, for it and the processes it starts: Arrow allocates
-    from its jemalloc pool (glibc's where it has none) and, if a user picks mimalloc instead, that returns
-    freed pages at once; True when it takes effect here (Arrow reads them when pyarrow is first imported)."""
+    from its jemalloc pool (glibc's where it has none), and jemalloc, or mimalloc if a user picks it,
+    returns freed pages at once; True when it takes effect here (Arrow reads them when pyarrow is first
+    imported)."""
     for name, value in ARROW_ENV.items():
         os.environ.setdefault(name, value)
     return "pyarrow" not in sys.modules
@@ -108,6 +116,12 @@ def one_arena() -> bool:
     return bool(_LIBC.mallopt(_M_ARENA_MAX, 1)) if _LIBC is not None else False
 
 
+def set_mmap_threshold(threshold: int) -> bool:
+    """Serve blocks of at least `threshold` bytes from their own mappings from now on, in this process
+    (nothing else: see map_large_blocks); True when glibc took it."""
+    return bool(_LIBC.mallopt(_M_MMAP_THRESHOLD, threshold)) if _LIBC is not None else False
+
+
 def map_large_blocks(threshold: int = LARGE_BLOCK_BYTES) -> bool:
     """Serve blocks of at least `threshold` bytes from their own mappings from now on, in this process
     (fixes glibc's otherwise rising threshold), Arrow's included, and every thread from one arena
@@ -117,5 +131,4 @@ def map_large_blocks(threshold: int = LARGE_BLOCK_BYTES) -> bool:
     import pyarrow as pa
 
     pa.set_memory_pool(pa.system_memory_pool())
-    took_threshold = _LIBC.mallopt(_M_MMAP_THRESHOLD, threshold)
-    return bool(took_threshold) and one_arena()
+    return set_mmap_threshold(threshold) and one_arena()

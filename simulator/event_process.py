@@ -10,6 +10,8 @@ events file is byte for byte what the thread writes. The child is `python -m sim
 on a socket (no multiprocessing start method: spawn would re-import the CLI's `__main__`, fork a process
 with OpenBLAS and Arrow threads).
 
+The child also writes the run folder's memory and request tables (`host`, simulator/hosted_tables.py).
+
 Failure: an exception in the child comes back and is raised at the next batch or at `close`; a child that
 died raises RuntimeError; the child exits when the parent's end of the socket closes (the parent died).
 """
@@ -29,11 +31,13 @@ from typing import TYPE_CHECKING
 
 from pagelab.memory import ARROW_ENV
 
-if TYPE_CHECKING:
-    from simulator.sinks import EventSink
+if TYPE_CHECKING:  # not imported here: the child sets its malloc arenas before numpy is imported
+    from simulator.sinks import Batches, EventSink
 
 # Batches kept in the parent while the child starts (its imports take ~1 s); then it waits for the child.
 MAX_BACKLOG = 16
+# The child returns its free heap pages every this many batches of hosted tables (pagelab/memory.py).
+TRIM_BATCHES = 8
 
 
 class ProcessEventSink:
@@ -54,6 +58,22 @@ class ProcessEventSink:
         self._conn: Connection | None = None
         self._ready = False
         self._backlog: list[tuple] = []
+        self.tables: list = []  # the tables the child writes too (simulator/hosted_tables.py, `host`)
+
+    def post(self, msg: tuple) -> None:
+        """Queue a message for the child (starting it first), and send what the child can take."""
+        if self._proc is None:
+            self._start()
+        self._backlog.append(msg)
+        self._drain(wait=len(self._backlog) > MAX_BACKLOG)
+
+    def ask(self, msg: tuple, answer: str) -> tuple:
+        """Send `msg` once everything before it is sent, and return the child's `answer`."""
+        if self._proc is None:
+            self._start()
+        self._drain(wait=True)
+        self._send(msg)
+        return self._receive(answer)
 
     def _start(self) -> None:
         parent, child = socket.socketpair()
@@ -69,10 +89,7 @@ class ProcessEventSink:
 
     def process(self, raw, first_row: int, before: float | None, end_s: float = 0.0) -> None:
         """Queue one batch for the child (what `TenurePairer.process` does, done there)."""
-        if self._proc is None:
-            self._start()
-        self._backlog.append(("batch", raw, first_row, before, end_s))
-        self._drain(wait=len(self._backlog) > MAX_BACKLOG)
+        self.post(("batch", raw, first_row, before, end_s))
 
     def _drain(self, wait: bool) -> None:
         """Send the backlog once the child is ready (waiting for it with `wait`); raise what it raised."""
@@ -87,19 +104,13 @@ class ProcessEventSink:
         """Return when the child has processed every batch sent so far."""
         if self._proc is None:
             return
-        self._drain(wait=True)
-        self._send(("sync",))
-        self._receive("synced")
+        self.ask(("sync",), "synced")
 
     def close(self) -> None:
         """Finish the file in the child and wait for it to exit (an empty table still gets its file)."""
-        if self._proc is None:
-            self._start()
-        if self._conn is None:
+        if self._conn is None and self._proc is not None:
             return  # closed already
-        self._drain(wait=True)
-        self._send(("close",))
-        self.num_rows, path = self._receive("closed")[1:]
+        self.num_rows, path = self.ask(("close",), "closed")[1:]
         self.path = Path(path) if path is not None else None
         self._end()
 
@@ -108,6 +119,8 @@ class ProcessEventSink:
         if self._proc is not None and self._proc.poll() is None:
             self._proc.kill()
         self._end()
+        for table in self.tables:
+            table.discard_spools()
 
     def write(self, columns) -> None:
         """Not a table sink: the recorder hands raw batches to `process`."""
@@ -158,6 +171,17 @@ class ProcessEventSink:
                            "incomplete")
 
 
+def _read_spool(batches: Batches, path: str) -> None:
+    """Hand `batches` a spool file's rows (simulator/hosted_tables.py) in chunks of TABLE_CHUNK_ROWS (their
+    columns replace them chunk by chunk, simulator/sinks.py), and delete the file."""
+    from simulator.sinks import TABLE_CHUNK_ROWS
+
+    with open(path, "rb") as f:
+        while chunk := f.read(batches.row_bytes * TABLE_CHUNK_ROWS):
+            batches.add_chunk(chunk)
+    os.unlink(path)
+
+
 def _reply_error(conn: Connection, exc: BaseException) -> None:
     try:
         conn.send(("error", exc))
@@ -167,7 +191,14 @@ def _reply_error(conn: Connection, exc: BaseException) -> None:
 
 def _serve(conn: Connection) -> None:
     """The child: open the sink, then pair and write batches until told to close (or the parent is gone)."""
-    from pagelab.memory import PAIRING_BLOCK_BYTES, map_large_blocks, one_arena
+    from pagelab.memory import (
+        LARGE_BLOCK_BYTES,
+        PAIRING_BLOCK_BYTES,
+        map_large_blocks,
+        one_arena,
+        release_free_memory,
+        set_mmap_threshold,
+    )
 
     one_arena()  # before numpy starts its threads (pagelab/memory.py)
     map_large_blocks(PAIRING_BLOCK_BYTES)
@@ -177,11 +208,35 @@ def _serve(conn: Connection) -> None:
         _, open_sink = conn.recv()
         sink = open_sink()
         pairer = TenurePairer(sink)
+        tables: dict[int, Batches] = {}  # the hosted tables' writing ends
+        num_batches = 0
+        pairing = True  # which mmap threshold is set
         conn.send(("ready",))
         while True:
             msg = conn.recv()
+            if (msg[0] == "batch") != pairing:
+                # The tables' spool chunks and batch columns (100-400 KB each) as in the simulation's
+                # process: mappings of their own, returned when freed, not holes among the heap's
+                # pairing temporaries.
+                pairing = not pairing
+                set_mmap_threshold(PAIRING_BLOCK_BYTES if pairing else LARGE_BLOCK_BYTES)
             if msg[0] == "batch":
                 pairer.process(*msg[1:])
+            elif msg[0] == "end_batch":
+                _read_spool(tables[msg[1]], msg[2])
+                tables[msg[1]].end_batch()
+                num_batches += 1
+                if num_batches % TRIM_BATCHES == 0:
+                    release_free_memory()
+            elif msg[0] == "open_table":
+                _, key, make, open_table = msg
+                tables[key] = make(open_table())
+            elif msg[0] == "close_table":
+                batches = tables.pop(msg[1])
+                result = batches.close()
+                table = batches.sink
+                path = getattr(table, "path", None)
+                conn.send(("table_closed", msg[1], table.num_rows, str(path) if path else None, result))
             elif msg[0] == "sync":
                 conn.send(("synced",))
             elif msg[0] == "close":

@@ -17,8 +17,7 @@ import numpy as np
 
 from pagelab.column_stats import BLOCK_ROWS
 from pagelab.memory import release_free_memory
-from simulator.sinks import TABLE_BATCH_ROWS, TABLE_CHUNK_ROWS, FrameSink, TableSink, columns_of_chunks
-from traces.chunks import FrameChunks, parquet_batches
+from simulator.sinks import TABLE_BATCH_ROWS, FrameSink, TableSink, columns_of_chunks
 
 TRACE_COLUMNS = ("request_id", "arrival_s", "prompt_len", "output_len", "n", "beam_width")
 REQUEST_DTYPES = {
@@ -91,15 +90,53 @@ class RequestTotals:
         self.normalized_sum += float(b["normalized_latency_s"][done].sum())
 
 
+class RequestBatches:
+    """The writing end of a RequestLog: a batch's packed rows (chunks), made columns and handed to the sink
+    at `end_batch`, with the totals summed as they go. It runs in the simulation's process, or in the
+    events process for a run folder's table (simulator/hosted_tables.py)."""
+
+    row_bytes = _PACKED.size  # of one packed row
+
+    def __init__(self, sink: TableSink) -> None:
+        self.sink = sink
+        self.totals = RequestTotals()
+        self._chunks: list = []
+
+    def add_chunk(self, chunk: bytes | bytearray) -> None:
+        """Keep one chunk of packed rows (`_PACKED` each) of the current batch."""
+        self._chunks.append(chunk)
+
+    def end_batch(self) -> None:
+        """Hand the batch to the sink as columns, derived latencies included."""
+        chunks, self._chunks = self._chunks, []
+        if not chunks:
+            return
+        cols = columns_of_chunks(chunks, _PACKED_DTYPE, {c: REQUEST_DTYPES[c] for c in _ROW_COLUMNS})
+        cols |= derived_columns(cols["arrival_s"], cols["output_len"], cols["admitted_s"],
+                                cols["first_token_s"], cols["finish_s"])
+        self.totals.add(cols)
+        self.sink.write(cols)
+
+    def close(self) -> RequestTotals:
+        """Hand on the last batch, close the sink and return the totals."""
+        self.end_batch()
+        self.sink.close()
+        return self.totals
+
+
 class RequestLog:
     """The in-flight requests' times and counters (trace row -> value); rows leave in order, in batches."""
 
     def __init__(self, sink: TableSink | None = None, batch_rows: int = TABLE_BATCH_ROWS,
-                 chunk_rows: int = TABLE_CHUNK_ROWS) -> None:
+                 chunk_rows: int | None = None) -> None:
         self.sink = sink if sink is not None else FrameSink(dtypes=REQUEST_DTYPES)
+        # Where the packed rows go a chunk at a time: batches written here, or by the events process
+        # (a HostedTable: this process then holds one chunk of rows at most, and encodes nothing).
+        self._batches = self.sink.open_batches(RequestBatches)
         self.batch_rows = batch_rows
         self._untrimmed = 0  # rows handed on since the heap was last trimmed
-        self.totals = RequestTotals()
+        self.totals = RequestTotals()  # complete once the run is finished (`finish_run`)
+        self.num_handed = 0  # rows handed on so far
         self.admitted: dict[int, float] = {}
         self.first_token: dict[int, float] = {}
         self.finish: dict[int, float] = {}
@@ -111,9 +148,11 @@ class RequestLog:
         # issue's traces), packed at once: ~600 bytes a row in the dicts above, ~150 here.
         self._waiting: dict[int, bytes] = {}
         self.next_row = 0  # rows before this one have been handed on
-        self._packed = bytearray()  # finished rows not yet handed on (_PACKED each), after `_chunks`
-        self._chunks: list[bytearray] = []  # full chunks of packed rows, in row order
+        self._packed = bytearray()  # finished rows not yet in a chunk (_PACKED each)
+        self._held = 0  # bytes of the current batch handed to `_batches` as chunks
+        chunk_rows = chunk_rows or self.sink.chunk_rows
         self._chunk_bytes = _PACKED.size * min(chunk_rows, batch_rows)
+        self._batch_bytes = _PACKED.size * batch_rows
         # Called once a batch, when half of it is packed: the simulation hands its memory rows on there, so
         # the two logs' buffers keep one phase and each flush meets half of the other log's batch
         # (simulator/sinks.py, MEMORY_BATCH_ROWS).
@@ -144,36 +183,36 @@ class RequestLog:
             i += 1
         self.next_row = i
         if len(packed) >= self._chunk_bytes:
-            self._chunks.append(packed)
             self._packed = bytearray()
-            held = sum(map(len, self._chunks))
+            held = self._held = self._held + len(packed)
+            self._batches.add_chunk(packed)
             if held - len(packed) < self._midway_bytes <= held and self.midway is not None:  # crossed half
                 self.midway()
-            if held >= _PACKED.size * self.batch_rows:
-                self._flush()
+            if held >= self._batch_bytes:
+                self._end_batch()
 
-    def _flush(self) -> None:
-        chunks = [*self._chunks, self._packed] if self._packed else self._chunks
-        self._chunks, self._packed = [], bytearray()
-        if not chunks:
+    def _end_batch(self) -> None:
+        if self._packed:
+            self._held += len(self._packed)
+            self._batches.add_chunk(self._packed)
+            self._packed = bytearray()
+        if not self._held:
             return
-        cols = columns_of_chunks(chunks, _PACKED_DTYPE, {c: REQUEST_DTYPES[c] for c in _ROW_COLUMNS})
-        cols |= derived_columns(cols["arrival_s"], cols["output_len"], cols["admitted_s"],
-                                cols["first_token_s"], cols["finish_s"])
-        self.totals.add(cols)
-        self.sink.write(cols)
-        self._untrimmed += len(cols["finish_s"])
+        self._batches.end_batch()
+        rows, self._held = self._held // _PACKED.size, 0
+        self.num_handed += rows
+        self._untrimmed += rows
         if self._untrimmed >= TRIM_ROWS:  # 7-20 ms each: see pagelab/memory.py
             release_free_memory()
             self._untrimmed = 0
 
     def finish_run(self) -> TableSink:
-        """Hand on the last rows (every request must be closed) and close the sink."""
+        """Hand on the last rows (every request must be closed), close the sink and take the totals."""
         if self._trace:
             first = min(self._trace)
             raise RuntimeError(f"{len(self._trace)} request(s) never finished (first: row {first})")
-        self._flush()
-        self.sink.close()
+        self._end_batch()
+        self.totals = self._batches.close()
         return self.sink
 
 
@@ -210,6 +249,9 @@ class RequestColumns:
 
     def blocks(self, names: tuple[str, ...]) -> Iterator[dict[str, np.ndarray]]:
         """The columns `names`, `BLOCK_ROWS` rows at a time (the last block shorter), wherever they live."""
+        # Imported here, not with the module: the events process writes request batches without pandas.
+        from traces.chunks import FrameChunks, parquet_batches
+
         if self.frame is not None:
             yield from FrameChunks(self.frame).iter_chunks(names, BLOCK_ROWS)
             return

@@ -16,7 +16,7 @@ import pandas as pd
 from simulator.core.allocator import KVAllocator, MemoryBreakdown
 from simulator.core.scheduler import Scheduler, SchedulerOutput
 from simulator.core.sequence import SequenceGroup
-from simulator.recorder import MemoryLog
+from simulator.memory_log import MemoryLog
 
 
 @dataclass(eq=False)

@@ -11,8 +11,9 @@ from simulator.core.scheduler import Scheduler, SchedulerOutput
 from simulator.core.sequence import Sequence, SequenceGroup
 from simulator.decode_batch import DecodeBatch
 from simulator.measured_steps import MeasuredSteps
+from simulator.memory_log import MemoryLog
 from simulator.pending import PendingQueue
-from simulator.recorder import EventRecorder, MemoryLog
+from simulator.recorder import EventRecorder
 from simulator.request_log import RequestLog
 from simulator.run_state import RunState
 from simulator.sim_config import SimConfig, make_allocator

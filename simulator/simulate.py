@@ -90,14 +90,14 @@ def simulate(trace: pd.DataFrame | TraceChunks, config: SimConfig,
     except BaseException:
         if run.recorder is not None:
             run.recorder.abort()
+        elif hasattr(events, "abort"):
+            events.abort()  # an events process that hosts the tables (simulator/event_process.py)
         run.log.sink.close()
         raise
     finally:
         if gc_enabled:
             gc.enable()
-    if run.recorder is None and events is not None:
-        events.close()  # nothing recorded: the file still gets its (empty) table
-    return _result(run, time.perf_counter() - wall0)
+    return _result(run, events, time.perf_counter() - wall0)
 
 
 def _loop(run: SimState, config: SimConfig, step_times: MeasuredSteps | None,
@@ -137,8 +137,9 @@ def _loop(run: SimState, config: SimConfig, step_times: MeasuredSteps | None,
     batch.deactivate()
 
 
-def _result(run: SimState, wall_s: float) -> SimResult:
+def _result(run: SimState, events_sink: EventSink | None, wall_s: float) -> SimResult:
     config = run.cfg.to_dict()
+    # The tables first, the events last: the events process may be writing the other two (HostedTable).
     request_sink = run.log.finish_run()
     frame = request_sink.frame() if isinstance(request_sink, FrameSink) else None
     columns = RequestColumns(run.log.totals, frame=frame, path=getattr(request_sink, "path", None))
@@ -149,6 +150,8 @@ def _result(run: SimState, wall_s: float) -> SimResult:
         sink = run.recorder.finish(run.now)
         events = sink.frame() if isinstance(sink, FrameSink) else None
         num_events = sink.num_rows
+    elif events_sink is not None:
+        events_sink.close()  # nothing recorded: the file still gets its (empty) table
     release_free_memory()  # the loop's freed heap, before the summary reads the request table
     summary = summarize(run, columns, memory, wall_s)
     return SimResult(config=config, summary=summary, requests=frame, memory=memory, events=events,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -37,9 +37,9 @@ EVENT_GROUP_ROWS = 1 << 18  # tenures per row group at least (the pairing hands 
 # are built only to be dropped. Plain + zstd, measured on the 1M-request run's tables (16 row groups
 # each): memory 45.6 MB instead of 48.5, requests 61.6 instead of 78.9, writes 9-40% faster, and a
 # request batch's write takes ~7 MB instead of ~35 MB at once (a peak of a long run's RSS).
-# Table sinks ask for 2^14-row batches and write each as a row group. The MemoryLog and the RequestLog
-# take their batch size from their sink: a 17-column batch is ~2.2 MB as numpy columns and as Arrow
-# arrays, 1.7 MB as packed rows. With 2^16-row batches a flush was the largest allocation on
+# Table sinks ask for 2^14-row batches and write each as a row group (the MemoryLog takes its batch size
+# from its sink, the RequestLog batches TABLE_BATCH_ROWS): a 17-column batch is ~2.2 MB as numpy columns
+# and as Arrow arrays, 1.7 MB as packed rows. With 2^16-row batches a flush was the largest allocation on
 # the 1M-request run's path (docs/simulator-performance.md); 2^14-row batches gathered into 2^16-row groups
 # held up to 8.9 MB of Arrow arrays per table between two writes, and when both tables' gatherings
 # topped out together the loop's RSS did too: a longer run meets that more often, so a 10M run peaked
@@ -70,8 +70,24 @@ TABLE_PART_GROUPS = 16
 # in the batch's columns (allocated lazily: a column's pages become resident as they are written). With
 # one flat buffer, the packed rows and their columns were resident together (1.5 MB each for a request
 # batch, 2.2 MB each for a memory batch): the loop's largest rises of RSS, on top of whatever the other
-# log held at the time (docs/simulator-performance.md, seventeenth sitting).
+# log held at the time (docs/simulator-performance.md, seventeenth sitting). Where the events process
+# writes a long run's tables (simulator/hosted_tables.py), the logs hand it their rows in
+# smaller chunks as they fill, and the simulation's process holds no batch at all (twenty-first sitting).
 TABLE_CHUNK_ROWS = 1 << 12
+
+
+class Batches(Protocol):
+    """The writing end of a log that packs rows (RequestLog, MemoryLog): it gets a batch's packed rows
+    (`row_bytes` each) a chunk at a time, writes the batch at `end_batch`, and `close` returns what the log
+    sums as it writes."""
+
+    row_bytes: int
+
+    def add_chunk(self, chunk: bytes | bytearray) -> None: ...
+
+    def end_batch(self) -> None: ...
+
+    def close(self) -> object: ...
 
 
 def columns_of_chunks(chunks: list, row_dtype: np.dtype, dtypes: dict[str, np.dtype],
@@ -120,10 +136,16 @@ class TableSink:
 
     num_rows: int = 0
     batch_rows: int = 1 << 20
+    chunk_rows: int = TABLE_CHUNK_ROWS  # packed rows a log hands its batches at a time (open_batches)
 
     def write(self, columns: dict[str, np.ndarray]) -> None:
         """Take one batch."""
         raise NotImplementedError
+
+    def open_batches(self, make: Callable[[TableSink], Batches]) -> Batches:
+        """Where a log (RequestLog, MemoryLog) hands its packed rows: `make(self)`, the log's writing end,
+        here (a HostedTable makes it in the events process instead: simulator/hosted_tables.py)."""
+        return make(self)
 
     def close(self) -> None:
         """No more batches."""
@@ -291,7 +313,7 @@ def open_table_sink(path_stem: str | Path, dtypes: dict[str, np.dtype], table_fo
 
 def open_memory_sink(path_stem: str | Path, dtypes: dict[str, np.dtype],
                      table_format: str = "parquet") -> TableSink:
-    """A file sink for a run folder's memory table (`dtypes`: recorder.MEMORY_DTYPES): batches of at most
+    """A file sink for a run folder's memory table (`dtypes`: memory_log.MEMORY_DTYPES): batches of at most
     MEMORY_BATCH_ROWS rows (the simulation flushes halfway through each request batch), row groups of at
     least MEMORY_GROUP_ROWS."""
     return open_table_sink(path_stem, dtypes, table_format, batch_rows=MEMORY_BATCH_ROWS,

@@ -93,3 +93,4 @@ def test_long_runs_pair_in_a_child_short_ones_in_a_thread(tmp_path):
     short.close()
     long.close()  # never fed: the child still writes an empty table with the schema
     assert long.num_rows == 0 and list(pd.read_parquet(long.path).columns) == list(EVENT_DTYPES)
+

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from simulator import BlockManager, Sequence, SequenceGroup
 from simulator.core.scheduler import Scheduler, SchedulerConfig
-from simulator.recorder import MEMORY_DTYPES, EventRecorder, MemoryLog
+from simulator.memory_log import MEMORY_DTYPES, MemoryLog
+from simulator.recorder import EventRecorder
 from simulator.sim_config import SimConfig
 from simulator.simulate import simulate
 from simulator.sinks import FrameSink

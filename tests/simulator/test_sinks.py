@@ -77,7 +77,7 @@ def test_empty_run_writes_a_readable_empty_table(tmp_path):
 
 @pytest.mark.parametrize("fmt", ["parquet", "csv"])
 def test_streamed_memory_rows_read_back_equal_and_summarize_alike(tmp_path, fmt):
-    from simulator.recorder import MEMORY_DTYPES
+    from simulator.memory_log import MEMORY_DTYPES
     from simulator.sinks import open_table_sink
     trace = _trace(120)
     cfg = SimConfig(capacity_tokens=6000, record_events=False)
@@ -98,7 +98,7 @@ def test_streamed_memory_rows_read_back_equal_and_summarize_alike(tmp_path, fmt)
 
 
 def test_a_run_folders_tables_start_a_part_every_table_part_groups_row_groups(tmp_path):
-    from simulator.recorder import MEMORY_DTYPES
+    from simulator.memory_log import MEMORY_DTYPES
     from simulator.sinks import TABLE_PART_GROUPS, open_table_sink
 
     # Fewer groups a part than the events table's: the writer's footer entries of the memory and request
@@ -131,7 +131,7 @@ def test_the_memory_log_hands_its_rows_on_halfway_through_every_request_batch(me
     """One memory batch between two request batches, handed on when the request log holds half of its
     batch (the logs' buffers keep one phase, half a batch apart); a memory batch never exceeds its sink's
     size; the tables are those of a run kept in memory."""
-    from simulator.recorder import MEMORY_DTYPES
+    from simulator.memory_log import MEMORY_DTYPES
     from simulator.request_log import REQUEST_DTYPES
     from simulator.sinks import TABLE_BATCH_ROWS
 

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simulator.recorder import MEMORY_DTYPES
+from simulator.memory_log import MEMORY_DTYPES
 from simulator.request_log import REQUEST_DTYPES
 from simulator.sim_config import SimConfig
 from simulator.simulate import simulate
