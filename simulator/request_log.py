@@ -182,20 +182,27 @@ class RequestLog:
             packed += waiting.pop(i)
             i += 1
         self.next_row = i
-        if len(packed) >= self._chunk_bytes:
-            self._packed = bytearray()
-            held = self._held = self._held + len(packed)
-            self._batches.add_chunk(packed)
-            if held - len(packed) < self._midway_bytes <= held and self.midway is not None:  # crossed half
+        if len(packed) >= self._chunk_bytes or self._held + len(packed) >= self._batch_bytes:
+            self._hand_on()
+
+    def _hand_on(self) -> None:
+        """The packed rows go on as chunks; a batch ends at exactly `batch_rows` rows, so the statistics
+        after the run read each row group back as one block, without copies (column_stats.BLOCK_ROWS)."""
+        packed, self._packed = self._packed, bytearray()
+        while packed:
+            room = self._batch_bytes - self._held
+            chunk, packed = (packed[:room], packed[room:]) if len(packed) > room else (packed, bytearray())
+            held = self._held = self._held + len(chunk)
+            self._batches.add_chunk(chunk)
+            if held - len(chunk) < self._midway_bytes <= held and self.midway is not None:  # crossed half
                 self.midway()
             if held >= self._batch_bytes:
                 self._end_batch()
+            if len(packed) < self._chunk_bytes and self._held + len(packed) < self._batch_bytes:
+                self._packed = packed  # the rest of a chunk: it keeps filling
+                return
 
     def _end_batch(self) -> None:
-        if self._packed:
-            self._held += len(self._packed)
-            self._batches.add_chunk(self._packed)
-            self._packed = bytearray()
         if not self._held:
             return
         self._batches.end_batch()
@@ -211,6 +218,7 @@ class RequestLog:
         if self._trace:
             first = min(self._trace)
             raise RuntimeError(f"{len(self._trace)} request(s) never finished (first: row {first})")
+        self._hand_on()
         self._end_batch()
         self.totals = self._batches.close()
         return self.sink

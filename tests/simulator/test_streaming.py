@@ -82,7 +82,7 @@ def test_request_log_hands_rows_on_in_trace_order_whatever_order_they_finish(ord
         assert log.next_row == min(set(range(40)) - set(order[:k + 1]), default=40)
     sink = log.finish_run()
     sizes = [len(b["finish_s"]) for b in sink._batches]
-    assert sum(sizes) == 40 and all(n >= batch for n in sizes[:-1])  # a batch is never handed on short
+    assert sum(sizes) == 40 and all(n == batch for n in sizes[:-1])  # batches of exactly `batch` rows
     # `midway` once a batch, when it holds half of it (the last batch may end sooner).
     assert len(sizes) - 1 <= len(midways) <= len(sizes)
     assert [before for before, _ in midways] == np.cumsum([0, *sizes])[:len(midways)].tolist()
