@@ -48,14 +48,12 @@ class HostedTable:
         self.spool = Path(spool)
         self.num_rows = 0
         self.path: Path | None = None
-        self._opened = False
         self._batches: HostedBatches | None = None
 
     def open_batches(self, make: Callable[[TableSink], Batches]) -> HostedBatches:
         """The log's writing end, `make(sink)`, made in the child around the sink `open_sink` makes there."""
-        if self._opened:
+        if self._batches is not None:
             raise RuntimeError("a hosted table takes one log")
-        self._opened = True
         self.events.post(("open_table", self.key, make, self.open_sink))
         self._batches = HostedBatches(self)
         return self._batches

@@ -136,7 +136,6 @@ class RequestLog:
         self.batch_rows = batch_rows
         self._untrimmed = 0  # rows handed on since the heap was last trimmed
         self.totals = RequestTotals()  # complete once the run is finished (`finish_run`)
-        self.num_handed = 0  # rows handed on so far
         self.admitted: dict[int, float] = {}
         self.first_token: dict[int, float] = {}
         self.finish: dict[int, float] = {}
@@ -207,7 +206,6 @@ class RequestLog:
             return
         self._batches.end_batch()
         rows, self._held = self._held // _PACKED.size, 0
-        self.num_handed += rows
         self._untrimmed += rows
         if self._untrimmed >= TRIM_ROWS:  # 7-20 ms each: see pagelab/memory.py
             release_free_memory()
