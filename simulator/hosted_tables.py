@@ -95,13 +95,12 @@ class HostedBatches:
         """The child writes the batch from its spool file (and deletes the file)."""
         if self._file is None:
             return
-        self._file.close()
-        self._file = None
+        self.drop()
         self.table.events.post(("end_batch", self.table.key, str(self._spool_path())))
         self._num_batches += 1
 
     def drop(self) -> None:
-        """Close the batch's spool file without handing it on (the run was aborted)."""
+        """Close the batch's spool file without handing it on (so far: `end_batch` hands it on)."""
         if self._file is not None:
             self._file.close()
             self._file = None

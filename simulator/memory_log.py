@@ -102,10 +102,13 @@ class MemoryLog:
         self._packed = bytearray()  # the rows not yet handed on
         self.sink = sink
         self._batches = sink.open_batches(MemoryBatches) if sink is not None else None
-        # `_limit`: the bytes that end the current chunk (never, without a sink).
-        self._chunk_bytes = (chunk_rows or (sink.chunk_rows if sink is not None else 1)) * _ROW.size
-        self._batch_bytes = sink.batch_rows * _ROW.size if sink is not None else float("inf")
-        self._limit = min(self._chunk_bytes, self._batch_bytes) if sink is not None else float("inf")
+        # `_limit`: the packed bytes that end the current chunk (or the batch).
+        if sink is not None:
+            self._chunk_bytes = (chunk_rows or sink.chunk_rows) * _ROW.size
+            self._batch_bytes = sink.batch_rows * _ROW.size
+            self._limit = min(self._chunk_bytes, self._batch_bytes)
+        else:
+            self._limit = float("inf")  # every row stays here (`to_frame`)
         self._held = 0  # bytes of the current batch handed on as chunks
         self._num_flushed = 0  # rows of the batches ended so far
         self._sums: tuple[np.ndarray, float] | None = None  # MemoryBatches.close's, after `finish`

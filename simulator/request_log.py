@@ -152,6 +152,7 @@ class RequestLog:
         chunk_rows = chunk_rows or self.sink.chunk_rows
         self._chunk_bytes = _PACKED.size * min(chunk_rows, batch_rows)
         self._batch_bytes = _PACKED.size * batch_rows
+        self._limit = self._chunk_bytes  # packed bytes that end the current chunk (or the batch)
         # Called once a batch, when half of it is packed: the simulation hands its memory rows on there, so
         # the two logs' buffers keep one phase and each flush meets half of the other log's batch
         # (simulator/sinks.py, MEMORY_BATCH_ROWS).
@@ -181,14 +182,15 @@ class RequestLog:
             packed += waiting.pop(i)
             i += 1
         self.next_row = i
-        if len(packed) >= self._chunk_bytes or self._held + len(packed) >= self._batch_bytes:
+        if len(packed) >= self._limit:
             self._hand_on()
 
-    def _hand_on(self) -> None:
-        """The packed rows go on as chunks; a batch ends at exactly `batch_rows` rows, so the statistics
-        after the run read each row group back as one block, without copies (column_stats.BLOCK_ROWS)."""
+    def _hand_on(self, everything: bool = False) -> None:
+        """The packed rows go on as chunks (with `everything`, the last short one too); a batch ends at
+        exactly `batch_rows` rows, so the statistics after the run read each row group back as one
+        block, without copies (column_stats.BLOCK_ROWS)."""
         packed, self._packed = self._packed, bytearray()
-        while packed:
+        while packed and (everything or len(packed) >= self._limit):
             room = self._batch_bytes - self._held
             chunk, packed = (packed[:room], packed[room:]) if len(packed) > room else (packed, bytearray())
             held = self._held = self._held + len(chunk)
@@ -197,9 +199,8 @@ class RequestLog:
                 self.midway()
             if held >= self._batch_bytes:
                 self._end_batch()
-            if len(packed) < self._chunk_bytes and self._held + len(packed) < self._batch_bytes:
-                self._packed = packed  # the rest of a chunk: it keeps filling
-                return
+            self._limit = min(self._chunk_bytes, self._batch_bytes - self._held)
+        self._packed = packed  # the rest of a chunk: it keeps filling
 
     def _end_batch(self) -> None:
         if not self._held:
@@ -216,7 +217,7 @@ class RequestLog:
         if self._trace:
             first = min(self._trace)
             raise RuntimeError(f"{len(self._trace)} request(s) never finished (first: row {first})")
-        self._hand_on()
+        self._hand_on(everything=True)
         self._end_batch()
         self.totals = self._batches.close()
         return self.sink
