@@ -39,6 +39,11 @@ class PendingQueue:
         self._groups.append(group)
         return group
 
+    def close(self) -> None:
+        """No row will be built any more: drop the builder, which refers back to the run (the run's one
+        reference cycle), so that a finished run is freed as soon as it is dropped."""
+        self._make = None
+
     def __len__(self) -> int:
         return len(self._groups) + self.end_row - self.next_row
 

@@ -6,10 +6,11 @@ import pandas as pd
 
 from simulator.core.allocator import MemoryBreakdown
 from simulator.metrics import column_summary
-from simulator.request_log import RequestColumns, derived_columns
+from simulator.request_log import RequestColumns, RequestTotals, derived_columns
 from simulator.run_state import RunState
 
 STATES = MemoryBreakdown.STATES
+LATENCY_COLUMNS = ("ttft_s", "tpot_s", "e2e_s")  # the summary's latency statistics, in its order
 
 
 def request_table(run: RunState) -> pd.DataFrame:
@@ -50,7 +51,12 @@ def summarize(run: RunState, requests: RequestColumns, memory: pd.DataFrame | No
               wall_s: float) -> dict:
     """The run's SUMMARY (see docs/run-format.md); `memory` None: the rows were streamed to a file and
     the memory log kept the time-weighted sums."""
-    totals = requests.totals
+    return add_latencies(run_summary(run, requests.totals, memory, wall_s), requests)
+
+
+def run_summary(run: RunState, totals: RequestTotals, memory: pd.DataFrame | None, wall_s: float) -> dict:
+    """The SUMMARY but for the latency columns' statistics (None until `add_latencies`): what needs the
+    run's state, so that a long run can free that state before its request table is read again."""
     duration = run.now
     mem, token_occ, block_occ = memory_summary(memory) if memory is not None else run.mem.weighted_means()
     stats = getattr(run.alloc, "stats", None)
@@ -73,12 +79,17 @@ def summarize(run: RunState, requests: RequestColumns, memory: pd.DataFrame | No
         "throughput_tokens_per_s": float(totals.output_tokens / duration) if duration > 0 else 0.0,
         "normalized_latency_s_per_token": totals.normalized_sum / totals.num_finished
         if totals.num_finished else None,
-        "ttft_s": column_summary(requests, "ttft_s"),
-        "tpot_s": column_summary(requests, "tpot_s"),
-        "e2e_s": column_summary(requests, "e2e_s"),
+        **{name: None for name in LATENCY_COLUMNS},
         "memory": mem,
         "token_occupancy": token_occ,
         "block_occupancy": block_occ,
         "prefix_cache_hit_rate": hit_rate,
         "allocator_stats": stats.as_dict() if stats is not None else {},
     }
+
+
+def add_latencies(summary: dict, requests: RequestColumns) -> dict:
+    """Fill in `run_summary`'s latency statistics (mean, p50, p90, p99 of each column) from the requests."""
+    for name in LATENCY_COLUMNS:
+        summary[name] = column_summary(requests, name)
+    return summary

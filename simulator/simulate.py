@@ -22,7 +22,7 @@ from pagelab.memory import map_large_blocks, release_free_memory
 from simulator.fast import fast_step, finish_batch
 from simulator.measured_steps import MeasuredSteps
 from simulator.request_log import RequestColumns
-from simulator.results import summarize
+from simulator.results import add_latencies, run_summary
 from simulator.sim_config import SimConfig
 from simulator.sim_state import SimState
 from simulator.sinks import EventSink, FrameSink, TableSink, empty_events
@@ -97,7 +97,13 @@ def simulate(trace: pd.DataFrame | TraceChunks, config: SimConfig,
     finally:
         if gc_enabled:
             gc.enable()
-    return _result(run, events, time.perf_counter() - wall0)
+    result = _result(run, events, time.perf_counter() - wall0)
+    # Free the run's state (scheduler, block tables, trace cursors) before the statistics read the request
+    # table again, so they reuse its memory instead of adding to it (`_result` broke its one cycle).
+    del run
+    release_free_memory()
+    add_latencies(result.summary, result.request_columns)
+    return result
 
 
 def _loop(run: SimState, config: SimConfig, step_times: MeasuredSteps | None,
@@ -152,7 +158,9 @@ def _result(run: SimState, events_sink: EventSink | None, wall_s: float) -> SimR
         num_events = sink.num_rows
     elif events_sink is not None:
         events_sink.close()  # nothing recorded: the file still gets its (empty) table
-    release_free_memory()  # the loop's freed heap, before the summary reads the request table
-    summary = summarize(run, columns, memory, wall_s)
+    summary = run_summary(run, columns.totals, memory, wall_s)  # its latencies come once the run is freed
+    # The run's one reference cycle (its queue builds groups through it), broken: the state is freed as
+    # soon as simulate() drops it. Left to the cyclic collector, it outlived the CLI's serving metrics.
+    run.queue.close()
     return SimResult(config=config, summary=summary, requests=frame, memory=memory, events=events,
                      num_events=num_events, request_columns=columns)

@@ -1,6 +1,7 @@
 """`--out`: the user's files survive, destinations are checked before the work, runs describe themselves."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -8,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 from clirun import env, one_line_error, pagelab, start
 
@@ -75,6 +77,17 @@ def test_run_folder_is_self_describing_and_follows_the_umask(tmp_path):
     assert run.stat().st_mode & 0o777 == 0o755
     assert (run / "paged").stat().st_mode & 0o777 == 0o755
     assert (run / "run.json").stat().st_mode & 0o777 == 0o644
+
+
+def test_trace_hash_is_the_files_sha256_across_read_buffers(tmp_path):
+    from cli.runs import HASH_READ_BYTES, trace_hash
+
+    data = np.random.default_rng(0).bytes(2 * HASH_READ_BYTES + 123)
+    path = tmp_path / "t.parquet"
+    path.write_bytes(data)
+    assert trace_hash(str(path)) == "sha256:" + hashlib.sha256(data).hexdigest()
+    path.write_bytes(b"")
+    assert trace_hash(str(path)) == "sha256:" + hashlib.sha256(b"").hexdigest()
 
 
 def test_temp_folders_of_killed_runs_are_removed(tmp_path):

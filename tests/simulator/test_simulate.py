@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
+import weakref
 
 import numpy as np
 import pandas as pd
@@ -29,6 +31,29 @@ def test_memory_rows_sum_to_one_and_counts_are_sane():
     r = res.requests.dropna(subset=["finish_s"])
     assert (r["first_token_s"] >= r["admitted_s"]).all() and (r["finish_s"] >= r["first_token_s"]).all()
     assert (r["admitted_s"] >= r["arrival_s"]).all()
+
+
+def test_a_finished_run_state_is_freed_without_the_cyclic_collector():
+    # The statistics after the loop should reuse the run's memory, not sit beside it: the state (its
+    # scheduler, block tables, trace cursors) must go by reference counting as simulate() returns.
+    states = []
+
+    def observe(run):
+        if not states:
+            states.append(weakref.ref(run))
+
+    trace = _trace(num_requests=60, rate=20, lengths="sharegpt", seed=3)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        res = simulate(trace, SimConfig(allocator="paged"), observer=observe)
+        assert states and states[0]() is None
+    finally:
+        if enabled:
+            gc.enable()
+    assert res.summary["num_finished"] == 60
+    assert list(res.summary)[13:17] == ["normalized_latency_s_per_token", "ttft_s", "tpot_s", "e2e_s"]
+    assert res.summary["ttft_s"]["p50"] == float(np.median(res.requests["ttft_s"]))
 
 
 def test_orca_max_holds_exactly_seven_requests_under_load():
