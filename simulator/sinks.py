@@ -8,6 +8,7 @@ memory does not grow with its number of tenures or steps.
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -212,9 +213,11 @@ class ParquetSink(TableSink):
         self._open_part()  # now: an empty table still gets a file with its schema
 
     def _open_part(self) -> None:
+        # The part's path as a str: as a Path each new file name would take a slot of the interned-string
+        # table (simulator/hosted_tables.py, `_spool_path`).
         self._writer: pq.ParquetWriter | None = pq.ParquetWriter(
-            self.path / part_name(self._num_parts), self.schema, compression="zstd", compression_level=1,
-            **self._options)
+            os.path.join(self.path, part_name(self._num_parts)), self.schema, compression="zstd",
+            compression_level=1, **self._options)
         self._num_parts += 1
         self._groups_in_part = 0
 
