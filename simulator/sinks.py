@@ -28,11 +28,14 @@ EVENT_SCHEMA = pa.schema([("request_id", pa.int32()), ("start", pa.int32()), ("s
                           ("t_start_s", pa.float64()), ("t_end_s", pa.float64()),
                           ("max_ref_count", pa.int32()), ("filled", pa.int32())])
 EVENT_DTYPES = {f.name: np.dtype(f.type.to_pandas_dtype()) for f in EVENT_SCHEMA}
-# Dictionaries (Parquet's default) on every column, times included: many tenures share a release
-# step's time, and a 2^20-row group holds few distinct request ids, sizes and offsets. Measured on the
-# 1M-request run's tenures: 15.9 MB per 4.2 M rows, against 23 MB with byte-stream-split times and
-# delta / plain ints, and 17.9 MB with snappy; zstd level 1 costs about what snappy does.
-_EVENT_ENCODING: dict = {}
+# Dictionaries on the block offsets, sizes, reference counts and fills (few distinct values a group),
+# plain + zstd for request ids and times. Re-encoding a 1M-request run's first 10.5 M tenures in 2^18-row
+# groups: 38.0 MB, against 40.5 MB with dictionaries on every column (Parquet's default, used until the
+# twenty-second sitting: a time's dictionary costs more than it saves) and 41.6 MB with none; one
+# group's write rises 1.5 MiB (median) / 1.7 (maximum), against 1.6 / 2.3 (every column) and 0.5 / 0.8
+# (none). These writes set the events process's peaks (docs/simulator-performance.md, that sitting).
+# Earlier: byte-stream-split times and delta / plain ints took 23 MB per 4.2 M rows against 15.9.
+_EVENT_ENCODING: dict = {"use_dictionary": ["start", "size", "max_ref_count", "filled"]}
 EVENT_GROUP_ROWS = 1 << 18  # tenures per row group at least (the pairing hands on ~2^14 at a time)
 # The memory and request tables are the opposite: mostly distinct times and fractions, so dictionaries
 # are built only to be dropped. Plain + zstd, measured on the 1M-request run's tables (16 row groups
