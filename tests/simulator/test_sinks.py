@@ -56,6 +56,19 @@ def test_batches_are_gathered_into_row_groups_of_at_least_group_rows(tmp_path):
     pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "events.parquet"), mem.events)
 
 
+def test_events_keep_dictionaries_only_on_the_integer_columns_with_few_values(tmp_path):
+    # Dictionaries on times cost more bytes than they save and most of a row group's write memory.
+    trace = _trace()
+    cfg = SimConfig(capacity_tokens=6000)
+    simulate(trace, cfg, events=open_event_sink(tmp_path / "events", group_rows=0))
+    meta = pq.ParquetFile(tmp_path / "events.parquet").metadata
+    group = meta.row_group(0)
+    with_dictionary = {group.column(i).path_in_schema for i in range(group.num_columns)
+                       if group.column(i).has_dictionary_page}
+    assert with_dictionary == {"start", "size", "max_ref_count", "filled"}
+    assert all(group.column(i).compression == "ZSTD" for i in range(group.num_columns))
+
+
 def test_batch_size_does_not_change_the_table_with_prefix_sharing():
     trace = load_trace("mooncake-conv").iloc[:40].reset_index(drop=True)
     cfg = SimConfig(capacity_tokens=200_000, max_model_len=131072, enable_chunked_prefill=True,
