@@ -99,7 +99,7 @@ class HostedBatches:
         if self._file is None:
             return
         self.drop()
-        self.table.events.post(("end_batch", self.table.key, str(self._spool_path())))
+        self.table.events.post(("end_batch", self.table.key, self._spool_path()))
         self._num_batches += 1
 
     def drop(self) -> None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.lib.recfunctions import structured_to_unstructured
 
-from simulator.sinks import TableSink, columns_of_chunks
+from simulator.sinks import Batches, TableSink, columns_of_chunks
 
 if TYPE_CHECKING:  # the events process writes memory batches without the core or pandas
     import pandas as pd
@@ -52,28 +52,19 @@ def _columns(chunks: list, each: Callable[[np.ndarray], None] | None = None) -> 
     return {c: packed[c] for c in MEMORY_COLUMNS}
 
 
-class MemoryBatches:
-    """The writing end of a MemoryLog with a sink: a batch's packed rows (chunks), made columns and written
-    at `end_batch`, with their time-weighted sums. It runs in the simulation's process, or in the events
-    process for a run folder's table (simulator/hosted_tables.py)."""
+class MemoryBatches(Batches):
+    """A MemoryLog's writing end (simulator/sinks.py, Batches): the columns, and their time-weighted sums."""
 
     row_bytes = _ROW.size  # of one packed row
 
     def __init__(self, sink: TableSink) -> None:
-        self.sink = sink
-        self._chunks: list = []
+        super().__init__(sink)
         self._wsum = np.zeros(len(_PACKED_FLOATS))  # sum of value * dt_s over the rows written
         self._dt = 0.0
 
-    def add_chunk(self, chunk: bytes | bytearray) -> None:
-        """Keep one chunk of packed rows of the current batch."""
-        self._chunks.append(chunk)
-
-    def end_batch(self) -> None:
-        """Write the batch (adding its rows to the sums)."""
-        chunks, self._chunks = self._chunks, []
-        if chunks:
-            self.sink.write(_columns(chunks, self._add_sums))
+    def columns(self, chunks: list) -> dict[str, np.ndarray]:
+        """A batch's columns (its rows added to the sums)."""
+        return _columns(chunks, self._add_sums)
 
     def _add_sums(self, rows: np.ndarray) -> None:
         """Add a chunk's rows to the time-weighted sums."""
@@ -81,10 +72,8 @@ class MemoryBatches:
         self._wsum += floats[:, _DT] @ floats
         self._dt += float(floats[:, _DT].sum())
 
-    def close(self) -> tuple[np.ndarray, float]:
-        """Write the last batch, close the sink; the sums of value * dt_s per float column, and of dt_s."""
-        self.end_batch()
-        self.sink.close()
+    def sums(self) -> tuple[np.ndarray, float]:
+        """The sums of value * dt_s per float column, and of dt_s."""
         return self._wsum, self._dt
 
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from pagelab.column_stats import BLOCK_ROWS
 from pagelab.memory import release_free_memory
-from simulator.sinks import TABLE_BATCH_ROWS, FrameSink, TableSink, columns_of_chunks
+from simulator.sinks import TABLE_BATCH_ROWS, Batches, FrameSink, TableSink, columns_of_chunks
 
 TRACE_COLUMNS = ("request_id", "arrival_s", "prompt_len", "output_len", "n", "beam_width")
 REQUEST_DTYPES = {
@@ -90,37 +90,26 @@ class RequestTotals:
         self.normalized_sum += float(b["normalized_latency_s"][done].sum())
 
 
-class RequestBatches:
-    """The writing end of a RequestLog: a batch's packed rows (chunks), made columns and handed to the sink
-    at `end_batch`, with the totals summed as they go. It runs in the simulation's process, or in the
-    events process for a run folder's table (simulator/hosted_tables.py)."""
+class RequestBatches(Batches):
+    """A RequestLog's writing end (simulator/sinks.py, Batches): the columns, derived latencies included,
+    and the totals summed as they go."""
 
     row_bytes = _PACKED.size  # of one packed row
 
     def __init__(self, sink: TableSink) -> None:
-        self.sink = sink
+        super().__init__(sink)
         self.totals = RequestTotals()
-        self._chunks: list = []
 
-    def add_chunk(self, chunk: bytes | bytearray) -> None:
-        """Keep one chunk of packed rows (`_PACKED` each) of the current batch."""
-        self._chunks.append(chunk)
-
-    def end_batch(self) -> None:
-        """Hand the batch to the sink as columns, derived latencies included."""
-        chunks, self._chunks = self._chunks, []
-        if not chunks:
-            return
+    def columns(self, chunks: list) -> dict[str, np.ndarray]:
+        """A batch's columns, derived latencies included (added to the totals)."""
         cols = columns_of_chunks(chunks, _PACKED_DTYPE, {c: REQUEST_DTYPES[c] for c in _ROW_COLUMNS})
         cols |= derived_columns(cols["arrival_s"], cols["output_len"], cols["admitted_s"],
                                 cols["first_token_s"], cols["finish_s"])
         self.totals.add(cols)
-        self.sink.write(cols)
+        return cols
 
-    def close(self) -> RequestTotals:
-        """Hand on the last batch, close the sink and return the totals."""
-        self.end_batch()
-        self.sink.close()
+    def sums(self) -> RequestTotals:
+        """The totals of the rows written."""
         return self.totals
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -80,18 +80,41 @@ TABLE_PART_GROUPS = 16
 TABLE_CHUNK_ROWS = 1 << 12
 
 
-class Batches(Protocol):
-    """The writing end of a log that packs rows (RequestLog, MemoryLog): it gets a batch's packed rows
-    (`row_bytes` each) a chunk at a time, writes the batch at `end_batch`, and `close` returns what the log
-    sums as it writes."""
+class Batches:
+    """The writing end of a log that packs rows (RequestLog, MemoryLog): it keeps a batch's packed rows
+    (`row_bytes` each) as they come a chunk at a time, writes the batch's `columns` at `end_batch`, and
+    `close` returns the log's `sums` of what it wrote. It runs in the simulation's process, or in the events
+    process for a run folder's table (simulator/hosted_tables.py)."""
 
     row_bytes: int
 
-    def add_chunk(self, chunk: bytes | bytearray) -> None: ...
+    def __init__(self, sink: TableSink) -> None:
+        self.sink = sink
+        self._chunks: list = []
 
-    def end_batch(self) -> None: ...
+    def add_chunk(self, chunk: bytes | bytearray) -> None:
+        """Keep one chunk of packed rows of the current batch."""
+        self._chunks.append(chunk)
 
-    def close(self) -> object: ...
+    def end_batch(self) -> None:
+        """Write the batch as columns (if it has rows)."""
+        chunks, self._chunks = self._chunks, []
+        if chunks:
+            self.sink.write(self.columns(chunks))
+
+    def close(self) -> object:
+        """Write the last batch, close the sink and return the sums."""
+        self.end_batch()
+        self.sink.close()
+        return self.sums()
+
+    def columns(self, chunks: list) -> dict[str, np.ndarray]:
+        """A batch's columns from its chunks (which it empties), adding the rows to the sums."""
+        raise NotImplementedError
+
+    def sums(self) -> object:
+        """What the log sums over the rows written."""
+        raise NotImplementedError
 
 
 def columns_of_chunks(chunks: list, row_dtype: np.dtype, dtypes: dict[str, np.dtype],
