@@ -19,6 +19,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from pagelab.parquet_parts import PART_GROUPS, part_name
+from simulator.group_buffer import GroupBuffer
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -36,7 +37,7 @@ EVENT_DTYPES = {f.name: np.dtype(f.type.to_pandas_dtype()) for f in EVENT_SCHEMA
 # (none). These writes set the events process's peaks (docs/simulator-performance.md, that sitting).
 # Earlier: byte-stream-split times and delta / plain ints took 23 MB per 4.2 M rows against 15.9.
 _EVENT_ENCODING: dict = {"use_dictionary": ["start", "size", "max_ref_count", "filled"]}
-EVENT_GROUP_ROWS = 1 << 18  # tenures per row group at least (the pairing hands on ~2^14 at a time)
+EVENT_GROUP_ROWS = 1 << 18  # tenures per row group, exactly (filled in place: simulator/group_buffer.py)
 # The memory and request tables are the opposite: mostly distinct times and fractions, so dictionaries
 # are built only to be dropped. Plain + zstd, measured on the 1M-request run's tables (16 row groups
 # each): memory 45.6 MB instead of 48.5, requests 61.6 instead of 78.9, writes 9-40% faster, and a
@@ -208,7 +209,8 @@ class FrameSink(TableSink):
 
 class ParquetSink(TableSink):
     """Writes batches to Parquet as they come, each as (at least) one row group, or gathered into row
-    groups of at least `group_rows` rows; a new part file every `part_groups` row groups
+    groups of at least `group_rows` rows (with `exact_groups`, copied into groups of exactly `group_rows`,
+    the last one shorter); a new part file every `part_groups` row groups
     (pagelab/parquet_parts.py: a table that ends within its first part is a single file at `path`).
 
     Event row groups follow release time, so their min/max statistics on t_start_s / t_end_s let a
@@ -216,9 +218,11 @@ class ParquetSink(TableSink):
     """
 
     def __init__(self, path: str | Path, schema: pa.Schema, batch_rows: int = 1 << 20, group_rows: int = 0,
-                 part_groups: int = PART_GROUPS, **options) -> None:
+                 part_groups: int = PART_GROUPS, exact_groups: bool = False, **options) -> None:
         if part_groups < 1:
             raise ValueError(f"part_groups must be >= 1, got {part_groups}")
+        if exact_groups and group_rows < 1:
+            raise ValueError(f"exact row groups need group_rows >= 1, got {group_rows}")
         self.path = Path(path)
         self.schema = schema
         self.num_rows = 0
@@ -229,6 +233,10 @@ class ParquetSink(TableSink):
         self.group_rows = group_rows
         self.part_groups = part_groups
         self._options = options
+        # exact_groups: batches are copied into one buffer of `group_rows` rows, written when full
+        # (simulator/group_buffer.py); made at the first batch, so an empty table allocates nothing.
+        self._exact = exact_groups
+        self._buffer: GroupBuffer | None = None
         self._gathered: list[pa.Table] = []
         self._num_gathered = 0
         self._num_parts = 0
@@ -250,7 +258,16 @@ class ParquetSink(TableSink):
     def write(self, columns: dict[str, np.ndarray]) -> None:
         """Append the batch to the file (or to the row group being gathered)."""
         n = len(next(iter(columns.values())))
-        if n:
+        if n and self._exact:
+            if self._buffer is None:
+                self._buffer = GroupBuffer(self.schema, self.group_rows)
+            start = 0
+            while start < n:
+                start += self._buffer.take(columns, start)
+                if self._buffer.full:
+                    self._write_buffer()
+            self.num_rows += n
+        elif n:
             self._gathered.append(pa.Table.from_arrays(
                 [pa.array(columns[f.name], f.type) for f in self.schema], schema=self.schema))
             self._num_gathered += n
@@ -260,21 +277,31 @@ class ParquetSink(TableSink):
 
     def _write_gathered(self) -> None:
         if self._gathered:
-            if self._writer is None:
-                self._open_part()
-            table = pa.concat_tables(self._gathered)  # chunked: the batches are not copied
-            self._writer.write_table(table, row_group_size=max(self._num_gathered, 1 << 20))
+            self._write_group(pa.concat_tables(self._gathered))  # chunked: the batches are not copied
             self._gathered, self._num_gathered = [], 0
-            self._groups_in_part += 1
-            if self._groups_in_part >= self.part_groups:
-                self._writer.close()  # its footer entries go with it
-                self._writer = None
+
+    def _write_buffer(self) -> None:
+        if self._buffer is not None and self._buffer.num_rows:
+            self._write_group(self._buffer.table())  # written before the buffer is refilled
+            self._buffer.clear()
+
+    def _write_group(self, table: pa.Table) -> None:
+        """Write `table` as one row group (in a new part if the last one is full)."""
+        if self._writer is None:
+            self._open_part()
+        self._writer.write_table(table, row_group_size=max(len(table), 1 << 20))
+        self._groups_in_part += 1
+        if self._groups_in_part >= self.part_groups:
+            self._writer.close()  # its footer entries go with it
+            self._writer = None
 
     def close(self) -> None:
         """Write the last footer (an empty table still gets its schema); one part becomes the file."""
         if self._num_parts == 0:
             return  # closed already
         self._write_gathered()
+        self._write_buffer()
+        self._buffer = None
         if self._writer is not None:
             self._writer.close()
             self._writer = None
@@ -315,7 +342,7 @@ def ParquetEventSink(path: str | Path, batch_rows: int = 1 << 20,  # noqa: N802 
                      group_rows: int = EVENT_GROUP_ROWS, part_groups: int = PART_GROUPS) -> ParquetSink:
     """A Parquet sink with the events table's schema and encodings."""
     return ParquetSink(path, EVENT_SCHEMA, batch_rows, group_rows=group_rows, part_groups=part_groups,
-                       **_EVENT_ENCODING)
+                       exact_groups=group_rows > 0, **_EVENT_ENCODING)
 
 
 def open_event_sink(path_stem: str | Path, table_format: str = "parquet", batch_rows: int = 1 << 20,

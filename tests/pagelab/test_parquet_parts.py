@@ -16,8 +16,9 @@ from simulator.sinks import ParquetSink, open_table_sink
 SCHEMA = pa.schema([("row", pa.int64()), ("t_s", pa.float64())])
 
 
-def _write(path, sizes, part_groups, group_rows=0) -> ParquetSink:
-    sink = ParquetSink(path, SCHEMA, group_rows=group_rows, part_groups=part_groups)
+def _write(path, sizes, part_groups, group_rows=0, exact_groups=False) -> ParquetSink:
+    sink = ParquetSink(path, SCHEMA, group_rows=group_rows, part_groups=part_groups,
+                       exact_groups=exact_groups)
     start = 0
     for n in sizes:
         sink.write({"row": np.arange(start, start + n), "t_s": np.arange(start, start + n) * 0.5})
@@ -28,16 +29,23 @@ def _write(path, sizes, part_groups, group_rows=0) -> ParquetSink:
 
 @settings(max_examples=40, deadline=None)
 @given(sizes=st.lists(st.integers(0, 30), max_size=40), part_groups=st.integers(1, 6),
-       group_rows=st.sampled_from([0, 1, 25]))
+       group_rows=st.sampled_from([0, 1, 25]), exact=st.booleans())
 def test_every_reader_gets_the_rows_in_order_whatever_the_parts(tmp_path_factory, sizes, part_groups,
-                                                                 group_rows):
+                                                                 group_rows, exact):
     path = tmp_path_factory.mktemp("t") / "table.parquet"
-    sink = _write(path, sizes, part_groups, group_rows)
+    exact = exact and group_rows > 0
+    sink = _write(path, sizes, part_groups, group_rows, exact)
     rows = np.arange(sum(sizes))
     assert sink.num_rows == len(rows) and table_exists(path)
     f = PartedFile(path)
     groups = [f.read_row_group(g).column("row").to_numpy() for g in range(f.metadata.num_row_groups)]
     assert f.metadata.num_rows == len(rows)
+    sizes_written = [len(g) for g in groups]
+    if exact:  # copied into one buffer: every group full but the last
+        assert all(n == group_rows for n in sizes_written[:-1])
+        assert all(0 < n <= group_rows for n in sizes_written)
+    elif group_rows:
+        assert all(n >= group_rows for n in sizes_written[:-1])
     # A directory only when the row groups overflow one part; every part but the last is full.
     assert path.is_dir() == (f.metadata.num_row_groups > part_groups)
     per_part = [pq.ParquetFile(p).metadata.num_row_groups for p in part_files(path)]
@@ -61,6 +69,11 @@ def test_more_than_ten_parts_keep_their_order(tmp_path):
     np.testing.assert_array_equal(pq.read_table(path).column("row").to_numpy(), np.arange(75))
     window = pq.read_table(path, filters=[("t_s", ">=", 30.0)]).column("row").to_numpy()
     np.testing.assert_array_equal(window, np.arange(60, 75))
+
+
+def test_exact_groups_need_a_group_size(tmp_path):
+    with pytest.raises(ValueError, match="group_rows"):
+        ParquetSink(tmp_path / "t.parquet", SCHEMA, group_rows=0, exact_groups=True)
 
 
 def test_an_empty_table_is_one_file_with_its_schema(tmp_path):

@@ -42,18 +42,40 @@ def test_streamed_events_read_back_equal_to_the_in_memory_frame(tmp_path, fmt, b
             [PART_GROUPS] * (len(part_files(path)) - 1)
 
 
-def test_batches_are_gathered_into_row_groups_of_at_least_group_rows(tmp_path):
+@pytest.mark.parametrize("group_rows", [300, 7])
+def test_event_batches_fill_row_groups_of_exactly_group_rows(tmp_path, group_rows):
+    # Batches cross group boundaries (37 pairing rows a batch at least; 7 splits every batch): each group
+    # is written from the buffer before it is refilled, so every row must come back where it was.
     trace = _trace()
     cfg = SimConfig(capacity_tokens=6000)
     mem = simulate(trace, cfg)
-    sink = open_event_sink(tmp_path / "events", batch_rows=37, group_rows=300)
+    sink = open_event_sink(tmp_path / "events", batch_rows=37, group_rows=group_rows)
     streamed = simulate(trace, cfg, events=sink)
     assert streamed.num_events == len(mem.events) > 1000
-    meta = pq.ParquetFile(tmp_path / "events.parquet").metadata
+    meta = PartedFile(tmp_path / "events.parquet").metadata
     sizes = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
     assert sum(sizes) == len(mem.events) and len(sizes) > 2
-    assert min(sizes[:-1]) >= 300 and max(sizes) < 300 + 37 * 4  # gathered, then written
+    assert set(sizes[:-1]) == {group_rows} and 0 < sizes[-1] <= group_rows
     pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "events.parquet"), mem.events)
+
+
+def test_gathered_row_groups_hold_at_least_group_rows(tmp_path):
+    # Without exact groups (the memory and request tables' way), batches are gathered by reference.
+    from simulator.sinks import EVENT_SCHEMA, ParquetSink
+
+    rng = np.random.default_rng(0)
+    sink = ParquetSink(tmp_path / "t.parquet", EVENT_SCHEMA, group_rows=100)
+    batches = [{c: rng.integers(0, 50, n).astype(t) for c, t in EVENT_DTYPES.items()}
+               for n in rng.integers(1, 60, 20)]
+    for batch in batches:
+        sink.write(batch)
+    sink.close()
+    meta = pq.ParquetFile(tmp_path / "t.parquet").metadata
+    sizes = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+    assert sum(sizes) == sum(len(b["start"]) for b in batches) and len(sizes) > 2
+    assert min(sizes[:-1]) >= 100 and max(sizes) < 100 + 60
+    want = pd.DataFrame({c: np.concatenate([b[c] for b in batches]) for c in EVENT_DTYPES})
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "t.parquet"), want)
 
 
 def test_events_keep_dictionaries_only_on_the_integer_columns_with_few_values(tmp_path):
