@@ -36,6 +36,13 @@ if TYPE_CHECKING:  # not imported here: the child sets its malloc arenas before 
 
 # Batches kept in the parent while the child starts (its imports take ~1 s); then it waits for the child.
 MAX_BACKLOG = 16
+# The parent's socket send buffer. With the default (~208 KB) a raw batch (~250 KB pickled) did not fit:
+# the simulation blocked in `send` whenever the child was busy writing a row group, and a 1M-request run
+# spent seconds there (the CLI process's most frequent frame in a 2 ms sampler). With 4 MiB the batches
+# wait in the kernel (not in either process's RSS) and the child catches up: four alternating pairs of 1M
+# runs, 54.8-58.7 s against 59.0-64.6 s, the same peaks (docs/simulator-performance.md, twenty-third
+# sitting).
+SEND_BUFFER_BYTES = 4 << 20
 # The child returns its free heap pages every this many batches of hosted tables (pagelab/memory.py).
 TRIM_BATCHES = 8
 
@@ -77,6 +84,8 @@ class ProcessEventSink:
 
     def _start(self) -> None:
         parent, child = socket.socketpair()
+        # Room for ~16 raw batches in the kernel (Linux caps it at net.core.wmem_max; a request, not a need).
+        parent.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
         root = str(Path(__file__).resolve().parents[1])  # the directory holding the simulator package
         # Arrow's pool as in the CLI (pagelab/memory.py `choose_arrow_pool`), simulate() as a library too.
         env = {**ARROW_ENV, **os.environ,

@@ -1,7 +1,9 @@
 """Tenures paired and written in a child process: the same file as in a thread, and failures that surface."""
 from __future__ import annotations
 
+import os
 from functools import partial
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -94,3 +96,22 @@ def test_long_runs_pair_in_a_child_short_ones_in_a_thread(tmp_path):
     long.close()  # never fed: the child still writes an empty table with the schema
     assert long.num_rows == 0 and list(pd.read_parquet(long.path).columns) == list(EVENT_DTYPES)
 
+
+
+def test_the_parent_end_has_room_for_several_raw_batches(tmp_path):
+    # A raw batch (~250 KB pickled) must not wait for the child to read it: the send buffer is raised
+    # as far as the system allows (Linux reports twice the size it keeps).
+    import socket
+
+    from simulator.event_process import SEND_BUFFER_BYTES
+
+    try:
+        limit = int(Path("/proc/sys/net/core/wmem_max").read_text())
+    except OSError:
+        pytest.skip("no /proc/sys/net/core/wmem_max to compare with")
+    sink = ProcessEventSink(partial(open_event_sink, tmp_path / "events", "parquet"))
+    sink._start()
+    with socket.socket(fileno=os.dup(sink._conn.fileno())) as end:
+        assert end.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) >= min(SEND_BUFFER_BYTES, limit)
+    sink.close()
+    assert sink.num_rows == 0 and sink.path.exists()
