@@ -97,7 +97,6 @@ def test_long_runs_pair_in_a_child_short_ones_in_a_thread(tmp_path):
     assert long.num_rows == 0 and list(pd.read_parquet(long.path).columns) == list(EVENT_DTYPES)
 
 
-
 def test_the_parent_end_has_room_for_several_raw_batches(tmp_path):
     # A raw batch (~250 KB pickled) must not wait for the child to read it: the send buffer is raised
     # as far as the system allows (Linux reports twice the size it keeps).
