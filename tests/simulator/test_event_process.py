@@ -114,3 +114,23 @@ def test_the_parent_end_has_room_for_several_raw_batches(tmp_path):
         assert end.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) >= min(SEND_BUFFER_BYTES, limit)
     sink.close()
     assert sink.num_rows == 0 and sink.path.exists()
+
+
+def test_the_child_pairs_and_writes_without_pandas(tmp_path):
+    # pyarrow imports pandas at its first pa.array(ndarray) if it may (~45 MB resident); the child refuses
+    # it. Its mapped files show what it imported, after it has paired and written a row group.
+    maps = Path("/proc/self/maps")
+    if not maps.exists():
+        pytest.skip("no /proc/PID/maps to read a process's libraries from")
+    assert "/pandas/" in maps.read_text()  # this process has pandas: the check below can see it
+    sink = ProcessEventSink(partial(open_event_sink, tmp_path / "events", "parquet", 4, group_rows=4), 4)
+    rec = EventRecorder(sink, flush_rows=1)
+    rec.acquire_blocks(list(range(8)), 16, 1)
+    rec.now = 1.0
+    rec.release_blocks(list(range(8)), 16, [16] * 8)
+    rec.now = 2.0
+    rec.flush()  # paired and written in the child by now
+    child_maps = Path(f"/proc/{sink._proc.pid}/maps").read_text()
+    rec.finish(3.0)
+    assert "/pyarrow/" in child_maps and "/pandas/" not in child_maps
+    assert sink.num_rows == 8 and len(pd.read_parquet(sink.path)) == 8
