@@ -27,6 +27,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,8 +36,6 @@ from pagelab.memory import ARROW_ENV
 if TYPE_CHECKING:  # not imported here: the child sets its malloc arenas before numpy is imported
     from simulator.sinks import Batches, EventSink
 
-# Batches kept in the parent while the child starts (its imports take ~1 s); then it waits for the child.
-MAX_BACKLOG = 16
 # The parent's socket send buffer. With the default (~208 KB) a raw batch (~250 KB pickled) did not fit:
 # the simulation blocked in `send` whenever the child was busy writing a row group, and a 1M-request run
 # spent seconds there (the CLI process's most frequent frame in a 2 ms sampler). With 4 MiB the batches
@@ -44,6 +43,10 @@ MAX_BACKLOG = 16
 # runs, 54.8-58.7 s against 59.0-64.6 s, the same peaks (docs/simulator-performance.md, twenty-third
 # sitting).
 SEND_BUFFER_BYTES = 4 << 20
+# Messages to the child are pickled straight into the socket, a frame (<= 64 KiB) at a time, and read
+# back from it the same way: `Connection.send` pickled each raw batch whole first (180-265 KB on a 150k
+# trace), the CLI process's largest transient block, met at every batch (twenty-fourth sitting).
+STREAM_BUFFER_BYTES = 1 << 16
 # The child returns its free heap pages every this many batches of hosted tables (pagelab/memory.py).
 TRIM_BATCHES = 8
 
@@ -63,23 +66,26 @@ class ProcessEventSink:
         self.num_rows = 0
         self.path: Path | None = None
         self._proc: subprocess.Popen | None = None
-        self._conn: Connection | None = None
-        self._ready = False
-        self._backlog: list[tuple] = []
+        self._conn: Connection | None = None  # the child's replies come back framed by Connection
+        self._out = None  # a buffered writer on the same socket: messages to the child, pickled into it
         self.tables: list = []  # the tables the child writes too (simulator/hosted_tables.py, `host`)
 
     def post(self, msg: tuple) -> None:
-        """Queue a message for the child (starting it first), and send what the child can take."""
+        """Send a message to the child (starting it first); raise what it raised so far.
+
+        Sent at once, also while the child is still starting (~0.2 s): messages wait in the socket,
+        not in this process (a backlog of raw batches kept here until the child said it was ready was
+        the CLI process's highest moment, twenty-fourth sitting)."""
         if self._proc is None:
             self._start()
-        self._backlog.append(msg)
-        self._drain(wait=len(self._backlog) > MAX_BACKLOG)
+        if self._conn.poll():  # the child speaks unasked only to report an error
+            self._receive("error")
+        self._send(msg)
 
     def ask(self, msg: tuple, answer: str) -> tuple:
         """Send `msg` once everything before it is sent, and return the child's `answer`."""
         if self._proc is None:
             self._start()
-        self._drain(wait=True)
         self._send(msg)
         return self._receive(answer)
 
@@ -95,20 +101,13 @@ class ProcessEventSink:
                                       pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL)
         child.close()
         self._conn = Connection(parent.detach())
+        self._out = open(self._conn.fileno(), "wb", buffering=STREAM_BUFFER_BYTES,  # noqa: SIM115 - _end
+                         closefd=False)
         self._send(("open", self.open_sink))
 
     def process(self, raw, first_row: int, before: float | None, end_s: float = 0.0) -> None:
-        """Queue one batch for the child (what `TenurePairer.process` does, done there)."""
+        """Send one batch to the child (what `TenurePairer.process` does, done there)."""
         self.post(("batch", raw, first_row, before, end_s))
-
-    def _drain(self, wait: bool) -> None:
-        """Send the backlog once the child is ready (waiting for it with `wait`); raise what it raised."""
-        while self._conn.poll() or (wait and not self._ready):
-            self._receive("ready")
-        if self._ready:
-            for msg in self._backlog:
-                self._send(msg)
-            self._backlog.clear()
 
     def sync(self) -> None:
         """Return when the child has processed every batch sent so far."""
@@ -137,21 +136,25 @@ class ProcessEventSink:
         raise TypeError("ProcessEventSink takes raw batches (EventRecorder.process), not tenure tables")
 
     def _end(self) -> None:
+        if self._out is not None:
+            with contextlib.suppress(OSError, ValueError):  # a child that died leaves a broken pipe
+                self._out.close()
+            self._out = None
         if self._conn is not None:
             self._conn.close()
             self._conn = None
         if self._proc is not None:
             self._proc.wait()
-        self._backlog.clear()
 
     def _send(self, msg: tuple) -> None:
         try:
-            self._conn.send(msg)
+            ForkingPickler(self._out, pickle.HIGHEST_PROTOCOL).dump(msg)
+            self._out.flush()
         except (BrokenPipeError, ConnectionResetError):
             self._died()
 
     def _receive(self, expected: str) -> tuple:
-        """The child's next message: `ready` marks it started; an error is raised here."""
+        """The child's next message, which should be `expected`; an error it reports is raised here."""
         try:
             msg = self._conn.recv()
         except (EOFError, ConnectionResetError):
@@ -159,9 +162,6 @@ class ProcessEventSink:
         if msg[0] == "error":
             self.abort()
             raise msg[1]
-        if msg[0] == "ready":
-            self._ready = True
-            return msg if expected == "ready" else self._receive(expected)
         if msg[0] != expected:
             self.abort()
             raise RuntimeError(f"events process: expected {expected!r}, got {msg[0]!r}")
@@ -213,29 +213,29 @@ def _reply_error(conn: Connection, exc: BaseException) -> None:
 
 def _serve(conn: Connection) -> None:
     """The child: open the sink, then pair and write batches until told to close (or the parent is gone)."""
-    from pagelab.memory import (
-        LARGE_BLOCK_BYTES,
-        PAIRING_BLOCK_BYTES,
-        map_large_blocks,
-        one_arena,
-        release_free_memory,
-        set_mmap_threshold,
-    )
+    from pagelab.memory import PAIRING_BLOCK_BYTES, map_large_blocks, one_arena
 
     one_arena()  # before numpy starts its threads (pagelab/memory.py)
     map_large_blocks(PAIRING_BLOCK_BYTES)
+    # The parent's messages, read as they were written: pickled in frames (STREAM_BUFFER_BYTES).
+    with open(conn.fileno(), "rb", buffering=STREAM_BUFFER_BYTES, closefd=False) as messages:
+        _pair_and_write(conn, messages)
+
+
+def _pair_and_write(conn: Connection, messages) -> None:
+    """The child's loop: messages from `messages` (the parent's pickles), replies to `conn`."""
+    from pagelab.memory import LARGE_BLOCK_BYTES, PAIRING_BLOCK_BYTES, release_free_memory, set_mmap_threshold
     from simulator.tenures import TenurePairer
 
     try:
-        _, open_sink = conn.recv()
+        _, open_sink = pickle.load(messages)
         sink = open_sink()
         pairer = TenurePairer(sink)
         tables: dict[int, Batches] = {}  # the hosted tables' writing ends
         num_batches = 0
         pairing = True  # which mmap threshold is set
-        conn.send(("ready",))
         while True:
-            msg = conn.recv()
+            msg = pickle.load(messages)
             if (msg[0] == "batch") != pairing:
                 # The tables' spool chunks and batch columns (100-400 KB each) as in the simulation's
                 # process: mappings of their own, returned when freed, not holes among the heap's

@@ -134,3 +134,39 @@ def test_the_child_pairs_and_writes_without_pandas(tmp_path):
     rec.finish(3.0)
     assert "/pyarrow/" in child_maps and "/pandas/" not in child_maps
     assert sink.num_rows == 8 and len(pd.read_parquet(sink.path)) == 8
+
+
+class _Writes:
+    """A file that records the size of every write before passing it on."""
+
+    def __init__(self, out) -> None:
+        self.out, self.sizes = out, []
+
+    def write(self, data) -> int:
+        self.sizes.append(len(data))
+        return self.out.write(data)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+    def close(self) -> None:
+        self.out.close()
+
+
+def test_raw_batches_go_to_the_child_in_frames_not_whole(tmp_path):
+    # A raw batch is pickled into the socket a frame at a time: the parent never holds one whole.
+    from simulator.event_process import STREAM_BUFFER_BYTES
+
+    sink = ProcessEventSink(partial(open_event_sink, tmp_path / "events", "parquet"))
+    sink._start()
+    sink._out = writes = _Writes(sink._out)
+    rec = EventRecorder(sink, flush_rows=40_000)
+    ids = list(range(1000, 41_000))
+    rec.acquire_blocks(ids, 16, list(range(40_000)))  # one batch of 40,000 acquisitions, pickled > 400 KB
+    rec.now = 1.0
+    rec.release_blocks(ids, 16, [7] * len(ids))
+    rec.finish(2.0)
+    # A frame ends at the first opcode past 64 KiB, a few bytes over.
+    assert sum(writes.sizes) > 6 * STREAM_BUFFER_BYTES and max(writes.sizes) <= STREAM_BUFFER_BYTES + 1024
+    events = pd.read_parquet(sink.path)
+    assert events["request_id"].tolist() == list(range(40_000)) and (events["filled"] == 7).all()
