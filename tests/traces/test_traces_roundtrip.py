@@ -68,3 +68,15 @@ def test_bundled_traces_convert_to_every_format(tmp_path):
     src = load_trace("mooncake-conv").iloc[:500].reset_index(drop=True)
     for suffix in SUFFIXES:
         pd.testing.assert_frame_equal(load_trace(save_trace(src, tmp_path / f"m{suffix}")), src)
+
+
+def test_a_parquet_trace_is_one_row_group_however_long(tmp_path):
+    # Longer than pyarrow's default row group (2^20 rows): a simulation's cursors never cross a group.
+    import pyarrow.parquet as pq
+
+    n = (1 << 20) + 5
+    ones = np.ones(n, dtype=np.int64)
+    trace = pd.DataFrame({"request_id": np.arange(n), "arrival_s": np.arange(n) * 0.01,
+                          "prompt_len": 16 * ones, "output_len": 8 * ones, "n": ones, "beam_width": ones})
+    meta = pq.ParquetFile(save_trace(trace, tmp_path / "long.parquet")).metadata
+    assert meta.num_row_groups == 1 and meta.num_rows == n
