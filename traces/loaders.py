@@ -199,7 +199,7 @@ def _write_parquet(trace: pd.DataFrame, path: Path) -> None:
     # row group. A simulator's two cursors over a 1M-row trace held 3.7 MB with them, 0.6 MB without.
     unique = {"request_id", "arrival_s"}
     # One row group, however long the trace: a simulation reads it front to back through two cursors, and
-    # each row group they crossed left ~0.1 MB more in the heap while they lived (the cursors over a
+    # each row group they crossed left ~0.1 MB more resident while they lived (the cursors over a
     # 10M-row trace of 2^20-row groups: 2.7 -> 3.2 MB by the sixth group; in one row group flat at 2.8 MB,
     # as over a 1M-row trace; docs/simulator-performance.md, twenty-fourth sitting).
     pq.write_table(pa.Table.from_arrays(arrays, names=names), path, row_group_size=max(len(trace), 1),
