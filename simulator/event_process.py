@@ -31,7 +31,15 @@ from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pagelab.memory import ARROW_ENV
+from pagelab.memory import (
+    ARROW_ENV,
+    LARGE_BLOCK_BYTES,
+    PAIRING_BLOCK_BYTES,
+    map_large_blocks,
+    one_arena,
+    release_free_memory,
+    set_mmap_threshold,
+)
 
 if TYPE_CHECKING:  # not imported here: the child sets its malloc arenas before numpy is imported
     from simulator.sinks import Batches, EventSink
@@ -214,8 +222,6 @@ def _reply_error(conn: Connection, exc: BaseException) -> None:
 
 def _serve(conn: Connection) -> None:
     """The child: open the sink, then pair and write batches until told to close (or the parent is gone)."""
-    from pagelab.memory import PAIRING_BLOCK_BYTES, map_large_blocks, one_arena
-
     one_arena()  # before numpy starts its threads (pagelab/memory.py)
     map_large_blocks(PAIRING_BLOCK_BYTES)
     # The parent's messages, read as they were written: pickled in frames (STREAM_BUFFER_BYTES).
@@ -225,8 +231,7 @@ def _serve(conn: Connection) -> None:
 
 def _pair_and_write(conn: Connection, messages) -> None:
     """The child's loop: messages from `messages` (the parent's pickles), replies to `conn`."""
-    from pagelab.memory import LARGE_BLOCK_BYTES, PAIRING_BLOCK_BYTES, release_free_memory, set_mmap_threshold
-    from simulator.tenures import TenurePairer
+    from simulator.tenures import TenurePairer  # numpy: after `one_arena` (see _serve)
 
     try:
         _, open_sink = pickle.load(messages)

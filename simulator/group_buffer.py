@@ -16,6 +16,16 @@ import numpy as np
 import pyarrow as pa
 
 
+def numpy_dtypes(schema: pa.Schema) -> dict[str, np.dtype]:
+    """The numpy dtype of each column of `schema` (fixed-width types)."""
+    return {f.name: np.dtype(f.type.to_pandas_dtype()) for f in schema}
+
+
+def arrow_table(columns: dict[str, np.ndarray], schema: pa.Schema) -> pa.Table:
+    """Numpy columns as an Arrow table of `schema` (no copy where the types already match)."""
+    return pa.Table.from_arrays([pa.array(columns[f.name], f.type) for f in schema], schema=schema)
+
+
 class GroupBuffer:
     """Columns of `rows` rows for `schema` (fixed-width types), in one block of memory made once."""
 
@@ -25,7 +35,7 @@ class GroupBuffer:
         self.schema = schema
         self.rows = rows
         self.num_rows = 0
-        dtypes = {f.name: np.dtype(f.type.to_pandas_dtype()) for f in schema}
+        dtypes = numpy_dtypes(schema)
         # One allocation (past the mmap threshold: a mapping of its own, not heap space). Widest columns
         # first, so every column starts at a multiple of its item size.
         block = np.empty(rows * sum(t.itemsize for t in dtypes.values()), np.uint8)
@@ -52,8 +62,7 @@ class GroupBuffer:
 
     def table(self) -> pa.Table:
         """The rows so far as an Arrow table over the buffer (no copy: write it before the next `take`)."""
-        return pa.Table.from_arrays([pa.array(self.columns[f.name][:self.num_rows], f.type)
-                                     for f in self.schema], schema=self.schema)
+        return arrow_table({c: v[:self.num_rows] for c, v in self.columns.items()}, self.schema)
 
     def clear(self) -> None:
         """Start the next group in the same memory."""
