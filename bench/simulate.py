@@ -10,24 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
-import resource
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from pagelab.memory import peak_rss_mib
 from simulator.core.errors import ConfigError
 from simulator.sim_config import ALLOCATORS, SimConfig
 
 DEFAULT_RATE = 15.0  # req/s: with "sharegpt" lengths, about the Azure conversation trace's tokens per second
-
-
-def _rss_mb(who: int = resource.RUSAGE_SELF) -> float:
-    """Peak resident memory of this process so far (or of its largest finished child, with
-    RUSAGE_CHILDREN), in MiB (ru_maxrss is KiB on Linux, bytes on macOS)."""
-    peak = resource.getrusage(who).ru_maxrss
-    return peak / (1 << 20) if sys.platform == "darwin" else peak / 1024
 
 
 def _load(trace: str, num_requests: int | None):
@@ -69,7 +61,7 @@ def measure_once(trace: str, num_requests: int | None, config: SimConfig, label:
     from simulator.simulate import simulate
 
     work, n = _load(trace, num_requests)
-    before = _rss_mb()
+    before = peak_rss_mib()
     with tempfile.TemporaryDirectory(prefix="pagelab-bench-") as tmp:
         folder = Path(tmp)
         sinks = open_run_sinks(folder, "parquet", n, config.record_events)
@@ -87,7 +79,9 @@ def measure_once(trace: str, num_requests: int | None, config: SimConfig, label:
         "wall_s": wall,
         "us_per_request": 1e6 * wall / n,
         "rss_before_mb": before,
-        "peak_rss_mb": _rss_mb() + _rss_mb(resource.RUSAGE_CHILDREN),  # both peaks, as if at once
+        # Both processes' own peaks, as if at once (not RUSAGE_CHILDREN: an exec'd child's count starts
+        # at this process's peak when it was started; pagelab/memory.py `peak_rss_mib`).
+        "peak_rss_mb": peak_rss_mib() + (getattr(sinks.get("events"), "peak_rss_mib", None) or 0.0),
         "num_steps": s["num_steps"],
         "num_memory_rows": sinks["memory"].num_rows,
         "num_events": result.num_events,

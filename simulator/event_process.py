@@ -37,6 +37,7 @@ from pagelab.memory import (
     PAIRING_BLOCK_BYTES,
     map_large_blocks,
     one_arena,
+    peak_rss_mib,
     release_free_memory,
     set_mmap_threshold,
 )
@@ -74,6 +75,7 @@ class ProcessEventSink:
         self.batch_rows = batch_rows
         self.num_rows = 0
         self.path: Path | None = None
+        self.peak_rss_mib: float | None = None  # the child's own peak, known once it has closed
         self._proc: subprocess.Popen | None = None
         self._conn: Connection | None = None  # the child's replies come back framed by Connection
         self._out = None  # a buffered writer on the same socket: messages to the child, pickled into it
@@ -128,7 +130,7 @@ class ProcessEventSink:
         """Finish the file in the child and wait for it to exit (an empty table still gets its file)."""
         if self._conn is None and self._proc is not None:
             return  # closed already
-        self.num_rows, path = self.ask(("close",), "closed")[1:]
+        self.num_rows, path, self.peak_rss_mib = self.ask(("close",), "closed")[1:]
         self.path = Path(path) if path is not None else None
         self._end()
 
@@ -270,7 +272,7 @@ def _pair_and_write(conn: Connection, messages) -> None:
             elif msg[0] == "close":
                 sink.close()
                 path = getattr(sink, "path", None)
-                conn.send(("closed", sink.num_rows, str(path) if path is not None else None))
+                conn.send(("closed", sink.num_rows, str(path) if path is not None else None, peak_rss_mib()))
                 return
     except (EOFError, BrokenPipeError, ConnectionResetError):
         return  # the parent is gone (or aborted): nothing to report to

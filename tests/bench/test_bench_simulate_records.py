@@ -39,3 +39,11 @@ def test_bench_refuses_more_requests_than_the_trace_has(tmp_path):
     path = write_synthetic(tmp_path / "t.parquet", 50, rate=40.0, lengths="sharegpt", seed=3)
     with pytest.raises(ConfigError, match="has 50 requests, fewer than the 60 asked for"):
         bench_simulate([60], trace=str(path), isolate=False)
+
+
+def test_an_isolated_runs_peak_is_the_run_processes_not_the_benchmarks():
+    # The run's process is started while this one holds 600 MiB more: none of it may count.
+    ballast = b"\x01" * (600 << 20)
+    (rec,) = bench_simulate([200], ["paged"], events=(True,), isolate=True)
+    del ballast
+    assert rec["num_events"] > 200 and 0 < rec["peak_rss_mb"] < 600

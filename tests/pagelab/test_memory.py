@@ -230,3 +230,19 @@ def test_the_recorders_growing_lists_leave_the_heap_under_the_runs_threshold():
     # Under LARGE_BLOCK_BYTES a list that size is a mapping of its own; under 256 KB it was in the heap.
     assert run_script(_LIST_MAPPED, memory.LARGE_BLOCK_BYTES) == "1"
     assert run_script(_LIST_MAPPED, 256 << 10) == "0"
+
+
+def test_a_started_processs_peak_is_its_own_not_its_parents():
+    # Linux starts an exec'd child's ru_maxrss at its parent's peak (subprocess and multiprocessing's
+    # spawn use vfork); peak_rss_mib reads the child's own high-water mark.
+    import subprocess
+
+    from pagelab.memory import peak_rss_mib
+
+    ballast = b"\x01" * (600 << 20)  # touched: this process's peak is now over 600 MiB
+    out = subprocess.run([sys.executable, "-c", "import resource; from pagelab.memory import peak_rss_mib; "
+                          "print(peak_rss_mib(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    del ballast
+    assert peak_rss_mib() > 600
+    assert float(out[0]) < 300  # an interpreter and the module, not the 600 MiB above

@@ -170,3 +170,11 @@ def test_raw_batches_go_to_the_child_in_frames_not_whole(tmp_path):
     assert sum(writes.sizes) > 6 * STREAM_BUFFER_BYTES and max(writes.sizes) <= STREAM_BUFFER_BYTES + 1024
     events = pd.read_parquet(sink.path)
     assert events["request_id"].tolist() == list(range(40_000)) and (events["filled"] == 7).all()
+
+
+def test_the_child_reports_its_own_peak_memory_when_it_closes(tmp_path):
+    sink = ProcessEventSink(partial(open_event_sink, tmp_path / "events", "parquet"))
+    assert sink.peak_rss_mib is None
+    sink._start()
+    sink.close()
+    assert 10 < sink.peak_rss_mib < 1024  # an interpreter with numpy and pyarrow, nothing of this process
