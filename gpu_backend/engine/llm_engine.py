@@ -61,12 +61,18 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return dev
 
 
+def device_holds(requested: torch.device, actual: torch.device) -> bool:
+    """Whether a model on `actual` is on the `requested` device: plain "cuda" names no index, so a
+    model on any "cuda:N" is on it (torch.device("cuda") != torch.device("cuda:0"))."""
+    return requested.type == actual.type and requested.index in (None, actual.index)
+
+
 def _resolve_model(model, device: str | torch.device, dtype, backend: str, seed: int) -> CausalLM:
     from gpu_backend.loader import resolve_model
     from gpu_backend.ops import get_backend
 
     if isinstance(model, CausalLM):
-        if str(device) != "auto" and resolve_device(device) != model.device:
+        if str(device) != "auto" and not device_holds(resolve_device(device), model.device):
             raise EngineInputError(f"the model lives on {model.device}, not on the requested {device}")
         if dtype is not None:
             from gpu_backend.model_config import resolve_dtype

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from gpu_backend import EngineInputError, LLMEngine, SamplingParams
+from gpu_backend.engine.llm_engine import device_holds
 from gpu_backend.model import CausalLM
 from gpu_backend.model_config import ModelConfig
 from gpu_backend.model_presets import init_random_weights
@@ -209,6 +211,20 @@ def test_bad_requests_are_refused_before_any_work(model, prompt, params, match):
 def test_bad_engine_options_are_typed_errors(model, kwargs, match):
     with pytest.raises(EngineInputError, match=match):
         LLMEngine("tiny" if "device" in kwargs else model, **kwargs)
+
+
+@pytest.mark.parametrize("requested,actual,holds", [
+    ("cuda", "cuda:0", True), ("cuda", "cuda:3", True), ("cuda:1", "cuda:1", True),
+    ("cuda:1", "cuda:0", False), ("cpu", "cpu", True), ("cpu", "cuda:0", False), ("cuda", "cpu", False),
+])
+def test_plain_cuda_holds_a_model_on_any_cuda_index(requested, actual, holds):
+    # A 1B preset built on "cuda" lives on "cuda:0"; `bench engine --device cuda` refused it on an H200.
+    assert device_holds(torch.device(requested), torch.device(actual)) is holds
+
+
+def test_a_model_on_another_device_is_refused(model):
+    with pytest.raises(EngineInputError, match="the model lives on cpu, not on the requested meta"):
+        LLMEngine(model, device="meta")
 
 
 @pytest.mark.parametrize("kwargs,match", [
