@@ -10,6 +10,7 @@ default, any preset, device and dtype on request (bf16 llama-1b-shape on a GPU).
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -65,14 +66,19 @@ def to_transformers(model: CausalLM):
     import transformers
 
     cfg = model.config
-    if cfg.architecture != "LlamaForCausalLM" or cfg.rope_scaling is not None or cfg.qkv_bias:
-        raise ValueError(f"to_transformers handles plain Llama configs, not {cfg.architecture}")
+    if cfg.architecture != "LlamaForCausalLM" or cfg.qkv_bias:
+        raise ValueError(f"to_transformers handles Llama configs without qkv bias, not {cfg.architecture}"
+                         + " with qkv bias" * cfg.qkv_bias)
+    # config.json's rope_scaling block (llama-1b-shape has Llama 3's); transformers 5 maps it to
+    # rope_parameters itself.
+    rope = {} if cfg.rope_scaling is None else {"rope_scaling": {
+        k: v for k, v in dataclasses.asdict(cfg.rope_scaling).items() if v is not None}}
     hf_config = transformers.LlamaConfig(
         vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
         num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
         num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
         max_position_embeddings=cfg.max_position_embeddings, rms_norm_eps=cfg.rms_norm_eps,
-        rope_theta=cfg.rope_theta, tie_word_embeddings=cfg.tie_word_embeddings)
+        rope_theta=cfg.rope_theta, tie_word_embeddings=cfg.tie_word_embeddings, **rope)
     hf = transformers.LlamaForCausalLM(hf_config).to(device=model.device, dtype=model.dtype).eval()
     ours = dict(model.named_parameters())
     state = {}

@@ -97,6 +97,26 @@ def test_inv_freq_matches_transformers(pair, name):
     torch.testing.assert_close(ours.rotary.inv_freq, hf.model.rotary_emb.inv_freq.float(), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("name", ["llama", "llama3-rope"])
+def test_copy_into_transformers_gives_the_checkpoint_logits(pair, name):
+    # `bench engine` copies a preset into transformers; it refused llama-1b-shape's Llama 3 rope_scaling
+    # until an H200 run hit it. The copy must compute what transformers computes from the checkpoint.
+    from bench.engine import to_transformers
+
+    ours, hf = pair(name)
+    prompt = _prompts(ours.config.vocab_size)[2]
+    copy = to_transformers(ours)
+    assert copy.config.rope_parameters["rope_type"] == hf.config.rope_parameters["rope_type"]
+    assert (_hf_logits(copy, prompt) - _hf_logits(hf, prompt)).abs().max().item() < LOGITS_ATOL
+
+
+def test_copy_into_transformers_refuses_qkv_bias(pair):
+    from bench.engine import to_transformers
+
+    with pytest.raises(ValueError, match="with qkv bias"):
+        to_transformers(pair("qwen2")[0])
+
+
 def test_rope_scaling_changes_frequencies():
     base = compute_inv_freq(64, 500000.0)
     llama3 = compute_inv_freq(64, 500000.0, PRESETS["llama-1b-shape"].rope_scaling)
