@@ -68,10 +68,17 @@ def replay_run(trace_csv: Path, time_scale: float, setup: ReplaySetup, out: Path
     return real
 
 
-def validate_run(real: Path, profile: str, out: Path) -> dict:
-    """Simulate the replay in `real` with the profile and compare the two; the comparison's JSON."""
+def part_trace(out: Path, part: str) -> Path:
+    """The trace file of a part's requests under `out` (written by `replay_all`)."""
+    start = PARTS[part][0]
+    return out / f"azure-{start}-{start + PART_SIZE - 1}.csv"
+
+
+def validate_run(real: Path, profile: str, out: Path, trace: Path) -> dict:
+    """Simulate the replay in `real` with the profile and compare the two; the comparison's JSON. The
+    trace is named, not taken from the replay's config.json, whose path is the replaying machine's."""
     sim, cmp = out / "sim", out / "compare"
-    pagelab("simulate", "--profile", profile, "--config-from", real, "--out", sim, "--overwrite")
+    pagelab("simulate", trace, "--profile", profile, "--config-from", real, "--out", sim, "--overwrite")
     pagelab("compare", sim, real, "--out", cmp)
     return json.loads((cmp / "comparison.json").read_text())
 
@@ -213,7 +220,7 @@ def replay_all(setup: ReplaySetup, out: Path, runs: list[tuple[str, str]],
     reals = {}
     for name, part in runs:
         start, scale = PARTS[part]
-        trace_csv = out / f"azure-{start}-{start + PART_SIZE - 1}.csv"
+        trace_csv = part_trace(out, part)
         if not trace_csv.is_file():
             save_trace(held_out_part(trace, start), trace_csv)
         reals[name] = replay_run(trace_csv, scale, setup, out / name, reuse)
@@ -232,7 +239,9 @@ def validate(profile: str, out: Path, runs: list[tuple[str, str]], reuse: bool =
     """Replay, simulate and compare every (run name, part); measure the noise floor of the repeats; write
     validation.md/.json; the table's rows."""
     reals = replay_all(setup or ReplaySetup(), out, runs, reuse)
-    rows = {name: summary_row(validate_run(real, profile, out / name)) for name, real in reals.items()}
+    parts = dict(runs)
+    rows = {name: summary_row(validate_run(real, profile, out / name, part_trace(out, parts[name])))
+            for name, real in reals.items()}
     floor = noise_floor(out, floor_pairs(runs))
     table = markdown_table(rows)
     lines = verdict_lines(rows) + floor_lines(floor) + judged_lines(rows, floor, runs)

@@ -24,6 +24,7 @@ class ReplaySetup:
     kv_memory_gb: float = 0.25
     max_model_len: int = MAX_MODEL_LEN
     block_size: int = 16
+    enforce_eager: bool = False
 
     @property
     def clock(self) -> str:
@@ -35,7 +36,7 @@ class ReplaySetup:
         return ("--model", self.model, "--device", self.device, "--backend", self.backend,
                 "--clock", self.clock, "--block-size", str(self.block_size),
                 "--kv-memory-gb", f"{self.kv_memory_gb:g}", "--max-model-len", str(self.max_model_len),
-                "--preemption", "recompute", "--prefix-caching")
+                "--preemption", "recompute", "--prefix-caching", *("--enforce-eager",) * self.enforce_eager)
 
     @classmethod
     def for_device(cls, device: str, model: str | None = None, backend: str | None = None,
@@ -52,11 +53,12 @@ class ReplaySetup:
     def from_args(cls, args: argparse.Namespace) -> ReplaySetup:
         """The setup named by `add_arguments`' options."""
         return cls.for_device(args.device, args.model, args.backend, args.kv_memory_gb,
-                              max_model_len=args.max_model_len, block_size=args.block_size)
+                              max_model_len=args.max_model_len, block_size=args.block_size,
+                              enforce_eager=args.enforce_eager)
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    """--device, --model, --backend, --kv-memory-gb, --max-model-len, --block-size."""
+    """--device, --model, --backend, --kv-memory-gb, --max-model-len, --block-size, --enforce-eager."""
     ap.add_argument("--device", choices=sorted(DEFAULTS), default="cpu", help="cpu (CPU-time clock) or cuda "
                     "(wall clock)")
     ap.add_argument("--model", help="engine model preset (default: tiny on cpu, llama-1b-shape on cuda)")
@@ -66,6 +68,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--max-model-len", type=int, default=MAX_MODEL_LEN, help=f"longest sequence; longer "
                     f"prompts are clipped (default {MAX_MODEL_LEN})")
     ap.add_argument("--block-size", type=int, default=16, help="paged block size (default 16)")
+    ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps (a profile "
+                    "fitted on eager replays stands for eager runs only)")
 
 
 def pagelab(*args: object) -> None:

@@ -36,6 +36,15 @@ def test_replay_options_are_what_the_bundled_profile_was_measured_with():
                      "--preemption": "recompute"}
     gpu = _setup("--device", "cuda").replay_options()
     assert gpu[gpu.index("--clock") + 1] == "wall" and gpu[gpu.index("--kv-memory-gb") + 1] == "8"
+    assert "--enforce-eager" not in gpu
+    assert _setup("--device", "cuda", "--enforce-eager").replay_options()[-1] == "--enforce-eager"
+
+
+def test_the_prefill_step_term_is_fitted_by_default_only_where_decode_steps_are_graphs():
+    assert profile.graphed_decode(_setup("--device", "cuda"))
+    assert not profile.graphed_decode(_setup("--device", "cuda", "--enforce-eager"))
+    assert not profile.graphed_decode(_setup("--device", "cuda", "--backend", "torch"))
+    assert not profile.graphed_decode(_setup())
 
 
 def test_prompt_ranges_leave_room_for_the_longest_output():
@@ -75,3 +84,10 @@ def test_replay_only_measures_the_floor_without_a_profile(tmp_path, single_threa
     assert (tmp_path / "C-repeat" / "floor" / "comparison.json").is_file()
     assert not (tmp_path / "C" / "sim").exists()
     assert "C-repeat vs C" in capsys.readouterr().out
+    # Replays copied from the machine that ran them validate here: their config.json's trace path is that
+    # machine's (moved away below), so the part's trace must come from the folder.
+    moved = tmp_path.parent / f"{tmp_path.name}-moved"
+    tmp_path.rename(moved)
+    assert calibration.main(["--reuse", "--parts", "C", "--repeat", "C", "--max-model-len", "256",
+                             "--out", str(moved), "--profile", "cpu-tiny"]) == 0
+    assert "| C-repeat |" in (moved / "validation.md").read_text()
