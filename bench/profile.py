@@ -1,7 +1,8 @@
 """A latency profile for this machine in one command (`python -m bench.profile`; `make profile` calls it).
 
 Four synthetic calibration traces are replayed on the engine and `pagelab calibrate` fits them with the
-relative objective and the six-term model (`--sqrt-decode`). The traces span what a workload's steps can
+relative objective and the six-term model (`--sqrt-decode`), plus the seventh term (`--prefill-step`) where
+decode steps run as CUDA graphs (docs/calibration.md, "On a GPU"). The traces span what a workload's steps can
 be, two prompt ranges at two loads: prompts up to max_model_len (a fit extrapolates badly past its longest
 prefill) in small and in large batches, and short prompts in batches of 2-8 and of 10-25, so that
 per-sequence and per-context-token decode costs can be told apart at every batch size
@@ -30,9 +31,11 @@ def prompt_range(low_high: tuple[int, int], max_model_len: int) -> tuple[int, in
 
 
 def make_profile(setup: ReplaySetup, gpu: str, out: Path, runs: Path, num: int = NUM_REQUESTS,
-                 sqrt_decode: bool = True) -> Path:
+                 sqrt_decode: bool = True, prefill_step: bool | None = None) -> Path:
     """Generate the calibration traces (`num` requests each), replay them on `setup` into `runs`, fit and
-    write `out`."""
+    write `out`. `prefill_step` None: on where the replays use CUDA graphs (cuda, not --enforce-eager)."""
+    if prefill_step is None:
+        prefill_step = graphed_decode(setup)
     runs.mkdir(parents=True, exist_ok=True)
     folders = []
     for name, (rate, prompts, seed) in TRACES.items():
@@ -47,8 +50,14 @@ def make_profile(setup: ReplaySetup, gpu: str, out: Path, runs: Path, num: int =
                 "--overwrite")
         folders.append(folder)
     pagelab("calibrate", *folders, "--gpu", gpu, "--objective", "relative", "--out", out,
-            "--sqrt-decode" if sqrt_decode else "--no-sqrt-decode")
+            "--sqrt-decode" if sqrt_decode else "--no-sqrt-decode",
+            "--prefill-step" if prefill_step else "--no-prefill-step")
     return out
+
+
+def graphed_decode(setup: ReplaySetup) -> bool:
+    """Whether the engine replays decode steps as CUDA graphs in this setup (prefill steps never are)."""
+    return setup.device == "cuda" and setup.backend == "triton" and not setup.enforce_eager
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sqrt-decode", action=argparse.BooleanOptionalAction, default=True,
                     help="fit the sixth term, c5 * sqrt(decode sequences) (default: on; docs/calibration.md, "
                     "sittings 23-29)")
+    ap.add_argument("--prefill-step", action=argparse.BooleanOptionalAction, default=None,
+                    help="fit the seventh term, c6 per step that prefills (default: on where decode steps "
+                    "are CUDA graphs: cuda, triton, not --enforce-eager)")
     args = ap.parse_args(argv)
     setup = ReplaySetup.from_args(args)
     gpu = args.gpu or ("cpu" if setup.device == "cpu" else None)
@@ -72,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--gpu is required with --device cuda (the GPU preset the profile stands for, e.g. "
                  "h100-80gb)")
     out = args.out or args.runs / f"{gpu}-{setup.model}.json"
-    make_profile(setup, gpu, out, args.runs, args.num, args.sqrt_decode)
+    make_profile(setup, gpu, out, args.runs, args.num, args.sqrt_decode, args.prefill_step)
     return 0
 
 

@@ -60,6 +60,10 @@ def calibrate_cmd(
     sqrt_decode: bool = typer.Option(False, "--sqrt-decode/--no-sqrt-decode",
                                      help="Add a sixth term, c5 * sqrt(decode sequences): per-sequence "
                                           "decode cost falling as batches grow (docs/latency-model.md)."),
+    prefill_step: bool = typer.Option(False, "--prefill-step/--no-prefill-step",
+                                      help="Add a seventh term, c6 per step that prefills: the kernel "
+                                           "launches that a GPU's graphed decode steps hide "
+                                           "(docs/latency-model.md)."),
 ) -> None:
     """Fit the step-latency model to measured replays; print the fit quality and write a profile."""
     from simulator.calibrate import calibrate
@@ -71,7 +75,7 @@ def calibrate_cmd(
     if objective not in ("absolute", "relative"):
         raise UserError(f"--objective must be absolute or relative, got {objective!r}")
     profile = calibrate(measured, gpu=gpu, min_steps=min_steps, relative=objective == "relative",
-                        sqrt_decode=sqrt_decode)
+                        sqrt_decode=sqrt_decode, prefill_step=prefill_step)
     payload = json.dumps(profile.to_dict(), indent=2) + "\n"
     atomic_write_bytes(out, payload.encode())
     fit = profile.meta["fit"]
@@ -208,7 +212,11 @@ def replay_twin(real_run: Path, trace_df: pd.DataFrame | None, base, step_times:
     if trace_df is None:
         if cfg.get("trace") is None:
             raise UserError(f"{folder / 'config.json'}: no 'trace' recorded; give the TRACE argument")
-        trace_df = load_trace(str(cfg["trace"]))
+        recorded = str(cfg["trace"])
+        if Path(recorded).suffix and not Path(recorded).is_file():  # a file of the replaying machine
+            raise UserError(f"{folder / 'config.json'}: the replay ran trace {recorded}, which is not here; "
+                            "give that trace as the TRACE argument")
+        trace_df = load_trace(recorded)
         if cfg.get("limit"):
             trace_df = trace_df.iloc[: int(cfg["limit"])].reset_index(drop=True)
     req = run.requests.sort_values("request_id")

@@ -1,8 +1,8 @@
 """Calibration: fit the step-latency model to the steps tables of measured replays, and judge the fit.
 
 The fit is `FittedLatency` (docs/latency-model.md): time = c0 + c1 * tokens + c2 * attn_pairs +
-c3 * kv_tokens_read + c4 * decode seqs [+ c5 * sqrt(decode seqs)], non-negative least squares over every
-measured step that computed something.
+c3 * kv_tokens_read + c4 * decode seqs [+ c5 * sqrt(decode seqs) [+ c6 if the step prefills]],
+non-negative least squares over every measured step that computed something.
 Pure functions over tables; reading run folders is the CLI's job (cli/calibrate.py).
 """
 from __future__ import annotations
@@ -49,15 +49,16 @@ def check_steps(steps: pd.DataFrame, source: str) -> None:
 
 def calibrate(runs: Sequence[tuple[str, dict, pd.DataFrame]], gpu: str | None = None,
               min_steps: int = MIN_STEPS, relative: bool = False,
-              sqrt_decode: bool = False) -> FittedLatency:
+              sqrt_decode: bool = False, prefill_step: bool = False) -> FittedLatency:
     """Fit a profile to the steps of measured runs, given as (source, config.json, steps table) each.
 
-    All runs must share the model, device, backend, dtype and block size (a profile stands for one of
-    each); `gpu` names the device preset (default: `cpu` for CPU runs, required for GPU runs).
+    All runs must share the model, device, backend, dtype, block size and CUDA-graph setting (a profile
+    stands for one of each); `gpu` names the device preset (default: `cpu` for CPU runs, required for GPU
+    runs).
     """
     if not runs:
         raise ConfigError("calibrate needs at least one measured run")
-    keys = ("model", "device", "backend", "dtype", "block_size")
+    keys = ("model", "device", "backend", "dtype", "block_size", "enforce_eager")
     first_source, first, _ = runs[0]
     for source, config, steps in runs:
         if config.get("source") != "replay":
@@ -82,9 +83,10 @@ def calibrate(runs: Sequence[tuple[str, dict, pd.DataFrame]], gpu: str | None = 
     data = {f: table[f].to_numpy(np.float64) for f in (*FEATURES, DECODE_FEATURE)}
     data["step_s"] = table["dt_s"].to_numpy(np.float64)
     fitted = fit_latency(data, model, get_gpu(gpu), source="steps", relative=relative,
-                         sqrt_decode=sqrt_decode)
+                         sqrt_decode=sqrt_decode, prefill_step=prefill_step)
     meta = {"device": device, "backend": first.get("backend"), "dtype": first.get("dtype"),
-            "engine_model": first.get("model"), "fitted_on": [s for s, _, _ in runs],
+            "engine_model": first.get("model"), "enforce_eager": first.get("enforce_eager"),
+            "fitted_on": [s for s, _, _ in runs],
             "objective": "relative" if relative else "absolute"}
     profile = FittedLatency(model=fitted.model, gpu=fitted.gpu, coefficients=fitted.coefficients,
                             num_samples=fitted.num_samples, rms_residual_s=fitted.rms_residual_s,

@@ -31,7 +31,13 @@ DECODE_COEFFICIENT = "s_per_decode_seq"
 # linear term alone prices batches of 2-4 short and of 16-64 long; with both terms the fit can bend.
 # Measured on the CPU engine in docs/calibration.md, sittings 23-30.
 SQRT_DECODE_COEFFICIENT = "s_per_sqrt_decode_seq"
-OPTIONAL_COEFFICIENTS = (DECODE_COEFFICIENT, SQRT_DECODE_COEFFICIENT)
+# Optional seventh: c6 for every step that prefills (num_batched_tokens > num_decode_seqs). On a GPU the
+# engine replays decode-only steps as CUDA graphs and launches a prefill step's kernels one by one, so a
+# prefill step pays the launch overhead that graphs hide: ~10 ms on an H200 with the 1B shape, against
+# ~2.5 ms for a whole graphed decode step. Without the term a fit on mostly-decode steps prices prefills
+# 50-60% short (docs/calibration.md, "On a GPU").
+PREFILL_STEP_COEFFICIENT = "s_per_prefill_step"
+OPTIONAL_COEFFICIENTS = (DECODE_COEFFICIENT, SQRT_DECODE_COEFFICIENT, PREFILL_STEP_COEFFICIENT)
 
 
 def step_features(q_lens: np.ndarray, context_lens: np.ndarray) -> tuple[int, int, int]:
@@ -132,7 +138,7 @@ class RooflineLatency(_SwapAndPrefill):
 @dataclass(frozen=True)
 class FittedLatency(_SwapAndPrefill):
     """c0 + c1 * tokens + c2 * attn_pairs + c3 * kv_tokens_read [+ c4 * decode seqs [+ c5 * sqrt(decode
-    seqs)]], fitted to measurements.
+    seqs) [+ c6 if the step prefills]]], fitted to measurements.
 
     `block_size` (when known) is the block size of the runs it was fitted on: paged attention's cost
     depends on it, so a profile is refused for simulations with another one. `meta` carries the fit's
@@ -141,17 +147,17 @@ class FittedLatency(_SwapAndPrefill):
 
     model: ModelSpec
     gpu: GPUSpec
-    coefficients: tuple[float, ...]  # 4, 5 with s_per_decode_seq, 6 with s_per_sqrt_decode_seq too
+    coefficients: tuple[float, ...]  # 4, +1 per OPTIONAL_COEFFICIENTS in order (at most 7)
     num_samples: int = 0
     rms_residual_s: float = 0.0
     block_size: int | None = None
     meta: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
-        if len(self.coefficients) not in (4, 5, 6) or not all(math.isfinite(c) and c >= 0
-                                                              for c in self.coefficients):
+        if len(self.coefficients) not in (4, 5, 6, 7) or not all(math.isfinite(c) and c >= 0
+                                                                 for c in self.coefficients):
             raise ConfigError(
-                f"fitted latency needs 4, 5 or 6 finite non-negative coefficients, got {self.coefficients}")
+                f"fitted latency needs 4 to 7 finite non-negative coefficients, got {self.coefficients}")
 
     def step_time(self, num_batched_tokens: int, attn_pairs: int, kv_tokens_read: int,
                   num_decode_seqs: int = 0) -> float:
@@ -165,6 +171,8 @@ class FittedLatency(_SwapAndPrefill):
             t = t + coefs[4] * num_decode_seqs
             if len(coefs) > 5:  # the same operations in the same order as step_times: identical floats
                 t = t + coefs[5] * math.sqrt(num_decode_seqs)
+                if len(coefs) > 6 and num_batched_tokens > num_decode_seqs:
+                    t = t + coefs[6]
         return t
 
     def step_times(self, num_batched_tokens: np.ndarray, attn_pairs: np.ndarray,
@@ -179,6 +187,8 @@ class FittedLatency(_SwapAndPrefill):
             times = times + self.coefficients[4] * decode
             if len(self.coefficients) > 5:
                 times = times + self.coefficients[5] * np.sqrt(decode)
+                if len(self.coefficients) > 6:  # + c6 or + 0.0: the same floats as step_time's
+                    times = times + np.where(tokens > decode, self.coefficients[6], 0.0)
         return np.where(tokens > 0, times, 0.0)
 
     def to_dict(self) -> dict[str, Any]:
@@ -236,11 +246,11 @@ def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def fit_latency(data: Mapping[str, Any], model: ModelSpec, gpu: GPUSpec,
                 source: str = "measured steps", relative: bool = False,
-                sqrt_decode: bool = False) -> FittedLatency:
+                sqrt_decode: bool = False, prefill_step: bool = False) -> FittedLatency:
     """Fit FittedLatency by non-negative least squares to measured steps (columns FEATURES + step_s, and
-    num_decode_seqs for the fifth coefficient when present, and with `sqrt_decode` the sixth); `relative`
-    minimises relative residuals, then scales the fit so that its total over the steps is their measured
-    total."""
+    num_decode_seqs for the fifth coefficient when present, with `sqrt_decode` the sixth and with
+    `prefill_step` the seventh; a seventh without the sixth fits the sixth as 0); `relative` minimises
+    relative residuals, then scales the fit so that its total over the steps is their measured total."""
     columns = {}
     names = (*FEATURES, DECODE_FEATURE) if DECODE_FEATURE in data else FEATURES
     for name in (*names, "step_s"):
@@ -257,10 +267,15 @@ def fit_latency(data: Mapping[str, Any], model: ModelSpec, gpu: GPUSpec,
     if num_kept < 4:
         raise ConfigError(f"{source}: need at least 4 steps with num_batched_tokens > 0, got {num_kept}")
     features = np.column_stack([np.ones(num_kept)] + [columns[f][keep] for f in names])
-    if sqrt_decode:
+    if sqrt_decode or prefill_step:
         if DECODE_FEATURE not in columns:
-            raise ConfigError(f"{source}: the sqrt(decode sequences) term needs column {DECODE_FEATURE!r}")
-        features = np.column_stack([features, np.sqrt(columns[DECODE_FEATURE][keep])])
+            term = "sqrt(decode sequences)" if sqrt_decode else "prefill step"
+            raise ConfigError(f"{source}: the {term} term needs column {DECODE_FEATURE!r}")
+        decode = columns[DECODE_FEATURE][keep]
+        # A zero column fits to 0 (nnls leaves it at its start), so a 7-term profile without the sixth.
+        features = np.column_stack([features, np.sqrt(decode) if sqrt_decode else np.zeros(num_kept)])
+        if prefill_step:
+            features = np.column_stack([features, columns["num_batched_tokens"][keep] > decode])
     target = columns["step_s"][keep]
     if relative:  # minimise relative residuals: every step counts alike, short decodes as much as prefills
         weight = 1.0 / np.maximum(target, 1e-9)

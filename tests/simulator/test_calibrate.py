@@ -195,13 +195,51 @@ def test_the_sqrt_decode_term_is_fitted_only_when_asked_and_recovered():
     assert noisy.meta["fit"]["total_time_rel_error"] == pytest.approx(0.0, abs=1e-9)
 
 
-def test_a_six_term_profile_round_trips_and_times_scalar_and_vector_alike(tmp_path):
-    profile = calibrate([("a", CONFIG, _steps(np.random.default_rng(7), 300, coefs=SIX))], sqrt_decode=True)
-    path = tmp_path / "six.json"
+SEVEN = (*SIX, 9e-3)  # and per step that prefills: a GPU's eager prefill against its graphed decodes
+
+
+def test_the_prefill_step_term_is_fitted_only_when_asked_and_recovered():
+    rng = np.random.default_rng(16)
+    steps = [("a", CONFIG, _steps(rng, 400, coefs=SEVEN, noise=0.0))]
+    seven = calibrate(steps, sqrt_decode=True, prefill_step=True)
+    np.testing.assert_allclose(seven.coefficients, SEVEN, rtol=1e-6)
+    assert seven.to_dict()["coefficients"]["s_per_prefill_step"] == pytest.approx(SEVEN[6], rel=1e-6)
+    six = calibrate(steps, sqrt_decode=True)
+    assert len(six.coefficients) == 6 and six.meta["fit"]["r2"] < seven.meta["fit"]["r2"]
+    # Without the sqrt term the sixth coefficient is held at 0, and the seventh still recovered.
+    no_sqrt = (*TRUE, 0.0, 9e-3)
+    fitted = calibrate([("a", CONFIG, _steps(rng, 400, coefs=no_sqrt, noise=0.0))], prefill_step=True)
+    np.testing.assert_allclose(fitted.coefficients, no_sqrt, rtol=1e-6, atol=1e-15)
+
+
+def test_only_steps_that_prefill_pay_the_prefill_step_term():
+    six = FittedLatency(get_model("tiny"), get_gpu("cpu"), SIX)
+    seven = FittedLatency(get_model("tiny"), get_gpu("cpu"), SEVEN)
+    # (tokens, pairs, kv, decode seqs): decode only, prefill only, mixed, recompute's prefill_time
+    for tokens, pairs, kv, decode, pays in ((8, 900, 900, 8, False), (300, 90_000, 300, 0, True),
+                                            (308, 90_900, 1200, 8, True)):
+        extra = seven.step_time(tokens, pairs, kv, decode) - six.step_time(tokens, pairs, kv, decode)
+        assert extra == pytest.approx(SEVEN[6] if pays else 0.0, abs=1e-15)
+    assert seven.prefill_time(300) - six.prefill_time(300) == pytest.approx(SEVEN[6])
+
+
+def test_runs_with_and_without_cuda_graphs_are_not_fitted_together():
+    rng = np.random.default_rng(17)
+    graphs, eager = dict(CONFIG, enforce_eager=False), dict(CONFIG, enforce_eager=True)
+    with pytest.raises(ConfigError, match="enforce_eager True differs from a's False"):
+        calibrate([("a", graphs, _steps(rng, 100)), ("b", eager, _steps(rng, 100))])
+    assert calibrate([("a", graphs, _steps(rng, 100))]).meta["enforce_eager"] is False
+
+
+@pytest.mark.parametrize("coefs", [SIX, SEVEN], ids=["six", "seven"])
+def test_six_and_seven_term_profiles_round_trip_and_time_scalar_and_vector_alike(tmp_path, coefs):
+    profile = calibrate([("a", CONFIG, _steps(np.random.default_rng(7), 300, coefs=coefs))], sqrt_decode=True,
+                        prefill_step=len(coefs) == 7)
+    path = tmp_path / "profile.json"
     path.write_text(json.dumps(profile.to_dict()))
     loaded = load_fitted(path)
-    assert loaded.coefficients == profile.coefficients and len(loaded.coefficients) == 6
-    steps = _steps(np.random.default_rng(8), 500, coefs=SIX)
+    assert loaded.coefficients == profile.coefficients and len(loaded.coefficients) == len(coefs)
+    steps = _steps(np.random.default_rng(8), 500, coefs=coefs)
     cols = [steps[c].to_numpy()
             for c in ("num_batched_tokens", "attn_pairs", "kv_tokens_read", "num_decode_seqs")]
     vector = loaded.step_times(*cols)
@@ -213,10 +251,11 @@ def test_a_six_term_profile_round_trips_and_times_scalar_and_vector_alike(tmp_pa
     assert len(FittedLatency.from_dict(data).coefficients) == 4
 
 
-def test_fast_mode_equals_step_mode_under_a_six_term_profile(tmp_path):
-    path = tmp_path / "six.json"
-    six = FittedLatency(get_model("tiny"), get_gpu("cpu"), SIX, block_size=16)
-    path.write_text(json.dumps(six.to_dict()))
+@pytest.mark.parametrize("coefs", [SIX, SEVEN], ids=["six", "seven"])
+def test_fast_mode_equals_step_mode_under_six_and_seven_term_profiles(tmp_path, coefs):
+    path = tmp_path / "profile.json"
+    profile = FittedLatency(get_model("tiny"), get_gpu("cpu"), coefs, block_size=16)
+    path.write_text(json.dumps(profile.to_dict()))
     trace = generate_trace(SyntheticConfig(num_requests=120, rate=30, lengths="sharegpt", max_model_len=2048,
                                            seed=9))
     cfg = SimConfig(model="tiny", gpu="cpu", capacity_tokens=20000, block_size=16, max_model_len=2048,
