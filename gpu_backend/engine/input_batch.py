@@ -15,6 +15,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+VIEW_ALIGN = 2  # int64 elements: every metadata view starts on a 16-byte boundary (see build_model_input)
 
 class SequenceInput(NamedTuple):
     """One sequence's share of a step (a NamedTuple: the engine makes one per sequence per step).
@@ -128,13 +129,16 @@ def build_model_input(seqs: Sequence[SequenceInput], block_size: int,
         token_ids = np.fromiter((t for s in seqs for t in s.token_ids), dtype=np.int64, count=num_tokens)
 
     # One host->device copy per step: every integer array goes into one int64 staging buffer (pinned
-    # on CUDA) and the metadata tensors are views of the copy. The kernels take int64 tables.
+    # on CUDA) and the metadata tensors are views of the copy. The kernels take int64 tables. Each view
+    # starts 16-byte aligned: Triton specializes pointers on 16-byte alignment, and views at offsets
+    # that changed with the step's sizes compiled a new kernel variant for each new combination.
     parts = (token_ids, positions, slot_mapping, tables.reshape(-1), context_lens, cu, logits_indices)
-    flat = _to_device(np.concatenate(parts), device)
-    views, offset = [], 0
-    for part in parts:
-        views.append(flat[offset: offset + part.size])
-        offset += part.size
+    starts = np.concatenate(([0], np.cumsum([-(-p.size // VIEW_ALIGN) * VIEW_ALIGN for p in parts])))
+    staging = np.zeros(int(starts[-1]), dtype=np.int64)
+    for start, part in zip(starts, parts, strict=False):
+        staging[start: start + part.size] = part
+    flat = _to_device(staging, device)
+    views = [flat[start: start + part.size] for start, part in zip(starts, parts, strict=False)]
     ids_t, pos_t, slots_t, tables_t, ctx_t, cu_t, logits_t = views
     metadata = AttentionMetadata(
         slot_mapping=slots_t,

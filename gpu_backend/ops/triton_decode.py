@@ -15,12 +15,16 @@ import torch
 import triton
 import triton.language as tl
 
-from gpu_backend.ops.triton_tile import attend_tile, interpreting
+from gpu_backend.ops.triton_tile import attend_tile, interpreting, jit_unspecialized
 
 LOG2E = 1.4426950408889634
+# The reduce kernel's split tile: one size for every split count the heuristic picks (a constexpr per
+# count would compile a variant per power of two); masked rows cost nothing measurable.
+SPLITS_PAD = 64
 
 
-@triton.jit
+# Both change from step to step when decode runs eagerly (CUDA graphs fix them at capture).
+@jit_unspecialized("num_splits", "stride_bt")
 def _paged_decode_kernel(
     out_ptr,  # [B, Hq, D] (1-pass)
     part_acc_ptr, part_m_ptr, part_l_ptr,  # [B, Hq, S, D_PAD], [B, Hq, S], [B, Hq, S] fp32 (split-K)
@@ -84,7 +88,7 @@ def _paged_decode_kernel(
                  out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
 
 
-@triton.jit
+@jit_unspecialized("num_splits")
 def _split_reduce_kernel(
     out_ptr,  # [B, Hq, D]
     part_acc_ptr, part_m_ptr, part_l_ptr,  # [B, Hq, S, D_PAD], [B, Hq, S], [B, Hq, S] fp32
@@ -121,7 +125,7 @@ class SplitPolicy:
     # Below this a split's fixed cost (partials, a second kernel) outweighs its parallelism: on an H100,
     # B16 x 1k ran 0.31 ms split vs 0.17 ms unsplit, while B1 x 32k gained 3.0x from splitting.
     min_tokens_per_split: int = 1024
-    max_splits: int = 64  # bounds the partial buffers and the reduce kernel's tile
+    max_splits: int = SPLITS_PAD  # bounds the partial buffers; more would widen the reduce tile
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sms: int,
@@ -182,6 +186,6 @@ def paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale: float, 
         _split_reduce_kernel[(num_seqs, num_heads)](
             out, part_acc, part_m, part_l, context_lens, tokens_per_split, num_heads, num_splits,
             out.stride(0), out.stride(1),
-            D=head_dim, D_PAD=d_pad, S_PAD=triton.next_power_of_2(num_splits),
+            D=head_dim, D_PAD=d_pad, S_PAD=max(SPLITS_PAD, triton.next_power_of_2(num_splits)),
         )
     return out

@@ -13,10 +13,10 @@ import triton
 import triton.language as tl
 
 from gpu_backend.ops.triton_decode import LOG2E
-from gpu_backend.ops.triton_tile import attend_tile, interpreting
+from gpu_backend.ops.triton_tile import attend_tile, interpreting, jit_unspecialized
 
 
-@triton.jit
+@jit_unspecialized("stride_bt")  # the block table's width is the step's longest sequence, in blocks
 def _paged_prefill_kernel(
     out_ptr, q_ptr,  # [T, Hq, D]
     k_cache_ptr, v_cache_ptr,  # [num_blocks, BLOCK_SIZE, Hkv, D]

@@ -1,0 +1,99 @@
+"""One compiled kernel per attention path, whatever the step: counted with Triton's own specializer.
+
+Triton compiles a kernel once per specialization key: constexprs, dtypes, whether each pointer is
+16-byte aligned and whether each int is a multiple of 16. On an H200 each new key cost a 0.4-0.7 s step
+inside measured replays (docs/calibration.md, "On a GPU"): the metadata views of a step started at
+offsets that moved with its sizes, and the block table's width and the split count changed class from
+step to step. Here the launchers run on CPU tensors against a recording stand-in for the kernel, and
+the arguments they would launch with go through Triton's binder for an sm_90 target: the key a GPU
+would compile for, no GPU needed.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from gpu_backend.engine.input_batch import SequenceInput, build_model_input
+from gpu_backend.ops import triton_cache, triton_decode, triton_prefill
+
+pytest.importorskip("triton")
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler.compiler import make_backend  # noqa: E402
+from triton.runtime.jit import JITFunction, create_function_from_signature  # noqa: E402
+
+BLOCK_SIZE, HQ, HKV, D = 16, 32, 8, 64  # llama-1b-shape's attention
+NUM_SMS = 132  # an H100 / H200
+
+
+class Recorder:
+    """Stands in for a @triton.jit kernel: `kernel[grid](*args, **kwargs)` records the call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.calls.append((args, kwargs))
+
+
+def _keys(kernel, calls) -> set[str]:
+    """The distinct specialization keys Triton would compile `kernel` for over `calls` (sm_90)."""
+    jit = kernel if isinstance(kernel, JITFunction) else JITFunction(kernel.fn, **kernel.kwargs)
+    sm90 = make_backend(GPUTarget("cuda", 90, 32))
+    binder = create_function_from_signature(jit.signature, jit.params, sm90)
+    return {repr(binder(*args, **kwargs)[1]) for args, kwargs in calls}
+
+
+def _record(monkeypatch, module, name) -> tuple[object, Recorder]:
+    kernel, recorder = getattr(module, name), Recorder()
+    monkeypatch.setattr(module, name, recorder)
+    return kernel, recorder
+
+
+def _steps(rng, num, decode_only=False):
+    """Engine steps of every shape a replay makes: prompts, prefix hits, chunks, decodes, mixes."""
+    for _ in range(num):
+        seqs = []
+        for _ in range(int(rng.integers(1, 65 if decode_only else 6))):
+            start = int(rng.integers(0, 6000))
+            q_len = 1 if decode_only or rng.random() < 0.4 else int(rng.integers(1, 700))
+            table = list(range(-(-(start + q_len) // BLOCK_SIZE)))
+            seqs.append(SequenceInput([1] * q_len, start, table))
+        yield seqs, build_model_input(seqs, BLOCK_SIZE, "cpu")
+
+
+def test_prefill_and_cache_writes_compile_once_for_every_step(monkeypatch):
+    prefill, prefills = _record(monkeypatch, triton_prefill, "_paged_prefill_kernel")
+    store, stores = _record(monkeypatch, triton_cache, "_store_kv_kernel")
+    k_cache = torch.zeros(4, BLOCK_SIZE, HKV, D, dtype=torch.bfloat16)
+    for _, step in _steps(np.random.default_rng(0), 300):
+        meta = step.attn_metadata
+        num_tokens = step.input_ids.shape[0]
+        # As the model makes them: q, k, v split from one projection, q and k rotated into new tensors.
+        qkv = torch.zeros(num_tokens, (HQ + 2 * HKV) * D, dtype=torch.bfloat16)
+        v = qkv[:, (HQ + HKV) * D:].reshape(num_tokens, HKV, D)
+        k = torch.zeros(num_tokens, HKV, D, dtype=torch.bfloat16)
+        triton_cache.store_kv(k, v, k_cache, k_cache, meta.slot_mapping)
+        q = torch.zeros(num_tokens, HQ, D, dtype=torch.bfloat16)
+        triton_prefill.paged_prefill(q, k_cache, k_cache, meta.block_tables, meta.cu_seqlens_q,
+                                     meta.context_lens, 0.125, max_query_len=meta.max_q_len)
+    assert len(prefills.calls) == len(stores.calls) == 300
+    assert len(_keys(prefill, prefills.calls)) == 1
+    assert len(_keys(store, stores.calls)) == 1
+
+
+def test_eager_decode_compiles_one_kernel_per_split_choice(monkeypatch):
+    decode, decodes = _record(monkeypatch, triton_decode, "_paged_decode_kernel")
+    reduce, reduces = _record(monkeypatch, triton_decode, "_split_reduce_kernel")
+    k_cache = torch.zeros(4, BLOCK_SIZE, HKV, D, dtype=torch.bfloat16)
+    splits = set()
+    for seqs, step in _steps(np.random.default_rng(1), 300, decode_only=True):
+        meta = step.attn_metadata
+        q = torch.zeros(len(seqs), HQ, D, dtype=torch.bfloat16)
+        num_splits = triton_decode.choose_num_splits(len(seqs), HKV, meta.max_context_len, NUM_SMS)
+        splits.add(num_splits)
+        triton_decode.paged_decode(q, k_cache, k_cache, meta.block_tables, meta.context_lens, 0.125,
+                                   num_splits, meta.max_context_len)
+    assert len(splits) >= 4 and 1 in splits  # the heuristic picked several split counts, 1 among them
+    assert len(_keys(decode, decodes.calls)) == 2  # SPLIT is a constexpr: one-pass and split-K
+    assert len(_keys(reduce, reduces.calls)) == 1
