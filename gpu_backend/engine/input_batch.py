@@ -17,6 +17,7 @@ import torch
 
 VIEW_ALIGN = 2  # int64 elements: every metadata view starts on a 16-byte boundary (see build_model_input)
 
+
 class SequenceInput(NamedTuple):
     """One sequence's share of a step (a NamedTuple: the engine makes one per sequence per step).
 

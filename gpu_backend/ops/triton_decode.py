@@ -19,7 +19,7 @@ from gpu_backend.ops.triton_tile import attend_tile, interpreting, jit_unspecial
 
 LOG2E = 1.4426950408889634
 # The reduce kernel's split tile: one size for every split count the heuristic picks (a constexpr per
-# count would compile a variant per power of two); masked rows cost nothing measurable.
+# count would compile a variant per power of two); rows past the split count are masked, never loaded.
 SPLITS_PAD = 64
 
 
