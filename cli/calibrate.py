@@ -145,7 +145,7 @@ def compare_cmd(
     fmt: str = typer.Option("png", "--format", "-f", help="Figure format: png, svg or pdf."),
 ) -> None:
     """Latency, throughput, step-time and per-step memory differences of a simulation and a replay."""
-    from simulator.compare import compare_runs
+    from simulator.compare import STALL_FACTOR, compare_runs
 
     sims = dict(allocator_dirs(sim_run, allocator))
     reals = dict(allocator_dirs(real_run, allocator))
@@ -161,6 +161,13 @@ def compare_cmd(
     console.print(f"steps: {st['num_steps_sim']} simulated, {st['num_steps_real']} measured; total step "
                   f"time error {_pct(st['total_rel_error'])}; run duration error "
                   f"{_pct(result['duration']['rel_error'])}")
+    stalled = st.get("stalls") or {"count": 0}
+    if stalled["count"]:
+        shown = ", ".join(map(str, stalled["steps"][:8])) + (", ..." if stalled["count"] > 8 else "")
+        console.print(f"stalls: {stalled['count']} measured steps took >= {STALL_FACTOR:g}x what the model "
+                      f"prices them (+{stalled['excess_s']:.2f} s, {_pct(stalled['busy_share'])} of the "
+                      f"measured busy time; steps {shown}): first-use kernel compiles or pauses no step "
+                      "model can price (docs/calibration.md)")
     if mem["step_aligned"]:
         verdict = "equal at every step" if mem["equal"] else f"differs at {mem['num_steps_differing']} steps"
         console.print(f"memory breakdown: {verdict} (largest difference "

@@ -20,6 +20,11 @@ LATENCIES = ("ttft_s", "tpot_s", "e2e_s")
 MEMORY_COMPARED = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free",
                    "block_occupancy", "num_running", "num_waiting", "num_swapped", "num_batched_tokens",
                    "blocks_used")
+# A measured step at least this many times its modelled price, and at least STALL_MIN_S over it, is a
+# stall: a first-use kernel compile or a pause of the machine, which no model of the step's work can
+# price (on an H200, new Triton variants took 0.4-0.7 s against a 10-30 ms step; docs/calibration.md).
+STALL_FACTOR = 10.0
+STALL_MIN_S = 0.05
 
 
 @dataclass
@@ -80,10 +85,22 @@ def step_time_error(sim: RunTables, real: RunTables, latency: LatencyModel | Non
         measured = busy["dt_s"].to_numpy(np.float64)
         return {**out, "basis": "latency model on the measured steps", **rel_error_stats(predicted, measured),
                 "total_rel_error": float((predicted.sum() - measured.sum()) / measured.sum())
-                if measured.sum() > 0 else None}
+                if measured.sum() > 0 else None,
+                "stalls": stalls(busy["step"].to_numpy(), predicted, measured)}
     n = min(len(st_s), len(st_r))
     return {**out, "basis": "step index", **rel_error_stats(st_s[:n], st_r[:n]),
             "total_rel_error": float((st_s.sum() - st_r.sum()) / st_r.sum()) if st_r.sum() > 0 else None}
+
+
+def stalls(steps: np.ndarray, predicted: np.ndarray, measured: np.ndarray) -> dict:
+    """The measured steps that took STALL_FACTOR times their modelled price and STALL_MIN_S more: how
+    many, which, and what share of the measured busy time their excess is."""
+    excess = measured - predicted
+    hit = (measured >= STALL_FACTOR * predicted) & (excess >= STALL_MIN_S)
+    total = float(measured.sum())
+    return {"count": int(hit.sum()), "steps": [int(k) for k in steps[hit]],
+            "excess_s": float(excess[hit].sum()),
+            "busy_share": float(excess[hit].sum() / total) if total > 0 else None}
 
 
 def compare_runs(sim: RunTables, real: RunTables, latency: LatencyModel | None = None) -> dict:

@@ -7,7 +7,16 @@ import pandas as pd
 import pytest
 
 from simulator.calibrate import calibrate, fit_quality
-from simulator.compare import RunTables, compare_runs, memory_difference, per_step_times, rel_error_stats
+from simulator.compare import (
+    STALL_FACTOR,
+    STALL_MIN_S,
+    RunTables,
+    compare_runs,
+    memory_difference,
+    per_step_times,
+    rel_error_stats,
+    stalls,
+)
 from simulator.core.errors import ConfigError
 from simulator.measured_steps import MeasuredSteps
 from simulator.sim_config import SimConfig
@@ -265,3 +274,16 @@ def test_fast_mode_equals_step_mode_under_six_and_seven_term_profiles(tmp_path, 
         np.testing.assert_array_equal(fast.requests[col].to_numpy(), step.requests[col].to_numpy(),
                                       err_msg=col)
     assert (fast.memory["num_steps"] > 1).any()  # spans ran
+
+
+def test_stalls_are_steps_far_over_their_price_by_a_real_margin():
+    predicted = np.array([0.01, 0.01, 0.002, 0.01, 0.003])
+    # step 1: 40x and 0.39 s over; step 2: 20x but only 0.038 s over (a fast step's jitter); step 4: just
+    # under the factor.
+    measured = np.array([0.011, 0.40, 0.040, 0.009, STALL_FACTOR * 0.003 - 1e-6])
+    got = stalls(np.array([10, 11, 12, 13, 14]), predicted, measured)
+    assert got["count"] == 1 and got["steps"] == [11]
+    assert got["excess_s"] == pytest.approx(0.39)
+    assert got["busy_share"] == pytest.approx(0.39 / measured.sum())
+    assert STALL_MIN_S > 0.040 - 0.002  # the jitter case is excluded by the margin, not the factor
+    assert stalls(np.arange(5), predicted, predicted)["count"] == 0
