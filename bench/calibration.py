@@ -2,7 +2,8 @@
 
 The issue-14 targets, measured in one command: the first 120 requests of the bundled Azure conversation
 trace are cut into three parts of 40 (A, B, C; each shifted to start at 0), and A is also run at half the
-rate (`--time-scale 2`, "A-x2"). None of them is in the `make profile` calibration set. Each part is
+rate (`--time-scale 2`, "A-x2"); `--parts ...,code` adds another trace, the first 40 requests of Azure's
+code trace (long prompts, short outputs). None of them is in the `make profile` calibration set. Each part is
 replayed on the engine (by default the CPU engine: tiny preset, torch backend, CPU-time clock, block size
 16, 0.25 GiB of KV, recompute preemption, prefix caching on; `--device cuda`: llama-1b-shape, Triton, wall
 clock, 8 GiB of KV; bench/replay_setup.py), simulated with the profile on the replay's own configuration
@@ -25,10 +26,11 @@ import pandas as pd
 
 from bench.replay_setup import ReplaySetup, add_arguments, pagelab
 
-# name -> (first request, arrival time scale); the order of docs/calibration.md's table.
-PARTS = {"A": (0, 1.0), "B": (40, 1.0), "A-x2": (0, 2.0), "C": (80, 1.0)}
+# name -> (bundled trace, first request, arrival time scale); the order of docs/calibration.md's table.
+PARTS = {"A": ("azure-conv", 0, 1.0), "B": ("azure-conv", 40, 1.0), "A-x2": ("azure-conv", 0, 2.0),
+         "C": ("azure-conv", 80, 1.0), "code": ("azure-code", 0, 1.0)}
+DEFAULT_PARTS = ("A", "B", "A-x2", "C")
 PART_SIZE = 40
-TRACE = "azure-conv"
 # The issue's targets: median |end-to-end latency error| and |output throughput error| per held-out run.
 TARGET_E2E = 0.10
 TARGET_THROUGHPUT = 0.05
@@ -70,8 +72,8 @@ def replay_run(trace_csv: Path, time_scale: float, setup: ReplaySetup, out: Path
 
 def part_trace(out: Path, part: str) -> Path:
     """The trace file of a part's requests under `out` (written by `replay_all`)."""
-    start = PARTS[part][0]
-    return out / f"azure-{start}-{start + PART_SIZE - 1}.csv"
+    trace, start, _ = PARTS[part]
+    return out / f"{trace}-{start}-{start + PART_SIZE - 1}.csv"
 
 
 def validate_run(real: Path, profile: str, out: Path, trace: Path) -> dict:
@@ -215,14 +217,13 @@ def replay_all(setup: ReplaySetup, out: Path, runs: list[tuple[str, str]],
     """Write each part's trace into `out` and replay every (run name, part); run name -> replay folder."""
     from traces import load_trace, save_trace
 
-    trace = load_trace(TRACE)
     out.mkdir(parents=True, exist_ok=True)
     reals = {}
     for name, part in runs:
-        start, scale = PARTS[part]
+        trace, start, scale = PARTS[part]
         trace_csv = part_trace(out, part)
         if not trace_csv.is_file():
-            save_trace(held_out_part(trace, start), trace_csv)
+            save_trace(held_out_part(load_trace(trace), start), trace_csv)
         reals[name] = replay_run(trace_csv, scale, setup, out / name, reuse)
     return reals
 
@@ -245,7 +246,8 @@ def validate(profile: str, out: Path, runs: list[tuple[str, str]], reuse: bool =
     floor = noise_floor(out, floor_pairs(runs))
     table = markdown_table(rows)
     lines = verdict_lines(rows) + floor_lines(floor) + judged_lines(rows, floor, runs)
-    report = f"profile {profile}, held-out runs of {TRACE} (docs/calibration.md)\n\n{table}\n\n"
+    traces = ", ".join(dict.fromkeys(PARTS[part][0] for _, part in runs))
+    report = f"profile {profile}, held-out runs of {traces} (docs/calibration.md)\n\n{table}\n\n"
     if floor:
         report += f"Noise floor (each repeat against its first replay):\n\n{floor_table(floor)}\n\n"
     report += "\n".join(lines)
@@ -263,8 +265,9 @@ def main(argv: list[str] | None = None) -> int:
                     "cpu-tiny)")
     ap.add_argument("--out", type=Path, default=Path("runs/validate"), help="folder of every run (default "
                     "runs/validate)")
-    ap.add_argument("--parts", default=",".join(PARTS), help=f"held-out runs, comma-separated "
-                    f"({', '.join(PARTS)})")
+    ap.add_argument("--parts", default=",".join(DEFAULT_PARTS), help=f"held-out runs, comma-separated "
+                    f"(default {','.join(DEFAULT_PARTS)}; also: "
+                    f"{', '.join(p for p in PARTS if p not in DEFAULT_PARTS)})")
     ap.add_argument("--repeat", default="", help="parts replayed a second time, e.g. B,A,C (the noise floor)")
     ap.add_argument("--reuse", action="store_true", help="keep replays already in --out (validate another "
                     "profile on the same measurements)")

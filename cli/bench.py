@@ -268,7 +268,8 @@ def engine_bench(
 def calibration_bench(
     profile: str = typer.Option("cpu-tiny", help="Latency profile: a bundled name or a JSON file."),
     out: Path = typer.Option(Path("runs/validate"), "--out", "-o", help="Folder of every run."),
-    parts: str = typer.Option("A,B,A-x2,C", help="Held-out runs, comma-separated (A, B, A-x2, C)."),
+    parts: str = typer.Option("A,B,A-x2,C", help="Held-out runs, comma-separated (A, B, A-x2, C; code: "
+                                                 "another trace, Azure code's first 40 requests)."),
     repeat: str = typer.Option("", help="Parts replayed a second time, e.g. B,A,C (the noise floor)."),
     reuse: bool = typer.Option(False, "--reuse", help="Keep replays already in --out (another profile, "
                                                      "same measurements)."),

@@ -91,3 +91,12 @@ def test_replay_only_measures_the_floor_without_a_profile(tmp_path, single_threa
     assert calibration.main(["--reuse", "--parts", "C", "--repeat", "C", "--max-model-len", "256",
                              "--out", str(moved), "--profile", "cpu-tiny"]) == 0
     assert "| C-repeat |" in (moved / "validation.md").read_text()
+
+
+def test_another_trace_is_a_part(tmp_path, single_thread):
+    assert calibration.main(["--parts", "code", "--max-model-len", "256", "--out", str(tmp_path),
+                             "--profile", "cpu-tiny"]) == 0
+    trace = pd.read_csv(tmp_path / "azure-code-0-39.csv")
+    requests = pd.read_parquet(tmp_path / "code" / "real" / "paged" / "requests.parquet")
+    assert trace["request_id"].tolist() == requests["request_id"].tolist() == list(range(40))
+    assert "held-out runs of azure-code" in (tmp_path / "validation.md").read_text()
