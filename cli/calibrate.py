@@ -85,6 +85,10 @@ def calibrate_cmd(
     console.print(f"fit quality: R² {fit['r2']:.3f}, RMS {1e3 * fit['rms_s']:.3f} ms, median |rel error| "
                   f"{100 * fit['median_abs_rel_error']:.1f}%, p90 {100 * fit['p90_abs_rel_error']:.1f}%, "
                   f"total time error {100 * fit['total_time_rel_error']:+.1f}%")
+    stalled = profile.meta["stalls_excluded"]
+    if stalled["count"]:
+        console.print(f"left out {stalled['count']} stalls ({stalled['seconds']:.2f} s: steps >= 10x the "
+                      "fit's price, first-use compiles or pauses; docs/calibration.md)")
     err_console.print(f"wrote {out}")
 
 
@@ -145,7 +149,8 @@ def compare_cmd(
     fmt: str = typer.Option("png", "--format", "-f", help="Figure format: png, svg or pdf."),
 ) -> None:
     """Latency, throughput, step-time and per-step memory differences of a simulation and a replay."""
-    from simulator.compare import STALL_FACTOR, compare_runs
+    from simulator.compare import compare_runs
+    from simulator.step_latency import STALL_FACTOR
 
     sims = dict(allocator_dirs(sim_run, allocator))
     reals = dict(allocator_dirs(real_run, allocator))

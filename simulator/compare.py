@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from simulator.step_latency import DECODE_FEATURE, FEATURES, LatencyModel
+from simulator.step_latency import DECODE_FEATURE, FEATURES, LatencyModel, stall_mask
 
 LATENCIES = ("ttft_s", "tpot_s", "e2e_s")
 # Memory columns compared step for step (not the clock, and not cached_free: the engine hashes every full
@@ -20,11 +20,6 @@ LATENCIES = ("ttft_s", "tpot_s", "e2e_s")
 MEMORY_COMPARED = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free",
                    "block_occupancy", "num_running", "num_waiting", "num_swapped", "num_batched_tokens",
                    "blocks_used")
-# A measured step at least this many times its modelled price, and at least STALL_MIN_S over it, is a
-# stall: a first-use kernel compile or a pause of the machine, which no model of the step's work can
-# price (on an H200, new Triton variants took 0.4-0.7 s against a 10-30 ms step; docs/calibration.md).
-STALL_FACTOR = 10.0
-STALL_MIN_S = 0.05
 
 
 @dataclass
@@ -93,10 +88,10 @@ def step_time_error(sim: RunTables, real: RunTables, latency: LatencyModel | Non
 
 
 def stalls(steps: np.ndarray, predicted: np.ndarray, measured: np.ndarray) -> dict:
-    """The measured steps that took STALL_FACTOR times their modelled price and STALL_MIN_S more: how
+    """The measured steps that are stalls against their modelled times (step_latency.stall_mask): how
     many, which, and what share of the measured busy time their excess is."""
     excess = measured - predicted
-    hit = (measured >= STALL_FACTOR * predicted) & (excess >= STALL_MIN_S)
+    hit = stall_mask(predicted, measured)
     total = float(measured.sum())
     return {"count": int(hit.sum()), "steps": [int(k) for k in steps[hit]],
             "excess_s": float(excess[hit].sum()),

@@ -40,6 +40,20 @@ PREFILL_STEP_COEFFICIENT = "s_per_prefill_step"
 OPTIONAL_COEFFICIENTS = (DECODE_COEFFICIENT, SQRT_DECODE_COEFFICIENT, PREFILL_STEP_COEFFICIENT)
 
 
+# A measured step at least STALL_FACTOR times its modelled price, and at least STALL_MIN_S over it, is a
+# stall: a first-use kernel compile or a pause of the machine, which no model of the step's work can
+# price (on an H200, new Triton variants took 0.4-0.7 s against a 10-30 ms step; docs/calibration.md).
+STALL_FACTOR = 10.0
+STALL_MIN_S = 0.05
+
+
+def stall_mask(predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:
+    """Which measured steps are stalls against their modelled times (steps that computed nothing never)."""
+    predicted = np.asarray(predicted, dtype=np.float64)
+    measured = np.asarray(measured, dtype=np.float64)
+    return (predicted > 0) & (measured >= STALL_FACTOR * predicted) & (measured - predicted >= STALL_MIN_S)
+
+
 def step_features(q_lens: np.ndarray, context_lens: np.ndarray) -> tuple[int, int, int]:
     """The three step counts from per-sequence query lengths and context lengths (context includes q)."""
     q = np.asarray(q_lens, dtype=np.int64)

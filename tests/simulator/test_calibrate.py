@@ -8,8 +8,6 @@ import pytest
 
 from simulator.calibrate import calibrate, fit_quality
 from simulator.compare import (
-    STALL_FACTOR,
-    STALL_MIN_S,
     RunTables,
     compare_runs,
     memory_difference,
@@ -22,7 +20,7 @@ from simulator.measured_steps import MeasuredSteps
 from simulator.sim_config import SimConfig
 from simulator.simulate import simulate
 from simulator.specs import get_gpu, get_model
-from simulator.step_latency import FittedLatency, load_fitted
+from simulator.step_latency import STALL_FACTOR, STALL_MIN_S, FittedLatency, load_fitted
 from traces import SyntheticConfig, generate_trace
 
 TRUE = (2e-3, 3e-6, 1e-9, 2e-8, 5e-4)  # overhead, per token, per attention pair, per KV token, per decode
@@ -287,3 +285,19 @@ def test_stalls_are_steps_far_over_their_price_by_a_real_margin():
     assert got["busy_share"] == pytest.approx(0.39 / measured.sum())
     assert STALL_MIN_S > 0.040 - 0.002  # the jitter case is excluded by the margin, not the factor
     assert stalls(np.arange(5), predicted, predicted)["count"] == 0
+
+
+def test_stalls_are_left_out_of_the_fit_and_counted():
+    rng = np.random.default_rng(18)
+    steps = _steps(rng, 500, coefs=SEVEN, noise=0.0)
+    stalled = [0, 7, 120, 333]  # first uses of new kernel variants: half a second each
+    steps.loc[stalled, "dt_s"] += 0.5
+    profile = calibrate([("a", CONFIG, steps)], relative=True, sqrt_decode=True, prefill_step=True)
+    np.testing.assert_allclose(profile.coefficients, SEVEN, rtol=1e-6)  # as if they never happened
+    assert profile.meta["stalls_excluded"]["count"] == len(stalled)
+    assert profile.meta["stalls_excluded"]["seconds"] == pytest.approx(steps.loc[stalled, "dt_s"].sum())
+    assert profile.meta["fit"]["num_steps"] == 500 - len(stalled)
+    # Kept in, they priced every step ~17 % long (the relative fit is scaled to the measured total).
+    clean = calibrate([("a", CONFIG, _steps(np.random.default_rng(18), 500, coefs=SEVEN, noise=0.0))],
+                      relative=True, sqrt_decode=True, prefill_step=True)
+    assert clean.meta["stalls_excluded"] == {"count": 0, "seconds": 0.0}
