@@ -56,8 +56,10 @@ def make_profile(setup: ReplaySetup, gpu: str, out: Path, runs: Path, num: int =
 
 
 def graphed_decode(setup: ReplaySetup) -> bool:
-    """Whether the engine replays decode steps as CUDA graphs in this setup (prefill steps never are)."""
-    return setup.device == "cuda" and setup.backend == "triton" and not setup.enforce_eager
+    """Whether the engine replays decode steps as CUDA graphs in this setup (the engine's own rule)."""
+    from gpu_backend.engine.cuda_graph import decode_graphs_apply
+
+    return decode_graphs_apply(setup.device, setup.backend, setup.enforce_eager)
 
 
 def main(argv: list[str] | None = None) -> int:

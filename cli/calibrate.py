@@ -67,6 +67,7 @@ def calibrate_cmd(
 ) -> None:
     """Fit the step-latency model to measured replays; print the fit quality and write a profile."""
     from simulator.calibrate import calibrate
+    from simulator.step_latency import STALL_FACTOR
 
     measured = []
     for run in runs:
@@ -87,8 +88,9 @@ def calibrate_cmd(
                   f"total time error {100 * fit['total_time_rel_error']:+.1f}%")
     stalled = profile.meta["stalls_excluded"]
     if stalled["count"]:
-        console.print(f"left out {stalled['count']} stalls ({stalled['seconds']:.2f} s: steps >= 10x the "
-                      "fit's price, first-use compiles or pauses; docs/calibration.md)")
+        console.print(f"left out {stalled['count']} stalls ({stalled['seconds']:.2f} s: steps >= "
+                      f"{STALL_FACTOR:g}x the fit's price, first-use compiles or pauses; "
+                      "docs/calibration.md)")
     err_console.print(f"wrote {out}")
 
 

@@ -23,6 +23,12 @@ import torch
 from gpu_backend.engine.input_batch import AttentionMetadata, ModelInput
 
 
+def decode_graphs_apply(device_type: str, backend: str, enforce_eager: bool) -> bool:
+    """Whether the engine runs decode steps as CUDA graphs (prefill steps never are): on CUDA, with the
+    Triton backend (the module docstring says why), unless --enforce-eager."""
+    return device_type == "cuda" and backend == "triton" and not enforce_eager
+
+
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
     """Captured buckets: 1, 2, 4, 8, then every multiple of 16 up to max_num_seqs (vLLM's spacing)."""
     sizes = [s for s in (1, 2, 4, 8) if s <= max_num_seqs]

@@ -17,7 +17,7 @@ import torch
 from gpu_backend.cache_engine import CacheEngine
 from gpu_backend.engine.beam_search import beam_step
 from gpu_backend.engine.block_table_store import BlockTableStore
-from gpu_backend.engine.cuda_graph import DecodeGraphRunner
+from gpu_backend.engine.cuda_graph import DecodeGraphRunner, decode_graphs_apply
 from gpu_backend.engine.engine_config import EngineConfig
 from gpu_backend.engine.input_batch import SequenceInput, build_model_input
 from gpu_backend.engine.memory import kv_capacity_tokens, make_allocator, swap_tokens
@@ -122,8 +122,8 @@ class LLMEngine:
         self.tables = None if self.cache.contiguous else BlockTableStore(
             -(-self.max_model_len // config.block_size) + 1, rows=max(16, config.max_num_seqs))
         self.graph_runner = None
-        if self.device.type == "cuda" and not config.enforce_eager and \
-                getattr(self.model.attn_backend, "name", "") == "triton":
+        if decode_graphs_apply(self.device.type, getattr(self.model.attn_backend, "name", ""),
+                               config.enforce_eager):
             self.graph_runner = DecodeGraphRunner(
                 self._forward, config.max_num_seqs, -(-self.max_model_len // config.block_size) + 1,
                 self.max_model_len, self.cache.contiguous, self.device)

@@ -87,7 +87,7 @@ def test_graphed_decodes_need_the_prefill_step_term():
 
 def test_a_replay_whose_trace_stayed_on_its_machine_asks_for_the_trace(tmp_path):
     recorded = json.loads((REPLAY / "paged" / "config.json").read_text())["trace"]
-    assert not Path(recorded).exists()  # /tmp/w/... on the H200 machine
+    assert not Path(recorded).exists()  # validate/...: the H200 job's folder (tests/data/README.md)
     result = runner.invoke(app, ["simulate", "--profile", "h200-llama-1b", "--config-from", str(REPLAY)])
     assert result.exit_code == 2
     message = " ".join(result.output.split())
