@@ -97,3 +97,74 @@ def test_eager_decode_compiles_one_kernel_per_split_choice(monkeypatch):
     assert len(splits) >= 4 and 1 in splits  # the heuristic picked several split counts, 1 among them
     assert len(_keys(decode, decodes.calls)) == 2  # SPLIT is a constexpr: one-pass and split-K
     assert len(_keys(reduce, reduces.calls)) == 1
+
+
+def test_engine_warmup_compiles_every_kernel_a_later_step_launches(monkeypatch):
+    """After warmup() an eager replay compiles nothing: every key a step's launch has was warmed up."""
+    from gpu_backend.engine.llm_engine import LLMEngine
+    from gpu_backend.ops import triton_backend
+
+    # The launchers' own code runs as on a GPU; only the device checks and SM count stand in for one.
+    monkeypatch.setattr(triton_backend, "_check_runnable", lambda *tensors: None)
+    monkeypatch.setattr(triton_backend, "_num_sms", lambda device: NUM_SMS)
+    kernels = {name: _record(monkeypatch, module, name) for module, name in (
+        (triton_prefill, "_paged_prefill_kernel"), (triton_cache, "_store_kv_kernel"),
+        (triton_decode, "_paged_decode_kernel"), (triton_decode, "_split_reduce_kernel"))}
+    engine = LLMEngine("tiny", device="cpu", backend="triton", capacity_tokens=8192, max_model_len=4096)
+    engine.warmup()
+    warm = {name: _keys(kernel, rec.calls) for name, (kernel, rec) in kernels.items()}
+    for _, rec in kernels.values():
+        rec.calls.clear()
+    rng = np.random.default_rng(2)
+    model, cache = engine.model, engine.cache.device_cache
+    for decode_only in (False, True):
+        for _ in range(60):
+            seqs = []
+            for _ in range(int(rng.integers(1, 33 if decode_only else 5))):
+                q_len = 1 if decode_only or rng.random() < 0.4 else int(rng.integers(1, 400))
+                start = int(rng.integers(0, 4096 - q_len))
+                seqs.append(SequenceInput([1] * q_len, start, list(range(-(-(start + q_len) // BLOCK_SIZE)))))
+            step = build_model_input(seqs, BLOCK_SIZE, "cpu")
+            model(step.input_ids, step.positions, step.attn_metadata, cache)
+    later = {name: _keys(kernel, rec.calls) for name, (kernel, rec) in kernels.items()}
+    assert all(kernels[name][1].calls for name in kernels)  # every kernel ran after warmup too
+    expected = {"_paged_prefill_kernel": 1, "_store_kv_kernel": 1, "_paged_decode_kernel": 2,
+                "_split_reduce_kernel": 1}
+    assert {name: len(keys) for name, keys in warm.items()} == expected
+    for name, keys in later.items():
+        assert keys <= warm[name], f"{name} compiles a new kernel after warmup"
+
+
+def _num_compiled() -> dict[str, int]:
+    """Kernels Triton has compiled so far, per attention kernel (every device)."""
+    kernels = (triton_prefill._paged_prefill_kernel, triton_cache._store_kv_kernel,
+               triton_decode._paged_decode_kernel, triton_decode._split_reduce_kernel)
+    return {k.fn.__name__: sum(len(caches[0]) for caches in k.device_caches.values()) for k in kernels}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("enforce_eager", [True, False])
+def test_gpu_generation_compiles_nothing_after_warmup(enforce_eager):
+    from gpu_backend import LLMEngine, SamplingParams
+    from gpu_backend.model import CausalLM
+    from gpu_backend.model_config import ModelConfig
+    from gpu_backend.model_presets import init_random_weights
+    from gpu_backend.ops import get_backend
+
+    config = ModelConfig(architecture="LlamaForCausalLM", vocab_size=256, hidden_size=128,
+                         intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=64, max_position_embeddings=4096, bos_token_id=1,
+                         eos_token_ids=(2,))
+    model = CausalLM(config, dtype=torch.bfloat16, device="cuda", backend=get_backend("triton", "cuda"))
+    init_random_weights(model, seed=5)
+    engine = LLMEngine(model, device="cuda", capacity_tokens=32768, max_num_seqs=8, max_model_len=4096,
+                       enforce_eager=enforce_eager)
+    engine.warmup()
+    warm = _num_compiled()
+    rng = np.random.default_rng(4)
+    # Long contexts with few sequences (split-K decode), then short ones (one pass), prompts chunked.
+    for lens in ((7, 300, 2100, 3500), (5, 40, 90)):
+        prompts = [rng.integers(3, 256, n).tolist() for n in lens]
+        engine.generate(prompts, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))
+    assert _num_compiled() == warm
