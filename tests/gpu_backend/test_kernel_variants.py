@@ -135,11 +135,15 @@ def test_engine_warmup_compiles_every_kernel_a_later_step_launches(monkeypatch):
         assert keys <= warm[name], f"{name} compiles a new kernel after warmup"
 
 
+def _attention_kernels() -> tuple:
+    return (triton_prefill._paged_prefill_kernel, triton_cache._store_kv_kernel,
+            triton_decode._paged_decode_kernel, triton_decode._split_reduce_kernel)
+
+
 def _num_compiled() -> dict[str, int]:
-    """Kernels Triton has compiled so far, per attention kernel (every device)."""
-    kernels = (triton_prefill._paged_prefill_kernel, triton_cache._store_kv_kernel,
-               triton_decode._paged_decode_kernel, triton_decode._split_reduce_kernel)
-    return {k.fn.__name__: sum(len(caches[0]) for caches in k.device_caches.values()) for k in kernels}
+    """Kernels Triton has loaded in this process so far, per attention kernel (every device)."""
+    return {k.fn.__name__: sum(len(caches[0]) for caches in k.device_caches.values())
+            for k in _attention_kernels()}
 
 
 @pytest.mark.gpu
@@ -158,10 +162,13 @@ def test_gpu_generation_compiles_nothing_after_warmup(enforce_eager):
                          eos_token_ids=(2,))
     model = CausalLM(config, dtype=torch.bfloat16, device="cuda", backend=get_backend("triton", "cuda"))
     init_random_weights(model, seed=5)
+    for kernel in _attention_kernels():  # what other tests compiled must not stand in for warmup()
+        kernel.device_caches.clear()
     engine = LLMEngine(model, device="cuda", capacity_tokens=32768, max_num_seqs=8, max_model_len=4096,
                        enforce_eager=enforce_eager)
     engine.warmup()
     warm = _num_compiled()
+    assert warm["_paged_decode_kernel"] == 2 and warm["_split_reduce_kernel"] == 1  # one-pass and split-K
     rng = np.random.default_rng(4)
     # Long contexts with few sequences (split-K decode), then short ones (one pass), prompts chunked.
     for lens in ((7, 300, 2100, 3500), (5, 40, 90)):
