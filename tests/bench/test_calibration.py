@@ -18,6 +18,7 @@ from bench.calibration import (
     markdown_table,
     noise_floor,
     pagelab,
+    part_floors,
     run_names,
     summary_row,
     verdict_lines,
@@ -111,6 +112,17 @@ def test_only_runs_of_parts_the_machine_repeats_are_judged():
     noisy = {"A-repeat vs A": floor_row(_comparison(0.4, 0.0))}
     assert judged_lines(rows, noisy, runs)[0].startswith("judged runs: none")
     assert judged_lines(rows, {}, runs) == []
+
+
+def test_the_figure_gets_each_parts_largest_floor_over_its_repeats():
+    runs = run_names(["A", "B"], ["B", "B", "A"])
+    floor = {"B-repeat vs B": floor_row(_comparison(0.05, -0.04)),
+             "B-repeat2 vs B": floor_row(_comparison(0.12, 0.01)),
+             "A-repeat vs A": floor_row(_comparison(0.03, 0.002))}
+    assert part_floors(floor, runs) == {"B": (0.12, -0.04), "A": (0.03, 0.002)}
+    floor["A-repeat vs A"]["throughput diff"] = None  # no value in one comparison: no floor value
+    assert part_floors(floor, runs)["A"] == (0.03, None)
+    assert part_floors({}, runs) == {}
 
 
 @pytest.fixture(scope="module")

@@ -91,6 +91,7 @@ def test_replay_only_measures_the_floor_without_a_profile(tmp_path, single_threa
     assert calibration.main(["--reuse", "--parts", "C", "--repeat", "C", "--max-model-len", "256",
                              "--out", str(moved), "--profile", "cpu-tiny"]) == 0
     assert "| C-repeat |" in (moved / "validation.md").read_text()
+    assert (moved / "validation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_another_trace_is_a_part(tmp_path, single_thread):
