@@ -40,6 +40,9 @@ class TorchBackendConfig:
     # Decode: a tile is cut where padding its sequences to the longest would exceed this fraction of
     # their context tokens (None: no limit). See tiles_by_bytes and docs/calibration.md.
     decode_max_pad: float | None = 0.25
+    # Prefill: the same bound on each tile's padded query x context area (the mask covers the whole
+    # rectangle, so a short prompt tiled with a long one pays for the long one's area).
+    prefill_max_pad: float | None = 0.25
     # Keep the gather buffers between calls: fresh multi-MiB CPU allocations come back from the OS as
     # new pages, and faulting them in costs as much as the gather itself. Off on CUDA (its caching
     # allocator already reuses memory, and a kept buffer would sit on KV-cache memory).
@@ -173,7 +176,7 @@ class TorchBackend:
         token_bytes = 2 * num_kv_heads * head_dim * k_cache.element_size()
         tiles = [([seqs[r] for r in rows], max_ctx, max_q) for rows, max_ctx, max_q in
                  tiles_by_bytes([ctx_list[i] for i in seqs], [q_lens[i] for i in seqs], token_bytes,
-                                self.config.tile_bytes) if max_q > 0]
+                                self.config.tile_bytes, max_pad=self.config.prefill_max_pad) if max_q > 0]
         if not tiles:
             return out
         gather = Gatherer(k_cache, v_cache, *self._buffers(k_cache, tiles))

@@ -21,7 +21,8 @@ def tiles_by_bytes(ctx_list: list[int], q_lens: list[int], token_bytes: int, til
     A tile's gathered K+V (n x max_ctx x token_bytes) and its [n, Q, L] mask both count against the
     budget; a sequence larger than the budget, or with at least `solo_bytes` of K+V, gets a tile of
     its own (solo tiles come last, longest last). With `max_pad`, a tile is also cut before a sequence
-    that would pad it to more than (1 + max_pad) x the context tokens its rows really hold.
+    that would pad it to more than (1 + max_pad) x the query x context area its rows really hold (for
+    decode rows, q = 1: their context tokens).
     """
     order = sorted(range(len(ctx_list)), key=lambda i: (ctx_list[i], q_lens[i]))
     solo = [] if solo_bytes is None else [i for i in order if ctx_list[i] * token_bytes >= solo_bytes]
@@ -30,14 +31,16 @@ def tiles_by_bytes(ctx_list: list[int], q_lens: list[int], token_bytes: int, til
     for i in order:
         new_ctx, new_q = max(max_ctx, ctx_list[i], 1), max(max_q, q_lens[i])
         n = len(rows) + 1
-        # A padded position is copied, zeroed, multiplied and masked like a real one: past max_pad the
-        # tile costs more than its rows' contexts (what a paged kernel, and the latency model, charge).
-        padded = max_pad is not None and n * new_ctx > (1 + max_pad) * (real + max(ctx_list[i], 1))
+        # A padded (query, position) pair is copied, zeroed, multiplied and masked like a real one: past
+        # max_pad the tile costs more than its rows' areas (what a paged kernel, and the latency model,
+        # charge).
+        area = max(q_lens[i], 1) * max(ctx_list[i], 1)
+        padded = max_pad is not None and n * max(new_q, 1) * new_ctx > (1 + max_pad) * (real + area)
         if rows and (n * new_ctx * token_bytes > tile_bytes or n * new_q * new_ctx > tile_bytes or padded):
             tiles.append((rows, max_ctx, max_q))
             rows, new_ctx, new_q, real = [], max(ctx_list[i], 1), q_lens[i], 0
         rows.append(i)
-        max_ctx, max_q, real = new_ctx, new_q, real + max(ctx_list[i], 1)
+        max_ctx, max_q, real = new_ctx, new_q, real + area
     if rows:
         tiles.append((rows, max_ctx, max_q))
     return tiles + [([i], max(ctx_list[i], 1), q_lens[i]) for i in solo]

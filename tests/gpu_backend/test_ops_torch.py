@@ -70,8 +70,25 @@ def test_small_tiles_agree_with_one_tile(record_property):
             case.scale)
     tiny = TorchBackend(TorchBackendConfig(tile_bytes=4096)).prefill(*args)
     one = TorchBackend(TorchBackendConfig(tile_bytes=1 << 40)).prefill(*args)
+    padded = TorchBackend(TorchBackendConfig(tile_bytes=1 << 40, prefill_max_pad=None)).prefill(*args)
     _check(tiny, reference_prefill(*args), torch.float32, record_property)
     torch.testing.assert_close(tiny, one, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(padded, one, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("max_pad", [0.0, 0.25, 1.0])
+def test_prefill_tiles_bound_their_padded_area(max_pad):
+    """Every prefill tile's padded query x context rectangle stays within (1 + max_pad) x its rows' own."""
+    rng = np.random.default_rng(7)
+    ctx = [int(c) for c in rng.integers(1, 1500, size=24)] + [600] * 6
+    q = [int(rng.integers(1, c + 1)) for c in ctx[:24]] + [600] * 6  # prompts, chunks, prefix hits
+    tiles = tiles_by_bytes(ctx, q, 1024, 8 << 20, max_pad=max_pad)
+    assert sorted(i for rows, _, _ in tiles for i in rows) == list(range(len(ctx)))
+    for rows, max_ctx, max_q in tiles:
+        assert (max_ctx, max_q) == (max(ctx[i] for i in rows), max(q[i] for i in rows))
+        assert len(rows) * max_q * max_ctx <= (1 + max_pad) * sum(q[i] * ctx[i] for i in rows)
+    assert any(len(rows) >= 6 for rows, _, _ in tiles)  # equal prompts still share a tile
+    assert len(tiles_by_bytes(ctx, q, 1024, 8 << 20)) < len(tiles)
 
 
 @pytest.mark.parametrize("max_pad", [0.0, 0.25, 1.0])
