@@ -34,8 +34,10 @@ class AttentionBackend(Protocol):
 
 BACKEND_NAMES = ("auto", "torch", "triton")
 
-# On CUDA the gathered tile has no cache to fit in, so one batched tile per call is best.
-_CUDA_TORCH_CONFIG = TorchBackendConfig(tile_bytes=1 << 62, solo_bytes=1 << 62, reuse_workspace=False)
+# On CUDA the gathered tile has no cache to fit in, so one batched tile per call is best (prefill padding
+# is left unbounded there: each extra tile is another round of launches; not measured on a GPU).
+_CUDA_TORCH_CONFIG = TorchBackendConfig(tile_bytes=1 << 62, solo_bytes=1 << 62, reuse_workspace=False,
+                                        prefill_max_pad=None)
 
 
 def get_backend(name: str = "auto", device=None) -> AttentionBackend:
