@@ -8,6 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpu_backend.ops import KernelInputError, TorchBackend, TorchBackendConfig, get_backend
 from gpu_backend.ops.cases import make_paged_case
@@ -89,6 +91,18 @@ def test_prefill_tiles_bound_their_padded_area(max_pad):
         assert len(rows) * max_q * max_ctx <= (1 + max_pad) * sum(q[i] * ctx[i] for i in rows)
     assert any(len(rows) >= 6 for rows, _, _ in tiles)  # equal prompts still share a tile
     assert len(tiles_by_bytes(ctx, q, 1024, 8 << 20)) < len(tiles)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 5000), st.floats(0.0, 1.0)), min_size=1, max_size=40),
+       st.sampled_from([0.0, 0.25, 1.0]), st.sampled_from([1 << 16, 8 << 20]))
+def test_any_tiling_covers_every_sequence_once_within_its_padding_bound(seqs, max_pad, tile_bytes):
+    ctx = [c for c, _ in seqs]
+    q = [max(1, round(f * c)) for c, f in seqs]
+    tiles = tiles_by_bytes(ctx, q, 1024, tile_bytes, max_pad=max_pad)
+    assert sorted(i for rows, _, _ in tiles for i in rows) == list(range(len(ctx)))
+    for rows, max_ctx, max_q in tiles:
+        assert len(rows) * max_q * max_ctx <= (1 + max_pad) * sum(q[i] * ctx[i] for i in rows)
 
 
 @pytest.mark.parametrize("max_pad", [0.0, 0.25, 1.0])
