@@ -50,12 +50,13 @@ def _record(monkeypatch, module, name) -> tuple[object, Recorder]:
     return kernel, recorder
 
 
-def _steps(rng, num, decode_only=False):
-    """Engine steps of every shape a replay makes: prompts, prefix hits, chunks, decodes, mixes."""
+def _steps(rng, num, decode_only=False, max_start=6000):
+    """Engine steps of every shape a replay makes: prompts, prefix hits, chunks, decodes, mixes (contexts
+    up to max_start + 700 tokens)."""
     for _ in range(num):
         seqs = []
         for _ in range(int(rng.integers(1, 65 if decode_only else 6))):
-            start = int(rng.integers(0, 6000))
+            start = int(rng.integers(0, max_start))
             q_len = 1 if decode_only or rng.random() < 0.4 else int(rng.integers(1, 700))
             table = list(range(-(-(start + q_len) // BLOCK_SIZE)))
             seqs.append(SequenceInput([1] * q_len, start, table))
@@ -118,13 +119,7 @@ def test_engine_warmup_compiles_every_kernel_a_later_step_launches(monkeypatch):
     rng = np.random.default_rng(2)
     model, cache = engine.model, engine.cache.device_cache
     for decode_only in (False, True):
-        for _ in range(60):
-            seqs = []
-            for _ in range(int(rng.integers(1, 33 if decode_only else 5))):
-                q_len = 1 if decode_only or rng.random() < 0.4 else int(rng.integers(1, 400))
-                start = int(rng.integers(0, 4096 - q_len))
-                seqs.append(SequenceInput([1] * q_len, start, list(range(-(-(start + q_len) // BLOCK_SIZE)))))
-            step = build_model_input(seqs, BLOCK_SIZE, "cpu")
+        for _, step in _steps(rng, 60, decode_only, max_start=4096 - 700):  # within max_model_len
             model(step.input_ids, step.positions, step.attn_metadata, cache)
     later = {name: _keys(kernel, rec.calls) for name, (kernel, rec) in kernels.items()}
     assert all(kernels[name][1].calls for name in kernels)  # every kernel ran after warmup too
