@@ -198,11 +198,7 @@ def judged_lines(rows: dict[str, dict], floor: dict[str, dict], runs: list[tuple
     repeats against its first replay): the verdicts that measure the model rather than the machine."""
     if not floor:
         return []
-    steady: dict[str, bool] = {}
-    for name, row in floor.items():
-        part = name.split(" vs ")[1]
-        steady[part] = steady.get(part, True) and not _floor_over(row)
-    parts = [p for p, ok in steady.items() if ok]
+    parts = [p for p, ok in steady_parts(floor).items() if ok]
     if not parts:
         return ["judged runs: none (no repeated part is within both targets of its first replay)"]
     judged = {name: rows[name] for name, part in runs if part in parts and name in rows}
@@ -212,13 +208,21 @@ def judged_lines(rows: dict[str, dict], floor: dict[str, dict], runs: list[tuple
             for target, missed in zip(("e2e", "throughput"), _missed(judged), strict=True)]
 
 
-def part_floors(floor: dict[str, dict], runs: list[tuple[str, str]]) -> dict[str, tuple]:
+def steady_parts(floor: dict[str, dict]) -> dict[str, bool]:
+    """Repeated part -> whether every repeat of it is within both targets of its first replay."""
+    steady: dict[str, bool] = {}
+    for name, row in floor.items():
+        part = name.split(" vs ")[1]
+        steady[part] = steady.get(part, True) and not _floor_over(row)
+    return steady
+
+
+def part_floors(floor: dict[str, dict]) -> dict[str, tuple]:
     """part -> (e2e |diff|, throughput diff) of its repeats against its first replay: with several
     repeats the largest of each (None, as in the table, where a comparison had no value)."""
-    parts = dict(runs)
     worst: dict[str, tuple] = {}
     for pair, row in floor.items():
-        part = parts[pair.split(" vs ")[1]]
+        part = pair.split(" vs ")[1]  # the first replay's folder is named after its part
         e2e, thr = row[FLOOR_COLUMNS[0]], row[FLOOR_COLUMNS[1]]
         if part in worst:
             e0, t0 = worst[part]
@@ -228,16 +232,27 @@ def part_floors(floor: dict[str, dict], runs: list[tuple[str, str]]) -> dict[str
     return worst
 
 
+def held_out_runs(rows: dict[str, dict], floor: dict[str, dict], runs: list[tuple[str, str]]) -> list:
+    """The figure's rows: each run's errors, its verdicts, and its part's floor and whether it is judged."""
+    from viz.validation import HeldOutRun
+
+    parts, steady, floors = dict(runs), steady_parts(floor), part_floors(floor)
+    out = []
+    for name, row in rows.items():
+        floor_e2e, floor_throughput = floors.get(parts[name], (None, None))
+        out.append(HeldOutRun(name, row["e2e median |err|"], row["throughput err"], *verdicts(row),
+                              judged=steady.get(parts[name], False), floor_e2e=floor_e2e,
+                              floor_throughput=floor_throughput))
+    return out
+
+
 def save_validation_figure(rows: dict[str, dict], floor: dict[str, dict], runs: list[tuple[str, str]],
                            path: Path, title: str) -> Path:
     """validation.png: every run's errors against the targets beside its part's noise floor."""
     from viz.common import save_figure
-    from viz.validation import HeldOutRun, plot_validation
+    from viz.validation import plot_validation
 
-    parts = dict(runs)
-    held_out = [HeldOutRun(name, parts[name], row["e2e median |err|"], row["throughput err"])
-                for name, row in rows.items()]
-    fig = plot_validation(held_out, part_floors(floor, runs), TARGET_E2E, TARGET_THROUGHPUT, title)
+    fig = plot_validation(held_out_runs(rows, floor, runs), TARGET_E2E, TARGET_THROUGHPUT, title)
     return save_figure(fig.figure, path, "png")
 
 

@@ -3,7 +3,7 @@ noise floor (how far a second replay of the same part lands from the first), so 
 model's or the machine's (docs/calibration.md)."""
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,45 +18,39 @@ UNJUDGED_LABEL_COLOR = "#888888"
 
 @dataclass(frozen=True)
 class HeldOutRun:
-    """One held-out run's errors (fractions; None where the comparison had no value)."""
+    """One held-out run as its validation judged it (errors as fractions; None where the comparison had no
+    value). The verdicts are bench.calibration's: the figure draws them, it does not decide them."""
 
     name: str  # run folder name, e.g. "B-repeat"
-    part: str  # the part it replays, e.g. "B"
     e2e: float | None  # median |relative error| of end-to-end latency
     throughput: float | None  # signed relative error of output throughput
+    e2e_met: bool
+    throughput_met: bool
+    judged: bool  # its part's noise floor is within both targets: the verdicts measure the model
+    floor_e2e: float | None = None  # its part's noise floor (None: the part was not repeated)
+    floor_throughput: float | None = None
 
 
-def _within(value: float | None, target: float) -> bool:
-    return value is not None and abs(value) <= target
+def _pct(value: float | None) -> float | None:
+    return None if value is None else 100 * value
 
 
-def validation_data(runs: Sequence[HeldOutRun], floor: Mapping[str, tuple[float | None, float | None]],
-                    target_e2e: float, target_throughput: float) -> dict:
-    """Per run (in order): values in percent, whether each target is met, the part's floor (or None) and
-    whether the part's floor is within both targets (judged: the run's verdict measures the model)."""
-    out = {"runs": [], "e2e_pct": [], "throughput_pct": [], "e2e_met": [], "throughput_met": [],
-           "floor_e2e_pct": [], "floor_throughput_pct": [], "judged": []}
-    for run in runs:
-        part_floor = floor.get(run.part)
-        out["runs"].append(run.name)
-        out["e2e_pct"].append(None if run.e2e is None else 100 * run.e2e)
-        out["throughput_pct"].append(None if run.throughput is None else 100 * run.throughput)
-        out["e2e_met"].append(_within(run.e2e, target_e2e))
-        out["throughput_met"].append(_within(run.throughput, target_throughput))
-        fe, ft = part_floor if part_floor is not None else (None, None)
-        out["floor_e2e_pct"].append(None if fe is None else 100 * fe)
-        out["floor_throughput_pct"].append(None if ft is None else 100 * ft)
-        out["judged"].append(part_floor is not None and _within(fe, target_e2e)
-                             and _within(ft, target_throughput))
-    return out
+def validation_data(runs: Sequence[HeldOutRun]) -> dict:
+    """Per run (in order): values and floors in percent, the verdicts, whether it is judged."""
+    return {"runs": [r.name for r in runs], "e2e_pct": [_pct(r.e2e) for r in runs],
+            "throughput_pct": [_pct(r.throughput) for r in runs], "e2e_met": [r.e2e_met for r in runs],
+            "throughput_met": [r.throughput_met for r in runs],
+            "floor_e2e_pct": [_pct(r.floor_e2e) for r in runs],
+            "floor_throughput_pct": [_pct(r.floor_throughput) for r in runs],
+            "judged": [r.judged for r in runs]}
 
 
-def plot_validation(runs: Sequence[HeldOutRun], floor: Mapping[str, tuple[float | None, float | None]],
-                    target_e2e: float, target_throughput: float, title: str = "") -> FigureResult:
+def plot_validation(runs: Sequence[HeldOutRun], target_e2e: float, target_throughput: float,
+                    title: str = "") -> FigureResult:
     """Two panels, a row per run: e2e median |error| and throughput error as bars coloured met / missed,
     the target as a dashed line (a band for the signed throughput error), the part's floor as a marker;
     runs whose part the machine does not repeat within both targets (or was not repeated) in grey."""
-    data = validation_data(runs, floor, target_e2e, target_throughput)
+    data = validation_data(runs)
     n = len(data["runs"])
     fig = new_figure(11.0, 1.9 + 0.34 * n)
     axes = fig.subplots(1, 2, sharey=True)

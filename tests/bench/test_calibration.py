@@ -14,6 +14,7 @@ from bench.calibration import (
     floor_row,
     floor_table,
     held_out_part,
+    held_out_runs,
     judged_lines,
     markdown_table,
     noise_floor,
@@ -115,14 +116,28 @@ def test_only_runs_of_parts_the_machine_repeats_are_judged():
 
 
 def test_the_figure_gets_each_parts_largest_floor_over_its_repeats():
-    runs = run_names(["A", "B"], ["B", "B", "A"])
     floor = {"B-repeat vs B": floor_row(_comparison(0.05, -0.04)),
              "B-repeat2 vs B": floor_row(_comparison(0.12, 0.01)),
              "A-repeat vs A": floor_row(_comparison(0.03, 0.002))}
-    assert part_floors(floor, runs) == {"B": (0.12, -0.04), "A": (0.03, 0.002)}
+    assert part_floors(floor) == {"B": (0.12, -0.04), "A": (0.03, 0.002)}
     floor["A-repeat vs A"]["throughput diff"] = None  # no value in one comparison: no floor value
-    assert part_floors(floor, runs)["A"] == (0.03, None)
-    assert part_floors({}, runs) == {}
+    assert part_floors(floor)["A"] == (0.03, None)
+    assert part_floors({}) == {}
+
+
+def test_the_figures_rows_carry_each_runs_verdicts_and_its_parts_floor():
+    runs = run_names(["A", "B", "C"], ["B", "C"])
+    rows = {"A": summary_row(_comparison(0.044, 0.005)), "B": summary_row(_comparison(0.123, -0.024)),
+            "C": summary_row(_comparison(0.02, None)), "B-repeat": summary_row(_comparison(0.05, -0.061))}
+    floor = {"B-repeat vs B": floor_row(_comparison(0.099, 0.025)),
+             "C-repeat vs C": floor_row(_comparison(0.041, 0.062))}  # A not repeated; C's throughput over 5 %
+    held = held_out_runs(rows, floor, runs)
+    assert [r.name for r in held] == ["A", "B", "C", "B-repeat"]
+    assert [r.e2e_met for r in held] == [True, False, True, True]
+    assert [r.throughput_met for r in held] == [True, True, False, False]  # no value is no verdict
+    assert [r.floor_e2e for r in held] == [None, 0.099, 0.041, 0.099]
+    # Judged: only where the part was repeated within both targets (B), never A (no floor) or C.
+    assert [r.judged for r in held] == [False, True, False, True]
 
 
 @pytest.fixture(scope="module")

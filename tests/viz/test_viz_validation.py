@@ -6,24 +6,26 @@ from matplotlib.colors import to_hex
 from viz.common import save_figure
 from viz.validation import MET_COLOR, MISSED_COLOR, UNJUDGED_LABEL_COLOR, HeldOutRun, plot_validation
 
-RUNS = [HeldOutRun("A", "A", 0.044, 0.005), HeldOutRun("B", "B", 0.123, -0.024),
-        HeldOutRun("C", "C", 0.02, None), HeldOutRun("B-repeat", "B", 0.05, -0.061)]
-FLOOR = {"B": (0.099, 0.025), "C": (0.041, 0.062)}  # A not repeated; C's throughput floor over 5 %
+# Verdicts as bench.calibration gives them (tests/bench/test_calibration.py checks how it decides them).
+RUNS = [HeldOutRun("A", 0.044, 0.005, True, True, judged=False),
+        HeldOutRun("B", 0.123, -0.024, False, True, judged=True, floor_e2e=0.099, floor_throughput=0.025),
+        HeldOutRun("C", 0.02, None, True, False, judged=False, floor_e2e=0.041, floor_throughput=0.062),
+        HeldOutRun("B-repeat", 0.05, -0.061, True, False, judged=True, floor_e2e=0.099,
+                   floor_throughput=0.025)]
 
 
-def test_data_has_each_runs_verdicts_and_its_parts_floor():
-    data = plot_validation(RUNS, FLOOR, 0.10, 0.05).data
+def test_data_has_each_runs_values_in_percent_and_its_verdicts():
+    data = plot_validation(RUNS, 0.10, 0.05).data
     assert data["runs"] == ["A", "B", "C", "B-repeat"]
     assert data["e2e_pct"] == pytest.approx([4.4, 12.3, 2.0, 5.0])
-    assert data["e2e_met"] == [True, False, True, True]
-    assert data["throughput_met"] == [True, True, False, False]  # no value is no verdict
+    assert data["throughput_pct"][2] is None
     assert data["floor_e2e_pct"][0] is None and data["floor_e2e_pct"][3] == pytest.approx(9.9)
-    # Judged: only where the part was repeated within both targets (B), never A (no floor) or C.
-    assert data["judged"] == [False, True, False, True]
+    assert data["floor_throughput_pct"][2] == pytest.approx(6.2)
+    assert data["e2e_met"] == [True, False, True, True] and data["judged"] == [False, True, False, True]
 
 
 def test_figure_draws_a_bar_and_floor_marker_per_run_and_greys_unjudged_names(tmp_path):
-    result = plot_validation(RUNS, FLOOR, 0.10, 0.05, title="t")
+    result = plot_validation(RUNS, 0.10, 0.05, title="t")
     e2e_ax, thr_ax = result.figure.axes[:2]
     bars = e2e_ax.containers[0]
     assert len(bars) == 4
