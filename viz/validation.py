@@ -63,15 +63,15 @@ def plot_validation(runs: Sequence[HeldOutRun], target_e2e: float, target_throug
         ax.barh(y, np.nan_to_num(values), color=colors, height=0.6)
         floors = np.array([np.nan if v is None else v for v in data[f"floor_{key}_pct"]], dtype=float)
         ax.scatter(floors, y, marker="D", s=22, color=FLOOR_COLOR, zorder=3)
-        if key == "throughput":
+        signed = key == "throughput"
+        if signed:
             ax.axvspan(-target, target, color="#DDDDDD", zorder=0)
             ax.axvline(0, color="#444444", linewidth=0.8)
-        ax.axvline(target, color="#444444", linestyle="--", linewidth=1.0)
-        if key == "throughput":
-            ax.axvline(-target, color="#444444", linestyle="--", linewidth=1.0)
+        for x in (-target, target) if signed else (target,):
+            ax.axvline(x, color="#444444", linestyle="--", linewidth=1.0)
         finite = np.concatenate([values[np.isfinite(values)], floors[np.isfinite(floors)], [target]])
         reach = 1.12 * float(np.max(np.abs(finite)))
-        ax.set_xlim((-reach, reach) if key == "throughput" else (0, reach))
+        ax.set_xlim((-reach, reach) if signed else (0, reach))
         ax.set_xlabel(xlabel)
         ax.grid(axis="x", alpha=0.3)
     axes[0].set_yticks(y, data["runs"])
