@@ -361,13 +361,12 @@ class LLMEngine:
         for step in (SequenceInput([0] * n, 0, table), SequenceInput([0], n, table)):
             batch = build_model_input([step], bs, self.device, contiguous=contiguous)
             self.model(batch.input_ids, batch.positions, batch.attn_metadata, self.cache.device_cache)
-        if getattr(self.model.attn_backend, "name", "") == "triton":
-            # Triton's decode launches its split-K kernel (and the reduce) once the planned context is
-            # long; left to its first eager use, that compile cost an H200 replay a 0.5 s step. Planning
-            # the same decode for the longest context compiles them here (kernels read only up to each
-            # sequence's own context, so nothing else changes).
-            meta = replace(batch.attn_metadata, max_context_len=self.max_model_len)
-            self.model(batch.input_ids, batch.positions, meta, self.cache.device_cache)
+        # The same decode planned for the longest context the engine allows: a backend may pick other
+        # kernels for long contexts (Triton: split-K and its reduce), and a first compile left to a
+        # measured eager step cost an H200 replay 0.5 s. Attention reads only up to each sequence's own
+        # context, so nothing else changes.
+        meta = replace(batch.attn_metadata, max_context_len=self.max_model_len)
+        self.model(batch.input_ids, batch.positions, meta, self.cache.device_cache)
         self.synchronize()
 
     def synchronize(self) -> None:
