@@ -52,7 +52,7 @@ def run_bulk(w: DecodeWorkload) -> float:
     while done < steps:
         k = min(w.chunk, steps - done)
         for seq in seqs:
-            bm.append_slots(seq, k)
+            bm.append_slot(seq, k)
         done += k
     return time.perf_counter() - t0
 

@@ -18,8 +18,8 @@ import numpy as np
 import pandas as pd
 
 from simulator.core.allocator import MemoryBreakdown
-from simulator.sim_config import SimConfig
-from simulator.simulate import SimResult, simulate
+from simulator.config import SimConfig
+from simulator.loop import RunResult, simulate
 from traces import SyntheticConfig, generate_trace
 
 STATES = MemoryBreakdown.STATES
@@ -58,7 +58,7 @@ def saturated_time_share(memory: pd.DataFrame) -> float:
 
 
 def run_paper(traces: dict[str, SyntheticConfig] | None = None, base: SimConfig = BASE
-              ) -> dict[str, dict[str, SimResult]]:
+              ) -> dict[str, dict[str, RunResult]]:
     """Simulate every trace against the four allocators: {trace: {allocator: result}}."""
     out = {}
     for name, tcfg in (traces or TRACES).items():
@@ -125,7 +125,7 @@ def paged_variants_table(trace: pd.DataFrame, base: SimConfig = BASE) -> str:
     return "\n".join(lines)
 
 
-def fig2_table(results: dict[str, SimResult], paper: dict[str, float] | None = None) -> str:
+def fig2_table(results: dict[str, RunResult], paper: dict[str, float] | None = None) -> str:
     """Markdown: the five memory states per allocator, whole run and saturated window, with the paper's
     token-state share where it has one (its Fig. 2 is ShareGPT only)."""
     lines = ["| system | window | token states | reservation | internal frag. | external frag. & other "
@@ -141,7 +141,7 @@ def fig2_table(results: dict[str, SimResult], paper: dict[str, float] | None = N
     return "\n".join(lines)
 
 
-def fig13_table(all_results: dict[str, dict[str, SimResult]]) -> str:
+def fig13_table(all_results: dict[str, dict[str, RunResult]]) -> str:
     """Markdown: mean number of batched requests per trace and allocator, and the paper's where it has one."""
     lines = ["| trace | " + " | ".join(LABELS[a] for a in ALLOCATORS) + " |",
              "|---" * (len(ALLOCATORS) + 1) + "|"]

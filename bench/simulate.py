@@ -15,9 +15,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from pagelab.memory import peak_rss_mib
+from pagelab.malloc import peak_rss_mib
 from simulator.core.errors import ConfigError
-from simulator.sim_config import ALLOCATORS, SimConfig
+from simulator.config import ALLOCATORS, SimConfig
 
 DEFAULT_RATE = 15.0  # req/s: with "sharegpt" lengths, about the Azure conversation trace's tokens per second
 
@@ -26,10 +26,10 @@ def _load(trace: str, num_requests: int | None):
     """The trace as the CLI reads it: a canonical Parquet file in blocks of rows (its first
     `num_requests`), anything else (CSV, a bundled name, a file with prefix keys) whole, then cut."""
     from traces import load_trace
-    from traces.chunks import open_parquet_chunks
+    from traces.batches import open_parquet_batches
 
     path = Path(trace)
-    chunks = open_parquet_chunks(path, num_requests) if path.suffix == ".parquet" and path.is_file() else None
+    chunks = open_parquet_batches(path, num_requests) if path.suffix == ".parquet" and path.is_file() else None
     work = chunks if chunks is not None else load_trace(trace)
     have = chunks.num_rows if chunks is not None else len(work)
     if num_requests is not None and have < num_requests:
@@ -57,16 +57,16 @@ def measure_once(trace: str, num_requests: int | None, config: SimConfig, label:
     `events_mb` is the events table's size.
     """
     from pagelab.parquet_parts import table_bytes
-    from simulator.hosted_tables import open_run_sinks
-    from simulator.simulate import simulate
+    from simulator.loop import simulate
+    from simulator.output import RunFolder
 
     work, n = _load(trace, num_requests)
     before = peak_rss_mib()
     with tempfile.TemporaryDirectory(prefix="pagelab-bench-") as tmp:
         folder = Path(tmp)
-        sinks = open_run_sinks(folder, "parquet", n, config.record_events)
+        output = RunFolder(folder, "parquet", num_requests=n, record_events=config.record_events)
         t0 = time.perf_counter()
-        result = simulate(work, config, **sinks)
+        result = simulate(work, config, output)
         wall = time.perf_counter() - t0
         events_mb = table_bytes(folder / "events.parquet") / (1 << 20)  # 0 when events are off (no file)
     s = result.summary
@@ -80,10 +80,10 @@ def measure_once(trace: str, num_requests: int | None, config: SimConfig, label:
         "us_per_request": 1e6 * wall / n,
         "rss_before_mb": before,
         # Both processes' own peaks, as if at once (not RUSAGE_CHILDREN: an exec'd child's count starts
-        # at this process's peak when it was started; pagelab/memory.py `peak_rss_mib`).
-        "peak_rss_mb": peak_rss_mib() + (getattr(sinks.get("events"), "peak_rss_mib", None) or 0.0),
+        # at this process's peak when it was started; pagelab/malloc.py `peak_rss_mib`).
+        "peak_rss_mb": peak_rss_mib() + (output.child_peak_rss_mib or 0.0),
         "num_steps": s["num_steps"],
-        "num_memory_rows": sinks["memory"].num_rows,
+        "num_memory_rows": output.num_memory_rows,
         "num_events": result.num_events,
         "events_mb": events_mb,
         "sim_duration_s": s["sim_duration_s"],

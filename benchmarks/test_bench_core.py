@@ -33,7 +33,7 @@ def _remove_and_append(container_type):
 
 def test_running_groups_remove(benchmark):
     """Scheduler.running: a finished group leaves from anywhere (docs/simulator-performance.md)."""
-    from simulator.core.running import RunningGroups
+    from simulator.core.scheduler import RunningGroups
 
     benchmark.pedantic(_remove_and_append(RunningGroups), rounds=5, iterations=1)
 

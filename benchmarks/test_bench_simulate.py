@@ -3,8 +3,8 @@ allocator with events recorded, a 1,000,000-request synthetic trace (paged) in <
 See docs/simulator-performance.md for the figures and `pagelab bench simulate` for the scaling curve."""
 import pytest
 
-from simulator.sim_config import SimConfig
-from simulator.simulate import simulate
+from simulator.config import SimConfig
+from simulator.loop import simulate
 from traces import SyntheticConfig, generate_trace, load_trace
 
 ALLOCATORS = ["paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle"]

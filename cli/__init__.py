@@ -5,7 +5,7 @@ Each command group lives in its own module and registers itself on `app` when im
 import signal
 import sys
 
-from pagelab.memory import choose_arrow_pool, one_arena
+from pagelab.malloc import choose_arrow_pool, one_arena
 
 # Before anything imports numpy or pyarrow: see pagelab/memory.py (one malloc arena, and Arrow on its
 # jemalloc pool, keep a long run's RSS flat).

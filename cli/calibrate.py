@@ -66,8 +66,8 @@ def calibrate_cmd(
                                            "(docs/latency-model.md)."),
 ) -> None:
     """Fit the step-latency model to measured replays; print the fit quality and write a profile."""
-    from simulator.calibrate import calibrate
-    from simulator.step_latency import STALL_FACTOR
+    from simulator.timing.calibrate import calibrate
+    from simulator.timing.step_latency import STALL_FACTOR
 
     measured = []
     for run in runs:
@@ -95,7 +95,7 @@ def calibrate_cmd(
 
 
 def _tables(folder: Path):
-    from simulator.compare import RunTables
+    from simulator.timing.compare import RunTables
     from viz.load import load_allocator
 
     a = load_allocator(folder)
@@ -105,7 +105,7 @@ def _tables(folder: Path):
 
 def _sim_latency(folder: Path):
     """The latency model a simulation ran with (None when its config does not name one we can rebuild)."""
-    from simulator.step_latency import make_latency_model
+    from simulator.timing.step_latency import make_latency_model
 
     cfg = read_config(folder)
     if cfg.get("source") == "replay" or "latency" not in cfg or "step_times_from" in (cfg.get("extra") or {}):
@@ -151,8 +151,8 @@ def compare_cmd(
     fmt: str = typer.Option("png", "--format", "-f", help="Figure format: png, svg or pdf."),
 ) -> None:
     """Latency, throughput, step-time and per-step memory differences of a simulation and a replay."""
-    from simulator.compare import compare_runs
-    from simulator.step_latency import STALL_FACTOR
+    from simulator.timing.compare import compare_runs
+    from simulator.timing.step_latency import STALL_FACTOR
 
     sims = dict(allocator_dirs(sim_run, allocator))
     reals = dict(allocator_dirs(real_run, allocator))
@@ -209,7 +209,7 @@ def replay_twin(real_run: Path, trace_df: pd.DataFrame | None, base, step_times:
     """
     import dataclasses
 
-    from simulator.measured_steps import MeasuredSteps
+    from simulator.timing.measured_steps import MeasuredSteps
     from simulator.specs import GIB, sim_model_name
     from traces import load_trace
     from viz.load import load_allocator

@@ -18,11 +18,11 @@ from cli.report import (
     warn_about,
 )
 from cli.runs import save_result
-from simulator.core.cache_config import ALLOCATORS
+from simulator.core.config import ALLOCATORS
 from simulator.metrics import parse_goodput
 
 if TYPE_CHECKING:
-    from traces.chunks import TraceChunks
+    from traces.batches import TraceBatches
 
 
 def allocators(values: list[str] | None, default: list[str]) -> list[str]:
@@ -37,10 +37,10 @@ def allocators(values: list[str] | None, default: list[str]) -> list[str]:
 def load_workload(trace_arg: str | None, trace_opt: str | None, limit: int | None, num_prompts: int | None,
                   rate: float | None, burstiness: float | None, seed: int,
                   default_limit: int | None = None, stream: bool = False
-                  ) -> tuple[pd.DataFrame | TraceChunks, dict]:
+                  ) -> tuple[pd.DataFrame | TraceBatches, dict]:
     """The trace (positional or --trace), cut to --limit/--num-prompts and re-timed by --request-rate.
 
-    With `stream`, a canonical Parquet trace kept as is (no --request-rate) comes back as TraceChunks,
+    With `stream`, a canonical Parquet trace kept as is (no --request-rate) comes back as TraceBatches,
     read a block of rows at a time by the simulator instead of loaded whole (traces/chunks.py).
     """
     from traces import load_trace, respace_arrivals
@@ -80,12 +80,12 @@ def load_workload(trace_arg: str | None, trace_opt: str | None, limit: int | Non
 
 
 def _parquet_chunks(source: str, limit: int | None):
-    """The trace as TraceChunks if it is a canonical Parquet file, else None (it is loaded whole)."""
-    from traces.chunks import open_parquet_chunks
+    """The trace as TraceBatches if it is a canonical Parquet file, else None (it is loaded whole)."""
+    from traces.batches import open_parquet_batches
     from traces.loaders import resolve_trace
 
     path, _ = resolve_trace(source)
-    return open_parquet_chunks(path, limit) if path.suffix == ".parquet" else None
+    return open_parquet_batches(path, limit) if path.suffix == ".parquet" else None
 
 
 def cap_concurrency(max_num_seqs: int, max_concurrency: int | None) -> int:

@@ -10,8 +10,8 @@ import typer
 from cli import app
 from cli.common import UserError, atomic_dir, err_console, finite_float, user_errors
 from cli.serving import Bars, allocators, cap_concurrency, check_metric_options, load_workload, report
-from pagelab.memory import map_large_blocks
-from simulator.core.cache_config import ALLOCATORS
+from pagelab.malloc import map_large_blocks
+from simulator.core.config import ALLOCATORS
 
 ALL_ALLOCATORS = list(ALLOCATORS)
 # A paged pool is bookkept with Python objects per block (~80 bytes each): past this many blocks a pool
@@ -28,10 +28,10 @@ def pool_problem(df, config) -> str | None:
     """
     capacity = config.capacity()
     blocks = capacity // config.block_size if config.is_paged else capacity // 16
-    from traces.chunks import FrameChunks, TraceChunks
+    from traces.batches import FrameBatches, TraceBatches
 
-    rows = df if isinstance(df, TraceChunks) else FrameChunks(df)
-    width = max(int(max(c["n"].max(), c["beam_width"].max())) for c in rows.iter_chunks(("n", "beam_width")))
+    rows = df if isinstance(df, TraceBatches) else FrameBatches(df)
+    width = max(int(max(c["n"].max(), c["beam_width"].max())) for c in rows.iter_batches(("n", "beam_width")))
     num = rows.num_rows
     bound = 2 * min(num, config.max_num_seqs) * config.resolved_max_model_len * width
     if blocks <= MAX_IDLE_POOL_BLOCKS or capacity <= bound:
@@ -102,8 +102,9 @@ def simulate_cmd(
 ) -> None:
     """Replay a request trace against KV-cache allocators and compare where the memory goes."""
     from cli.runs import check_out, run_metadata, trace_hash
-    from simulator.sim_config import SimConfig
-    from simulator.simulate import simulate
+    from simulator.config import SimConfig
+    from simulator.loop import simulate
+    from simulator.output import RunFolder
 
     names = allocators(allocator, ALL_ALLOCATORS)
     if placement is not None and all(ALLOCATORS[n] is None for n in names):
@@ -158,13 +159,12 @@ def simulate_cmd(
                 bars.add(name, info["num_requests"])
                 report_progress = lambda done, total, n=name: bars.update(n, done)  # noqa: E731
                 cfg = dataclasses.replace(base, allocator=name)
-                sinks = {}
+                output = None
                 if tmp is not None:
-                    from simulator.hosted_tables import open_run_sinks
-
                     (tmp / name).mkdir()
-                    sinks = open_run_sinks(tmp / name, table_format, info["num_requests"], cfg.record_events)
-                results[name] = simulate(df, cfg, progress=report_progress, step_times=measured, **sinks)
+                    output = RunFolder(tmp / name, table_format, num_requests=info["num_requests"],
+                                       record_events=cfg.record_events)
+                results[name] = simulate(df, cfg, output, progress=report_progress, step_times=measured)
         if sharing:
             from simulator.sharing import sharing_saving
             r = sharing_saving(df, dataclasses.replace(base, allocator="paged"))
@@ -192,7 +192,7 @@ def _latency_choice(model: str | None, gpu: str | None, latency: str, profile: s
     """(model, gpu, latency) after --profile: a profile fixes the latency model and the default presets."""
     if profile is None:
         return model or "llama-3-8b", gpu or "a100-80gb", latency
-    from simulator.step_latency import load_fitted
+    from simulator.timing.step_latency import load_fitted
 
     fitted = load_fitted(profile)
     return model or fitted.model.name, gpu or fitted.gpu.name, profile

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from cli import app
 from cli.common import UserError, console, err_console, user_errors
-from simulator.core.cache_config import ALLOCATORS
+from simulator.core.config import ALLOCATORS
 
 STATUS_TEXT = {"found": "", "above_range": " (meets the SLO at the top of the range)",
                "below_range": " (misses the SLO at the lowest rate)", "budget": " (search budget spent)",

@@ -1,11 +1,12 @@
-"""Replaying a trace on the real engine, producing the same tables as `simulator.simulate`.
+"""Replaying a trace on the real engine, producing the same tables as a simulation.
 
 Each request gets random prompt tokens of its length (seeded; requests that share recorded prefix blocks
 share those blocks' tokens, so the prefix cache sees real hits) and is forced to generate exactly its
 trace output length (ignore_eos). Arrivals are honoured on the wall clock after scaling by `time_scale`
 (0: everything arrives at once). The loop mirrors `simulate()` step for step; time is measured: each
 step's wall time (synchronized on a GPU) is its `dt_s`, and events carry wall-clock times (blocks are
-taken when a step is scheduled and released when its forward is done, as in the simulator).
+taken when a step is scheduled and released when its forward is done, as in the simulator). The replay
+runs on the simulation's driver (`simulator.loop.drive`) and records into the same output.
 
 Arrivals are checked against recorded times only - the end of the previous step, or the arrival the loop
 slept until - never a fresh clock reading, so `simulate --step-times-from` can replay the same decisions
@@ -22,6 +23,7 @@ model's inputs and the measured duration (what `pagelab calibrate` fits).
 """
 from __future__ import annotations
 
+import math
 import resource
 import time
 from collections.abc import Callable
@@ -34,11 +36,11 @@ import torch
 from gpu_backend.engine.engine_config import EngineConfig
 from gpu_backend.engine.llm_engine import LLMEngine
 from gpu_backend.engine.params import EngineInputError, SamplingParams
-from simulator.recorder import EventRecorder
-from simulator.request_log import RequestColumns
-from simulator.results import request_table, summarize
-from simulator.run_state import RunState
-from simulator.step_latency import step_features
+from simulator.loop import RunResult, drive
+from simulator.loop.state import RunState
+from simulator.metrics import add_latencies, run_summary
+from simulator.output import InMemory
+from simulator.timing.step_latency import step_features
 from traces.schema import validate_trace
 
 CLOCKS = ("wall", "cpu")
@@ -57,22 +59,6 @@ class ReplayConfig:
     seed: int = 0
     clock: str = "wall"  # or "cpu": the virtual CPU-time clock (module docstring)
     extra: dict = field(default_factory=dict, compare=False)  # labels copied into config.json
-
-
-@dataclass
-class ReplayResult:
-    """Same fields as `simulator.simulate.SimResult`, so `cli.runs.write_run` writes both alike."""
-
-    config: dict
-    summary: dict
-    requests: pd.DataFrame
-    memory: pd.DataFrame
-    events: pd.DataFrame
-    steps: pd.DataFrame | None = None
-
-    def request_data(self) -> pd.DataFrame:
-        """The request table (a replay keeps it in memory)."""
-        return self.requests
 
 
 STEP_COLUMNS = ("step", "t_s", "dt_s", "num_batched_tokens", "num_prefill_tokens", "num_prefill_seqs",
@@ -136,7 +122,7 @@ def request_params(output_len: int, n: int, beam_width: int, seed: int) -> Sampl
     return SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
 
 
-def make_engine(config: ReplayConfig, model=None, recorder: EventRecorder | None = None,
+def make_engine(config: ReplayConfig, model=None, record_events: bool = False,
                 clock: Callable[[], float] | None = None) -> LLMEngine:
     """The engine a replay runs on, tracking memory after every schedule."""
     ec = config.engine
@@ -145,26 +131,25 @@ def make_engine(config: ReplayConfig, model=None, recorder: EventRecorder | None
     return LLMEngine(config.model if model is None else model, device=config.device, backend=config.backend,
                      dtype=config.dtype, block_size=ec.block_size, num_blocks=ec.num_blocks,
                      kv_memory_gb=ec.kv_memory_gb, enable_prefix_caching=ec.enable_prefix_caching,
-                     allocator=ec.allocator, seed=config.seed, recorder=recorder, clock=clock,
+                     allocator=ec.allocator, seed=config.seed, record_events=record_events, clock=clock,
                      track_memory=True, **opts)
 
 
 def replay(trace: pd.DataFrame, config: ReplayConfig, model=None,
-           progress: Callable[[int, int], None] | None = None) -> ReplayResult:
+           progress: Callable[[int, int], None] | None = None) -> RunResult:
     """Replay `trace` on an engine built from `config` (over `model`, a CausalLM, when given)."""
     trace = validate_trace(trace, source="trace")
     if config.clock not in CLOCKS:
         raise EngineInputError(f"clock must be one of {', '.join(CLOCKS)}, got {config.clock!r}")
     clock = ReplayClock(config.clock)
-    recorder = EventRecorder()
-    engine = make_engine(config, model, recorder, clock)
+    engine = make_engine(config, model, True, clock)
     if config.clock == "cpu" and engine.device.type != "cpu":
         raise EngineInputError(f"--clock cpu measures a CPU engine; this replay runs on {engine.device}")
     threads = torch.get_num_threads()
     if config.clock == "cpu":
         torch.set_num_threads(1)  # CPU time of one thread is the step's compute time
     try:
-        return _replay(trace, config, engine, recorder, clock, progress)
+        return _replay(trace, config, engine, clock, progress)
     finally:
         torch.set_num_threads(threads)
 
@@ -194,72 +179,108 @@ class ReplayClock:
                 self._base -= t - now
 
 
-def _replay(trace: pd.DataFrame, config: ReplayConfig, engine: LLMEngine, recorder: EventRecorder,
-            clock: ReplayClock, progress: Callable[[int, int], None] | None) -> ReplayResult:
+@dataclass(eq=False)
+class ReplayState(RunState):
+    """A replay in progress: requests join the engine as their (scaled) arrival passes on its clock."""
+
+    engine: LLMEngine | None = None
+    clock: ReplayClock | None = None
+    trace: pd.DataFrame | None = None
+    arrival: list[float] = field(default_factory=list)  # seconds, as the run sees them (scaled)
+    prompt: np.ndarray | None = None  # prompt lengths as run (clipped)
+    prompts: list[list[int]] = field(default_factory=list)  # their tokens
+    seed: int = 0
+    step_rows: list[tuple] = field(default_factory=list)
+    step_times: list[float] = field(default_factory=list)
+    computed: int = 0  # tokens in the forwards
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        t = self.trace
+        self.num_requests = len(t)
+        self._ids = t["request_id"].to_numpy(np.int64).tolist()
+        self._output = t["output_len"].to_numpy(np.int64).tolist()
+        self._n = t["n"].to_numpy(np.int64).tolist()
+        self._beam = t["beam_width"].to_numpy(np.int64).tolist()
+        self.next_arrival = self.arrival[0] if self.arrival else math.inf
+
+    def arrive_until(self, t: float) -> None:
+        """Every request arriving at or before `t` joins the engine (`t` is a recorded time: see the module
+        docstring)."""
+        i, num = self.next, self.num_requests
+        while i < num and self.arrival[i] <= t:
+            self.log.open(i, (self._ids[i], self.arrival[i], int(self.prompt[i]), self._output[i], self._n[i],
+                              self._beam[i]))
+            params = request_params(self._output[i], self._n[i], self._beam[i], self.seed + i)
+            self.engine.add_request(self.prompts[i], params, request_id=i, arrival_s=self.arrival[i],
+                                    check=False)
+            i += 1
+        self.next = i
+        self.next_arrival = self.arrival[i] if i < num else math.inf
+
+    def idle_until(self, t: float) -> None:
+        """Wait on the clock for the next arrival, logging the gap as the simulator does. The loop's clock
+        then reads `t` itself (what the simulator's reads after the same gap), so the next arrival check
+        admits exactly the requests the simulator's would; the sleep's overshoot is measured in the next
+        step's start."""
+        self.record_idle(self.clock(), t)
+        self.clock.wait_until(t)
+        self.now = max(t, self.now)
+
+
+def _advance(run: ReplayState):
+    """One engine step, measured and recorded; its schedule (the driver handles an empty one)."""
+    clock, engine = run.clock, run.engine
+    start = clock()
+    res = engine.step()
+    engine.synchronize()
+    end = clock()
+    run.record_schedule(res.out, start)
+    for i in res.first_token:
+        run.first_token[i] = end
+    for o in res.finished:
+        if run.log.is_open(o.request_id):  # a rejected request was retired when it was rejected
+            run.finish[o.request_id] = end
+            run.num_done += 1
+            run.retire(o.request_id)
+    if res.out.is_empty:
+        return res.out
+    dt = end - start
+    run.step_rows.append(step_row(run.step, start, dt, res.out, res.q_lens, res.context_lens))
+    run.record_step(start, dt, res.breakdown, res.counts, res.out.num_batched_tokens)
+    run.step_times.append(dt)
+    run.computed += res.num_computed_tokens
+    run.now = end
+    return res.out
+
+
+def _replay(trace: pd.DataFrame, config: ReplayConfig, engine: LLMEngine, clock: ReplayClock,
+            progress: Callable[[int, int], None] | None) -> RunResult:
     engine.warmup()
     clock.start()  # the clock starts once the model and the pool exist
-    num = len(trace)
     prompt_lens, num_clipped = clip_prompts(trace, engine.max_model_len)
     prompts = make_prompts(trace, prompt_lens, engine.model.config.vocab_size, config.seed)
     ec = engine.config
-    run = RunState(allocator=ec.allocator, enable_prefix_caching=ec.enable_prefix_caching,
-                   alloc=engine.allocator, sched=engine.scheduler, trace=trace,
-                   arrival=trace["arrival_s"].to_numpy(np.float64) * config.time_scale, prompt=prompt_lens)
-    arrival = run.arrival.tolist()
-    step_times, step_rows, computed = [], [], 0
-    nxt = 0
-    while nxt < num or engine.has_unfinished():
-        now = run.now  # a recorded time (see the module docstring), not a fresh clock reading
-        while nxt < num and arrival[nxt] <= now:
-            params = request_params(int(run.output[nxt]), int(run.n[nxt]), int(run.beam[nxt]),
-                                    config.seed + nxt)
-            engine.add_request(prompts[nxt], params, request_id=nxt, arrival_s=arrival[nxt], check=False)
-            nxt += 1
-        if not engine.has_unfinished():
-            _idle_until(run, arrival[nxt], clock)
-            continue
-        start = clock()
-        res = engine.step()
-        engine.synchronize()
-        end = clock()
-        run.record_schedule(res.out, start)
-        for i in res.first_token:
-            run.first_token[i] = end
-        for o in res.finished:
-            if not run.rejected[o.request_id]:
-                run.finish[o.request_id] = end
-                run.num_done += 1
-        if res.out.is_empty:
-            if res.out.rejected:
-                continue
-            if nxt < num:
-                _idle_until(run, arrival[nxt], clock)
-                continue
-            raise RuntimeError("scheduler stalled with work left and no future arrival (a bug)")
-        dt = end - start
-        step_rows.append(step_row(run.step, start, dt, res.out, res.q_lens, res.context_lens))
-        run.record_step(start, dt, res.breakdown, res.counts, res.out.num_batched_tokens)
-        step_times.append(dt)
-        computed += res.num_computed_tokens
-        run.now = end
-        if progress is not None:
-            progress(run.num_done, num)
+    output = InMemory()
+    run = ReplayState(allocator=ec.allocator, enable_prefix_caching=ec.enable_prefix_caching,
+                      alloc=engine.allocator, sched=engine.scheduler, output=output, engine=engine, clock=clock,
+                      trace=trace, arrival=(trace["arrival_s"].to_numpy(np.float64) * config.time_scale).tolist(),
+                      prompt=prompt_lens, prompts=prompts, seed=config.seed)
+    drive(run, _advance, progress)
     run.now = clock()
-    result = _result(run, recorder, engine, config, step_times, computed, num_clipped)
-    result.steps = steps_frame(step_rows)
-    return result
-
-
-def _idle_until(run: RunState, t: float, clock: ReplayClock) -> None:
-    """Wait on the wall clock for the next arrival, logging the gap as the simulator does.
-
-    The loop's clock then reads `t` itself (what the simulator's clock reads after the same gap), so the
-    next arrival check admits exactly the requests the simulator's would; the sleep's overshoot is
-    measured in the next step's start.
-    """
-    run.record_idle(clock(), t)
-    clock.wait_until(t)
-    run.now = max(t, run.now)
+    run.drain_events(final=True)
+    kept = output.close()
+    summary = add_latencies(run_summary(run, kept, run.now), kept.requests)
+    summary["measured"] = _measured(engine, run.step_times, run.computed, num_clipped)
+    cfg = {**config.extra, "source": "replay", "model": config.model, "device": str(engine.device),
+           "backend": engine.model.attn_backend.name, "dtype": str(engine.model.dtype).removeprefix("torch."),
+           **engine.config.to_dict(), "allocator": engine.config.allocator,
+           "capacity_tokens": int(engine.capacity_tokens), "capacity_source": engine.capacity_source,
+           "max_model_len": int(engine.max_model_len), "bytes_per_token": int(engine.bytes_per_token),
+           "time_scale": config.time_scale, "seed": config.seed, "num_clipped_prompts": num_clipped,
+           "clock": config.clock}
+    return RunResult(cfg, summary, kept.requests.frame, kept.memory, kept.events, kept.num_events,
+                     kept.requests, steps=steps_frame(run.step_rows))
 
 
 def _stats(values: list[float]) -> dict:
@@ -271,15 +292,10 @@ def _stats(values: list[float]) -> dict:
             "total": float(v.sum())}
 
 
-def _result(run: RunState, recorder: EventRecorder, engine: LLMEngine, config: ReplayConfig,
-            step_times: list[float], computed: int, num_clipped: int) -> ReplayResult:
-    import torch
-
-    requests = request_table(run)
-    memory = run.mem.to_frame()
-    summary = summarize(run, RequestColumns.of_frame(requests), memory, run.now)
+def _measured(engine: LLMEngine, step_times: list[float], computed: int, num_clipped: int) -> dict:
+    """What the replay measured beside the tables: step times, forward tokens, pool and peak memory."""
     cuda = engine.device.type == "cuda"
-    summary["measured"] = {
+    return {
         "device": str(engine.device), "backend": engine.model.attn_backend.name,
         "dtype": str(engine.model.dtype).removeprefix("torch."),
         "step_time_s": _stats(step_times), "num_forward_tokens": int(computed),
@@ -289,11 +305,3 @@ def _result(run: RunState, recorder: EventRecorder, engine: LLMEngine, config: R
         "process_peak_rss_bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024,
         "num_clipped_prompts": num_clipped,
     }
-    cfg = {**config.extra, "source": "replay", "model": config.model, "device": str(engine.device),
-           "backend": engine.model.attn_backend.name, "dtype": str(engine.model.dtype).removeprefix("torch."),
-           **engine.config.to_dict(), "allocator": engine.config.allocator,
-           "capacity_tokens": int(engine.capacity_tokens), "capacity_source": engine.capacity_source,
-           "max_model_len": int(engine.max_model_len), "bytes_per_token": int(engine.bytes_per_token),
-           "time_scale": config.time_scale, "seed": config.seed, "num_clipped_prompts": num_clipped,
-           "clock": config.clock}
-    return ReplayResult(cfg, summary, requests, memory, recorder.to_frame(run.now))

@@ -1,12 +1,11 @@
-"""Parquet tables written in parts: NAME.parquet is one file, or a directory of part files in row order.
+"""Reading Parquet tables written in parts: NAME.parquet is one file, or a directory of parts in row order.
 
 A Parquet writer keeps every row group's footer entry (~870 bytes a column chunk, whatever the options)
-until it closes. A 10M-request run streams ~1,600 row groups into its three tables: ~13 MB that grew with
-the run and, allocated a group at a time between the loop's own allocations, kept heap pages from being
-returned (docs/simulator-performance.md, "seventh pass"). A streamed table therefore starts a new part
-file every `PART_GROUPS` row groups (a run folder's memory and request tables every `TABLE_PART_GROUPS`,
-simulator/sinks.py), so a writer holds at most that many entries. A table that ends within
-its first part is moved to NAME.parquet as a single file, the layout every small run has.
+until it closes, and a long run streams thousands of row groups into its tables: held to the end, those
+entries grow with the run and, allocated a group at a time between the loop's own allocations, keep heap
+pages from being returned. So a streamed table starts a new part file every so many row groups
+(pagelab/table_sinks.py writes them); a table that ends within its first part is a single file at
+NAME.parquet, the layout every small run has.
 
 pandas.read_parquet and pyarrow.parquet.read_table read either layout; `PartedFile` gives the row groups
 of both as one sequence (what pyarrow.parquet.ParquetFile gives for one file).
@@ -19,13 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-PART_GROUPS = 64  # row groups per part file (events: 2^24 tenures, ~0.4 MB of footer held at most)
-PART_PATTERN = "part-*.parquet"
-
-
-def part_name(index: int) -> str:
-    """File name of part `index` (zero-padded: name order is row order)."""
-    return f"part-{index:05d}.parquet"
+PART_PATTERN = "part-*.parquet"  # pagelab.table_sinks.part_name
 
 
 def part_files(path: str | Path) -> list[Path]:

@@ -1,27 +1,31 @@
 """pagelab simulator: the shared KV-cache memory core (simulator.core) and the trace-driven simulation.
 
-Imports no torch, triton or matplotlib: the simulator stays light and fast.
+simulator.loop runs a simulation (`simulate`), simulator.output keeps or writes its tables,
+simulator.timing says how long a step takes, simulator.sweep runs many. Importing this package loads the
+core only: no numpy, pandas, torch or matplotlib.
 """
 from simulator.core import (
+    MEMORY_STATES,
     AllocationError,
     AllocStatus,
     BlockManager,
     BlockManagerStats,
     ConfigError,
     ContiguousAllocator,
+    EventLog,
     InvariantError,
     KVAllocator,
     MemoryBreakdown,
-    RegionRecorder,
     Scheduler,
     SchedulerConfig,
     Sequence,
     SequenceGroup,
     SequenceStatus,
+    check_invariants,
 )
 
 __all__ = [
-    "AllocStatus", "AllocationError", "BlockManager", "BlockManagerStats", "ConfigError",
-    "ContiguousAllocator", "InvariantError", "KVAllocator", "MemoryBreakdown", "RegionRecorder",
-    "Scheduler", "SchedulerConfig", "Sequence", "SequenceGroup", "SequenceStatus",
+    "MEMORY_STATES", "AllocStatus", "AllocationError", "BlockManager", "BlockManagerStats", "ConfigError",
+    "ContiguousAllocator", "EventLog", "InvariantError", "KVAllocator", "MemoryBreakdown", "Scheduler",
+    "SchedulerConfig", "Sequence", "SequenceGroup", "SequenceStatus", "check_invariants",
 ]

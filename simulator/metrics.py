@@ -1,4 +1,5 @@
-"""Serving metrics in the conventions of `vllm bench serve`: ms latencies, throughputs, goodput, warnings.
+"""A run's statistics: its summary (`run_summary`, `add_latencies`) and serving metrics in the conventions
+of `vllm bench serve` (ms latencies, throughputs, goodput, warnings).
 
 Computed from a run's per-request table (in memory, or read from a run folder's file a column at a
 time), so the simulator and the engine report the same numbers. The simulator records each request's
@@ -15,8 +16,10 @@ import numpy as np
 import pandas as pd
 
 from pagelab.column_stats import BLOCK_ROWS, Blocks, median_and_percentiles, weighted_percentiles
-from simulator.request_log import RequestColumns, RequestTotals, output_tokens
-from traces.chunks import FrameChunks
+from simulator.output import Kept
+from simulator.output.memory_rows import frame_means, weighted_means
+from simulator.output.request_rows import RequestColumns, RequestTotals, output_tokens
+from traces.batches import FrameBatches
 
 Requests = pd.DataFrame | RequestColumns  # a request table, in memory or streamed to a file
 METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -48,7 +51,7 @@ def _blocks(requests: Requests, names: tuple[str, ...]) -> Iterator[dict[str, np
     10M-request table is never read whole (column_stats.py)."""
     if isinstance(requests, RequestColumns):
         return requests.blocks(names)
-    return FrameChunks(requests).iter_chunks(names, BLOCK_ROWS)
+    return FrameBatches(requests).iter_batches(names, BLOCK_ROWS)
 
 
 def _finite(requests: Requests, name: str) -> Blocks:
@@ -239,3 +242,50 @@ def overload_warning(requests: Requests, duration_s: float) -> str | None:
     return (f"overloaded: the waiting queue grew from {half:,} to {three_q:,} to {end:,} requests at 50%, "
             f"75% and 100% of the trace's {last:,.0f} s, and the run took {duration_s:,.0f} s of simulated "
             "time; lower the rate (--request-rate) or give a larger pool")
+
+
+LATENCY_COLUMNS = ("ttft_s", "tpot_s", "e2e_s")  # the summary's latency statistics, in its order
+
+
+def run_summary(run, kept: Kept, wall_s: float) -> dict:
+    """The run's SUMMARY (docs/run-format.md) but for the latency columns' statistics (None until
+    `add_latencies`): what needs the run's state, so that a long run can free that state before its
+    request table is read again. `run` is the finished RunState."""
+    duration = run.now
+    totals = kept.requests.totals
+    mem, token_occ, block_occ = frame_means(kept.memory) if kept.memory is not None \
+        else weighted_means(kept.memory_sums)
+    stats = getattr(run.alloc, "stats", None)
+    hit_rate = None
+    if stats is not None and run.enable_prefix_caching and stats.prefix_queries:
+        hit_rate = stats.prefix_hits / stats.prefix_queries
+    return {
+        "allocator": run.allocator,
+        "capacity_tokens": int(run.alloc.capacity_tokens),
+        "block_size": int(run.block_size),
+        "num_blocks": int(getattr(run.alloc, "num_blocks", run.alloc.capacity_tokens)),
+        "num_requests": totals.num_requests,
+        "num_finished": totals.num_finished,
+        "num_rejected": totals.num_rejected,
+        "num_preemptions": totals.num_preemptions,
+        "num_steps": int(run.step),
+        "sim_duration_s": float(duration),
+        "wall_s": float(wall_s),
+        "mean_batch_size": float(run.batch_s / run.busy_s) if run.busy_s > 0 else 0.0,
+        "throughput_tokens_per_s": float(totals.output_tokens / duration) if duration > 0 else 0.0,
+        "normalized_latency_s_per_token": totals.normalized_sum / totals.num_finished
+        if totals.num_finished else None,
+        **{name: None for name in LATENCY_COLUMNS},
+        "memory": mem,
+        "token_occupancy": token_occ,
+        "block_occupancy": block_occ,
+        "prefix_cache_hit_rate": hit_rate,
+        "allocator_stats": stats.as_dict() if stats is not None else {},
+    }
+
+
+def add_latencies(summary: dict, requests: RequestColumns) -> dict:
+    """Fill in `run_summary`'s latency statistics (mean, p50, p90, p99 of each column) from the requests."""
+    for name in LATENCY_COLUMNS:
+        summary[name] = column_summary(requests, name)
+    return summary

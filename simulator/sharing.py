@@ -7,8 +7,8 @@ import pandas as pd
 
 from simulator.core.errors import ConfigError
 from simulator.core.paged.block_manager import BlockManager
-from simulator.sim_config import SimConfig
-from simulator.simulate import simulate
+from simulator.config import SimConfig
+from simulator.loop import simulate
 
 
 def sharing_saving(trace: pd.DataFrame, config: SimConfig) -> dict:
@@ -25,7 +25,7 @@ def sharing_saving(trace: pd.DataFrame, config: SimConfig) -> dict:
 
     def observe(run) -> None:
         alloc: BlockManager = run.alloc
-        logical = sum(len(s.block_table) for s in alloc._seqs.values())
+        logical = sum(len(s.block_table) for s in alloc.seqs.values())
         if logical:
             physical = alloc.num_used_blocks
             totals["steps"] += 1

@@ -84,7 +84,7 @@ MODELS: dict[str, ModelSpec] = {
         intermediate_size=8192, vocab_size=128256, num_params=1_235_814_400, max_model_len=131072,
     ),
     # The engine's `tiny` preset (gpu_backend/model_presets.py), fp32 on a CPU: lets the simulator stand
-    # for CPU replays (calibrated profile simulator/profiles/cpu-tiny.json).
+    # for CPU replays (calibrated profile simulator/timing/profiles/cpu-tiny.json).
     "tiny": ModelSpec(
         name="tiny", num_layers=4, hidden_size=256, num_heads=4, num_kv_heads=2, head_dim=64,
         intermediate_size=688, vocab_size=1024, num_params=3_426_560, max_model_len=4096, dtype_bytes=4,

@@ -79,15 +79,15 @@ def _is_canonical(df) -> bool:
     index = df.index
     if not (isinstance(index, pd.RangeIndex) and index.start == 0 and index.step == 1):
         return False
-    return canonical_blocks([{c: df[c].to_numpy() for c in CANONICAL_COLUMNS}])
+    return canonical_batches([{c: df[c].to_numpy() for c in CANONICAL_COLUMNS}])
 
 
-def canonical_blocks(blocks: Iterable[dict[str, np.ndarray]]) -> bool:
-    """Whether consecutive blocks of the canonical columns make, together, a trace validate_trace would
+def canonical_batches(batches: Iterable[dict[str, np.ndarray]]) -> bool:
+    """Whether consecutive batches of the canonical columns make, together, a trace validate_trace would
     return unchanged: int64/float64 (no nulls), arrivals finite and sorted from 0, ids increasing, counts
-    in range. One block at a time (a Parquet file's record batches, or a whole frame)."""
+    in range. One batch at a time (a Parquet file's record batches, or a whole frame)."""
     last_arrival, last_id, first = 0.0, -1, True
-    for c in blocks:
+    for c in batches:
         arrival, ids = c["arrival_s"], c["request_id"]
         if arrival.dtype != np.float64 or any(c[k].dtype != np.int64 for k in CANONICAL_COLUMNS
                                               if k != "arrival_s"):
@@ -100,7 +100,7 @@ def canonical_blocks(blocks: Iterable[dict[str, np.ndarray]]) -> bool:
                 and all(((c[k] >= 1) & (c[k] <= MAX_COUNT)).all() for k in COUNT_COLUMNS)):
             return False
         last_arrival, last_id = arrival[-1], ids[-1]
-        del c, arrival, ids  # before the next block is read: one block in memory, not two
+        del c, arrival, ids  # before the next batch is read: one batch in memory, not two
     return True
 
 def _validate(raw: RawTrace, source: str, warnings: list[str] | None) -> pd.DataFrame:

@@ -8,15 +8,15 @@ import numpy as np
 import pandas as pd
 
 from pagelab.column_stats import BLOCK_ROWS, median_and_percentiles
-from traces.chunks import FrameChunks, TraceChunks
+from traces.batches import FrameBatches, TraceBatches
 
 PERCENTILES = (50, 90, 99)
 
 
-def _totals(trace: TraceChunks, col: str) -> tuple[int, int, int]:
+def _totals(trace: TraceBatches, col: str) -> tuple[int, int, int]:
     """Sum, max and number of values above 1 of a count column, read a block at a time."""
     total = top = above = 0
-    for c in trace.iter_chunks((col,), BLOCK_ROWS):
+    for c in trace.iter_batches((col,), BLOCK_ROWS):
         values = c[col].astype(np.int64, copy=False)
         total += int(values.sum())
         top = max(top, int(values.max()))
@@ -24,11 +24,11 @@ def _totals(trace: TraceChunks, col: str) -> tuple[int, int, int]:
     return total, top, above
 
 
-def _describe(trace: TraceChunks, col: str) -> tuple[dict[str, float], int]:
+def _describe(trace: TraceBatches, col: str) -> tuple[dict[str, float], int]:
     """Mean, p50/p90/p99 and max of a length column (and its sum), read a block at a time: the
     percentiles are np.percentile's, by selection over the blocks (pagelab/column_stats.py)."""
     total, top, _ = _totals(trace, col)
-    blocks = lambda: ((c[col], None) for c in trace.iter_chunks((col,), BLOCK_ROWS))  # noqa: E731
+    blocks = lambda: ((c[col], None) for c in trace.iter_batches((col,), BLOCK_ROWS))  # noqa: E731
     _, pct = median_and_percentiles(blocks, trace.num_rows, PERCENTILES)
     out = {"mean": total / trace.num_rows}
     out.update({f"p{p}": v for p, v in zip(PERCENTILES, pct, strict=True)})
@@ -36,7 +36,7 @@ def _describe(trace: TraceChunks, col: str) -> tuple[dict[str, float], int]:
     return out, total
 
 
-def _uses(trace: TraceChunks, col: str) -> dict[str, float | int]:
+def _uses(trace: TraceBatches, col: str) -> dict[str, float | int]:
     """Mean, max and number of requests above 1 of the n or beam_width column (1 where absent)."""
     if col not in trace.columns:
         return {"mean": 1.0, "max": 1, "requests_above_1": 0}
@@ -73,20 +73,20 @@ def prefix_reuse(trace: pd.DataFrame) -> dict[str, float | int] | None:
     }
 
 
-def trace_info(trace: pd.DataFrame | TraceChunks) -> dict:
+def trace_info(trace: pd.DataFrame | TraceBatches) -> dict:
     """Count, duration, mean rate, length percentiles, n / beam use and prefix reuse (JSON-ready).
 
-    Columns are read a block at a time (a TraceChunks from its file), so a 10M-request trace is never
+    Columns are read a block at a time (a TraceBatches from its file), so a 10M-request trace is never
     held whole: reading four of its columns whole took 0.25 GB, the largest allocation of a 10M run.
     """
-    chunked = isinstance(trace, TraceChunks)
-    rows = trace if chunked else FrameChunks(trace)
+    chunked = isinstance(trace, TraceBatches)
+    rows = trace if chunked else FrameBatches(trace)
     num = rows.num_rows
     if num == 0:
         raise ValueError("trace_info of an empty trace")
     if chunked:  # sorted arrivals: the first and the last are the extremes (traces/chunks.py)
         first = last = None
-        for c in trace.iter_chunks(("arrival_s",)):
+        for c in trace.iter_batches(("arrival_s",)):
             first = c["arrival_s"][0] if first is None else first
             last = c["arrival_s"][-1]
         duration = float(last - first)

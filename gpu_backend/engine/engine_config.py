@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from gpu_backend.engine.params import EngineInputError
-from simulator.core.cache_config import CacheConfig
+from simulator.core.config import CacheConfig
 from simulator.core.errors import ConfigError
 
 # KV pool size on a CPU when neither num_blocks nor kv_memory_gb is given: a GPU-sized pool makes no sense

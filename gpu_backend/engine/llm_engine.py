@@ -26,7 +26,7 @@ from gpu_backend.engine.requests import RequestState, check_prompt
 from gpu_backend.engine.sampling import SamplingBatch, compute_logprobs, make_generator, sample
 from gpu_backend.engine.step import is_shared, plan_step, resolve_rows, start_prefills
 from gpu_backend.model import CausalLM
-from simulator.core.allocator import MemoryBreakdown, RegionRecorder
+from simulator.core.allocator import MemoryBreakdown
 from simulator.core.paged.block_manager import BlockManager
 from simulator.core.scheduler import Scheduler, SchedulerOutput
 from simulator.core.sequence import Sequence, SequenceStatus
@@ -94,7 +94,7 @@ class LLMEngine:
                  backend: str = "auto", block_size: int = 16, num_blocks: int | None = None,
                  kv_memory_gb: float | None = None, dtype: str | torch.dtype | None = None,
                  enable_prefix_caching: bool = True, allocator: str = "paged", *, seed: int = 0,
-                 recorder: RegionRecorder | None = None, clock: Callable[[], float] | None = None,
+                 record_events: bool = False, clock: Callable[[], float] | None = None,
                  track_memory: bool = False, **options):
         try:
             config = EngineConfig(block_size=block_size, num_blocks=num_blocks, kv_memory_gb=kv_memory_gb,
@@ -110,7 +110,7 @@ class LLMEngine:
         sched_config = config.scheduler_config(self.max_model_len)
         self.capacity_tokens, self.capacity_source = kv_capacity_tokens(config, self.model, sched_config)
         self.allocator = make_allocator(config, self.capacity_tokens, self.bytes_per_token,
-                                        self.max_model_len, recorder)
+                                        self.max_model_len, record_events)
         self.scheduler = Scheduler(sched_config, self.allocator)
         paged = isinstance(self.allocator, BlockManager)
         self.cache = CacheEngine(
@@ -128,9 +128,9 @@ class LLMEngine:
                 self._forward, config.max_num_seqs, -(-self.max_model_len // config.block_size) + 1,
                 self.max_model_len, self.cache.contiguous, self.device)
         self.track_memory = track_memory
-        # With a clock, the recorder's `now` is set when the step is scheduled and when its forward is
-        # done, so allocations and releases carry the times the simulator would give them.
-        self.recorder, self.clock = recorder, clock
+        # With a clock, the allocation log's `now` is set when the step is scheduled and when its forward
+        # is done, so allocations and releases carry the times the simulator would give them.
+        self.clock = clock
         self.eos = set(self.model.config.eos_token_ids)
         self.generator = make_generator(seed, self.device)
         self._requests: dict[int, RequestState] = {}
@@ -250,8 +250,8 @@ class LLMEngine:
         return build_model_input(inputs, bs, self.device, block_tables=tables, table_lens=lens)
 
     def _stamp(self) -> None:
-        if self.clock is not None and self.recorder is not None:
-            self.recorder.now = self.clock()
+        if self.clock is not None and self.allocator.events is not None:
+            self.allocator.events.now = self.clock()
 
     def _sample(self, plan, logits: torch.Tensor, result: StepResult) -> None:
         """Sample one token per live sequence of every group that computed logits; finish what is done."""
@@ -353,7 +353,7 @@ class LLMEngine:
     def warmup(self, num_tokens: int = 64) -> None:
         """Run a small prefill and a decode forward so that one-time costs (thread pools, kernel
         compilation) do not land in the first measured step. Only writes pool slots nobody holds yet."""
-        if self.has_unfinished() or self.allocator.num_used_slots:
+        if self.has_unfinished() or self.allocator.breakdown().allocated:
             raise RuntimeError("warmup() must run before any request is added")
         bs, contiguous = self.cache.block_size, self.cache.contiguous
         n = max(1, min(num_tokens, self.cache.device_cache.num_slots - 1))

@@ -15,8 +15,8 @@ from gpu_backend.engine.input_batch import SequenceInput, build_model_input
 from gpu_backend.engine.params import EngineInputError
 from gpu_backend.kv_cache import KVCache
 from gpu_backend.model import CausalLM
-from simulator.core.allocator import KVAllocator, RegionRecorder
-from simulator.core.cache_config import build_allocator
+from simulator.core.allocator import KVAllocator
+from simulator.core.config import build_allocator
 from simulator.core.errors import ConfigError
 from simulator.core.scheduler import SchedulerConfig
 
@@ -85,11 +85,11 @@ def swap_tokens(config: EngineConfig, capacity_tokens: int, bytes_per_token: int
 
 
 def make_allocator(config: EngineConfig, capacity_tokens: int, bytes_per_token: int, max_model_len: int,
-                   recorder: RegionRecorder | None = None) -> KVAllocator:
+                   record_events: bool = False) -> KVAllocator:
     """The shared allocator over the pool, built by the same function the simulator uses."""
     try:
         return build_allocator(config, capacity_tokens, cpu_tokens=swap_tokens(config, capacity_tokens,
                                                                                bytes_per_token),
-                               max_model_len=max_model_len, recorder=recorder)
+                               max_model_len=max_model_len, record_events=record_events)
     except ConfigError as exc:
         raise EngineInputError(str(exc)) from None

@@ -1,11 +1,16 @@
-"""The allocator interface both KV-cache allocators implement, and the memory taxonomy they report."""
+"""What every KV-cache allocator shares: its interface, the memory taxonomy it reports, its event log."""
 from __future__ import annotations
 
 import abc
 import enum
-from dataclasses import dataclass
+from collections.abc import Sequence as SeqLike
+from typing import NamedTuple
 
 from simulator.core.sequence import Sequence, SequenceGroup
+
+# The five states of a KV slot (docs/concepts.md): they add up to the pool's capacity, in this order.
+# The memory table, the summaries and every figure read them from here.
+MEMORY_STATES = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free")
 
 
 class AllocStatus(enum.Enum):
@@ -16,12 +21,12 @@ class AllocStatus(enum.Enum):
     NEVER = "never"
 
 
-@dataclass(frozen=True)
-class MemoryBreakdown:
-    """The five states of every KV slot at one instant (DESIGN.md taxonomy), in slots.
+class MemoryBreakdown(NamedTuple):
+    """The state of every KV slot at one instant, in slots (a tuple: cheap to make every step).
 
     token_states + reservation + internal_fragmentation + external_fragmentation + free == capacity.
-    `cached_free` is the part of `free` held only by the prefix cache (evictable at once).
+    `cached_free` is the part of `free` held only by the prefix cache (evictable at once); `allocated`
+    counts the slots inside blocks or regions some sequence holds.
     """
 
     capacity: int
@@ -31,14 +36,12 @@ class MemoryBreakdown:
     external_fragmentation: int
     free: int
     cached_free: int
-    allocated: int  # slots held by some sequence (whole blocks / whole regions)
-
-    STATES = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free")
+    allocated: int
 
     def fractions(self) -> dict[str, float]:
         """Each state as a fraction of capacity (they sum to 1)."""
         c = self.capacity
-        return {name: getattr(self, name) / c for name in self.STATES}
+        return {name: getattr(self, name) / c for name in MEMORY_STATES}
 
     @property
     def token_occupancy(self) -> float:
@@ -51,33 +54,19 @@ class MemoryBreakdown:
         return self.allocated / self.capacity
 
 
-class RegionRecorder:
-    """Receives tenure events of pool regions (for block maps); positions and sizes are in slots.
-
-    The simulator installs one that timestamps events; this default ignores them.
-    """
-
-    def acquire(self, start: int, size: int, request_id: int) -> None:
-        """A region went from unused to held by `request_id`."""
-
-    def share(self, start: int, ref_count: int) -> None:
-        """A held region's ref count rose above 1."""
-
-    def release(self, start: int, filled: int) -> None:
-        """A region stopped being held while `filled` of its slots held tokens."""
-
-
 class KVAllocator(abc.ABC):
-    """What the scheduler and the engine need from a KV-cache allocator.
+    """What the scheduler and the engine need from a KV-cache allocator (the vLLM paper's vocabulary).
 
-    Query methods (`can_*`, `breakdown`, `num_free_*`) never change state. Mutating methods return the
-    copies the engine must perform on the device: `(src, dst)` block pairs for the paged allocator,
-    `(src_start, dst_start, num_slots)` region triples for the contiguous one.
+    Queries (`can_*`, `breakdown`) never change state. Mutations return the copies the engine must
+    perform on the device: `(src, dst)` block pairs for the paged allocator, `(src_start, dst_start,
+    num_slots)` region triples for the contiguous one. `events` is the allocator's EventLog when the run
+    records pool tenures (None otherwise).
     """
 
     name: str
     block_size: int
     capacity_tokens: int
+    events: EventLog | None = None
 
     @abc.abstractmethod
     def can_allocate(self, group: SequenceGroup) -> AllocStatus:
@@ -100,20 +89,12 @@ class KVAllocator(abc.ABC):
         """Publish the group's blocks computed once `num_left` of its prompt tokens are left to compute."""
 
     @abc.abstractmethod
-    def can_append(self, seq: Sequence, num_tokens: int = 1) -> bool:
-        """Whether `seq` can grow by `num_tokens` slots now."""
+    def can_append(self, seqs: list[Sequence], num_tokens: int = 1) -> bool:
+        """Whether every sequence of `seqs` can grow by `num_tokens` slots now, all at once."""
 
     @abc.abstractmethod
-    def can_append_seqs(self, seqs: list[Sequence], num_tokens: int = 1) -> bool:
-        """Whether all `seqs` can grow by `num_tokens` each at once."""
-
-    @abc.abstractmethod
-    def append_slots(self, seq: Sequence, num_tokens: int = 1) -> list[tuple[int, ...]]:
+    def append_slot(self, seq: Sequence, num_tokens: int = 1) -> list[tuple[int, ...]]:
         """Grow `seq` by `num_tokens` tokens (each gets a slot); return copy-on-write copies."""
-
-    def append_slot(self, seq: Sequence) -> list[tuple[int, ...]]:
-        """Grow `seq` by one token; return copy-on-write copies."""
-        return self.append_slots(seq, 1)
 
     @abc.abstractmethod
     def can_fork(self, parent: Sequence) -> bool:
@@ -148,27 +129,121 @@ class KVAllocator(abc.ABC):
     def breakdown(self, head: SequenceGroup | None = None) -> MemoryBreakdown:
         """The memory taxonomy now; `head` is the request at the head of the waiting queue."""
 
-    @abc.abstractmethod
-    def check_invariants(self) -> None:
-        """Recompute the state from scratch and raise InvariantError on any mismatch."""
 
-    # Bulk decode hooks. The simulator's fast mode (simulator/decode_batch.py) advances many plain decodes
-    # at once: it counts their tokens itself and writes them back only when a sequence needs exact state.
-    # The engine never calls these; it appends one slot per token with `append_slots`.
-    @abc.abstractmethod
-    def add_decode_tokens(self, num_tokens: int) -> None:
-        """Count `num_tokens` more tokens held by decoding sequences whose counts are settled later."""
+ACQUIRE, RELEASE, SHARE = 0, 1, 2  # event kinds
+PER_EVENT_RID, PER_EVENT_TIME = 1, 2  # flags of an acquisition run that lists one value per block
 
-    @abc.abstractmethod
-    def set_num_tokens(self, seq: Sequence, num_tokens: int) -> None:
-        """Settle a lazily advanced sequence: its token count (and the fill of its last slot holder)."""
 
-    def append_decode_blocks(self, seqs: list[Sequence], times: list[float] | None = None) -> None:
-        """Give each of `seqs`, in order, the fresh block its next token needs (paged allocators only:
-        a contiguous region is reserved whole at admission, so decoding never takes memory)."""
-        raise NotImplementedError(f"{type(self).__name__} takes no blocks while decoding")
+class RawEvents:
+    """One batch of allocation events, as flat lists (the output pairs them into tenures with numpy).
 
-    @property
-    @abc.abstractmethod
-    def num_used_slots(self) -> int:
-        """Slots held by sequences on the device (whole blocks / whole regions)."""
+    Every event names a key (a block id, or a region's first slot for unit 1); `e_*` hold the keys in
+    the order the events happened and, per run (one log call), its length, kind and unit. Acquisition runs
+    carry a region size, a request id and a time (or, flagged in `a_flags`, one of each per event in
+    `a_rids` / `a_times`); release runs a time and one filled count per event; shares a new ref count each.
+    Lists, not typed arrays: `list.extend` copies pointers, where `array.extend` converts every element.
+    """
+
+    __slots__ = ("e_keys", "e_n", "e_kind", "e_unit", "a_size", "a_rid", "a_t", "a_flags", "a_rids",
+                 "a_times", "r_t", "r_filled", "s_ref")
+
+    def __init__(self) -> None:
+        for name in self.__slots__:
+            setattr(self, name, [])
+
+
+class EventLog:
+    """The allocation events of one pool since it was last drained (`take`), stamped with `now`.
+
+    The allocator logs whole runs of blocks per call (one C-level `extend` each); the run's output drains
+    the log every so many acquisitions and pairs the events into tenures (simulator/output/tenures.py).
+    Acquisitions are numbered in order from 0 (`num_acquired` counts them).
+    """
+
+    def __init__(self) -> None:
+        self.now = 0.0  # the run's clock (its driver sets it)
+        self.num_acquired = 0
+        self.first_unread = 0  # number of the first acquisition in the batch not yet taken
+        self._start_batch()
+
+    def _start_batch(self) -> None:
+        self._raw = raw = RawEvents()
+        self._e_keys, self._e_n, self._e_kind, self._e_unit = raw.e_keys, raw.e_n, raw.e_kind, raw.e_unit
+        self._a_size, self._a_rid, self._a_t, self._a_flags = raw.a_size, raw.a_rid, raw.a_t, raw.a_flags
+        self._a_rids, self._a_times = raw.a_rids, raw.a_times
+        self._r_t, self._r_filled, self._s_ref = raw.r_t, raw.r_filled, raw.s_ref
+
+    def take(self) -> tuple[RawEvents, int]:
+        """The events logged since the last call, and the number of their first acquisition."""
+        raw, first = self._raw, self.first_unread
+        self._start_batch()
+        self.first_unread = self.num_acquired
+        return raw, first
+
+    def acquire_blocks(self, block_ids: SeqLike[int], block_size: int, request_id: int | SeqLike[int],
+                       times: SeqLike[float] | None = None) -> None:
+        """Blocks were taken, by one request or one request per block, now or at `times` (one per block)."""
+        n = len(block_ids)
+        if not n:
+            return
+        self._e_keys.extend(block_ids)
+        self._e_n.append(n)
+        self._e_kind.append(ACQUIRE)
+        self._e_unit.append(block_size)
+        self._a_size.append(block_size)
+        if isinstance(request_id, int):
+            self._a_rid.append(request_id)
+            flags = 0
+        else:
+            self._a_rid.append(0)
+            self._a_rids.extend(request_id)
+            flags = PER_EVENT_RID
+        if times is None:
+            self._a_t.append(self.now)
+        else:
+            self._a_t.append(0.0)
+            self._a_times.extend(times)
+            flags |= PER_EVENT_TIME
+        self._a_flags.append(flags)
+        self.num_acquired += n
+
+    def release_blocks(self, block_ids: SeqLike[int], block_size: int, filled: SeqLike[int]) -> None:
+        """Blocks were given back now, holding `filled` tokens each."""
+        n = len(block_ids)
+        if not n:
+            return
+        self._e_keys.extend(block_ids)
+        self._e_n.append(n)
+        self._e_kind.append(RELEASE)
+        self._e_unit.append(block_size)
+        self._r_t.append(self.now)
+        self._r_filled.extend(filled)
+
+    def share_block(self, block_id: int, block_size: int, ref_count: int) -> None:
+        """A block (a region, with block size 1) gained another owner."""
+        self._e_keys.append(block_id)
+        self._e_n.append(1)
+        self._e_kind.append(SHARE)
+        self._e_unit.append(block_size)
+        self._s_ref.append(ref_count)
+
+    def acquire_region(self, start: int, size: int, request_id: int) -> None:
+        """A region of `size` slots starting at slot `start` was taken."""
+        self._e_keys.append(start)
+        self._e_n.append(1)
+        self._e_kind.append(ACQUIRE)
+        self._e_unit.append(1)
+        self._a_size.append(size)
+        self._a_rid.append(request_id)
+        self._a_t.append(self.now)
+        self._a_flags.append(0)
+        self.num_acquired += 1
+
+    def release_region(self, start: int, filled: int) -> None:
+        """The region starting at slot `start` was given back holding `filled` tokens."""
+        self._e_keys.append(start)
+        self._e_n.append(1)
+        self._e_kind.append(RELEASE)
+        self._e_unit.append(1)
+        self._r_t.append(self.now)
+        self._r_filled.append(filled)

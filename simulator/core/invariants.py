@@ -1,6 +1,6 @@
-"""Debug invariant checks: recompute allocator state from scratch and compare.
+"""Debug invariant checks: recompute an allocator's state from scratch and compare.
 
-Off by default, on in tests (`debug=True`)."""
+Off by default; on in tests (`debug=True` checks after every mutation, or call `check_invariants`)."""
 from __future__ import annotations
 
 from collections import Counter
@@ -8,8 +8,18 @@ from collections import Counter
 from simulator.core.allocator import KVAllocator
 from simulator.core.errors import InvariantError
 
-# The checkers read the allocators' private state; they take the interface type so that this module,
+# The checkers read the allocators' internal state; they take the interface type so that this module,
 # which both allocators import, imports neither of them.
+
+
+def check_invariants(alloc: KVAllocator) -> None:
+    """Raise InvariantError if the allocator's state does not match what its sequences hold."""
+    from simulator.core.paged.block_manager import BlockManager
+
+    if isinstance(alloc, BlockManager):
+        check_block_manager(alloc)
+    else:
+        check_contiguous(alloc)
 
 
 def _fail(msg: str) -> None:
@@ -18,57 +28,58 @@ def _fail(msg: str) -> None:
 
 def check_block_manager(bm: KVAllocator) -> None:
     """Ref counts match block tables, pools partition the blocks, fill levels match sequence lengths."""
+    pool, swap = bm.pool, bm.swap
     bs = bm.block_size
-    refs = Counter(b for s in bm._seqs.values() for b in s.block_table)
+    refs = Counter(b for s in bm.seqs.values() for b in s.block_table)
     for bid in range(bm.num_blocks):
-        if bm._ref[bid] < 0:
-            _fail(f"block {bid} has negative ref count {bm._ref[bid]}")
-        if bm._ref[bid] != refs.get(bid, 0):
-            _fail(f"block {bid}: ref count {bm._ref[bid]} but {refs.get(bid, 0)} table entries")
-    if bm._plain and (any(r > 1 for r in bm._ref) or any(k is not None for k in bm._key)):
-        _fail("the manager claims no block was ever shared or keyed, but one is")
-    free = bm._free
+        if pool.ref[bid] < 0:
+            _fail(f"block {bid} has negative ref count {pool.ref[bid]}")
+        if pool.ref[bid] != refs.get(bid, 0):
+            _fail(f"block {bid}: ref count {pool.ref[bid]} but {refs.get(bid, 0)} table entries")
+    if pool.plain and (any(r > 1 for r in pool.ref) or any(k is not None for k in pool.key)):
+        _fail("the pool claims no block was ever shared or keyed, but one is")
+    free = pool.free
     if len(set(free)) != len(free):
         _fail("a block appears twice in the free stack")
-    cached_free = set(bm._free_cached)
+    cached_free = set(pool.free_cached)
     if cached_free & set(free):
         _fail("a block is in both free pools")
-    idle = {b for b in range(bm.num_blocks) if bm._ref[b] == 0}
+    idle = {b for b in range(bm.num_blocks) if pool.ref[b] == 0}
     if idle != set(free) | cached_free:
         _fail("free pools do not hold exactly the blocks with ref count 0")
     if bm.num_free_blocks + bm.num_used_blocks != bm.num_blocks:
         _fail("free + used != total blocks")
-    for h, bid in bm._cached.items():
-        if bm._hash[bid] != h or bm._key[bid] is None:
-            _fail(f"cache entry {h} points at block {bid} whose hash is {bm._hash[bid]}")
+    for h, bid in pool.cached.items():
+        if pool.hash[bid] != h or pool.key[bid] is None:
+            _fail(f"cache entry {h} points at block {bid} whose hash is {pool.hash[bid]}")
         if bid in set(free):
             _fail(f"cached block {bid} sits in the uncached free stack")
-        if bm._filled[bid] != bs:
-            _fail(f"cached block {bid} is not full ({bm._filled[bid]}/{bs})")
+        if pool.filled[bid] != bs:
+            _fail(f"cached block {bid} is not full ({pool.filled[bid]}/{bs})")
     for bid in cached_free:
-        if bm._cached.get(bm._hash[bid]) != bid:
+        if pool.cached.get(pool.hash[bid]) != bid:
             _fail(f"block {bid} is in the cached free pool but not published in the cache")
-    total = sum(bm._filled[b] for b in range(bm.num_blocks) if bm._ref[b] > 0)
-    if total != bm._total_filled:
-        _fail(f"filled slots {total} != running total {bm._total_filled}")
-    for s in bm._seqs.values():
+    total = sum(pool.filled[b] for b in range(bm.num_blocks) if pool.ref[b] > 0)
+    if total != pool.total_filled:
+        _fail(f"filled slots {total} != running total {pool.total_filled}")
+    for s in bm.seqs.values():
         n = s.num_tokens
         if len(s.block_table) != -(-n // bs):
             _fail(f"sequence {s.seq_id}: {n} tokens in {len(s.block_table)} blocks of {bs}")
         for i, bid in enumerate(s.block_table):
             want = min(bs, n - i * bs)
-            if bm._filled[bid] != want:
+            if pool.filled[bid] != want:
                 # Another owner changed a shared block, or fill accounting drifted.
-                _fail(f"sequence {s.seq_id} block {i} (id {bid}) holds {bm._filled[bid]} tokens, "
+                _fail(f"sequence {s.seq_id} block {i} (id {bid}) holds {pool.filled[bid]} tokens, "
                       f"sequence expects {want}")
-        if s.seq_id in bm._cpu_seqs:
+        if s.seq_id in swap.seqs:
             _fail(f"sequence {s.seq_id} is both on the device and swapped out")
-    cpu_refs = Counter(c for s in bm._cpu_seqs.values() for c in s.cpu_block_table)
-    for cid in range(bm.num_cpu_blocks):
-        if bm._cpu_ref[cid] != cpu_refs.get(cid, 0):
-            _fail(f"CPU block {cid}: ref count {bm._cpu_ref[cid]} but {cpu_refs.get(cid, 0)} entries")
-    if {c for c in range(bm.num_cpu_blocks) if bm._cpu_ref[c] == 0} != set(bm._cpu_free) or \
-            len(set(bm._cpu_free)) != len(bm._cpu_free):
+    cpu_refs = Counter(c for s in swap.seqs.values() for c in s.cpu_block_table)
+    for cid in range(swap.num_blocks):
+        if swap.ref[cid] != cpu_refs.get(cid, 0):
+            _fail(f"CPU block {cid}: ref count {swap.ref[cid]} but {cpu_refs.get(cid, 0)} entries")
+    if {c for c in range(swap.num_blocks) if swap.ref[c] == 0} != set(swap.free) or \
+            len(set(swap.free)) != len(swap.free):
         _fail("CPU free list does not hold exactly the CPU blocks with ref count 0")
     b = bm.breakdown()
     if b.token_states + b.reservation + b.internal_fragmentation + b.external_fragmentation + b.free \

@@ -5,16 +5,21 @@ for its newest token; when memory runs out the most recently admitted group is p
 swapped groups come back, then waiting groups are admitted first-come first-served. The caller runs
 the step (simulated or on the device), records sampled tokens, and calls `finish_seq` for sequences
 that are done.
+
+When every running group is a plain decode, `decode_step` takes the same step in O(what changes): the
+decode batch (decode.py) gives the sequences whose last block is full a new one in bulk and counts
+everyone's token lazily; `finish_groups` removes the groups it reports finished.
 """
 from __future__ import annotations
 
 import enum
 from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from simulator.core.allocator import AllocStatus, KVAllocator
+from simulator.core.decode import DecodeBatch
 from simulator.core.errors import ConfigError
-from simulator.core.running import RunningGroups
 from simulator.core.sequence import Sequence, SequenceGroup, SequenceStatus, shares_allocation
 
 PREEMPTION_MODES = ("recompute", "swap")
@@ -94,10 +99,67 @@ class SchedulerOutput:
         return not self.scheduled
 
 
-class Scheduler:
-    """FCFS continuous batching over one allocator (paged or contiguous)."""
+class RunningGroups:
+    """Groups in admission order (the last one is preempted first); iterate, index, append, remove.
 
-    def __init__(self, config: SchedulerConfig, allocator: KVAllocator):
+    An insertion-ordered dict keyed by the group: a finished group sits anywhere in admission order, and
+    leaves in O(1) where `list.remove` would scan half of a full batch every step.
+    """
+
+    __slots__ = ("_groups",)
+
+    def __init__(self, groups: Iterable[SequenceGroup] = ()) -> None:
+        self._groups: dict[SequenceGroup, None] = dict.fromkeys(groups)
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def __bool__(self) -> bool:
+        return bool(self._groups)
+
+    def __iter__(self) -> Iterator[SequenceGroup]:
+        return iter(self._groups)
+
+    def __reversed__(self) -> Iterator[SequenceGroup]:
+        return reversed(self._groups)
+
+    def __contains__(self, group: object) -> bool:
+        return group in self._groups
+
+    def __getitem__(self, index: int | slice) -> SequenceGroup | list[SequenceGroup]:
+        """By position, as a list would (O(n): for inspection, not for the scheduler's loops)."""
+        return list(self._groups)[index]
+
+    def __add__(self, other: Iterable[SequenceGroup]) -> list[SequenceGroup]:
+        return [*self._groups, *other]
+
+    def append(self, group: SequenceGroup) -> None:
+        """Add a group at the end (the newest)."""
+        if group in self._groups:
+            raise ValueError(f"request {group.request_id} is already running")
+        self._groups[group] = None
+
+    def remove(self, group: SequenceGroup) -> None:
+        """Drop a group wherever it is."""
+        try:
+            del self._groups[group]
+        except KeyError:
+            raise ValueError(f"request {group.request_id} is not running") from None
+
+    def clear(self) -> None:
+        """Drop every group."""
+        self._groups.clear()
+
+
+class Scheduler:
+    """FCFS continuous batching over one allocator (paged or contiguous).
+
+    With `output_len` (request id -> tokens it generates, known to a simulation), the scheduler also
+    keeps a decode batch (`decode`) for `decode_step`.
+    """
+
+    def __init__(self, config: SchedulerConfig, allocator: KVAllocator,
+                 output_len: Mapping[int, int] | None = None):
         self.config = config
         self.token_budget = config.token_budget  # tokens one step may compute
         self.allocator = allocator
@@ -110,6 +172,7 @@ class Scheduler:
         # The waiting head `can_ever_allocate` accepted: a group does not grow while it waits, so the
         # answer holds until it leaves the queue (an overloaded run asks again at every step otherwise).
         self._fits_ever: SequenceGroup | None = None
+        self.decode = DecodeBatch(allocator, self.prefill_left, output_len) if output_len is not None else None
 
     def add_request(self, group: SequenceGroup) -> None:
         """Queue a new request."""
@@ -120,9 +183,6 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         """Whether any request is waiting, running or swapped."""
         return bool(self.waiting or self.running or self.swapped)
-
-    def _live(self, group: SequenceGroup) -> list[Sequence]:
-        return group.live_seqs()
 
     def _prefill_tokens(self, seqs: list[Sequence]) -> int:
         """Tokens a (re)admitted group computes: one shared prompt, or each diverged sequence."""
@@ -150,8 +210,8 @@ class Scheduler:
                 self.allocator.cache_blocks(group, left - chunk)
                 kept.append(group)
                 continue
-            seqs = self._live(group)
-            while not self.allocator.can_append_seqs(seqs):
+            seqs = group.live_seqs()
+            while not self.allocator.can_append(seqs):
                 victim = queue.pop() if queue else group
                 self._preempt(victim, out)
                 if victim is group:
@@ -169,30 +229,43 @@ class Scheduler:
             self._admit(out, budget)
         return out
 
-    # Fast-path hooks of the simulator's fast mode (simulator/fast.py): each is the tail of `schedule()` or
-    # of `remove_finished()` for a step it has already half-done in bulk; the engine does not use them.
-    def admit_after_decode(self, num_decode_tokens: int) -> SchedulerOutput:
-        """The rest of `schedule()` for a step in which every running group decodes and none is preempted,
-        the caller having given each of them its slot (in bulk): swapped groups come back, then waiting
-        ones are admitted. `scheduled` lists only those; `num_batched_tokens` includes the decode tokens."""
-        out = SchedulerOutput(num_batched_tokens=num_decode_tokens)
+    # ----------------------------------------------------------------- the decode batch
+    def decode_ready(self) -> bool:
+        """Whether the decode batch holds the running groups (taking them over if all are plain decodes)."""
+        batch = self.decode
+        return batch is not None and (batch.active or batch.activate(self.running, len(self.swapped)))
+
+    def decode_step(self) -> SchedulerOutput | None:
+        """`schedule()` for a step in which every running group decodes (call after `decode_ready`): each
+        sequence gets its slot in O(blocks taken), then swapped groups come back and waiting ones are
+        admitted. `scheduled` lists only those; `num_batched_tokens` includes the decode tokens. None (the
+        batch settled, nothing changed) when a sequence would find no block: `schedule()` decides then."""
+        batch = self.decode
+        b = batch.size
+        if not b or not batch.advance_one():
+            batch.deactivate()
+            return None
+        out = SchedulerOutput(num_batched_tokens=b)
         if self.swapped or self.waiting:
             self._swap_in(out, self.token_budget)
             if not self.swapped:
                 self._admit(out, self.token_budget)
         return out
 
-    def remove_groups(self, groups: list[SequenceGroup]) -> None:
-        """Remove the given finished groups from the running list (what `remove_finished` does, without
-        looking at every running group)."""
+    def finish_groups(self, groups: list[SequenceGroup]) -> None:
+        """Remove the given running groups, whose sequences have finished (any still live are finished
+        here), without looking at every running group (what `remove_finished` does in O(running))."""
         for g in groups:
+            for s in g.seqs:
+                if s.status is not SequenceStatus.FINISHED:
+                    self.finish_seq(s)
             self.running.remove(g)
             self.prefill_left.pop(g.request_id, None)
 
     def _swap_in(self, out: SchedulerOutput, budget: int) -> None:
         while self.swapped:
             group = self.swapped[0]
-            seqs = self._live(group)
+            seqs = group.live_seqs()
             if len(self.running) >= self.config.max_num_seqs or out.num_batched_tokens + len(seqs) > budget:
                 return
             status = self.allocator.can_swap_in(group)
@@ -218,7 +291,7 @@ class Scheduler:
         stable while memory only shrinks and the running set does not change, which lets the simulator
         skip steps (simulator/span.py)."""
         group = self.waiting[0]
-        seqs = self._live(group)
+        seqs = group.live_seqs()
         limit = self.config.max_model_len
         if seqs[0].length > limit or (seqs[0].final_len or 0) > limit:
             return Admission.REJECT
@@ -283,7 +356,7 @@ class Scheduler:
         self.num_preemptions += 1
         out.preempted.append(group)
         mid_prefill = self.prefill_left.pop(group.request_id, None) is not None
-        seqs = self._live(group)
+        seqs = group.live_seqs()
         # A partly computed prompt is not worth swapping (and its progress would be lost): recompute it.
         if self.config.preemption_mode == "swap" and not mid_prefill and self.allocator.can_swap_out(group):
             out.blocks_to_swap_out.extend(self.allocator.swap_out(group))

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 
 from pagelab.errors import PagelabError
-from simulator.sim_config import SimConfig
+from simulator.config import SimConfig
 
 # Axes the sweep itself owns (or that would make a point meaningless to vary).
 RESERVED = ("rate", "allocator", "extra", "record_events")
@@ -151,7 +151,7 @@ class SweepAxes:
     def check(self) -> None:
         """Validate every configuration up front so a sweep never fails half-way on a bad combination."""
         from simulator.specs import get_gpu
-        from simulator.step_latency import make_latency_model
+        from simulator.timing.step_latency import make_latency_model
 
         for config in self.configs():
             sim = self.sim_config(config)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from simulator.sim_config import SimConfig
+from simulator.config import SimConfig
 from simulator.sweep.axes import short_name
 
 POINTS_DIR = "points"
@@ -75,7 +75,7 @@ def finished_summary(out: Path, spec: PointSpec) -> dict | None:
 
 def run_point(trace: pd.DataFrame, spec: PointSpec, source: str):
     """Simulate one point: the trace rescaled to the point's mean rate (burstiness kept)."""
-    from simulator.simulate import simulate
+    from simulator.loop import simulate
     from traces import rescale_rate
     from traces.stats import trace_info
 

@@ -18,8 +18,8 @@ def test_bench_reports_both_event_modes_with_the_events_file_size():
 
 def test_bench_streams_a_parquet_trace_as_simulate_out_does(tmp_path):
     from bench.simulate import write_synthetic
-    from simulator.sim_config import SimConfig
-    from simulator.simulate import simulate
+    from simulator.config import SimConfig
+    from simulator.loop import simulate
     from traces import load_trace
 
     path = write_synthetic(tmp_path / "t.parquet", 400, rate=40.0, lengths="sharegpt", seed=3)

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from cli import app
 from simulator.specs import get_gpu, get_model
-from simulator.step_latency import fit_latency
+from simulator.timing.step_latency import fit_latency
 
 DATA = Path(__file__).parent.parent / "data" / "h200-azure-40-79"
 REPLAY, TRACE = DATA / "replay", DATA / "trace.csv"

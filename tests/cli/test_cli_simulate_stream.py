@@ -8,8 +8,8 @@ from typer.testing import CliRunner
 import cli.common
 from cli import app
 from pagelab.atomic import atomic_dir, stale_temp_dirs
-from simulator.sim_config import SimConfig
-from simulator.simulate import simulate
+from simulator.config import SimConfig
+from simulator.loop import simulate
 from traces import SyntheticConfig, generate_trace
 
 runner = CliRunner()

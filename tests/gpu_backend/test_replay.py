@@ -15,8 +15,8 @@ from gpu_backend.model_config import ModelConfig
 from gpu_backend.model_presets import init_random_weights
 from gpu_backend.ops import get_backend
 from gpu_backend.replay import ReplayConfig, clip_prompts, make_prompts, replay
-from simulator.sim_config import SimConfig
-from simulator.simulate import simulate
+from simulator.config import SimConfig
+from simulator.loop import simulate
 from traces import SyntheticConfig, generate_trace, save_trace
 
 pytestmark = pytest.mark.usefixtures("single_thread")

@@ -1,4 +1,4 @@
-"""pagelab.memory: glibc's allocator settings for long runs (no-ops where the C library is not glibc)."""
+"""pagelab.malloc: glibc's allocator settings for long runs (no-ops where the C library is not glibc)."""
 from __future__ import annotations
 
 import os
@@ -97,11 +97,11 @@ from pathlib import Path
 import cli  # one arena, as the CLI sets it
 from pagelab import memory
 memory.map_large_blocks(int(sys.argv[2]))
-from traces.chunks import open_parquet_chunks
-chunks = open_parquet_chunks(Path(sys.argv[1]))  # checks the file a batch at a time, as the CLI does
+from traces.batches import open_parquet_batches
+chunks = open_parquet_batches(Path(sys.argv[1]))  # checks the file a batch at a time, as the CLI does
 fill_holes()
 before = libc.mallinfo2().hblkhd
-held = list(chunks.iter_chunks(chunks.columns))
+held = list(chunks.iter_batches(chunks.columns))
 print(sum(a.nbytes for batch in held for a in batch.values()), libc.mallinfo2().hblkhd - before)
 """
 
@@ -174,9 +174,9 @@ def test_the_cli_chooses_arrows_pool_before_pyarrow_is_imported():
     # Arrow would fall back to mimalloc with a warning).
     backend = "import cli, pyarrow; print(pyarrow.default_memory_pool().backend_name)"
     assert _in_a_new_process(backend) == memory.ARROW_POOL
-    # The CLI sets them right after importing pagelab.memory, which must not import pyarrow (Arrow reads
+    # The CLI sets them right after importing pagelab.malloc, which must not import pyarrow (Arrow reads
     # the variables at pyarrow's first import).
-    assert _in_a_new_process("import sys, pagelab.memory; print('pyarrow' in sys.modules)") == "False"
+    assert _in_a_new_process("import sys, pagelab.malloc; print('pyarrow' in sys.modules)") == "False"
 
 
 _ARROW_FREES = """
@@ -237,10 +237,10 @@ def test_a_started_processs_peak_is_its_own_not_its_parents():
     # spawn use vfork); peak_rss_mib reads the child's own high-water mark.
     import subprocess
 
-    from pagelab.memory import peak_rss_mib
+    from pagelab.malloc import peak_rss_mib
 
     ballast = b"\x01" * (600 << 20)  # touched: this process's peak is now over 600 MiB
-    out = subprocess.run([sys.executable, "-c", "import resource; from pagelab.memory import peak_rss_mib; "
+    out = subprocess.run([sys.executable, "-c", "import resource; from pagelab.malloc import peak_rss_mib; "
                           "print(peak_rss_mib(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"],
                          capture_output=True, text=True, check=True).stdout.split()
     del ballast

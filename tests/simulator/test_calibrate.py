@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simulator.calibrate import calibrate, fit_quality
-from simulator.compare import (
+from simulator.timing.calibrate import calibrate, fit_quality
+from simulator.timing.compare import (
     RunTables,
     compare_runs,
     memory_difference,
@@ -16,11 +16,11 @@ from simulator.compare import (
     stalls,
 )
 from simulator.core.errors import ConfigError
-from simulator.measured_steps import MeasuredSteps
-from simulator.sim_config import SimConfig
-from simulator.simulate import simulate
+from simulator.timing.measured_steps import MeasuredSteps
+from simulator.config import SimConfig
+from simulator.loop import simulate
 from simulator.specs import get_gpu, get_model
-from simulator.step_latency import STALL_FACTOR, STALL_MIN_S, FittedLatency, load_fitted
+from simulator.timing.step_latency import STALL_FACTOR, STALL_MIN_S, FittedLatency, load_fitted
 from traces import SyntheticConfig, generate_trace
 
 TRUE = (2e-3, 3e-6, 1e-9, 2e-8, 5e-4)  # overhead, per token, per attention pair, per KV token, per decode

@@ -10,8 +10,8 @@ import pytest
 
 from simulator.event_process import ProcessEventSink, open_events_sink
 from simulator.recorder import EventRecorder
-from simulator.sim_config import SimConfig
-from simulator.simulate import simulate
+from simulator.config import SimConfig
+from simulator.loop import simulate
 from simulator.sinks import EVENT_DTYPES, ParquetSink, open_event_sink
 from traces import SyntheticConfig, generate_trace, load_trace
 

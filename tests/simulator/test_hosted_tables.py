@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 
 from simulator.event_process import ProcessEventSink
-from simulator.sim_config import SimConfig
-from simulator.simulate import simulate
+from simulator.config import SimConfig
+from simulator.loop import simulate
 from simulator.sinks import open_event_sink
 from traces import SyntheticConfig, generate_trace
 

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simulator.sim_config import SimConfig
-from simulator.simulate import simulate
+from simulator.config import SimConfig
+from simulator.loop import simulate
 from traces import SyntheticConfig, generate_trace, load_trace
 
 

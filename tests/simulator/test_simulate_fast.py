@@ -14,8 +14,8 @@ from simulator import BlockManager, Sequence, SequenceGroup
 from simulator.core.scheduler import Scheduler, SchedulerConfig
 from simulator.memory_log import MEMORY_DTYPES, MemoryLog
 from simulator.recorder import EventRecorder
-from simulator.sim_config import SimConfig
-from simulator.simulate import simulate
+from simulator.config import SimConfig
+from simulator.loop import simulate
 from simulator.sinks import FrameSink
 from traces import SyntheticConfig, generate_trace, load_trace
 

@@ -7,8 +7,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pagelab.parquet_parts import PART_GROUPS, PartedFile, part_files
-from simulator.sim_config import SimConfig
-from simulator.simulate import simulate
+from simulator.config import SimConfig
+from simulator.loop import simulate
 from simulator.sinks import EVENT_DTYPES, FrameSink, open_event_sink
 from traces import SyntheticConfig, generate_trace, load_trace
 

@@ -19,11 +19,11 @@ from hypothesis import strategies as st
 from simulator.core.sequence import Sequence, SequenceGroup
 from simulator.pending import PendingQueue
 from simulator.request_log import REQUEST_DTYPES, RequestColumns, RequestLog
-from simulator.sim_config import SimConfig
-from simulator.simulate import simulate
+from simulator.config import SimConfig
+from simulator.loop import simulate
 from simulator.sinks import FrameSink, open_table_sink
 from traces import SyntheticConfig, generate_trace, save_trace
-from traces.chunks import FrameChunks, open_parquet_chunks
+from traces.batches import FrameBatches, open_parquet_batches
 
 
 def _group(i: int) -> SequenceGroup:
@@ -148,14 +148,14 @@ def test_blocks_of_rows_make_the_same_run_as_the_whole_frame(name, mode):
                     preemption_mode="swap" if name == "samples" else "recompute")
     whole = simulate(trace, cfg)
     assert whole.summary["num_preemptions"] > 0 or name != "overloaded"
-    _assert_same_run(simulate(FrameChunks(trace, max_rows=7), cfg), whole)
+    _assert_same_run(simulate(FrameBatches(trace, max_rows=7), cfg), whole)
 
 
 def test_a_canonical_parquet_trace_is_read_in_blocks_and_streams_the_same_rows(tmp_path):
     trace = generate_trace(SyntheticConfig(**TRACES["overloaded"]))
     path = tmp_path / "t.parquet"
     save_trace(trace, path)
-    chunks = open_parquet_chunks(path)
+    chunks = open_parquet_batches(path)
     assert chunks is not None and chunks.num_rows == len(trace)
     cfg = SimConfig(capacity_tokens=3000, record_events=True)
     whole = simulate(trace, cfg)
@@ -170,7 +170,7 @@ def test_a_canonical_parquet_trace_is_read_in_blocks_and_streams_the_same_rows(t
         cols = streamed.request_data()
         assert isinstance(cols, RequestColumns) and len(cols) == len(trace)
         np.testing.assert_array_equal(cols.column("ttft_s"), whole.requests["ttft_s"].to_numpy())
-    limited = open_parquet_chunks(path, limit=50)
+    limited = open_parquet_batches(path, limit=50)
     assert limited.num_rows == 50
     assert len(simulate(limited, cfg).requests) == 50
 
@@ -183,7 +183,7 @@ def _write(tmp_path, frame, name="t.parquet"):
 
 def test_only_canonical_parquet_traces_are_read_in_blocks(tmp_path):
     trace = generate_trace(SyntheticConfig(num_requests=30, rate=5.0, seed=1))
-    assert open_parquet_chunks(_write(tmp_path, trace)) is not None
+    assert open_parquet_batches(_write(tmp_path, trace)) is not None
     shifted = trace.assign(arrival_s=trace["arrival_s"] + 1.0)  # the loader would shift it to 0
     unsorted = trace.iloc[::-1].reset_index(drop=True)
     repeated = trace.assign(request_id=0)
@@ -191,9 +191,9 @@ def test_only_canonical_parquet_traces_are_read_in_blocks(tmp_path):
     zero = trace.assign(output_len=0)
     reordered = trace[list(reversed(trace.columns))]
     for bad in (shifted, unsorted, repeated, small, zero, reordered):
-        assert open_parquet_chunks(_write(tmp_path, bad, "bad.parquet")) is None
+        assert open_parquet_batches(_write(tmp_path, bad, "bad.parquet")) is None
     (tmp_path / "junk.parquet").write_text("not parquet")
-    assert open_parquet_chunks(tmp_path / "junk.parquet") is None
+    assert open_parquet_batches(tmp_path / "junk.parquet") is None
 
 
 def test_request_columns_of_a_frame_total_what_the_frame_holds():
@@ -231,20 +231,20 @@ def test_trace_info_of_blocks_equals_trace_info_of_the_frame(tmp_path):
     trace = generate_trace(SyntheticConfig(num_requests=300, rate=7.0, n=2, seed=8))
     path = tmp_path / "t.parquet"
     save_trace(trace, path)
-    assert trace_info(open_parquet_chunks(path)) == trace_info(trace)
-    assert trace_info(FrameChunks(trace, max_rows=11)) == trace_info(trace)
+    assert trace_info(open_parquet_batches(path)) == trace_info(trace)
+    assert trace_info(FrameBatches(trace, max_rows=11)) == trace_info(trace)
 
 
 _CURSOR_MEMORY = """
 import sys
 import cli  # noqa: F401 - the CLI's allocator and Arrow pool settings, before pyarrow is imported
 import pyarrow as pa
-from pagelab.memory import map_large_blocks
-from simulator.sim_config import SimConfig
+from pagelab.malloc import map_large_blocks
+from simulator.config import SimConfig
 from simulator.sim_state import SimState
-from traces.chunks import open_parquet_chunks
+from traces.batches import open_parquet_batches
 map_large_blocks()
-chunks = open_parquet_chunks(sys.argv[1])
+chunks = open_parquet_batches(sys.argv[1])
 run = SimState.start(chunks, SimConfig(capacity_tokens=4096, record_events=False))
 run.arrive_until(run.next_arrival)  # the arrival cursor's first block
 run.make_group(0)  # the request cursor's first block

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from traces import load_trace, validate_trace
-from traces.chunks import FrameChunks
+from traces.batches import FrameBatches
 from traces.stats import PERCENTILES, trace_info
 
 
@@ -80,7 +80,7 @@ def test_length_statistics_read_in_blocks_are_numpys_on_the_whole_column(lengths
     output = np.array([o for _, o in lengths], np.int64)
     df = validate_trace(pd.DataFrame({"arrival_s": np.arange(len(prompt), dtype=float),
                                       "prompt_len": prompt, "output_len": output}))
-    info = trace_info(FrameChunks(df, max_rows=block))  # blocks cut anywhere
+    info = trace_info(FrameBatches(df, max_rows=block))  # blocks cut anywhere
     for col, values in (("prompt_len", prompt), ("output_len", output)):
         expected = np.percentile(values, PERCENTILES)
         assert [info[col][f"p{q}"] for q in PERCENTILES] == expected.tolist()

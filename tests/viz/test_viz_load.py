@@ -103,8 +103,8 @@ def test_big_events_tables_are_read_by_time_window(tmp_path, monkeypatch, part_g
 
     import viz.load
     from pagelab.parquet_parts import PartedFile
-    from simulator.sim_config import SimConfig
-    from simulator.simulate import simulate
+    from simulator.config import SimConfig
+    from simulator.loop import simulate
     from simulator.sinks import open_event_sink
     from traces import SyntheticConfig, generate_trace
 

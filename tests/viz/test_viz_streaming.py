@@ -7,8 +7,8 @@ import pytest
 
 from simulator.memory_log import MEMORY_DTYPES
 from simulator.request_log import REQUEST_DTYPES
-from simulator.sim_config import SimConfig
-from simulator.simulate import simulate
+from simulator.config import SimConfig
+from simulator.loop import simulate
 from simulator.sinks import open_table_sink
 from traces import SyntheticConfig, generate_trace
 from viz.downsample import downsample_chunks, downsample_steps

@@ -1,7 +1,7 @@
 """Contiguous KV allocation (Orca-style): one reserved region per sequence in a linear slot space."""
 from __future__ import annotations
 
-from simulator.core.allocator import AllocStatus, KVAllocator, MemoryBreakdown, RegionRecorder
+from simulator.core.allocator import AllocStatus, EventLog, KVAllocator, MemoryBreakdown
 from simulator.core.contiguous.placement import PLACEMENTS, FirstFitPlacement, next_pow2
 from simulator.core.errors import AllocationError, ConfigError
 from simulator.core.sequence import Sequence, SequenceGroup, SequenceStatus
@@ -23,7 +23,7 @@ class ContiguousAllocator(KVAllocator):
 
     def __init__(self, capacity_tokens: int, policy: str = "max", placement: str = "buddy", *,
                  max_model_len: int = 2048, cpu_capacity_tokens: int = 0, debug: bool = False,
-                 recorder: RegionRecorder | None = None):
+                 record_events: bool = False):
         if policy not in POLICIES:
             raise ConfigError(f"unknown reservation policy {policy!r}; choose from {', '.join(POLICIES)}")
         if placement not in PLACEMENTS:
@@ -36,7 +36,7 @@ class ContiguousAllocator(KVAllocator):
         self.capacity_tokens = capacity_tokens
         self.max_model_len = max_model_len
         self.debug = debug
-        self._recorder = recorder
+        self.events = EventLog() if record_events else None
         self._placement = PLACEMENTS[placement](capacity_tokens)
         self._cpu = FirstFitPlacement(cpu_capacity_tokens) if cpu_capacity_tokens > 0 else None
         self._seqs: dict[int, Sequence] = {}
@@ -65,11 +65,6 @@ class ContiguousAllocator(KVAllocator):
         # block. Buddy placement then rounds the whole region to a power of two.
         return min(self.max_model_len, seq.prompt_len + next_pow2(max(1, seq.final_len - seq.prompt_len)))
 
-    @property
-    def num_used_slots(self) -> int:
-        """Slots inside placed regions."""
-        return self._placed_total
-
     def can_allocate(self, group: SequenceGroup) -> AllocStatus:
         """OK, LATER, or NEVER: a region per live sequence, each holding its reservation."""
         seqs = group.live_seqs()
@@ -83,13 +78,10 @@ class ContiguousAllocator(KVAllocator):
     def cache_blocks(self, group: SequenceGroup, num_left: int) -> None:
         """No prefix cache here: nothing to publish."""
 
-    def can_append(self, seq: Sequence, num_tokens: int = 1) -> bool:
-        """Whether the sequence's region still has `num_tokens` empty slots."""
-        return seq.region is not None and seq.num_tokens + num_tokens <= min(seq.region[1], seq._limit)
-
-    def can_append_seqs(self, seqs: list[Sequence], num_tokens: int = 1) -> bool:
-        """Whether every sequence can grow by `num_tokens` (regions are reserved up front)."""
-        return all(self.can_append(s, num_tokens) for s in seqs)
+    def can_append(self, seqs: list[Sequence], num_tokens: int = 1) -> bool:
+        """Whether every sequence's region still has `num_tokens` empty slots (reserved up front)."""
+        return all(s.region is not None and s.num_tokens + num_tokens <= min(s.region[1], s._limit)
+                   for s in seqs)
 
     def can_fork(self, parent: Sequence) -> bool:
         """Whether a region for a copy of `parent` fits now."""
@@ -116,10 +108,6 @@ class ContiguousAllocator(KVAllocator):
 
     def breakdown(self, head: SequenceGroup | None = None) -> MemoryBreakdown:
         """Taxonomy now; free space too small for the head request's region is external fragmentation."""
-        return MemoryBreakdown(*self.breakdown_slots(head))
-
-    def breakdown_slots(self, head: SequenceGroup | None = None) -> tuple[int, ...]:
-        """`breakdown` as a plain tuple in MemoryBreakdown's field order (cheap enough to call every step)."""
         free_total = self._placement.total_free
         live = head.live_seqs() if head is not None else None
         if live:
@@ -130,16 +118,17 @@ class ContiguousAllocator(KVAllocator):
         else:
             usable = free_total
         slack = self._placed_total - self._reserved
-        return (self.capacity_tokens, self._tokens, self._fill_target - self._tokens,
-                self._reserved - self._fill_target, slack + free_total - usable, usable, 0,
-                self._placed_total)
+        return MemoryBreakdown(self.capacity_tokens, self._tokens, self._fill_target - self._tokens,
+                               self._reserved - self._fill_target, slack + free_total - usable, usable, 0,
+                               self._placed_total)
 
-    # ----------------------------------------------------------------- lazy decode batch (simulator)
-    def add_decode_tokens(self, num_tokens: int) -> None:
-        """Count `num_tokens` more tokens held, whose sequences the decode batch will settle later."""
+    # ----------------------------------------------------------------- the decode batch's bulk path
+    def count_decode_tokens(self, num_tokens: int) -> None:
+        """Count `num_tokens` more tokens held, whose sequences the decode batch settles later
+        (simulator/core/decode.py)."""
         self._tokens += num_tokens
 
-    def set_num_tokens(self, seq: Sequence, num_tokens: int) -> None:
+    def settle_decode(self, seq: Sequence, num_tokens: int) -> None:
         """Settle a decode-batch sequence's token count."""
         seq.num_tokens = num_tokens
 
@@ -154,8 +143,8 @@ class ContiguousAllocator(KVAllocator):
         self._reserved += size
         self._fill_target += min(seq.final_len or size, size)
         self._placed_total += placed
-        if self._recorder is not None:
-            self._recorder.acquire(start, placed, seq.request_id)
+        if self.events is not None:
+            self.events.acquire_region(start, placed, seq.request_id)
         return start
 
     def _unplace(self, seq: Sequence) -> None:
@@ -167,8 +156,8 @@ class ContiguousAllocator(KVAllocator):
         self._placed_total -= self._placed.pop(seq.seq_id)
         del self._seqs[seq.seq_id]
         seq.region = None
-        if self._recorder is not None:
-            self._recorder.release(start, seq.num_tokens)
+        if self.events is not None:
+            self.events.release_region(start, seq.num_tokens)
 
     def allocate(self, group: SequenceGroup, num_new_tokens: int | None = None) -> int:
         """Place one region per live sequence (no sharing between them); return 0 cached tokens."""
@@ -187,7 +176,7 @@ class ContiguousAllocator(KVAllocator):
         self._check()
         return 0
 
-    def append_slots(self, seq: Sequence, num_tokens: int = 1) -> list[tuple[int, ...]]:
+    def append_slot(self, seq: Sequence, num_tokens: int = 1) -> list[tuple[int, ...]]:
         """Fill `num_tokens` more reserved slots; nothing is ever copied."""
         if seq.seq_id not in self._seqs or seq.status is SequenceStatus.FINISHED:
             raise AllocationError(f"cannot append to sequence {seq.seq_id}: it holds no region "
@@ -253,11 +242,8 @@ class ContiguousAllocator(KVAllocator):
 
     def _check(self) -> None:
         if self.debug:
-            self.check_invariants()
+            from simulator.core.invariants import check_contiguous
 
-    def check_invariants(self) -> None:
-        """Recompute spans and sums from scratch; raise InvariantError on any mismatch."""
-        from simulator.core.invariants import check_contiguous
-        check_contiguous(self)
+            check_contiguous(self)
 
 

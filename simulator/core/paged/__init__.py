@@ -1,5 +1,5 @@
-"""vLLM's paged allocator: a BlockManager that has a BlockPool (free list, ref counts, prefix cache)."""
+"""vLLM's paged allocator: a BlockManager that has a BlockPool, a PrefixCache and a SwapSpace."""
 from simulator.core.paged.block_manager import BlockManager
-from simulator.core.paged.block_stats import BlockManagerStats
+from simulator.core.paged.block_pool import BlockManagerStats
 
 __all__ = ["BlockManager", "BlockManagerStats"]

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from simulator.core.running import RunningGroups
+from simulator.core.scheduler import RunningGroups
 
 
 @given(st.lists(st.tuples(st.sampled_from(["append", "remove", "clear"]), st.integers(0, 9)), max_size=60))

@@ -40,7 +40,7 @@ def test_serial_sweep_finds_capacity_and_writes_normal_run_folders(tmp_path, sma
 
 
 def test_point_result_equals_a_plain_simulate_run(tmp_path, small_trace, small_plan):
-    from simulator.simulate import simulate
+    from simulator.loop import simulate
 
     plan = small_plan(rate="1.5,2.5", allocators=("paged",), search=False)
     result = run_sweep(small_trace, "small", plan, tmp_path, SerialExecutor(small_trace))

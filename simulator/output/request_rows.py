@@ -1,12 +1,10 @@
-"""Per-request results of a simulation: kept only while a request is in flight, then handed on in row order.
+"""The request table: one row per request with its times, counters and latencies, in trace order.
 
-A run used to hold every request's times in arrays as long as the trace, and build the request table at
-the end: ~140 bytes a request, 1.4 GB for a 10M-request trace. The RequestLog keeps the times and
-counters of the requests built and not yet handed on (dicts keyed by trace row: the loops write them
-one request at a time, as they wrote the arrays), and hands the rows to a sink in trace order, in
-batches, as soon as every earlier request has finished or been rejected. With a file sink, the run's
-memory no longer grows with its number of requests; with a FrameSink (the default) the table comes back
-in memory exactly as before. The sink also gets the totals the summary needs, as they go.
+`RequestRows` keeps the times and counters of the requests in flight only (dicts keyed by trace row),
+and hands the rows on in trace order, packed, as soon as every earlier request has finished or been
+rejected: a run's memory does not grow with its number of requests. Its writer (`RequestTable`) turns
+each row group into columns, adds the derived latencies, and sums what the summary needs as they go.
+`RequestColumns` reads a finished table a column at a time, from memory or from its file.
 """
 from __future__ import annotations
 
@@ -16,8 +14,8 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from pagelab.column_stats import BLOCK_ROWS
-from pagelab.memory import release_free_memory
-from simulator.sinks import TABLE_BATCH_ROWS, Batches, FrameSink, TableSink, columns_of_chunks
+from pagelab.table_sinks import TableSink
+from simulator.output.memory_rows import columns_of_batches
 
 TRACE_COLUMNS = ("request_id", "arrival_s", "prompt_len", "output_len", "n", "beam_width")
 REQUEST_DTYPES = {
@@ -29,10 +27,9 @@ REQUEST_DTYPES = {
     "normalized_latency_s": np.dtype(np.float64),
 }
 _NAN = float("nan")
-TRIM_ROWS = 1 << 16  # request rows handed on between two heap trims
-# A finished row waits for its batch packed into one flat buffer (8 bytes a value; as tuples of Python
-# objects a 65,536-row batch took ~21 MB, one of the peaks of a long run's RSS). One `struct` pack a
-# row: `array.extend` with a tuple converts and grows value by value, at three times the cost.
+TRIM_ROWS = 1 << 16  # request rows handed on between two returns of free heap pages (pagelab/malloc.py)
+# A finished row waits for its row group packed into one flat buffer, 8 bytes a value (as tuples of
+# Python objects a row group took ~7x more). One `struct` pack a row.
 _INT_VALUES = ("request_id", "prompt_len", "output_len", "n", "beam_width", "num_preemptions", "rejected",
                "prefix_hit_tokens")
 _FLOAT_VALUES = ("arrival_s", "admitted_s", "first_token_s", "finish_s")
@@ -90,41 +87,48 @@ class RequestTotals:
         self.normalized_sum += float(b["normalized_latency_s"][done].sum())
 
 
-class RequestBatches(Batches):
-    """A RequestLog's writing end (simulator/sinks.py, Batches): the columns, derived latencies included,
-    and the totals summed as they go."""
+class RequestTable:
+    """A RequestRows' writing end: each row group's columns, derived latencies included, go to `sink`;
+    the totals are summed as they go (`close` returns them)."""
 
-    row_bytes = _PACKED.size  # of one packed row
+    row_bytes = _PACKED.size
 
     def __init__(self, sink: TableSink) -> None:
-        super().__init__(sink)
+        self.sink = sink
+        self._batches: list = []
         self.totals = RequestTotals()
 
-    def columns(self, chunks: list) -> dict[str, np.ndarray]:
-        """A batch's columns, derived latencies included (added to the totals)."""
-        cols = columns_of_chunks(chunks, _PACKED_DTYPE, {c: REQUEST_DTYPES[c] for c in _ROW_COLUMNS})
+    def add_batch(self, batch: bytes | bytearray) -> None:
+        """Keep one batch of packed rows of the current row group."""
+        self._batches.append(batch)
+
+    def end_group(self) -> None:
+        """Write the row group (if it has rows)."""
+        if not self._batches:
+            return
+        cols = columns_of_batches(self._batches, _PACKED_DTYPE, {c: REQUEST_DTYPES[c] for c in _ROW_COLUMNS})
         cols |= derived_columns(cols["arrival_s"], cols["output_len"], cols["admitted_s"],
                                 cols["first_token_s"], cols["finish_s"])
         self.totals.add(cols)
-        return cols
+        self.sink.write(cols)
 
-    def sums(self) -> RequestTotals:
-        """The totals of the rows written."""
+    def close(self) -> RequestTotals:
+        """Write the last row group, close the sink and return the totals."""
+        self.end_group()
+        self.sink.close()
         return self.totals
 
 
-class RequestLog:
-    """The in-flight requests' times and counters (trace row -> value); rows leave in order, in batches."""
+class RequestRows:
+    """The in-flight requests' times and counters (trace row -> value); rows leave in trace order, packed,
+    to `writer` in batches of `batch_rows`, a row group every `group_rows` rows."""
 
-    def __init__(self, sink: TableSink | None = None, batch_rows: int = TABLE_BATCH_ROWS,
-                 chunk_rows: int | None = None) -> None:
-        self.sink = sink if sink is not None else FrameSink(dtypes=REQUEST_DTYPES)
-        # Where the packed rows go a chunk at a time: batches written here, or by the events process
-        # (a HostedTable: this process then holds one chunk of rows at most, and encodes nothing).
-        self._batches = self.sink.open_batches(RequestBatches)
-        self.batch_rows = batch_rows
-        self._untrimmed = 0  # rows handed on since the heap was last trimmed
-        self.totals = RequestTotals()  # complete once the run is finished (`finish_run`)
+    def __init__(self, writer, batch_rows: int, group_rows: int,
+                 trim: Callable[[], None] | None = None) -> None:
+        self.writer = writer
+        self._trim = trim  # returns free heap pages to the system (a long run's requests come and go)
+        self._untrimmed = 0  # rows handed on since the last trim
+        self.totals = RequestTotals()  # complete once the run is finished (`finish`)
         self.admitted: dict[int, float] = {}
         self.first_token: dict[int, float] = {}
         self.finish: dict[int, float] = {}
@@ -132,21 +136,19 @@ class RequestLog:
         self.rejected: dict[int, bool] = {}
         self.hit_tokens: dict[int, int] = {}
         self._trace: dict[int, tuple] = {}  # row -> the TRACE_COLUMNS values
-        # Rows complete before an earlier one (behind a long request: ~1,000-1,400 at a time in the
-        # issue's traces), packed at once: ~600 bytes a row in the dicts above, ~150 here.
+        # Rows complete before an earlier one (behind a long request), packed at once: ~150 bytes a row
+        # here against ~600 in the dicts above.
         self._waiting: dict[int, bytes] = {}
         self.next_row = 0  # rows before this one have been handed on
-        self._packed = bytearray()  # finished rows not yet in a chunk (_PACKED each)
-        self._held = 0  # bytes of the current batch handed to `_batches` as chunks
-        chunk_rows = chunk_rows or self.sink.chunk_rows
-        self._chunk_bytes = _PACKED.size * min(chunk_rows, batch_rows)
-        self._batch_bytes = _PACKED.size * batch_rows
-        self._limit = self._chunk_bytes  # packed bytes that end the current chunk (or the batch)
-        # Called once a batch, when half of it is packed: the simulation hands its memory rows on there, so
-        # the two logs' buffers keep one phase and each flush meets half of the other log's batch
-        # (simulator/sinks.py, MEMORY_BATCH_ROWS).
+        self._packed = bytearray()  # finished rows not yet handed on (_PACKED each)
+        self._held = 0  # bytes of the current row group handed to the writer
+        self._batch_bytes = _PACKED.size * min(batch_rows, group_rows)
+        self._group_bytes = _PACKED.size * group_rows
+        self._limit = self._batch_bytes  # packed bytes that end the current batch (or the row group)
+        # Called once a row group, when half of it is packed: the simulation hands its memory rows on
+        # there, so the two tables' buffers keep one phase and neither peaks with the other.
         self.midway: Callable[[], None] | None = None
-        self._midway_bytes = _PACKED.size * max(1, batch_rows // 2)
+        self._midway_bytes = _PACKED.size * max(1, group_rows // 2)
 
     def open(self, row: int, values: tuple) -> None:
         """Request `row` (its TRACE_COLUMNS `values`) is built: it has no times yet."""
@@ -154,6 +156,10 @@ class RequestLog:
         self.admitted[row] = self.first_token[row] = self.finish[row] = _NAN
         self.preemptions[row] = self.hit_tokens[row] = 0
         self.rejected[row] = False
+
+    def is_open(self, row: int) -> bool:
+        """Whether request `row` is in flight (opened, not yet closed)."""
+        return row in self._trace
 
     def close(self, row: int) -> None:
         """Request `row` finished or was rejected: its row is complete."""
@@ -175,41 +181,40 @@ class RequestLog:
             self._hand_on()
 
     def _hand_on(self, everything: bool = False) -> None:
-        """The packed rows go on as chunks (with `everything`, the last short one too); a batch ends at
-        exactly `batch_rows` rows, so the statistics after the run read each row group back as one
-        block, without copies (column_stats.BLOCK_ROWS)."""
+        """The packed rows go on as batches (with `everything`, the last short one too); a row group ends
+        at exactly `group_rows` rows, so the statistics after the run read each row group back as one
+        batch, without copies (column_stats.BLOCK_ROWS)."""
         packed, self._packed = self._packed, bytearray()
         while packed and (everything or len(packed) >= self._limit):
-            room = self._batch_bytes - self._held
-            chunk, packed = (packed[:room], packed[room:]) if len(packed) > room else (packed, bytearray())
-            held = self._held = self._held + len(chunk)
-            self._batches.add_chunk(chunk)
-            if held - len(chunk) < self._midway_bytes <= held and self.midway is not None:  # crossed half
+            room = self._group_bytes - self._held
+            batch, packed = (packed[:room], packed[room:]) if len(packed) > room else (packed, bytearray())
+            held = self._held = self._held + len(batch)
+            self.writer.add_batch(batch)
+            if held - len(batch) < self._midway_bytes <= held and self.midway is not None:  # crossed half
                 self.midway()
-            if held >= self._batch_bytes:
-                self._end_batch()
-            self._limit = min(self._chunk_bytes, self._batch_bytes - self._held)
-        self._packed = packed  # the rest of a chunk: it keeps filling
+            if held >= self._group_bytes:
+                self._end_group()
+            self._limit = min(self._batch_bytes, self._group_bytes - self._held)
+        self._packed = packed  # the rest of a batch: it keeps filling
 
-    def _end_batch(self) -> None:
+    def _end_group(self) -> None:
         if not self._held:
             return
-        self._batches.end_batch()
+        self.writer.end_group()
         rows, self._held = self._held // _PACKED.size, 0
         self._untrimmed += rows
-        if self._untrimmed >= TRIM_ROWS:  # 7-20 ms each: see pagelab/memory.py
-            release_free_memory()
+        if self._untrimmed >= TRIM_ROWS and self._trim is not None:
+            self._trim()
             self._untrimmed = 0
 
-    def finish_run(self) -> TableSink:
-        """Hand on the last rows (every request must be closed), close the sink and take the totals."""
+    def end(self) -> None:
+        """Hand on the last rows (every request must be closed), close the writer and take the totals."""
         if self._trace:
             first = min(self._trace)
             raise RuntimeError(f"{len(self._trace)} request(s) never finished (first: row {first})")
         self._hand_on(everything=True)
-        self._end_batch()
-        self.totals = self._batches.close()
-        return self.sink
+        self._end_group()
+        self.totals = self.writer.close()
 
 
 class RequestColumns:
@@ -246,10 +251,10 @@ class RequestColumns:
     def blocks(self, names: tuple[str, ...]) -> Iterator[dict[str, np.ndarray]]:
         """The columns `names`, `BLOCK_ROWS` rows at a time (the last block shorter), wherever they live."""
         # Imported here, not with the module: the events process writes request batches without pandas.
-        from traces.chunks import FrameChunks, parquet_batches
+        from traces.batches import FrameBatches, parquet_batches
 
         if self.frame is not None:
-            yield from FrameChunks(self.frame).iter_chunks(names, BLOCK_ROWS)
+            yield from FrameBatches(self.frame).iter_batches(names, BLOCK_ROWS)
             return
         if str(self.path).endswith(".csv"):
             import pandas as pd

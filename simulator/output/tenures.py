@@ -1,7 +1,8 @@
-"""Pairing acquisitions with releases into tenures, in batches, with numpy.
+"""The events table: pool tenures (who held which region of the pool, from when to when), paired with numpy.
 
-`RawRuns` is one batch of the recorder's raw events; `OpenRows` tells which tenure each release or
-share acts on; `TenurePairer` runs both and `OpenTenures` for a sink (in the recorder's background thread).
+An allocator logs raw events (simulator/core/allocator.py `EventLog`); the output drains them in batches
+(`RawEvents`) and a `TenurePairer` turns each batch into tenures: `OpenRows` tells which tenure each release
+or share acts on, `OpenTenures` holds the tenures not yet handed to the sink.
 
 `OpenTenures` holds the tenures not yet handed to the sink, as columns sorted by acquisition number
 (`row`). Each flush appends the acquisitions recorded since the last one, scatters the releases and
@@ -14,9 +15,20 @@ bounded by the pool (one open tenure per held block), so memory does not grow wi
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 
-from simulator.sinks import EVENT_DTYPES, EventSink
+from pagelab.table_sinks import TableSink, numpy_dtypes
+from simulator.core.allocator import ACQUIRE, PER_EVENT_RID, PER_EVENT_TIME, RELEASE, SHARE, RawEvents
 
+# Compact types: pool offsets, sizes, request ids and counts all fit in int32 (`OpenTenures.add` checks).
+EVENT_SCHEMA = pa.schema([("request_id", pa.int32()), ("start", pa.int32()), ("size", pa.int32()),
+                          ("t_start_s", pa.float64()), ("t_end_s", pa.float64()),
+                          ("max_ref_count", pa.int32()), ("filled", pa.int32())])
+EVENT_DTYPES = numpy_dtypes(EVENT_SCHEMA)
+# Dictionaries on the block offsets, sizes, reference counts and fills (few distinct values a row
+# group), plain + zstd for request ids and times: the smallest file of the encodings tried, and a time's
+# dictionary costs more than it saves.
+EVENT_ENCODING: dict = {"use_dictionary": ["start", "size", "max_ref_count", "filled"]}
 _INT32_MAX = np.iinfo(np.int32).max
 _COLUMNS = ("request_id", "start", "size", "t_start_s", "t_end_s", "max_ref_count", "filled")
 
@@ -58,7 +70,7 @@ class OpenTenures:
             pos = np.searchsorted(self.row, rows)
             np.maximum.at(self.cols["max_ref_count"], pos, ref_counts.astype(np.int32))
 
-    def flush(self, sink: EventSink, before: float | None, end_s: float = 0.0) -> None:
+    def flush(self, sink: TableSink, before: float | None, end_s: float = 0.0) -> None:
         """Hand `sink` the tenures released before `before`, or all of them (held ones end at `end_s`)
         when `before` is None; keep the rest."""
         t_end = self.cols["t_end_s"]
@@ -79,32 +91,6 @@ class OpenTenures:
         self.cols = {c: v[keep] for c, v in self.cols.items()}
 
 
-ACQUIRE, RELEASE, SHARE = 0, 1, 2  # event kinds
-PER_EVENT_RID, PER_EVENT_TIME = 1, 2  # flags of an acquisition run that lists one value per block
-
-
-class RawRuns:
-    """One batch of raw recorder events, as flat Python lists (numpy converts them when pairing).
-
-    Every event names a key (block id, or first slot for unit 1); `e_*` hold the keys in the order the
-    events happened and, per run (one recorder call), its length, kind and unit. Acquisition runs carry a
-    region size, a request id and a time (or, flagged in `a_flags`, one of each per event in `a_rids` /
-    `a_times`); release runs a time and one filled count per event; shares a new ref count each.
-    Lists, not typed arrays: `array.extend` from a list converts element by element (~40 ns each, the
-    recorder's largest cost), `list.extend` copies pointers (~5 ns). A batch is converted once, whole, by
-    numpy where it is paired: in the recorder's thread, or in the pairing process, which unpickles the
-    lists (~10 ns an element to pickle here; converting them to typed arrays first, to pickle bytes, cost
-    the 1M-request run ~6% more wall time: docs/simulator-performance.md, eleventh sitting).
-    """
-
-    __slots__ = ("e_keys", "e_n", "e_kind", "e_unit", "a_size", "a_rid", "a_t", "a_flags", "a_rids",
-                 "a_times", "r_t", "r_filled", "s_ref")
-
-    def __init__(self) -> None:
-        for name in self.__slots__:
-            setattr(self, name, [])
-
-
 def _per_event(per_run: np.ndarray, counts: np.ndarray, flagged: np.ndarray, listed: list, dtype
                ) -> np.ndarray:
     """Per-event values from one value per run, with the flagged runs' values listed one per event."""
@@ -117,12 +103,12 @@ def _per_event(per_run: np.ndarray, counts: np.ndarray, flagged: np.ndarray, lis
 class TenurePairer:
     """Turns batches of raw events into tenures and hands the finished ones to a sink (in order)."""
 
-    def __init__(self, sink: EventSink) -> None:
+    def __init__(self, sink: TableSink) -> None:
         self.sink = sink
         self.open_rows = OpenRows()
         self.tenures = OpenTenures()
 
-    def process(self, raw: RawRuns, first_row: int, before: float | None, end_s: float = 0.0) -> None:
+    def process(self, raw: RawEvents, first_row: int, before: float | None, end_s: float = 0.0) -> None:
         """Pair the batch (its acquisitions numbered from `first_row`), then hand the sink the tenures
         released before `before` (all of them, held ones ending at `end_s`, when it is None)."""
         if len(raw.e_n):
@@ -155,7 +141,7 @@ class TenurePairer:
 class OpenRows:
     """Which tenure each key (a pool region, named by unit and key) holds open, resolved in batches.
 
-    The recorder logs raw events in order (acquire / release / share, each naming a key) without looking
+    The allocator logs raw events in order (acquire / release / share, each naming a key) without looking
     anything up; `resolve` then gives every event its tenure number in numpy: an acquisition starts the
     next number, a release or share acts on the latest acquisition of its key before it (in this batch,
     else the one still open from earlier batches, kept here sorted by key).

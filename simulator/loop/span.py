@@ -3,7 +3,7 @@
 A span is a run of K steps in which, were they executed one by one, every step would do the same
 thing: each running sequence gets one slot and samples one token, nobody is admitted, swapped,
 preempted, rejected or finished before the last step, and no arrival could change a decision. Then the
-K steps collapse into the decode batch's bulk advance (simulator/decode_batch.py: the blocks the K steps take,
+K steps collapse into the decode batch's bulk advance (simulator/core/decode.py: the blocks the K steps take,
 in the order step mode takes them), K step times computed at once (vectorized latency model, summed in
 the same order as step mode's clock) and one memory row holding the span's exact time-weighted means.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from simulator.core.scheduler import Admission
-from simulator.sim_state import SimState
+from simulator.loop.state import SimState
 
 _NO_SPAN = (0, None)
 
@@ -23,7 +23,8 @@ _SMALL = 24  # spans up to this many steps are computed with scalar Python (nump
 def span_length(run: SimState) -> tuple[int, tuple | None]:
     """How many steps can be advanced at once from here (0: take a single step), with their durations
     and the clock at the start of each (and after the last)."""
-    batch, sched = run.batch, run.sched
+    sched = run.sched
+    batch = sched.decode
     b = batch.size
     if not b or (sched.waiting and sched.head_admission(sched.token_budget - b) is not Admission.WAIT):
         return _NO_SPAN
@@ -70,15 +71,15 @@ def span_length(run: SimState) -> tuple[int, tuple | None]:
 def run_span(run: SimState, k: int, timing: tuple) -> None:
     """Execute `k` decode steps at once and log one memory row with the span's time-weighted means."""
     dts, clock = timing
-    batch = run.batch
+    batch = run.sched.decode
     if isinstance(dts, list):
         total = sum(dts)
         _log_small_span(run, k, dts, total)
-        times = clock[:k] if run.recorder is not None and batch.paged else None
+        times = clock[:k] if run.events is not None and batch.paged else None
     else:
         total = float(dts.sum())
         _log_span(run, k, dts, total)
-        times = clock[:k].tolist() if run.recorder is not None and batch.paged else None
+        times = clock[:k].tolist() if run.events is not None and batch.paged else None
     batch.advance(k, times)
     run.add_busy(total, len(run.sched.running), k)
     run.set_clock(float(clock[k]))
@@ -86,9 +87,9 @@ def run_span(run: SimState, k: int, timing: tuple) -> None:
 
 def _log_small_span(run: SimState, k: int, dts: list[float], total: float) -> None:
     """`_log_span` for a few steps, in scalar arithmetic: the states after each step, weighted by its time."""
-    alloc, batch = run.alloc, run.batch
+    alloc, batch = run.alloc, run.sched.decode
     b = batch.size
-    cap, tok0, resv0, internal0, external, free0, cached0, allocated0 = alloc.breakdown_slots(run.head())
+    cap, tok0, resv0, internal0, external, free0, cached0, allocated0 = alloc.breakdown(run.head())
     acc_tokens = sum(dt * (j + 1) for j, dt in enumerate(dts)) * b + tok0 * total
     if batch.paged:
         bs, d = batch.block_size, batch.phase
@@ -130,9 +131,9 @@ def _log_small_span(run: SimState, k: int, dts: list[float], total: float) -> No
 def _log_span(run: SimState, k: int, dts: np.ndarray, total: float) -> None:
     """The exact time-weighted mean of each memory state over the span's steps (states after each step's
     appends, as step mode logs them)."""
-    alloc, batch = run.alloc, run.batch
+    alloc, batch = run.alloc, run.sched.decode
     b = batch.size
-    cap, tok0, resv0, internal0, external, free0, cached0, allocated0 = alloc.breakdown_slots(run.head())
+    cap, tok0, resv0, internal0, external, free0, cached0, allocated0 = alloc.breakdown(run.head())
     w = dts / total
     steps = np.arange(1, k + 1, dtype=np.int64)
     mean_steps = float(steps @ w)

@@ -1,6 +1,6 @@
 """The configuration the simulator and the engine share: the KV pool, its allocator, the scheduler's limits.
 
-`SimConfig` (simulator/sim_config.py) and `EngineConfig` (gpu_backend/engine/engine_config.py) both extend
+`SimConfig` (simulator/config.py) and `EngineConfig` (gpu_backend/engine/engine_config.py) both extend
 `CacheConfig`, so each option is declared, defaulted and validated once, and `build_allocator` turns it
 into the same allocator for both.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simulator.core.allocator import KVAllocator, RegionRecorder
+from simulator.core.allocator import KVAllocator
 from simulator.core.contiguous import PLACEMENTS, ContiguousAllocator
 from simulator.core.errors import ConfigError
 from simulator.core.paged import BlockManager
@@ -96,16 +96,17 @@ class CacheConfig:
 
 
 def build_allocator(config: CacheConfig, capacity: int, *, cpu_tokens: int, max_model_len: int,
-                    recorder: RegionRecorder | None = None) -> KVAllocator:
-    """The configured allocator over `capacity` slots (the one factory of the simulator and the engine)."""
+                    record_events: bool = False) -> KVAllocator:
+    """The configured allocator over `capacity` slots (the one factory of the simulator and the engine);
+    with `record_events` it logs its allocations (`allocator.events`)."""
     policy = ALLOCATORS[config.allocator]
     if policy is None:
         bm = BlockManager.from_capacity(
             capacity, config.block_size, num_cpu_blocks=cpu_tokens // config.block_size,
             enable_prefix_caching=config.enable_prefix_caching, watermark=config.watermark,
-            debug=config.debug, recorder=recorder)
+            debug=config.debug, record_events=record_events)
         if bm.num_blocks == 0:
             raise ConfigError(f"a KV pool of {capacity} slots holds no block of {config.block_size} tokens")
         return bm
     return ContiguousAllocator(capacity, policy, config.placement, max_model_len=max_model_len,
-                               cpu_capacity_tokens=cpu_tokens, debug=config.debug, recorder=recorder)
+                               cpu_capacity_tokens=cpu_tokens, debug=config.debug, record_events=record_events)

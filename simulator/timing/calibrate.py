@@ -15,7 +15,7 @@ import pandas as pd
 
 from simulator.core.errors import ConfigError
 from simulator.specs import get_gpu, get_model, sim_model_name
-from simulator.step_latency import DECODE_FEATURE, FEATURES, FittedLatency, fit_latency, stall_mask
+from simulator.timing.step_latency import DECODE_FEATURE, FEATURES, FittedLatency, fit_latency, stall_mask
 
 # A 4-coefficient fit needs far more steps than coefficients to say anything about its error.
 MIN_STEPS = 20

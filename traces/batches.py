@@ -1,7 +1,7 @@
-"""A validated trace read a block of rows at a time, so a 10M-request run need not hold it whole.
+"""A validated trace read a batch of rows at a time, so a 10M-request run need not hold it whole.
 
-`FrameChunks` slices a canonical DataFrame (no copy). `ParquetChunks` reads a Parquet trace file in
-record batches; `open_parquet_chunks` builds one only for a file that is already canonical (what
+`FrameBatches` slices a canonical DataFrame (no copy). `ParquetBatches` reads a Parquet trace file in
+record batches; `open_parquet_batches` builds one only for a file that is already canonical (what
 `pagelab trace gen` and `trace convert` write: the canonical columns and types, arrivals sorted from 0,
 increasing ids, counts in range), which it checks in one pass a batch at a time. Any other file is
 loaded and validated whole (traces.loaders), which is also where a bad row gets its error message.
@@ -14,34 +14,34 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from traces.schema import CANONICAL_COLUMNS, canonical_blocks
+from traces.schema import CANONICAL_COLUMNS, canonical_batches
 
-CHUNK_ROWS = 1 << 16
+BATCH_ROWS = 1 << 16
 READ_BUFFER_BYTES = 64 << 10  # a Parquet reader's buffer per column
 Columns = dict[str, np.ndarray]
 
 
-class TraceChunks:
-    """The rows of a validated trace, `num_rows` of them, a block at a time."""
+class TraceBatches:
+    """The rows of a validated trace, `num_rows` of them, a batch at a time."""
 
     num_rows: int
     columns: tuple[str, ...]
 
-    def iter_chunks(self, columns: tuple[str, ...], rows: int = CHUNK_ROWS) -> Iterator[Columns]:
-        """Consecutive blocks of at most `rows` rows (the last may be shorter), as numpy columns."""
+    def iter_batches(self, columns: tuple[str, ...], rows: int = BATCH_ROWS) -> Iterator[Columns]:
+        """Consecutive batches of at most `rows` rows (the last may be shorter), as numpy columns."""
         raise NotImplementedError
 
 
-class FrameChunks(TraceChunks):
+class FrameBatches(TraceBatches):
     """A canonical trace DataFrame, sliced."""
 
     def __init__(self, frame: pd.DataFrame, max_rows: int | None = None) -> None:
         self.frame = frame
         self.num_rows = len(frame)
         self.columns = tuple(frame.columns)
-        self.max_rows = max_rows  # a cap on the block size (tests cross block boundaries with it)
+        self.max_rows = max_rows  # a cap on the batch size (tests cross batch boundaries with it)
 
-    def iter_chunks(self, columns: tuple[str, ...], rows: int = CHUNK_ROWS) -> Iterator[Columns]:
+    def iter_batches(self, columns: tuple[str, ...], rows: int = BATCH_ROWS) -> Iterator[Columns]:
         """Views of the frame's columns."""
         rows = min(rows, self.max_rows or rows)
         arrays = {c: self.frame[c].to_numpy() for c in columns}
@@ -49,15 +49,15 @@ class FrameChunks(TraceChunks):
             yield {c: a[start:start + rows] for c, a in arrays.items()}
 
 
-class ParquetChunks(TraceChunks):
-    """A canonical Parquet trace file (see open_parquet_chunks), optionally cut to its first `num_rows`."""
+class ParquetBatches(TraceBatches):
+    """A canonical Parquet trace file (see open_parquet_batches), optionally cut to its first `num_rows`."""
 
     def __init__(self, path: Path, num_rows: int, columns: tuple[str, ...]) -> None:
         self.path = Path(path)
         self.num_rows = num_rows
         self.columns = columns
 
-    def iter_chunks(self, columns: tuple[str, ...], rows: int = CHUNK_ROWS) -> Iterator[Columns]:
+    def iter_batches(self, columns: tuple[str, ...], rows: int = BATCH_ROWS) -> Iterator[Columns]:
         """Record batches of the file, as numpy columns."""
         left = self.num_rows
         for batch in parquet_batches(self.path, columns, rows):
@@ -89,8 +89,8 @@ _TYPES = {"request_id": "int64", "arrival_s": "double", "prompt_len": "int64", "
           "n": "int64", "beam_width": "int64"}
 
 
-def open_parquet_chunks(path: Path, limit: int | None = None) -> ParquetChunks | None:
-    """The file as ParquetChunks when it is a canonical trace without prefix keys (its first `limit`
+def open_parquet_batches(path: Path, limit: int | None = None) -> ParquetBatches | None:
+    """The file as ParquetBatches when it is a canonical trace without prefix keys (its first `limit`
     rows, if given); None when it is not (load it whole instead)."""
     import pyarrow.parquet as pq
 
@@ -104,7 +104,7 @@ def open_parquet_chunks(path: Path, limit: int | None = None) -> ParquetChunks |
     if names != CANONICAL_COLUMNS or any(str(schema.field(c).type) != t for c, t in _TYPES.items()):
         return None
     num_rows = num_rows if limit is None else min(num_rows, limit)
-    chunks = ParquetChunks(path, num_rows, names)
-    if num_rows == 0 or not canonical_blocks(chunks.iter_chunks(CANONICAL_COLUMNS)):
+    batches = ParquetBatches(path, num_rows, names)
+    if num_rows == 0 or not canonical_batches(batches.iter_batches(CANONICAL_COLUMNS)):
         return None
-    return chunks
+    return batches

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from simulator.core.allocator import KVAllocator, RegionRecorder
-from simulator.core.cache_config import ALLOCATORS, CacheConfig, build_allocator
+from simulator.core.allocator import KVAllocator
+from simulator.core.config import ALLOCATORS, CacheConfig, build_allocator
 from simulator.core.errors import ConfigError
 from simulator.specs import GIB, ModelSpec, get_gpu, get_model, kv_capacity_tokens
 
 MODES = ("fast", "step")
 
-__all__ = ["ALLOCATORS", "MODES", "SimConfig", "make_allocator"]
+__all__ = ["ALLOCATORS", "MODES", "SimConfig"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,14 @@ class SimConfig(CacheConfig):
         """The batching limits for the scheduler (max_model_len defaults to the resolved one)."""
         return super().scheduler_config(max_model_len or self.resolved_max_model_len)
 
+    def build_allocator(self) -> KVAllocator:
+        """The configured allocator over the configured capacity (logging its allocations when
+        `record_events`)."""
+        if self.capacity() < 1:
+            raise ConfigError(f"the KV pool holds {self.capacity()} token slots; give a larger pool")
+        return build_allocator(self, self.capacity(), cpu_tokens=self.cpu_tokens(),
+                               max_model_len=self.resolved_max_model_len, record_events=self.record_events)
+
     def to_dict(self) -> dict:
         """Plain-JSON view, with the derived values a reader needs."""
         d = asdict(self)
@@ -71,11 +79,3 @@ class SimConfig(CacheConfig):
         d["max_model_len"] = self.resolved_max_model_len
         d["bytes_per_token"] = self.model_spec.bytes_per_token
         return d
-
-
-def make_allocator(config: SimConfig, recorder: RegionRecorder | None = None) -> KVAllocator:
-    """Build the configured allocator over the configured capacity."""
-    if config.capacity() < 1:
-        raise ConfigError(f"the KV pool holds {config.capacity()} token slots; give a larger pool")
-    return build_allocator(config, config.capacity(), cpu_tokens=config.cpu_tokens(),
-                           max_model_len=config.resolved_max_model_len, recorder=recorder)

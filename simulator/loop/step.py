@@ -1,7 +1,10 @@
-"""One exact simulation step, the reference both modes share: schedule, time, record, sample, finish.
+"""One simulation step: the exact step (the reference both modes share) and fast mode's decode step.
 
-Step mode runs only this; fast mode runs it whenever its shortcuts (simulator/fast.py, simulator/span.py)
-do not apply. It works on the objects alone (the decode batch must be settled first).
+The exact step runs the shared Scheduler's `schedule()`, times the step, records it, samples a token for
+every group that computed logits and finishes the requests that are done; step mode runs only this. Fast
+mode takes a step with the scheduler's `decode_step` whenever every running request is a plain decode
+(simulator/core/decode.py): the appends come in O(blocks taken), admissions from the scheduler itself, and
+the step time and memory row from running totals, so the step costs O(what changes).
 """
 from __future__ import annotations
 
@@ -12,12 +15,13 @@ import numpy as np
 from simulator.beam_model import beam_step
 from simulator.core.scheduler import ScheduledGroup, Scheduler, SchedulerOutput
 from simulator.core.sequence import SequenceGroup, SequenceStatus
-from simulator.sim_state import SimState
-from simulator.step_latency import step_features
+from simulator.loop.state import SimState
+from simulator.timing.step_latency import step_features
 
 
-def exact_step(run: SimState) -> None:
-    """Schedule and run one step with the shared Scheduler, exactly as step mode does."""
+def exact_step(run: SimState) -> SchedulerOutput:
+    """Schedule and run one step with the shared Scheduler (an empty one runs nothing: the driver waits
+    for the next arrival)."""
     out = run.sched.schedule()
     measured = run.measured
     if measured is not None and not out.is_empty:
@@ -25,18 +29,14 @@ def exact_step(run: SimState) -> None:
         run.set_clock(max(start, run.now))  # the replay's loop overhead (or sleep overshoot) before the step
     run.record_schedule(out, run.now)
     if out.is_empty:
-        if out.rejected:
-            return
-        if run.next < run.num_requests:
-            run.idle_until(run.next_arrival)
-            return
-        raise RuntimeError("scheduler stalled with work left and no future arrival (a bug)")
+        return out
     if measured is None:
         dt = step_time(run, out)
     run.record_step(run.now, dt, run.alloc.breakdown(run.head()), run.counts(), out.num_batched_tokens)
     run.set_clock(run.now + dt)
     run.sched.commit(out)
     sample(run, out)
+    return out
 
 
 def prefill_context(sched: Scheduler, sg: ScheduledGroup) -> int:
@@ -103,7 +103,66 @@ def finish_done(run: SimState, groups: list[SequenceGroup], remove: bool = True)
             run.num_done += 1
             done.append(g)
         elif g.beam_width > 1:
-            beam_step(g, run.alloc, run.rng, run.new_seq_id, run.cfg.beam_alpha)
+            beam_step(g, run.alloc, run.rng, run.new_seq_id, run.beam_alpha)
     if remove:
         run.sched.remove_finished()
+    return done
+
+
+def fast_step(run: SimState) -> bool:
+    """Take the next step with the decode batch; False (the batch settled) when the exact step must."""
+    sched = run.sched
+    out = sched.decode_step()
+    if out is None:
+        return False
+    batch = sched.decode
+    b = batch.size
+    tokens = batch.tokens
+    num_tokens, pairs, kv = b, tokens, tokens  # one query token per decode, its context = its tokens
+    scheduled = out.scheduled
+    if out.admitted or out.rejected:
+        run.record_schedule(out, run.now)
+    for sg in scheduled:
+        chunk = sg.num_new_tokens
+        ctx = prefill_context(sched, sg)
+        num_tokens += chunk
+        pairs += chunk * ctx
+        kv += ctx
+    dt = run.latency.step_time(num_tokens, pairs, kv, b)
+    run.mem.add_breakdown(run.step, 1, run.now, dt, run.alloc.breakdown(run.head()), run.counts(), num_tokens,
+                          run.block_size)
+    run.add_busy(dt, len(sched.running), 1)
+    run.set_clock(run.now + dt)
+    done = finish_batch(run) if batch.finish_heap[0] == batch.phase else []
+    if scheduled:
+        sched.commit(out)
+        touched = []
+        for sg in scheduled:
+            if sg.completes_prefill:
+                g = sg.group
+                for s in g.seqs:
+                    if s.status is not SequenceStatus.FINISHED:
+                        s.append_token()
+                if math.isnan(run.first_token[g.request_id]):  # the first time
+                    run.first_token[g.request_id] = run.now
+                touched.append(g)
+        finished = finish_done(run, touched, remove=False)
+        done += finished
+        joining = [sg.group for sg in scheduled if sg.group not in finished]
+        if joining:
+            batch.join(joining)
+    if done:
+        sched.finish_groups(done)
+    run.blocked_head = sched.waiting[0] if sched.waiting else None
+    return True
+
+
+def finish_batch(run: SimState) -> list[SequenceGroup]:
+    """Finish the batch's requests whose last token came out in the step just run; return their groups."""
+    done = run.sched.decode.pop_finished()
+    for g in done:
+        run.sched.finish_seq(g.seqs[0])
+        run.finish[g.request_id] = run.now
+        run.retire(g.request_id)
+    run.num_done += len(done)
     return done

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from simulator.step_latency import DECODE_FEATURE, FEATURES, LatencyModel, stall_mask
+from simulator.timing.step_latency import DECODE_FEATURE, FEATURES, LatencyModel, stall_mask
 
 LATENCIES = ("ttft_s", "tpot_s", "e2e_s")
 # Memory columns compared step for step (not the clock, and not cached_free: the engine hashes every full

@@ -311,7 +311,7 @@ PROFILES_DIR = Path(__file__).parent / "profiles"
 
 
 def bundled_profiles() -> list[str]:
-    """Names of the profiles shipped with pagelab (simulator/profiles/NAME.json)."""
+    """Names of the profiles shipped with pagelab (simulator/timing/profiles/NAME.json)."""
     return sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
 
 

@@ -1,7 +1,8 @@
-"""Fast mode's view of the running batch: plain decodes advanced lazily, in O(events) per step.
+"""The running plain decodes, advanced in O(what changes) per step instead of O(running sequences).
 
 While every running request is a plain decode (one live sequence, no beam, no prefill left, nothing
-swapped), each step gives every sequence one more token. Instead of touching every sequence each step,
+swapped), each step gives every sequence one more token. The Scheduler takes such a step with
+`decode_step` (the simulator's fast mode does, and spans of steps with `advance`). Instead of touching every sequence each step,
 the batch keeps a global count of decode steps ("phase" D) and, per sequence, the offsets that turn it
 into the sequence's token and generated counts: num_tokens = D + o, num_generated = D + g. Per step, only
 what changes is visited:
@@ -20,19 +21,21 @@ from __future__ import annotations
 
 import heapq
 
+from collections.abc import Iterable, Mapping
+
 from simulator.core.allocator import KVAllocator
+from simulator.core.invariants import check_invariants
 from simulator.core.paged.block_manager import BlockManager
-from simulator.core.scheduler import Scheduler
 from simulator.core.sequence import Sequence, SequenceGroup, SequenceStatus
 
 
 class DecodeBatch:
-    """The running plain decodes of one simulation, with lazily advanced token counts."""
+    """The running plain decodes, with lazily advanced token counts and their known output lengths."""
 
-    def __init__(self, alloc: KVAllocator, sched: Scheduler, output_len: list[int]):
+    def __init__(self, alloc: KVAllocator, prefill_left: Mapping[int, int], output_len: Mapping[int, int]):
         self.alloc = alloc
-        self.sched = sched
-        self.output_len = output_len  # per request row: tokens to generate
+        self.prefill_left = prefill_left  # the scheduler's: request id -> prompt tokens left to compute
+        self.output_len = output_len  # request id -> tokens it generates
         self.paged = isinstance(alloc, BlockManager)
         self.block_size = alloc.block_size if self.paged else 1
         self.eager = bool(getattr(alloc, "debug", False))  # debug: settle every step, check invariants
@@ -50,12 +53,10 @@ class DecodeBatch:
         self.waste_at: dict[int, int] = {}  # phase -> internal-fragmentation slots that appear in it
 
     # ----------------------------------------------------------------- membership
-    def activate(self) -> bool:
+    def activate(self, running: Iterable[SequenceGroup], num_swapped: int) -> bool:
         """Take over the running groups if all of them are plain decodes (else stay inactive)."""
-        sched = self.sched
-        if sched.swapped or sched.prefill_left:
+        if num_swapped or self.prefill_left:
             return False
-        running = sched.running
         for g in running:
             if not self._joinable(g):
                 return False
@@ -65,7 +66,7 @@ class DecodeBatch:
         return True
 
     def _joinable(self, g: SequenceGroup) -> bool:
-        if g.beam_width > 1 or len(g.seqs) != 1 or g.request_id in self.sched.prefill_left:
+        if g.beam_width > 1 or len(g.seqs) != 1 or g.request_id in self.prefill_left:
             return False
         s = g.seqs[0]
         if s.status is not SequenceStatus.RUNNING or s.token_ids is not None or s.final_len is None:
@@ -76,7 +77,7 @@ class DecodeBatch:
         if left < 1 or n + left > (s.final_len if self.paged else min(s.final_len, s.region[1])):
             return False
         # A shared partial last block is copied by the next append: an exact step does that.
-        return not (self.paged and n % self.block_size and self.alloc.ref_count(s.block_table[-1]) > 1)
+        return not (self.paged and n % self.block_size and self.alloc.pool.ref[s.block_table[-1]] > 1)
 
     def _add(self, g: SequenceGroup) -> None:
         s = g.seqs[0]
@@ -112,7 +113,7 @@ class DecodeBatch:
     def settle(self, s: Sequence) -> None:
         """Write the sequence's current counts back to it (and to its last block)."""
         o, og = self.offsets[s]
-        self.alloc.set_num_tokens(s, self.phase + o)
+        self.alloc.settle_decode(s, self.phase + o)
         s.num_generated = self.phase + og
 
     def settle_all(self) -> None:
@@ -154,11 +155,11 @@ class DecodeBatch:
                 alloc.append_decode_blocks(due)
             if self.waste_at:
                 self.waste_at.pop(d, None)
-        self.alloc.add_decode_tokens(self.size)
+        self.alloc.count_decode_tokens(self.size)
         self.phase = d + 1
         if self.eager:
             self.settle_all()
-            self.alloc.check_invariants()
+            check_invariants(self.alloc)
         return True
 
     def advance(self, k: int, times: list[float] | None = None) -> list[Sequence]:
@@ -186,11 +187,11 @@ class DecodeBatch:
                 past = range(d, d + k) if k <= len(waste) else [p for p in waste if d <= p < d + k]
                 for p in past:
                     waste.pop(p, None)
-        self.alloc.add_decode_tokens(b * k)
+        self.alloc.count_decode_tokens(b * k)
         self.phase = d + k
         if self.eager:
             self.settle_all()
-            self.alloc.check_invariants()
+            check_invariants(self.alloc)
         return due
 
     def pop_finished(self) -> list[SequenceGroup]:

@@ -1,0 +1,158 @@
+"""Swapping for the BlockManager: the CPU pool that preempted groups move to and come back from."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from simulator.core.allocator import AllocStatus
+from simulator.core.errors import AllocationError
+from simulator.core.sequence import Sequence, SequenceGroup
+
+if TYPE_CHECKING:
+    from simulator.core.paged.block_manager import BlockManager
+
+
+class SwapSpace:
+    """`num_blocks` CPU blocks: ref counts, fill levels and saved content keys, and the sequences swapped
+    out; moves whole groups between the manager's device pool and here (blocks shared inside a group stay
+    shared)."""
+
+    def __init__(self, manager: BlockManager, num_blocks: int) -> None:
+        self.manager = manager
+        self.num_blocks = num_blocks
+        self.ref = [0] * num_blocks
+        self.filled = [0] * num_blocks
+        self.key: list[tuple | None] = [None] * num_blocks  # the device block's (key, hash), if published
+        self.free: list[int] = list(range(num_blocks - 1, -1, -1))
+        self.seqs: dict[int, Sequence] = {}  # sequences swapped out, by id
+
+    def can_swap_out(self, group: SequenceGroup) -> bool:
+        """Whether the CPU pool has room for the group's distinct device blocks."""
+        held = self.manager.seqs
+        blocks = {b for s in group.seqs if s.seq_id in held for b in s.block_table}
+        return len(blocks) <= len(self.free)
+
+    def _swap_in_plan(self, seqs: list[Sequence]) -> tuple[dict[int, int], int]:
+        """CPU blocks of `seqs` still cached on the device (CPU id -> device block), and how many free
+        device blocks swapping them in and giving each sequence its next slot takes."""
+        pool = self.manager.pool
+        bs = pool.block_size
+        resident: dict[int, int] = {}
+        seen: set[int] = set()
+        sharers: dict[int, int] = {}  # partly filled last block -> sequences appending to it
+        need = 0
+        for s in seqs:
+            for cid in s.cpu_block_table:
+                if cid in seen:
+                    continue
+                seen.add(cid)
+                saved = self.key[cid]
+                bid = pool.cached.get(saved[1]) if saved is not None else None
+                if bid is not None and pool.key[bid] == saved[0]:
+                    resident[cid] = bid
+                    need += pool.ref[bid] == 0  # a cached free block leaves the free pool
+                else:
+                    need += 1
+            if s.num_tokens % bs == 0:
+                need += 1  # the next token starts a new block
+            else:  # every sequence but the last appending to a shared partial block writes to a copy
+                last = s.cpu_block_table[-1]
+                sharers[last] = sharers.get(last, 0) + 1
+                need += sharers[last] > 1
+        return resident, need
+
+    def can_swap_in(self, group: SequenceGroup) -> AllocStatus:
+        """OK, LATER, or NEVER for bringing the group back and giving each sequence its next slot: full
+        blocks still cached on the device are shared again and cost nothing unless they were free."""
+        seqs = [s for s in group.seqs if s.seq_id in self.seqs]
+        if not seqs:
+            return AllocStatus.OK
+        _, need = self._swap_in_plan(seqs)
+        manager = self.manager
+        if need > manager.num_blocks - manager.watermark_blocks:
+            return AllocStatus.NEVER
+        if manager.pool.num_free - need < manager.watermark_blocks:
+            return AllocStatus.LATER
+        return AllocStatus.OK
+
+    def _decref(self, cid: int) -> None:
+        self.ref[cid] -= 1
+        if self.ref[cid] == 0:
+            self.filled[cid] = 0
+            self.key[cid] = None
+            self.free.append(cid)
+
+    def drop(self, seq: Sequence) -> None:
+        """Free a swapped-out sequence's CPU blocks."""
+        del self.seqs[seq.seq_id]
+        for cid in seq.cpu_block_table:
+            self._decref(cid)
+        seq.cpu_block_table = []
+
+    def swap_out(self, group: SequenceGroup) -> list[tuple[int, int]]:
+        """Move the group's device blocks here; return the (device, CPU) copies."""
+        manager = self.manager
+        pool = manager.pool
+        seqs = [s for s in group.seqs if s.seq_id in manager.seqs]
+        if not self.can_swap_out(group):
+            raise AllocationError(f"request {group.request_id}: CPU swap pool is full "
+                                  f"({len(self.free)} of {self.num_blocks} blocks free)")
+        mapping: dict[int, int] = {}
+        for s in seqs:
+            for bid in s.block_table:
+                cid = mapping.get(bid)
+                if cid is None:
+                    cid = mapping[bid] = self.free.pop()
+                    self.filled[cid] = pool.filled[bid]
+                    self.key[cid] = (pool.key[bid], pool.hash[bid]) if pool.key[bid] else None
+                self.ref[cid] += 1
+            s.cpu_block_table = [mapping[b] for b in s.block_table]
+        for s in seqs:
+            manager.release_device(s)
+            self.seqs[s.seq_id] = s
+        manager.stats.swapped_out_blocks += len(mapping)
+        return list(mapping.items())
+
+    def swap_in(self, group: SequenceGroup) -> list[tuple[int, int]]:
+        """Bring the group's blocks back: full blocks still cached on the device are shared again (as
+        vLLM's prefix-caching allocator does), the rest are copied into fresh blocks; return the (CPU,
+        device) copies."""
+        manager = self.manager
+        pool = manager.pool
+        seqs = [s for s in group.seqs if s.seq_id in self.seqs]
+        status = self.can_swap_in(group)
+        if status is not AllocStatus.OK:
+            raise AllocationError(f"request {group.request_id}: cannot swap in now ({status.value}); "
+                                  f"{pool.num_free} device blocks free")
+        rid = group.request_id
+        resident, _ = self._swap_in_plan(seqs)
+        # Claim the blocks shared again before taking fresh ones, which could otherwise evict them.
+        for bid in resident.values():
+            pool.incref(bid, rid)
+        unclaimed = set(resident)
+        mapping: dict[int, int] = dict(resident)
+        copies: list[tuple[int, int]] = []
+        for s in seqs:
+            table = []
+            for cid in s.cpu_block_table:
+                bid = mapping.get(cid)
+                if cid in unclaimed:
+                    unclaimed.discard(cid)  # its first holder: the reference was taken above
+                elif bid is not None:
+                    pool.incref(bid, rid)
+                else:
+                    bid = mapping[cid] = pool.take(1, rid)[0]
+                    pool.filled[bid] = self.filled[cid]
+                    pool.total_filled += self.filled[cid]
+                    saved = self.key[cid]
+                    if saved is not None:
+                        pool.key[bid], pool.hash[bid] = saved
+                        pool.cached.setdefault(saved[1], bid)
+                    copies.append((cid, bid))
+                table.append(bid)
+            s.block_table = table
+        for s in seqs:
+            self.drop(s)
+            manager.seqs[s.seq_id] = s
+            manager._count_internal(s)
+        manager.stats.swapped_in_blocks += len(copies)
+        return copies

@@ -1,0 +1,220 @@
+"""Where a run's tables go: kept in memory (`InMemory`, the default), or written into a run folder as the
+run goes (`RunFolder`). The loop sees one interface, `RunOutput`:
+
+    simulator/loop ──▶ memory_rows(): MemoryRows ─┬──▶ InMemory: DataFrames          (memory_rows.py)
+                  ──▶ request_rows(): RequestRows ─┤                                  (request_rows.py)
+    allocator.events ─ drained ─▶ tenures(raw) ───┴──▶ RunFolder: Parquet or CSV files
+                                                       paired and written here, or by
+                                                       a child process for long runs   (child.py)
+
+`close` returns what was kept (`Kept`). The path one `simulate(trace, config, output=RunFolder(...))`
+executes, module by module (tests/test_layering.py counts it): simulator.loop.simulate -> loop.state ->
+simulator.config -> simulator.presets -> simulator.core.config -> core.scheduler -> core.decode ->
+core.paged.block_manager -> core.paged.block_pool -> core.paged.prefix_cache -> core.sequence ->
+simulator.timing.step_latency -> loop.step -> loop.span -> simulator.output -> output.memory_rows ->
+output.request_rows -> output.tenures -> pagelab.table_sinks -> simulator.metrics -> pagelab.column_stats
+(and traces.batches, reading the trace).
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pagelab.table_sinks import FrameSink, arrow_schema, open_table_sink
+from simulator.output.memory_rows import MEMORY_DTYPES, MemoryFrame, MemoryRows, MemoryTable
+from simulator.output.request_rows import REQUEST_DTYPES, RequestColumns, RequestRows, RequestTable
+from simulator.output.tenures import EVENT_DTYPES, EVENT_ENCODING, EVENT_SCHEMA, TenurePairer
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from simulator.core.allocator import RawEvents
+
+# Batch and row-group sizes keep a long run's memory flat and its files compact (docs/design.md).
+TENURE_BATCH = 1 << 14  # acquisitions drained and paired at a time
+BATCH_ROWS = 1 << 12  # packed rows a table hands its writer at a time
+SPOOL_BATCH_ROWS = 1 << 10  # ... when the writer is a spool file: what this process holds of each table
+MEMORY_GROUP_ROWS = 1 << 15  # memory rows per row group, at most
+MEMORY_MIN_GROUP_ROWS = 1 << 12  # a shorter row group (cut by the request table's phase) waits for the next
+REQUEST_GROUP_ROWS = 1 << 14  # request rows per row group, exactly: what the statistics read at a time
+EVENT_GROUP_ROWS = 1 << 18  # tenures per row group, exactly
+TABLE_PART_GROUPS = 16  # row groups per part file of the memory and request tables
+CHILD_MIN_REQUESTS = 100_000  # below this a run is over before a child process pays for its start (~1 s)
+UNBOUNDED = 1 << 62
+
+
+@dataclass
+class Kept:
+    """What a closed output kept: tables in memory (None when they went to files), the request table's
+    columns (in memory or read from its file), the memory table's time-weighted sums (files), and the
+    number of tenures."""
+
+    memory: pd.DataFrame | None
+    memory_sums: tuple | None
+    requests: RequestColumns
+    events: pd.DataFrame | None
+    num_events: int
+
+
+class RunOutput(abc.ABC):
+    """Receives a run's rows as it makes them (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._memory: MemoryRows | None = None
+        self._requests: RequestRows | None = None
+
+    def memory_rows(self) -> MemoryRows:
+        """The memory table's rows (made on the first call)."""
+        if self._memory is None:
+            self._memory = self._open_memory()
+        return self._memory
+
+    def request_rows(self) -> RequestRows:
+        """The request table's rows (made on the first call)."""
+        if self._requests is None:
+            self._requests = self._open_requests()
+        return self._requests
+
+    @abc.abstractmethod
+    def _open_memory(self) -> MemoryRows:
+        """The memory table's rows and their writer."""
+
+    @abc.abstractmethod
+    def _open_requests(self) -> RequestRows:
+        """The request table's rows and their writer."""
+
+    @abc.abstractmethod
+    def tenures(self, raw: RawEvents, first_row: int, before: float | None, end_s: float = 0.0) -> None:
+        """Pair a batch of allocation events; hand on the tenures released before `before` (all of them,
+        those still held ending at `end_s`, when it is None)."""
+
+    @abc.abstractmethod
+    def close(self) -> Kept:
+        """End every table (requests, memory, then events) and return what was kept."""
+
+    def abort(self) -> None:
+        """The run failed: stop writing (what was written is thrown away with the run folder)."""
+
+    @property
+    def num_memory_rows(self) -> int:
+        """Rows of the memory table so far."""
+        return len(self._memory) if self._memory is not None else 0
+
+
+class InMemory(RunOutput):
+    """Keeps every table in memory and returns them as DataFrames."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._events = FrameSink(EVENT_DTYPES)
+        self._pairer = TenurePairer(self._events)
+
+    def _open_memory(self) -> MemoryRows:
+        return MemoryRows(MemoryFrame(), UNBOUNDED, UNBOUNDED)
+
+    def _open_requests(self) -> RequestRows:
+        return RequestRows(RequestTable(FrameSink(REQUEST_DTYPES)), BATCH_ROWS, REQUEST_GROUP_ROWS)
+
+    def tenures(self, raw: RawEvents, first_row: int, before: float | None, end_s: float = 0.0) -> None:
+        """Pair the batch here."""
+        self._pairer.process(raw, first_row, before, end_s)
+
+    def close(self) -> Kept:
+        """The tables as DataFrames."""
+        requests = self.request_rows()
+        requests.end()
+        frame = requests.writer.sink.frame()
+        memory = self.memory_rows()
+        memory.end()
+        return Kept(memory.writer.frame(), None, RequestColumns(requests.totals, frame=frame),
+                    self._events.frame(), self._events.num_rows)
+
+
+def _memory_sink(folder: Path, table_format: str):
+    return open_table_sink(folder / "memory", arrow_schema(MEMORY_DTYPES), table_format,
+                           group_rows=MEMORY_MIN_GROUP_ROWS, part_groups=TABLE_PART_GROUPS, use_dictionary=False)
+
+
+def _request_sink(folder: Path, table_format: str):
+    return open_table_sink(folder / "requests", arrow_schema(REQUEST_DTYPES), table_format,
+                           group_rows=REQUEST_GROUP_ROWS, part_groups=TABLE_PART_GROUPS, use_dictionary=False)
+
+
+def _events_sink(folder: Path, table_format: str):
+    return open_table_sink(folder / "events", EVENT_SCHEMA, table_format, group_rows=EVENT_GROUP_ROWS,
+                           exact_groups=True, **EVENT_ENCODING)
+
+
+class RunFolder(RunOutput):
+    """Writes the tables into `folder` (memory, requests and, with `record_events`, events; Parquet or
+    CSV) as the run goes. A run of at least CHILD_MIN_REQUESTS requests has a child process pair its
+    tenures and write the tables (child.py); a shorter one writes them here."""
+
+    def __init__(self, folder: str | Path, table_format: str = "parquet", *, num_requests: int = 0,
+                 record_events: bool = True, child_min_requests: int = CHILD_MIN_REQUESTS) -> None:
+        super().__init__()
+        self.folder = Path(folder)
+        self.table_format = table_format
+        self.record_events = record_events
+        self._child = None
+        self._pairer = None
+        if record_events and num_requests >= child_min_requests:
+            from simulator.output.child import ChildTables
+
+            self._child = ChildTables(partial(_events_sink, self.folder, table_format))
+        elif record_events:
+            self._pairer = TenurePairer(_events_sink(self.folder, table_format))
+
+    def _open_memory(self) -> MemoryRows:
+        if self._child is not None:
+            writer = self._child.table(MemoryTable, partial(_memory_sink, self.folder, self.table_format),
+                                       self.folder / ".memory")
+            return MemoryRows(writer, SPOOL_BATCH_ROWS, MEMORY_GROUP_ROWS)
+        return MemoryRows(MemoryTable(_memory_sink(self.folder, self.table_format)), BATCH_ROWS,
+                          MEMORY_GROUP_ROWS)
+
+    def _open_requests(self) -> RequestRows:
+        from pagelab.malloc import release_free_memory
+
+        if self._child is not None:
+            writer = self._child.table(RequestTable, partial(_request_sink, self.folder, self.table_format),
+                                       self.folder / ".requests")
+            return RequestRows(writer, SPOOL_BATCH_ROWS, REQUEST_GROUP_ROWS, trim=release_free_memory)
+        return RequestRows(RequestTable(_request_sink(self.folder, self.table_format)), BATCH_ROWS,
+                           REQUEST_GROUP_ROWS, trim=release_free_memory)
+
+    def tenures(self, raw: RawEvents, first_row: int, before: float | None, end_s: float = 0.0) -> None:
+        """Pair the batch here, or send it to the child."""
+        if self._child is not None:
+            self._child.tenures(raw, first_row, before, end_s)
+        elif self._pairer is not None:
+            self._pairer.process(raw, first_row, before, end_s)
+
+    def close(self) -> Kept:
+        """Finish every file (the tables first, the events last: the child writes all three)."""
+        requests = self.request_rows()
+        requests.end()
+        path = requests.writer.path if self._child is not None else requests.writer.sink.path
+        memory = self.memory_rows()
+        sums = memory.end()
+        num_events = 0
+        if self._child is not None:
+            self._child.close()
+            num_events = self._child.num_events
+        elif self._pairer is not None:
+            self._pairer.sink.close()
+            num_events = self._pairer.sink.num_rows
+        return Kept(None, sums, RequestColumns(requests.totals, path=path), None, num_events)
+
+    def abort(self) -> None:
+        """Stop the child (if any) and drop its spool files."""
+        if self._child is not None:
+            self._child.abort()
+
+    @property
+    def child_peak_rss_mib(self) -> float | None:
+        """The child process's own peak resident memory (None without a child, or before `close`)."""
+        return self._child.peak_rss_mib if self._child is not None else None
