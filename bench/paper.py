@@ -17,12 +17,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from simulator.core.allocator import MemoryBreakdown
 from simulator.config import SimConfig
+from simulator.core.allocator import MEMORY_STATES
 from simulator.loop import RunResult, simulate
 from traces import SyntheticConfig, generate_trace
 
-STATES = MemoryBreakdown.STATES
+STATES = MEMORY_STATES
 ALLOCATORS = ("contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged")
 LABELS = {"contiguous-max": "Orca (Max)", "contiguous-pow2": "Orca (Pow2)",
           "contiguous-oracle": "Orca (Oracle)", "paged": "vLLM / paged"}

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pagelab.malloc import peak_rss_mib
-from simulator.core.errors import ConfigError
 from simulator.config import ALLOCATORS, SimConfig
+from simulator.core.errors import ConfigError
 
 DEFAULT_RATE = 15.0  # req/s: with "sharegpt" lengths, about the Azure conversation trace's tokens per second
 
@@ -29,7 +29,8 @@ def _load(trace: str, num_requests: int | None):
     from traces.batches import open_parquet_batches
 
     path = Path(trace)
-    chunks = open_parquet_batches(path, num_requests) if path.suffix == ".parquet" and path.is_file() else None
+    is_parquet = path.suffix == ".parquet" and path.is_file()
+    chunks = open_parquet_batches(path, num_requests) if is_parquet else None
     work = chunks if chunks is not None else load_trace(trace)
     have = chunks.num_rows if chunks is not None else len(work)
     if num_requests is not None and have < num_requests:

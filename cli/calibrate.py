@@ -209,8 +209,8 @@ def replay_twin(real_run: Path, trace_df: pd.DataFrame | None, base, step_times:
     """
     import dataclasses
 
-    from simulator.timing.measured_steps import MeasuredSteps
     from simulator.specs import GIB, sim_model_name
+    from simulator.timing.measured_steps import MeasuredSteps
     from traces import load_trace
     from viz.load import load_allocator
 

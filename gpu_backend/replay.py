@@ -263,10 +263,11 @@ def _replay(trace: pd.DataFrame, config: ReplayConfig, engine: LLMEngine, clock:
     ec = engine.config
     output = InMemory()
     run = ReplayState(allocator=ec.allocator, enable_prefix_caching=ec.enable_prefix_caching,
-                      alloc=engine.allocator, sched=engine.scheduler, output=output, engine=engine, clock=clock,
-                      trace=trace, arrival=(trace["arrival_s"].to_numpy(np.float64) * config.time_scale).tolist(),
+                      alloc=engine.allocator, sched=engine.scheduler, output=output, engine=engine,
+                      clock=clock, trace=trace,
+                      arrival=(trace["arrival_s"].to_numpy(np.float64) * config.time_scale).tolist(),
                       prompt=prompt_lens, prompts=prompts, seed=config.seed)
-    drive(run, _advance, progress)
+    drive(run, _advance, progress, report_every=1)  # an engine step takes long enough to report each
     run.now = clock()
     run.drain_events(final=True)
     kept = output.close()

@@ -141,8 +141,8 @@ class ParquetSink(TableSink):
     the last one shorter); a new part file every `part_groups` row groups (a table that ends within its
     first part is a single file at `path`)."""
 
-    def __init__(self, path: str | Path, schema: pa.Schema, group_rows: int = 0, part_groups: int = PART_GROUPS,
-                 exact_groups: bool = False, **options) -> None:
+    def __init__(self, path: str | Path, schema: pa.Schema, group_rows: int = 0,
+                 part_groups: int = PART_GROUPS, exact_groups: bool = False, **options) -> None:
         if part_groups < 1:
             raise ValueError(f"part_groups must be >= 1, got {part_groups}")
         if exact_groups and group_rows < 1:

@@ -5,9 +5,9 @@ import dataclasses
 
 import pandas as pd
 
+from simulator.config import SimConfig
 from simulator.core.errors import ConfigError
 from simulator.core.paged.block_manager import BlockManager
-from simulator.config import SimConfig
 from simulator.loop import simulate
 
 

@@ -109,4 +109,5 @@ def build_allocator(config: CacheConfig, capacity: int, *, cpu_tokens: int, max_
             raise ConfigError(f"a KV pool of {capacity} slots holds no block of {config.block_size} tokens")
         return bm
     return ContiguousAllocator(capacity, policy, config.placement, max_model_len=max_model_len,
-                               cpu_capacity_tokens=cpu_tokens, debug=config.debug, record_events=record_events)
+                               cpu_capacity_tokens=cpu_tokens, debug=config.debug,
+                               record_events=record_events)

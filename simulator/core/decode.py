@@ -2,7 +2,8 @@
 
 While every running request is a plain decode (one live sequence, no beam, no prefill left, nothing
 swapped), each step gives every sequence one more token. The Scheduler takes such a step with
-`decode_step` (the simulator's fast mode does, and spans of steps with `advance`). Instead of touching every sequence each step,
+`decode_step` (the simulator's fast mode does, and spans of steps with `advance`). Instead of touching
+every sequence each step,
 the batch keeps a global count of decode steps ("phase" D) and, per sequence, the offsets that turn it
 into the sequence's token and generated counts: num_tokens = D + o, num_generated = D + g. Per step, only
 what changes is visited:
@@ -20,7 +21,6 @@ context lengths) are kept as running totals.
 from __future__ import annotations
 
 import heapq
-
 from collections.abc import Iterable, Mapping
 
 from simulator.core.allocator import KVAllocator

@@ -14,9 +14,7 @@ from simulator.core.errors import InvariantError
 
 def check_invariants(alloc: KVAllocator) -> None:
     """Raise InvariantError if the allocator's state does not match what its sequences hold."""
-    from simulator.core.paged.block_manager import BlockManager
-
-    if isinstance(alloc, BlockManager):
+    if alloc.name == "paged":
         check_block_manager(alloc)
     else:
         check_contiguous(alloc)

@@ -133,6 +133,9 @@ class RunningGroups:
     def __add__(self, other: Iterable[SequenceGroup]) -> list[SequenceGroup]:
         return [*self._groups, *other]
 
+    def __radd__(self, other: Iterable[SequenceGroup]) -> list[SequenceGroup]:
+        return [*other, *self._groups]
+
     def append(self, group: SequenceGroup) -> None:
         """Add a group at the end (the newest)."""
         if group in self._groups:
@@ -172,7 +175,7 @@ class Scheduler:
         # The waiting head `can_ever_allocate` accepted: a group does not grow while it waits, so the
         # answer holds until it leaves the queue (an overloaded run asks again at every step otherwise).
         self._fits_ever: SequenceGroup | None = None
-        self.decode = DecodeBatch(allocator, self.prefill_left, output_len) if output_len is not None else None
+        self.decode = None if output_len is None else DecodeBatch(allocator, self.prefill_left, output_len)
 
     def add_request(self, group: SequenceGroup) -> None:
         """Queue a new request."""

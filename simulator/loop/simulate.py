@@ -56,11 +56,12 @@ class RunResult:
 
 def drive(run: RunState, advance: Callable[[RunState], SchedulerOutput | None],
           progress: Callable[[int, int], None] | None = None,
-          observer: Callable[[RunState], None] | None = None) -> None:
+          observer: Callable[[RunState], None] | None = None, report_every: int = PROGRESS_STEPS) -> None:
     """Run every request to the end: arrivals join the queue, idle gaps jump to the next arrival, and
-    `advance` takes the next step (or span), returning its schedule when the step may have been empty."""
+    `advance` takes the next step (or span), returning its schedule when the step may have been empty.
+    `progress(done, total)` is called every `report_every` steps and at the end."""
     num = run.num_requests
-    next_report = PROGRESS_STEPS
+    next_report = report_every
     while run.next < num or run.has_unfinished():
         if run.next_arrival <= run.now:
             run.arrive_until(run.now)
@@ -76,7 +77,7 @@ def drive(run: RunState, advance: Callable[[RunState], SchedulerOutput | None],
         if observer is not None:
             observer(run)
         if progress is not None and run.step >= next_report:
-            next_report = run.step + PROGRESS_STEPS
+            next_report = run.step + report_every
             progress(run.num_done, num)
     if progress is not None:
         progress(num, num)

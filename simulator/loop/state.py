@@ -22,7 +22,6 @@ from traces.schema import PREFIX_COLUMNS
 
 _ROWS_AT_ONCE = 4096  # trace rows copied to Python at a time (building requests; the arrival times)
 _BUILD_COLUMNS = ("request_id", "arrival_s", "prompt_len", "output_len", "n", "beam_width")
-EVENT_BATCH = 1 << 14  # allocation events drained and handed to the output at a time (acquisitions)
 
 
 @dataclass(eq=False)
@@ -56,6 +55,7 @@ class RunState:
         self.admitted, self.first_token, self.finish = log.admitted, log.first_token, log.finish
         self.preemptions, self.rejected, self.hit_tokens = log.preemptions, log.rejected, log.hit_tokens
         self.events = self.alloc.events
+        self._event_batch = self.output.sizes.tenure_batch
 
     @property
     def block_size(self) -> int:
@@ -85,7 +85,7 @@ class RunState:
         """Hand the output the allocation events logged so far once there are enough of them (all of them,
         those still held ending now, when `final`)."""
         events = self.events
-        if events is not None and (final or events.num_acquired - events.first_unread >= EVENT_BATCH):
+        if events is not None and (final or events.num_acquired - events.first_unread >= self._event_batch):
             raw, first = events.take()
             self.output.tenures(raw, first, None if final else self.now, self.now)
 
@@ -117,7 +117,8 @@ class RunState:
     def record_step(self, start: float, dt: float, breakdown: MemoryBreakdown, counts: tuple[int, int, int],
                     num_batched_tokens: int) -> None:
         """Log one step of `dt` seconds from `start` (memory as scheduled) and count it."""
-        self.mem.add_breakdown(self.step, 1, start, dt, breakdown, counts, num_batched_tokens, self.block_size)
+        self.mem.add_breakdown(self.step, 1, start, dt, breakdown, counts, num_batched_tokens,
+                               self.block_size)
         self.add_busy(dt, counts[0], 1)
 
     def add_busy(self, dt: float, num_running: int, num_steps: int) -> None:

@@ -33,17 +33,24 @@ if TYPE_CHECKING:
 
     from simulator.core.allocator import RawEvents
 
-# Batch and row-group sizes keep a long run's memory flat and its files compact (docs/design.md).
-TENURE_BATCH = 1 << 14  # acquisitions drained and paired at a time
-BATCH_ROWS = 1 << 12  # packed rows a table hands its writer at a time
-SPOOL_BATCH_ROWS = 1 << 10  # ... when the writer is a spool file: what this process holds of each table
-MEMORY_GROUP_ROWS = 1 << 15  # memory rows per row group, at most
-MEMORY_MIN_GROUP_ROWS = 1 << 12  # a shorter row group (cut by the request table's phase) waits for the next
-REQUEST_GROUP_ROWS = 1 << 14  # request rows per row group, exactly: what the statistics read at a time
-EVENT_GROUP_ROWS = 1 << 18  # tenures per row group, exactly
-TABLE_PART_GROUPS = 16  # row groups per part file of the memory and request tables
-CHILD_MIN_REQUESTS = 100_000  # below this a run is over before a child process pays for its start (~1 s)
 UNBOUNDED = 1 << 62
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Batch and row-group sizes of a run's tables: they keep a long run's memory flat and its files
+    compact (docs/design.md); tests make them small to cross every boundary."""
+
+    tenure_batch: int = 1 << 14  # allocation events drained and paired at a time (acquisitions)
+    batch_rows: int = 1 << 12  # packed rows a table hands its writer at a time
+    spool_batch_rows: int = 1 << 10  # ... to a spool file: what this process holds of each table
+    memory_group_rows: int = 1 << 15  # memory rows per row group, at most
+    memory_min_group_rows: int = 1 << 12  # a shorter memory row group (cut at `flush`) waits for the next
+    request_group_rows: int = 1 << 14  # request rows per row group, exactly: what the statistics read at once
+    event_group_rows: int = 1 << 18  # tenures per row group, exactly
+    table_part_groups: int = 16  # row groups per part file of the memory and request tables
+    event_part_groups: int = 64  # ... of the events table
+    child_min_requests: int = 100_000  # a shorter run is over before a child process pays for its start
 
 
 @dataclass
@@ -61,6 +68,8 @@ class Kept:
 
 class RunOutput(abc.ABC):
     """Receives a run's rows as it makes them (see the module docstring)."""
+
+    sizes: Sizes
 
     def __init__(self) -> None:
         self._memory: MemoryRows | None = None
@@ -95,7 +104,7 @@ class RunOutput(abc.ABC):
     def close(self) -> Kept:
         """End every table (requests, memory, then events) and return what was kept."""
 
-    def abort(self) -> None:
+    def abort(self) -> None:  # noqa: B027 - most outputs have nothing to stop
         """The run failed: stop writing (what was written is thrown away with the run folder)."""
 
     @property
@@ -107,8 +116,9 @@ class RunOutput(abc.ABC):
 class InMemory(RunOutput):
     """Keeps every table in memory and returns them as DataFrames."""
 
-    def __init__(self) -> None:
+    def __init__(self, sizes: Sizes = Sizes()) -> None:
         super().__init__()
+        self.sizes = sizes
         self._events = FrameSink(EVENT_DTYPES)
         self._pairer = TenurePairer(self._events)
 
@@ -116,7 +126,8 @@ class InMemory(RunOutput):
         return MemoryRows(MemoryFrame(), UNBOUNDED, UNBOUNDED)
 
     def _open_requests(self) -> RequestRows:
-        return RequestRows(RequestTable(FrameSink(REQUEST_DTYPES)), BATCH_ROWS, REQUEST_GROUP_ROWS)
+        return RequestRows(RequestTable(FrameSink(REQUEST_DTYPES)), self.sizes.batch_rows,
+                           self.sizes.request_group_rows)
 
     def tenures(self, raw: RawEvents, first_row: int, before: float | None, end_s: float = 0.0) -> None:
         """Pair the batch here."""
@@ -133,58 +144,66 @@ class InMemory(RunOutput):
                     self._events.frame(), self._events.num_rows)
 
 
-def _memory_sink(folder: Path, table_format: str):
+def _memory_sink(folder: Path, table_format: str, sizes: Sizes):
     return open_table_sink(folder / "memory", arrow_schema(MEMORY_DTYPES), table_format,
-                           group_rows=MEMORY_MIN_GROUP_ROWS, part_groups=TABLE_PART_GROUPS, use_dictionary=False)
+                           group_rows=sizes.memory_min_group_rows, part_groups=sizes.table_part_groups,
+                           use_dictionary=False)
 
 
-def _request_sink(folder: Path, table_format: str):
+def _request_sink(folder: Path, table_format: str, sizes: Sizes):
     return open_table_sink(folder / "requests", arrow_schema(REQUEST_DTYPES), table_format,
-                           group_rows=REQUEST_GROUP_ROWS, part_groups=TABLE_PART_GROUPS, use_dictionary=False)
+                           group_rows=sizes.request_group_rows, part_groups=sizes.table_part_groups,
+                           use_dictionary=False)
 
 
-def _events_sink(folder: Path, table_format: str):
-    return open_table_sink(folder / "events", EVENT_SCHEMA, table_format, group_rows=EVENT_GROUP_ROWS,
-                           exact_groups=True, **EVENT_ENCODING)
+def _events_sink(folder: Path, table_format: str, sizes: Sizes):
+    return open_table_sink(folder / "events", EVENT_SCHEMA, table_format, group_rows=sizes.event_group_rows,
+                           part_groups=sizes.event_part_groups, exact_groups=True, **EVENT_ENCODING)
 
 
 class RunFolder(RunOutput):
     """Writes the tables into `folder` (memory, requests and, with `record_events`, events; Parquet or
-    CSV) as the run goes. A run of at least CHILD_MIN_REQUESTS requests has a child process pair its
-    tenures and write the tables (child.py); a shorter one writes them here."""
+    CSV) as the run goes. A run of at least `sizes.child_min_requests` requests has a child process pair
+    its tenures and write the tables (child.py); a shorter one writes them here."""
 
     def __init__(self, folder: str | Path, table_format: str = "parquet", *, num_requests: int = 0,
-                 record_events: bool = True, child_min_requests: int = CHILD_MIN_REQUESTS) -> None:
+                 record_events: bool = True, sizes: Sizes = Sizes()) -> None:
         super().__init__()
         self.folder = Path(folder)
         self.table_format = table_format
         self.record_events = record_events
+        self.sizes = sizes
         self._child = None
         self._pairer = None
-        if record_events and num_requests >= child_min_requests:
+        if num_requests >= sizes.child_min_requests and record_events:
             from simulator.output.child import ChildTables
 
-            self._child = ChildTables(partial(_events_sink, self.folder, table_format))
+            self._child = ChildTables(partial(_events_sink, self.folder, table_format, sizes))
         elif record_events:
-            self._pairer = TenurePairer(_events_sink(self.folder, table_format))
+            self._pairer = TenurePairer(_events_sink(self.folder, table_format, sizes))
+
+    @property
+    def in_child(self) -> bool:
+        """Whether a child process writes the tables."""
+        return self._child is not None
 
     def _open_memory(self) -> MemoryRows:
+        sizes, args = self.sizes, (self.folder, self.table_format, self.sizes)
         if self._child is not None:
-            writer = self._child.table(MemoryTable, partial(_memory_sink, self.folder, self.table_format),
-                                       self.folder / ".memory")
-            return MemoryRows(writer, SPOOL_BATCH_ROWS, MEMORY_GROUP_ROWS)
-        return MemoryRows(MemoryTable(_memory_sink(self.folder, self.table_format)), BATCH_ROWS,
-                          MEMORY_GROUP_ROWS)
+            writer = self._child.table(MemoryTable, partial(_memory_sink, *args), self.folder / ".memory")
+            return MemoryRows(writer, sizes.spool_batch_rows, sizes.memory_group_rows)
+        return MemoryRows(MemoryTable(_memory_sink(*args)), sizes.batch_rows, sizes.memory_group_rows)
 
     def _open_requests(self) -> RequestRows:
         from pagelab.malloc import release_free_memory
 
+        sizes, args = self.sizes, (self.folder, self.table_format, self.sizes)
         if self._child is not None:
-            writer = self._child.table(RequestTable, partial(_request_sink, self.folder, self.table_format),
-                                       self.folder / ".requests")
-            return RequestRows(writer, SPOOL_BATCH_ROWS, REQUEST_GROUP_ROWS, trim=release_free_memory)
-        return RequestRows(RequestTable(_request_sink(self.folder, self.table_format)), BATCH_ROWS,
-                           REQUEST_GROUP_ROWS, trim=release_free_memory)
+            writer = self._child.table(RequestTable, partial(_request_sink, *args), self.folder / ".requests")
+            return RequestRows(writer, sizes.spool_batch_rows, sizes.request_group_rows,
+                               trim=release_free_memory)
+        return RequestRows(RequestTable(_request_sink(*args)), sizes.batch_rows, sizes.request_group_rows,
+                           trim=release_free_memory)
 
     def tenures(self, raw: RawEvents, first_row: int, before: float | None, end_s: float = 0.0) -> None:
         """Pair the batch here, or send it to the child."""

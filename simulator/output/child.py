@@ -109,7 +109,7 @@ class ChildTables:
         return writer
 
     def close(self) -> None:
-        """Finish the events file in the child and wait for it to exit (an empty table still gets its file)."""
+        """Finish the events file in the child and wait for it to exit (an empty table still gets a file)."""
         if self._conn is None and self._proc is not None:
             return  # closed already
         self.num_events, path, self.peak_rss_mib = self.ask(("close",), "closed")[1:]

@@ -17,6 +17,7 @@ from gpu_backend.model_config import ModelConfig
 from gpu_backend.model_presets import init_random_weights
 from gpu_backend.ops import get_backend
 from gpu_backend.testing import generate_simple
+from simulator.core.invariants import check_invariants
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -65,9 +66,9 @@ def _engine(model, **kw) -> LLMEngine:
 def test_greedy_batch_matches_reference_and_frees_everything(model, reference):
     engine = _engine(model, debug=True)
     assert _tokens(engine.generate(_prompts(), GREEDY)) == reference
-    assert engine.allocator.num_used_slots == 0
+    assert engine.allocator.breakdown().allocated == 0
     assert not engine.has_unfinished()
-    engine.allocator.check_invariants()
+    check_invariants(engine.allocator)
 
 
 @pytest.mark.parametrize("options", [
@@ -88,7 +89,7 @@ def test_preemption_keeps_greedy_tokens(model, reference, mode):
     stats = engine.allocator.stats
     assert (stats.swapped_out_blocks > 0) == (mode == "swap")
     assert (engine.cache.cpu_bytes > 0) == (mode == "swap")
-    assert engine.allocator.num_used_slots == 0
+    assert engine.allocator.breakdown().allocated == 0
 
 
 @pytest.mark.parametrize("allocator", ["contiguous-max", "contiguous-pow2", "contiguous-oracle"])
@@ -96,7 +97,7 @@ def test_contiguous_allocators_give_the_paged_tokens(model, reference, allocator
     engine = LLMEngine(model, capacity_tokens=600, allocator=allocator, max_model_len=128)
     assert engine.cache.block_size == 1 and engine.cache.device_cache.num_slots == 600
     assert _tokens(engine.generate(_prompts(), GREEDY)) == reference
-    assert engine.allocator.num_used_slots == 0
+    assert engine.allocator.breakdown().allocated == 0
 
 
 def test_engine_pow2_reservation_is_capped_at_max_model_len(model):
@@ -107,10 +108,10 @@ def test_engine_pow2_reservation_is_capped_at_max_model_len(model):
     engine.add_request(_prompts((70,), seed=3)[0], params)
     engine.step()
     (group,) = engine.scheduler.running
-    assert group.seqs[0].region[1] == 128 and engine.allocator.num_used_slots == 128
+    assert group.seqs[0].region[1] == 128 and engine.allocator.breakdown().allocated == 128
     while engine.has_unfinished():
         engine.step()
-    assert engine.allocator.num_used_slots == 0
+    assert engine.allocator.breakdown().allocated == 0
 
 
 def test_prefix_cache_hits_are_skipped_and_exact(model):
@@ -163,7 +164,7 @@ def test_beam_search_returns_width_sequences_best_first(model):
         assert len(out.outputs) == 3 and scores == sorted(scores, reverse=True)
         assert len({tuple(o.token_ids) for o in out.outputs}) == 3
         assert all(len(o.token_ids) == 6 for o in out.outputs)
-    assert engine.allocator.num_used_slots == 0
+    assert engine.allocator.breakdown().allocated == 0
 
 
 def test_beam_search_survives_recompute_preemption(model):
@@ -255,4 +256,4 @@ def test_beam_search_with_eos_keeps_finished_hypotheses():
     assert any(o.finish_reason == "stop" and o.token_ids[-1] == probe[1] for o in out)
     for o in out:
         assert len(o.token_ids) == 6 if o.finish_reason == "length" else o.token_ids[-1] == probe[1]
-    assert engine.allocator.num_used_slots == 0
+    assert engine.allocator.breakdown().allocated == 0

@@ -13,9 +13,9 @@ from gpu_backend.model_config import ModelConfig
 from gpu_backend.model_presets import init_random_weights
 from gpu_backend.ops import get_backend
 from gpu_backend.replay import STEP_COLUMNS, ReplayConfig, replay
-from simulator.timing.measured_steps import MeasuredSteps
 from simulator.config import SimConfig
 from simulator.loop import simulate
+from simulator.timing.measured_steps import MeasuredSteps
 from traces import SyntheticConfig, generate_trace
 
 pytestmark = pytest.mark.usefixtures("single_thread")

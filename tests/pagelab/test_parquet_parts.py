@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagelab.parquet_parts import PartedFile, iter_batches, part_files, table_bytes, table_exists
-from simulator.request_log import REQUEST_DTYPES, RequestColumns, RequestTotals
-from simulator.sinks import ParquetSink, open_table_sink
+from pagelab.table_sinks import ParquetSink, arrow_schema, open_table_sink
+from simulator.output.request_rows import REQUEST_DTYPES, RequestColumns, RequestTotals
 
 SCHEMA = pa.schema([("row", pa.int64()), ("t_s", pa.float64())])
 
@@ -103,7 +103,7 @@ def test_request_columns_read_a_table_in_parts_as_written(tmp_path):
     rng = np.random.default_rng(0)
     n = 300
     cols = {c: (rng.random(n) * 100).astype(t) for c, t in REQUEST_DTYPES.items()}
-    sink = open_table_sink(tmp_path / "requests", REQUEST_DTYPES, part_groups=1, group_rows=0)
+    sink = open_table_sink(tmp_path / "requests", arrow_schema(REQUEST_DTYPES), part_groups=1, group_rows=0)
     for a in range(0, n, 70):
         sink.write({c: v[a:a + 70] for c, v in cols.items()})
     sink.close()

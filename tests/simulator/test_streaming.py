@@ -1,8 +1,8 @@
-"""A run that reads its trace in blocks and streams its request rows makes the in-memory run's tables.
+"""A run that reads its trace in batches and streams its request rows makes the in-memory run's tables.
 
-The waiting queue builds requests only when they reach its head (simulator/pending.py), the request log
-keeps only requests in flight (simulator/request_log.py), and the trace is read a block at a time
-(traces/chunks.py): none of that may change a decision, a time or a row.
+The waiting queue builds requests only when they reach its head (simulator/loop/state.py), the request
+rows keep only requests in flight (simulator/output/request_rows.py), and the trace is read a batch at a
+time (traces/batches.py): none of that may change a decision, a time or a row.
 """
 from __future__ import annotations
 
@@ -16,12 +16,13 @@ from fresh_process import run_script
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.core.sequence import Sequence, SequenceGroup
-from simulator.pending import PendingQueue
-from simulator.request_log import REQUEST_DTYPES, RequestColumns, RequestLog
+from pagelab.table_sinks import FrameSink
 from simulator.config import SimConfig
+from simulator.core.sequence import Sequence, SequenceGroup
 from simulator.loop import simulate
-from simulator.sinks import FrameSink, open_table_sink
+from simulator.loop.state import WaitingQueue
+from simulator.output import RunFolder, Sizes
+from simulator.output.request_rows import REQUEST_DTYPES, RequestColumns, RequestRows, RequestTable
 from traces import SyntheticConfig, generate_trace, save_trace
 from traces.batches import FrameBatches, open_parquet_batches
 
@@ -32,9 +33,9 @@ def _group(i: int) -> SequenceGroup:
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.sampled_from(["arrive", "pop", "push_front", "head", "len"]), max_size=60))
-def test_pending_queue_behaves_as_a_deque_of_every_arrived_row(ops):
+def test_waiting_queue_behaves_as_a_deque_of_every_arrived_row(ops):
     built: list[int] = []
-    queue = PendingQueue(lambda i: built.append(i) or _group(i))
+    queue = WaitingQueue(lambda i: built.append(i) or _group(i))
     model: deque[int] = deque()
     arrived, pushed = 0, 0
     for op in ops:
@@ -57,8 +58,8 @@ def test_pending_queue_behaves_as_a_deque_of_every_arrived_row(ops):
     assert [g.request_id for g in queue] == list(model)
 
 
-def test_pending_queue_refuses_a_tail_append_behind_pending_rows():
-    queue = PendingQueue(_group)
+def test_waiting_queue_refuses_a_tail_append_behind_pending_rows():
+    queue = WaitingQueue(_group)
     queue.arrive(2)
     with pytest.raises(RuntimeError, match="pending"):
         queue.append(_group(9))
@@ -68,10 +69,11 @@ def test_pending_queue_refuses_a_tail_append_behind_pending_rows():
 
 @settings(max_examples=100, deadline=None)
 @given(st.permutations(list(range(40))), st.integers(1, 7), st.integers(1, 4))
-def test_request_log_hands_rows_on_in_trace_order_whatever_order_they_finish(order, batch, chunk):
-    log = RequestLog(batch_rows=batch, chunk_rows=chunk)
+def test_request_rows_leave_in_trace_order_whatever_order_they_finish(order, group, batch):
+    sink = FrameSink(REQUEST_DTYPES)
+    log = RequestRows(RequestTable(sink), batch_rows=batch, group_rows=group)
     midways = []  # (rows handed on before, rows packed) at each call
-    log.midway = lambda: midways.append((log.sink.num_rows, log.next_row - log.sink.num_rows))
+    log.midway = lambda: midways.append((sink.num_rows, log.next_row - sink.num_rows))
     for i in range(40):
         log.open(i, (100 + i, float(i), 5, 3, 1, 1))
         log.admitted[i] = i + 0.5
@@ -80,13 +82,13 @@ def test_request_log_hands_rows_on_in_trace_order_whatever_order_they_finish(ord
         log.first_token[i] = 40.0 + i
         log.close(i)
         assert log.next_row == min(set(range(40)) - set(order[:k + 1]), default=40)
-    sink = log.finish_run()
+    log.end()
     sizes = [len(b["finish_s"]) for b in sink._batches]
-    assert sum(sizes) == 40 and all(n == batch for n in sizes[:-1])  # batches of exactly `batch` rows
-    # `midway` once a batch, when it holds half of it (the last batch may end sooner).
+    assert sum(sizes) == 40 and all(n == group for n in sizes[:-1])  # row groups of exactly `group` rows
+    # `midway` once a row group, when it holds half of it (the last group may end sooner).
     assert len(sizes) - 1 <= len(midways) <= len(sizes)
     assert [before for before, _ in midways] == np.cumsum([0, *sizes])[:len(midways)].tolist()
-    assert all(held >= batch // 2 for _, held in midways)
+    assert all(held >= group // 2 for _, held in midways)
     table = sink.frame()
     assert table["request_id"].tolist() == list(range(100, 140))
     assert table["finish_s"].tolist() == [50.0 + order.index(i) for i in range(40)]
@@ -94,33 +96,35 @@ def test_request_log_hands_rows_on_in_trace_order_whatever_order_they_finish(ord
     assert log.totals.num_finished == 40 and log.totals.output_tokens == 120
 
 
-def test_request_log_batches_are_the_row_groups_of_the_run_folders_table(tmp_path):
-    # Each batch the log hands on is written as one Parquet row group (nothing gathered in memory between
-    # writes: simulator/sinks.py); the file holds the rows, and the totals, that the in-memory log does.
+def test_request_row_groups_are_the_row_groups_of_the_run_folders_table(tmp_path):
+    # Each row group the rows hand on is written as one Parquet row group (nothing gathered in memory
+    # between writes); the file holds the rows, and the totals, that the in-memory table does.
     import pyarrow.parquet as pq
 
-    from simulator.sinks import TABLE_GROUP_ROWS
-
-    num = 2 * TABLE_GROUP_ROWS + 1000
-    logs = [RequestLog(), RequestLog(open_table_sink(tmp_path / "requests", REQUEST_DTYPES))]
-    assert logs[1].batch_rows == TABLE_GROUP_ROWS
-    for log in logs:
+    group = Sizes().request_group_rows
+    num = 2 * group + 1000
+    kept = []
+    for output in (None, RunFolder(tmp_path, record_events=False)):
+        log = output.request_rows() if output is not None else \
+            RequestRows(RequestTable(FrameSink(REQUEST_DTYPES)), Sizes().batch_rows, group)
         for i in range(num):
             log.open(i, (i, float(i), 7, 2 + i % 5, 1, 1))
             log.admitted[i], log.first_token[i], log.finish[i] = i + 0.5, i + 1.0, i + 2.0 + i % 3
             log.close(i)
-    memory, streamed = (log.finish_run() for log in logs)
-    meta = pq.ParquetFile(streamed.path).metadata
-    assert [meta.row_group(g).num_rows for g in range(meta.num_row_groups)] == [TABLE_GROUP_ROWS] * 2 + [1000]
-    pd.testing.assert_frame_equal(pd.read_parquet(streamed.path), memory.frame(), check_exact=True)
-    assert vars(logs[0].totals) == vars(logs[1].totals)
+        log.end()
+        kept.append(log)
+    path = tmp_path / "requests.parquet"
+    meta = pq.ParquetFile(path).metadata
+    assert [meta.row_group(g).num_rows for g in range(meta.num_row_groups)] == [group] * 2 + [1000]
+    pd.testing.assert_frame_equal(pd.read_parquet(path), kept[0].writer.sink.frame(), check_exact=True)
+    assert vars(kept[0].totals) == vars(kept[1].totals)
 
 
-def test_request_log_refuses_to_end_with_a_request_in_flight():
-    log = RequestLog()
+def test_request_rows_refuse_to_end_with_a_request_in_flight():
+    log = RequestRows(RequestTable(FrameSink(REQUEST_DTYPES)), 4, 8)
     log.open(0, (0, 0.0, 1, 1, 1, 1))
     with pytest.raises(RuntimeError, match="never finished"):
-        log.finish_run()
+        log.end()
 
 
 def _assert_same_run(a, b):
@@ -142,7 +146,7 @@ TRACES = {
 
 @pytest.mark.parametrize("name", TRACES)
 @pytest.mark.parametrize("mode", ["fast", "step"])
-def test_blocks_of_rows_make_the_same_run_as_the_whole_frame(name, mode):
+def test_batches_of_rows_make_the_same_run_as_the_whole_frame(name, mode):
     trace = generate_trace(SyntheticConfig(**TRACES[name]))
     cfg = SimConfig(capacity_tokens=3000, mode=mode, record_events=True,
                     preemption_mode="swap" if name == "samples" else "recompute")
@@ -151,20 +155,20 @@ def test_blocks_of_rows_make_the_same_run_as_the_whole_frame(name, mode):
     _assert_same_run(simulate(FrameBatches(trace, max_rows=7), cfg), whole)
 
 
-def test_a_canonical_parquet_trace_is_read_in_blocks_and_streams_the_same_rows(tmp_path):
+def test_a_canonical_parquet_trace_is_read_in_batches_and_streams_the_same_rows(tmp_path):
     trace = generate_trace(SyntheticConfig(**TRACES["overloaded"]))
     path = tmp_path / "t.parquet"
     save_trace(trace, path)
-    chunks = open_parquet_batches(path)
-    assert chunks is not None and chunks.num_rows == len(trace)
+    batches = open_parquet_batches(path)
+    assert batches is not None and batches.num_rows == len(trace)
     cfg = SimConfig(capacity_tokens=3000, record_events=True)
     whole = simulate(trace, cfg)
     for fmt in ("parquet", "csv"):
-        sink = open_table_sink(tmp_path / f"requests-{fmt}", REQUEST_DTYPES, fmt)
-        streamed = simulate(chunks, cfg, requests=sink)
+        (tmp_path / fmt).mkdir()
+        streamed = simulate(batches, cfg, RunFolder(tmp_path / fmt, fmt, record_events=False))
         assert streamed.requests is None
         read = pd.read_parquet if fmt == "parquet" else lambda p: pd.read_csv(p, dtype=REQUEST_DTYPES)
-        back = read(sink.path)
+        back = read(tmp_path / fmt / f"requests.{fmt}")
         pd.testing.assert_frame_equal(back, whole.requests, check_exact=True)
         assert streamed.summary["e2e_s"] == whole.summary["e2e_s"]
         cols = streamed.request_data()
@@ -181,7 +185,7 @@ def _write(tmp_path, frame, name="t.parquet"):
     return path
 
 
-def test_only_canonical_parquet_traces_are_read_in_blocks(tmp_path):
+def test_only_canonical_parquet_traces_are_read_in_batches(tmp_path):
     trace = generate_trace(SyntheticConfig(num_requests=30, rate=5.0, seed=1))
     assert open_parquet_batches(_write(tmp_path, trace)) is not None
     shifted = trace.assign(arrival_s=trace["arrival_s"] + 1.0)  # the loader would shift it to 0
@@ -203,7 +207,6 @@ def test_request_columns_of_a_frame_total_what_the_frame_holds():
     finished = int(res.requests["finish_s"].notna().sum())
     assert cols.totals.num_finished == res.summary["num_finished"] == finished
     assert cols.totals.output_tokens == int((res.requests["output_len"] * res.requests["n"]).sum())
-    assert isinstance(RequestLog().sink, FrameSink)
 
 
 def test_statistics_of_a_streamed_request_table_equal_the_frame_s(tmp_path):
@@ -211,8 +214,8 @@ def test_statistics_of_a_streamed_request_table_equal_the_frame_s(tmp_path):
 
     trace = generate_trace(SyntheticConfig(num_requests=400, rate=9.0, n=2, seed=4))
     frame = simulate(trace, SimConfig(capacity_tokens=6000)).requests
-    sink = open_table_sink(tmp_path / "requests", REQUEST_DTYPES)
-    streamed = simulate(trace, SimConfig(capacity_tokens=6000), requests=sink).request_columns
+    streamed = simulate(trace, SimConfig(capacity_tokens=6000),
+                        RunFolder(tmp_path, record_events=False)).request_columns
     assert streamed.frame is None and streamed.totals.input_tokens > 0
     for _ in range(2):  # the second time from what the first left in the table's memo
         assert [column_summary(streamed, c) for c in ("ttft_s", "tpot_s", "e2e_s")] == \
@@ -225,7 +228,7 @@ def test_statistics_of_a_streamed_request_table_equal_the_frame_s(tmp_path):
     assert overload_warning(streamed, 1e3) == overload_warning(frame, 1e3)
 
 
-def test_trace_info_of_blocks_equals_trace_info_of_the_frame(tmp_path):
+def test_trace_info_of_batches_equals_trace_info_of_the_frame(tmp_path):
     from traces.stats import trace_info
 
     trace = generate_trace(SyntheticConfig(num_requests=300, rate=7.0, n=2, seed=8))
@@ -241,13 +244,14 @@ import cli  # noqa: F401 - the CLI's allocator and Arrow pool settings, before p
 import pyarrow as pa
 from pagelab.malloc import map_large_blocks
 from simulator.config import SimConfig
-from simulator.sim_state import SimState
+from simulator.loop.simulate import start
+from simulator.output import InMemory
 from traces.batches import open_parquet_batches
 map_large_blocks()
-chunks = open_parquet_batches(sys.argv[1])
-run = SimState.start(chunks, SimConfig(capacity_tokens=4096, record_events=False))
-run.arrive_until(run.next_arrival)  # the arrival cursor's first block
-run.make_group(0)  # the request cursor's first block
+batches = open_parquet_batches(sys.argv[1])
+run = start(batches, SimConfig(capacity_tokens=4096, record_events=False), InMemory(), True)
+run.arrive_until(run.next_arrival)  # the arrival cursor's first batch
+run.make_group(0)  # the request cursor's first batch
 pools = [pa.system_memory_pool(), pa.mimalloc_memory_pool()]
 try:
     pools.append(pa.jemalloc_memory_pool())
@@ -258,10 +262,9 @@ print(sum(p.bytes_allocated() for p in pools))
 
 
 def test_a_runs_two_trace_cursors_hold_a_few_megabytes_of_arrows_memory(tmp_path):
-    # The cursors hold a read buffer per column, one block of rows and each column chunk's dictionary page
-    # for as long as the run reads the trace. Unique request ids and arrival times used to fill 1 MB
-    # dictionary pages (Parquet's default); pagelab writes them plain. Measured: 10.9 MB with 1 MB read
-    # buffers and 2^16-row arrival blocks, 6.7 MB with dictionaries on every column, 1.1 MB now.
+    # The cursors hold a read buffer per column, one batch of rows and each column chunk's dictionary page
+    # for as long as the run reads the trace. pagelab writes unique request ids and arrival times plain:
+    # dictionaries on them would fill 1 MB dictionary pages (Parquet's default) per column chunk.
     path = tmp_path / "t.parquet"
     save_trace(generate_trace(SyntheticConfig(num_requests=300_000, rate=40.0, seed=7)), path)
     assert int(run_script(_CURSOR_MEMORY, path)) < 2 << 20

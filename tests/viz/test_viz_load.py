@@ -105,15 +105,14 @@ def test_big_events_tables_are_read_by_time_window(tmp_path, monkeypatch, part_g
     from pagelab.parquet_parts import PartedFile
     from simulator.config import SimConfig
     from simulator.loop import simulate
-    from simulator.sinks import open_event_sink
+    from simulator.output import RunFolder, Sizes
     from traces import SyntheticConfig, generate_trace
 
     folder = tmp_path / "paged"
     folder.mkdir()
     trace = generate_trace(SyntheticConfig(num_requests=150, rate=40.0, seed=2))
-    res = simulate(trace, SimConfig(capacity_tokens=6000),
-                   events=open_event_sink(folder / "events", batch_rows=200, group_rows=0,
-                                          part_groups=part_groups))
+    sizes = Sizes(tenure_batch=200, event_group_rows=200, event_part_groups=part_groups)
+    res = simulate(trace, SimConfig(capacity_tokens=6000), RunFolder(folder, sizes=sizes))
     (folder / "config.json").write_text('{"allocator": "paged"}')
     (folder / "summary.json").write_text("{}")
     monkeypatch.setattr(viz.load, "WINDOW_READ_ROWS", 100)

@@ -5,11 +5,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simulator.memory_log import MEMORY_DTYPES
-from simulator.request_log import REQUEST_DTYPES
 from simulator.config import SimConfig
 from simulator.loop import simulate
-from simulator.sinks import open_table_sink
+from simulator.output import RunFolder, Sizes
 from traces import SyntheticConfig, generate_trace
 from viz.downsample import downsample_chunks, downsample_steps
 from viz.load import load_allocator
@@ -25,10 +23,9 @@ def streamed(tmp_path_factory):
     folder = tmp_path_factory.mktemp("run") / "paged"
     folder.mkdir()
     trace = generate_trace(SyntheticConfig(num_requests=300, rate=30.0, seed=4))
+    sizes = Sizes(memory_group_rows=64, memory_min_group_rows=1, request_group_rows=50, table_part_groups=3)
     simulate(trace, SimConfig(capacity_tokens=8000, mode="step", record_events=False),
-             memory=open_table_sink(folder / "memory", MEMORY_DTYPES, batch_rows=64, group_rows=0,
-                                    part_groups=3),
-             requests=open_table_sink(folder / "requests", REQUEST_DTYPES, batch_rows=50, part_groups=1))
+             RunFolder(folder, record_events=False, sizes=sizes))
     (folder / "config.json").write_text('{"allocator": "paged"}')
     (folder / "summary.json").write_text("{}")
     return folder

@@ -47,8 +47,9 @@ class BlockManager(KVAllocator):
         self.events = EventLog() if record_events else None
         self.pool = BlockPool(num_blocks, block_size, self.stats, self.events)
         self.prefix_cache = PrefixCache(self.pool, enable_prefix_caching, hash_fn)
-        self.swap = SwapSpace(self, num_cpu_blocks)
         self.seqs: dict[int, Sequence] = {}  # sequences holding device blocks, by id
+        self.swap = SwapSpace(num_cpu_blocks, self.pool, self.seqs, self.watermark_blocks,
+                              self.release_device, self._adopt)
         self.num_internal_slots = 0  # slots of final blocks that their sequences will never fill
 
     @classmethod
@@ -76,6 +77,11 @@ class BlockManager(KVAllocator):
     def num_cpu_blocks(self) -> int:
         """Blocks of the CPU swap pool."""
         return self.swap.num_blocks
+
+    @property
+    def num_free_cpu_blocks(self) -> int:
+        """Free blocks of the CPU swap pool."""
+        return len(self.swap.free)
 
     # ----------------------------------------------------------------- queries
     def can_allocate(self, group: SequenceGroup) -> AllocStatus:
@@ -360,6 +366,11 @@ class BlockManager(KVAllocator):
         self.num_internal_slots -= seq._internal_counted
         seq._internal_counted = 0
         seq.block_table = []
+
+    def _adopt(self, seq: Sequence) -> None:
+        """`seq` holds device blocks again (swapped in): count it."""
+        self.seqs[seq.seq_id] = seq
+        self._count_internal(seq)
 
     def swap_out(self, group: SequenceGroup) -> list[tuple[int, int]]:
         """Move the group's device blocks to the CPU pool; blocks shared inside the group stay shared."""

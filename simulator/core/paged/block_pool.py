@@ -16,6 +16,7 @@ from operator import itemgetter
 from simulator.core.allocator import EventLog
 from simulator.core.errors import AllocationError
 
+
 @dataclass
 class BlockManagerStats:
     """Counters a run reports; only mutations touch them."""

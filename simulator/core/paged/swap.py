@@ -1,23 +1,26 @@
 """Swapping for the BlockManager: the CPU pool that preempted groups move to and come back from."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from simulator.core.allocator import AllocStatus
 from simulator.core.errors import AllocationError
+from simulator.core.paged.block_pool import BlockPool
 from simulator.core.sequence import Sequence, SequenceGroup
-
-if TYPE_CHECKING:
-    from simulator.core.paged.block_manager import BlockManager
 
 
 class SwapSpace:
     """`num_blocks` CPU blocks: ref counts, fill levels and saved content keys, and the sequences swapped
-    out; moves whole groups between the manager's device pool and here (blocks shared inside a group stay
-    shared)."""
+    out; moves whole groups between the device pool and here (blocks shared inside a group stay shared).
 
-    def __init__(self, manager: BlockManager, num_blocks: int) -> None:
-        self.manager = manager
+    `held` are the sequences holding device blocks (the manager's); `release` drops a sequence's device
+    blocks, `adopt` gives a sequence back its device accounting once its blocks are back.
+    """
+
+    def __init__(self, num_blocks: int, pool: BlockPool, held: dict[int, Sequence], watermark_blocks: int,
+                 release: Callable[[Sequence], None], adopt: Callable[[Sequence], None]) -> None:
+        self.pool, self.held, self.watermark_blocks = pool, held, watermark_blocks
+        self.release, self.adopt = release, adopt
         self.num_blocks = num_blocks
         self.ref = [0] * num_blocks
         self.filled = [0] * num_blocks
@@ -27,14 +30,14 @@ class SwapSpace:
 
     def can_swap_out(self, group: SequenceGroup) -> bool:
         """Whether the CPU pool has room for the group's distinct device blocks."""
-        held = self.manager.seqs
+        held = self.held
         blocks = {b for s in group.seqs if s.seq_id in held for b in s.block_table}
         return len(blocks) <= len(self.free)
 
     def _swap_in_plan(self, seqs: list[Sequence]) -> tuple[dict[int, int], int]:
         """CPU blocks of `seqs` still cached on the device (CPU id -> device block), and how many free
         device blocks swapping them in and giving each sequence its next slot takes."""
-        pool = self.manager.pool
+        pool = self.pool
         bs = pool.block_size
         resident: dict[int, int] = {}
         seen: set[int] = set()
@@ -67,10 +70,9 @@ class SwapSpace:
         if not seqs:
             return AllocStatus.OK
         _, need = self._swap_in_plan(seqs)
-        manager = self.manager
-        if need > manager.num_blocks - manager.watermark_blocks:
+        if need > self.pool.num_blocks - self.watermark_blocks:
             return AllocStatus.NEVER
-        if manager.pool.num_free - need < manager.watermark_blocks:
+        if self.pool.num_free - need < self.watermark_blocks:
             return AllocStatus.LATER
         return AllocStatus.OK
 
@@ -90,9 +92,8 @@ class SwapSpace:
 
     def swap_out(self, group: SequenceGroup) -> list[tuple[int, int]]:
         """Move the group's device blocks here; return the (device, CPU) copies."""
-        manager = self.manager
-        pool = manager.pool
-        seqs = [s for s in group.seqs if s.seq_id in manager.seqs]
+        pool = self.pool
+        seqs = [s for s in group.seqs if s.seq_id in self.held]
         if not self.can_swap_out(group):
             raise AllocationError(f"request {group.request_id}: CPU swap pool is full "
                                   f"({len(self.free)} of {self.num_blocks} blocks free)")
@@ -107,17 +108,16 @@ class SwapSpace:
                 self.ref[cid] += 1
             s.cpu_block_table = [mapping[b] for b in s.block_table]
         for s in seqs:
-            manager.release_device(s)
+            self.release(s)
             self.seqs[s.seq_id] = s
-        manager.stats.swapped_out_blocks += len(mapping)
+        pool.stats.swapped_out_blocks += len(mapping)
         return list(mapping.items())
 
     def swap_in(self, group: SequenceGroup) -> list[tuple[int, int]]:
         """Bring the group's blocks back: full blocks still cached on the device are shared again (as
         vLLM's prefix-caching allocator does), the rest are copied into fresh blocks; return the (CPU,
         device) copies."""
-        manager = self.manager
-        pool = manager.pool
+        pool = self.pool
         seqs = [s for s in group.seqs if s.seq_id in self.seqs]
         status = self.can_swap_in(group)
         if status is not AllocStatus.OK:
@@ -152,7 +152,6 @@ class SwapSpace:
             s.block_table = table
         for s in seqs:
             self.drop(s)
-            manager.seqs[s.seq_id] = s
-            manager._count_internal(s)
-        manager.stats.swapped_in_blocks += len(copies)
+            self.adopt(s)
+        pool.stats.swapped_in_blocks += len(copies)
         return copies

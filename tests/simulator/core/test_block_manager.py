@@ -15,7 +15,7 @@ def test_allocate_then_free_returns_every_block(paged, make_group):
     seq = g.seqs[0]
     assert len(seq.block_table) == 3
     assert bm.num_free_blocks == 5
-    assert [bm.num_filled(b) for b in seq.block_table] == [4, 4, 2]
+    assert [bm.pool.filled[b] for b in seq.block_table] == [4, 4, 2]
     bm.free(seq)
     assert bm.num_free_blocks == 8 and seq.block_table == []
 
@@ -43,7 +43,7 @@ def test_bulk_append_matches_single_appends(make_group):
         bulk.allocate(g2)
         for _ in range(k):
             one.append_slot(g1.seqs[0])
-        bulk.append_slots(g2.seqs[0], k)
+        bulk.append_slot(g2.seqs[0], k)
         assert g1.seqs[0].block_table == g2.seqs[0].block_table
         assert one.breakdown() == bulk.breakdown()
 
@@ -58,7 +58,7 @@ def test_prefix_hits_across_requests(paged, make_group):
     assert hit_tokens == 8  # two full blocks shared, the partial third is not cacheable
     assert b.seqs[0].block_table[:2] == a.seqs[0].block_table[:2]
     assert b.seqs[0].block_table[2] != a.seqs[0].block_table[2]
-    assert bm.ref_count(a.seqs[0].block_table[0]) == 2
+    assert bm.pool.ref[a.seqs[0].block_table[0]] == 2
     assert bm.stats.prefix_hits == 2
 
 
@@ -152,14 +152,14 @@ def test_parallel_sampling_shares_prompt_blocks(paged, make_group):
     bm.allocate(g)
     tables = {tuple(s.block_table) for s in g.seqs}
     assert len(tables) == 1
-    assert all(bm.ref_count(b) == 4 for b in g.seqs[0].block_table)
+    assert all(bm.pool.ref[b] == 4 for b in g.seqs[0].block_table)
     assert bm.num_used_blocks == 3
     copies = [bm.append_slot(s) for s in g.seqs]
     # The shared partial block is copied for three samples; the last one writes it in place.
     assert sum(len(c) for c in copies) == 3
     assert bm.stats.cow_copies == 3
     assert bm.num_used_blocks == 3 + 3
-    assert all(bm.ref_count(b) == 4 for b in g.seqs[0].block_table[:2])
+    assert all(bm.pool.ref[b] == 4 for b in g.seqs[0].block_table[:2])
 
 
 def test_diverging_beams_copy_only_the_last_partial_block(paged, make_group):
@@ -202,7 +202,7 @@ def test_swap_round_trip_keeps_sharing(paged, make_group):
     back = bm.swap_in(g)
     assert len(back) == used and bm.num_used_blocks == used
     assert {s.seq_id: s.num_tokens for s in g.seqs} == before
-    assert all(bm.ref_count(b) == 3 for b in g.seqs[0].block_table[:2])
+    assert all(bm.pool.ref[b] == 3 for b in g.seqs[0].block_table[:2])
     assert bm.num_free_cpu_blocks == 16
 
 
@@ -240,9 +240,9 @@ def test_bad_input_raises_typed_errors(paged, make_group):
     with pytest.raises(AllocationError, match="already holds"):
         bm.allocate(g)
     with pytest.raises(AllocationError, match="negative"):
-        bm.append_slots(seq, -1)
+        bm.append_slot(seq, -1)
     with pytest.raises(AllocationError, match="out of KV blocks"):
-        bm.append_slots(seq, 100)
+        bm.append_slot(seq, 100)
     assert seq.num_tokens == 4  # the failed append changed nothing
     bm.free(seq)
     with pytest.raises(AllocationError, match="freed twice"):
@@ -263,7 +263,7 @@ def test_taxonomy_splits_reservation_and_internal_fragmentation(paged, make_grou
     b = bm.breakdown()
     assert (b.token_states, b.reservation, b.internal_fragmentation) == (5, 3, 0)
     assert b.external_fragmentation == 3 and b.free == 32
-    bm.append_slots(g.seqs[0], 4)  # 9 tokens, now in the final block
+    bm.append_slot(g.seqs[0], 4)  # 9 tokens, now in the final block
     b = bm.breakdown()
     assert (b.token_states, b.reservation, b.internal_fragmentation) == (9, 1, 2)
     assert sum(b.fractions().values()) == pytest.approx(1.0)
@@ -278,10 +278,8 @@ def test_a_release_takes_the_bulk_path_only_while_no_block_was_ever_shared_or_ke
     bm.allocate(g)
     if how == "fork":
         bm.fork(g.seqs[0], make_group(1).seqs[0])
-    assert bm._plain is (how == "none")
+    assert bm.pool.plain is (how == "none")
     bm.free(g.seqs[0])  # the debug checker verifies ref counts, pools and the cache after the release
-    assert bm._plain is (how == "none")  # a claim about the past: it never turns back on
+    assert bm.pool.plain is (how == "none")  # a claim about the past: it never turns back on
     if how == "publish":
-        assert len(bm._cached) == 2 and bm.num_cached_free_blocks == 2
-    bm.reset()
-    assert bm._plain
+        assert len(bm.pool.cached) == 2 and bm.num_cached_free_blocks == 2

@@ -75,12 +75,12 @@ class PagedMachine(RuleBasedStateMachine):
     def append(self, data, k, token):
         group, seq = data.draw(st.sampled_from(self._live()))
         before = self.bm.breakdown()
-        if not self.bm.can_append(seq, k):
+        if not self.bm.can_append([seq], k):
             assert self.bm.breakdown() == before  # a query changes nothing
             return
         start = seq.num_tokens
         seq.token_ids.extend([token] * k)
-        copies = self.bm.append_slots(seq, k) if k > 1 else self.bm.append_slot(seq)
+        copies = self.bm.append_slot(seq, k) if k > 1 else self.bm.append_slot(seq)
         self._apply(copies, self.gpu, self.gpu)
         self._write(seq, start)
 
@@ -126,7 +126,7 @@ class PagedMachine(RuleBasedStateMachine):
         # OK promises the slot of each sequence's next token too, as the scheduler takes it at once.
         for s in group.seqs:
             if not s.is_finished and s.num_tokens < s.final_len:
-                assert self.bm.can_append(s, 1)
+                assert self.bm.can_append([s], 1)
                 start = s.num_tokens
                 s.token_ids.append(0)
                 self._apply(self.bm.append_slot(s), self.gpu, self.gpu)
@@ -136,10 +136,10 @@ class PagedMachine(RuleBasedStateMachine):
     def reset_prefix_cache(self):
         if self.bm.num_used_blocks:
             with pytest.raises(AllocationError, match="still in use"):
-                self.bm.reset_prefix_cache()
+                self.bm.prefix_cache.reset()
             return
         cached = self.bm.num_cached_free_blocks
-        assert self.bm.reset_prefix_cache() == cached
+        assert self.bm.prefix_cache.reset() == cached
         assert self.bm.num_cached_free_blocks == 0 and self.bm.num_free_blocks == self.bm.num_blocks
 
     @invariant()
@@ -202,8 +202,8 @@ class SimulatedMachine(RuleBasedStateMachine):
     def advance(self, data, k):
         seq = data.draw(st.sampled_from(self.seqs))
         k = min(k, seq.final_len - seq.num_tokens)
-        if self.bm.can_append(seq, k):
-            self.bm.append_slots(seq, k)
+        if self.bm.can_append([seq], k):
+            self.bm.append_slot(seq, k)
 
     @precondition(lambda self: self.seqs)
     @rule(data=st.data())

@@ -42,7 +42,7 @@ def test_pow2_is_capped_at_max_model_len(contiguous, make_group):
     g = make_group(1100, 1700)
     ca.allocate(g)
     assert g.seqs[0].region[1] == 2048
-    assert ca.num_used_slots == 2048
+    assert ca.breakdown().allocated == 2048
     assert ca.breakdown().internal_fragmentation == 2048 - 1700
     # The largest admissible request (final length max_model_len) still fits its capped region.
     assert ca.can_allocate(make_group(1, 2048)) is AllocStatus.OK
@@ -120,12 +120,13 @@ def test_swap_round_trip(contiguous, make_group):
     ca = contiguous(256, "pow2", "buddy", cpu_capacity_tokens=256)
     g = make_group(40, 60)
     ca.allocate(g)
-    ca.append_slots(g.seqs[0], 5)
+    ca.append_slot(g.seqs[0], 5)
     assert ca.can_swap_out(g)
     out = ca.swap_out(g)
-    assert out[0][2] == 45 and ca.num_used_slots == 0
+    assert out[0][2] == 45 and ca.breakdown().allocated == 0
     back = ca.swap_in(g)
-    assert back[0][2] == 45 and g.seqs[0].num_tokens == 45 and ca.num_used_slots == 128  # 40 + 32 -> 128
+    assert back[0][2] == 45 and g.seqs[0].num_tokens == 45
+    assert ca.breakdown().allocated == 128  # 40 + 32 -> 128
 
 
 def test_bad_input(contiguous, make_group):
@@ -133,9 +134,9 @@ def test_bad_input(contiguous, make_group):
     g = make_group(10, 12)
     ca.allocate(g)
     with pytest.raises(AllocationError, match="outgrow"):
-        ca.append_slots(g.seqs[0], 3)
+        ca.append_slot(g.seqs[0], 3)
     with pytest.raises(AllocationError, match="negative"):
-        ca.append_slots(g.seqs[0], -1)
+        ca.append_slot(g.seqs[0], -1)
     ca.free(g.seqs[0])
     with pytest.raises(AllocationError, match="freed twice"):
         ca.free(g.seqs[0])
@@ -201,11 +202,11 @@ def test_swap_out_places_the_sequences_as_can_swap_out_checked(make_group):
     ca.allocate(b)
     ca.swap_out(b)  # CPU [28, 30)
     ca.swap_in(a)
-    ca.append_slots(a.seqs[0], 10)
+    ca.append_slot(a.seqs[0], 10)
     ca.swap_out(a)  # 38 tokens: CPU [30, 68); holes [0, 28) and [68, 90)
     c = SequenceGroup(5, [Sequence(6, 22, 23, request_id=5), Sequence(7, 22, 23, request_id=5)])
     ca.allocate(c)
-    ca.append_slots(c.seqs[1], 1)  # 22 and 23 tokens
+    ca.append_slot(c.seqs[1], 1)  # 22 and 23 tokens
     assert ca.can_swap_out(c)
     copies = ca.swap_out(c)
     assert [n for _, _, n in copies] == [22, 23]  # the group's order
@@ -242,11 +243,11 @@ class ContiguousMachine(RuleBasedStateMachine):
     @rule(data=st.data(), k=st.integers(0, 10))
     def grow(self, data, k):
         s = data.draw(st.sampled_from([s for g in self.running for s in g.seqs]))
-        if self.ca.can_append(s, k):
-            self.ca.append_slots(s, k)
+        if self.ca.can_append([s], k):
+            self.ca.append_slot(s, k)
         else:
             with pytest.raises(AllocationError):
-                self.ca.append_slots(s, k)
+                self.ca.append_slot(s, k)
 
     @precondition(lambda self: self.running)
     @rule(data=st.data())
@@ -299,7 +300,7 @@ class ContiguousMachine(RuleBasedStateMachine):
         for g in self.running + self.swapped:
             for s in g.seqs:
                 self.ca.free(s)
-        assert self.ca.num_used_slots == 0
+        assert self.ca.breakdown().allocated == 0
         assert self.ca._placement.total_free == self.ca.capacity_tokens
 
 

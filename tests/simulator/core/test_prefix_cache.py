@@ -1,5 +1,5 @@
 """Prefix caching in the BlockManager with vLLM's semantics: publishing only computed blocks, re-sharing
-cached blocks on swap-in, exact `can_swap_in`, `reset_prefix_cache`, `reset`, hit statistics in tokens."""
+cached blocks on swap-in, exact `can_swap_in`, resetting the cache, hit statistics in tokens."""
 from __future__ import annotations
 
 import pytest
@@ -9,7 +9,7 @@ from simulator.core.sequence import SequenceStatus
 
 
 def _cached_blocks(bm) -> set[int]:
-    return set(bm._cached.values())
+    return set(bm.pool.cached.values())
 
 
 def test_allocate_publishes_only_the_blocks_its_first_chunk_computes(paged, make_group):
@@ -73,7 +73,7 @@ def test_swap_in_reshares_blocks_still_cached_on_the_device(paged, make_group):
     table = b.seqs[0].block_table
     assert table[:3] == a.seqs[0].block_table[:3]  # the cached full blocks are shared again
     assert [dst for _, dst in copies] == [table[3]]  # only the partial last block is copied
-    assert bm.num_used_blocks == used and bm.ref_count(table[0]) == 2
+    assert bm.num_used_blocks == used and bm.pool.ref[table[0]] == 2
     assert bm.stats.swapped_in_blocks == 1
 
 
@@ -141,7 +141,7 @@ def test_can_swap_in_says_never_when_the_group_outgrew_the_pool(paged, make_grou
     g = make_group(4, 9, n=2)  # two samples: one shared block, then one block each
     bm.allocate(g)
     for s in g.seqs:
-        bm.append_slots(s, 4)
+        bm.append_slot(s, 4)
     bm.swap_out(g)
     assert bm.can_swap_in(g) is AllocStatus.NEVER  # 3 blocks back + 2 for the next tokens > 4
 
@@ -173,24 +173,9 @@ def test_reset_prefix_cache_refuses_while_blocks_are_in_use(paged, make_group):
     g = make_group(9, token_ids=prompt)
     bm.allocate(g)
     with pytest.raises(AllocationError, match="still in use"):
-        bm.reset_prefix_cache()
+        bm.prefix_cache.reset()
     bm.free(g.seqs[0])
     assert bm.num_cached_free_blocks == 2
-    assert bm.reset_prefix_cache() == 2
+    assert bm.prefix_cache.reset() == 2
     assert bm.num_cached_free_blocks == 0 and bm.num_free_blocks == 8
     assert bm.allocate(make_group(9, token_ids=prompt)) == 0  # nothing left to hit
-
-
-def test_reset_returns_to_a_fresh_manager(paged, make_group):
-    bm = paged(8, 4, num_cpu_blocks=4)
-    a = make_group(9, 20, token_ids=list(range(9)))
-    b = make_group(5, 20)
-    bm.allocate(a)
-    bm.allocate(b)
-    bm.swap_out(b)
-    bm.reset()
-    assert bm.num_free_blocks == 8 and bm.num_free_cpu_blocks == 4 and bm.num_cached_free_blocks == 0
-    assert bm.stats.allocated_blocks == 0 and bm.breakdown().token_states == 0
-    assert a.seqs[0].block_table == [] and b.seqs[0].cpu_block_table == []
-    bm.check_invariants()
-    assert bm.allocate(make_group(9, token_ids=list(range(9)))) == 0

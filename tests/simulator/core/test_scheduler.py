@@ -5,9 +5,11 @@ from __future__ import annotations
 import copy
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from simulator import AllocStatus, BlockManager, Sequence, SequenceGroup
-from simulator.core.scheduler import Scheduler, SchedulerConfig
+from simulator.core.scheduler import RunningGroups, Scheduler, SchedulerConfig
 from simulator.core.sequence import SequenceStatus
 
 
@@ -216,17 +218,18 @@ def test_later_chunks_publish_their_blocks_when_scheduled():
     sch.add_request(a)
     _step(sch)  # tokens 0-5 computed: block 0
     b = _group(1, 20, 22, tokens=prompt)
-    assert sch.allocator._lookup(b.seqs[0]) == a.seqs[0].block_table[:1]
+    assert sch.allocator.prefix_cache.lookup(b.seqs[0]) == a.seqs[0].block_table[:1]
     _step(sch)  # tokens 6-11: blocks 1 and 2
-    assert sch.allocator._lookup(b.seqs[0]) == a.seqs[0].block_table[:3]
+    assert sch.allocator.prefix_cache.lookup(b.seqs[0]) == a.seqs[0].block_table[:3]
 
 
 # ----------------------------------------------------------------- queries
 def _snapshot(sch: Scheduler):
     bm = sch.allocator
-    state = {k: copy.deepcopy(v) for k, v in vars(bm).items() if k not in ("_recorder", "_bulk_recorder",
-                                                                          "_hash_fn", "_seqs", "_cpu_seqs")}
-    state["seqs"] = sorted(bm._seqs), sorted(bm._cpu_seqs)
+    state = {k: copy.deepcopy(v) for k, v in vars(bm.pool).items() if k not in ("stats", "events")}
+    state["cpu"] = {k: copy.deepcopy(getattr(bm.swap, k)) for k in ("ref", "filled", "key", "free")}
+    state["internal"] = bm.num_internal_slots
+    state["seqs"] = sorted(bm.seqs), sorted(bm.swap.seqs)
     state["stats"] = bm.stats.as_dict()
     queues = (_ids(sch.waiting), _ids(sch.running), _ids(sch.swapped), dict(sch.prefill_left),
               sch.num_preemptions)
@@ -246,13 +249,62 @@ def test_queries_change_nothing(mode):
         live = g.live_seqs()
         if g in sch.swapped:
             bm.can_swap_in(g)
-        elif any(s.seq_id in bm._seqs for s in live):
-            bm.can_append_seqs(live)
+        elif any(s.seq_id in bm.seqs for s in live):
+            bm.can_append(live)
             bm.can_swap_out(g)
             for s in live:
-                bm.can_append(s, 3)
+                bm.can_append([s], 3)
         else:
             bm.can_allocate(g)
     bm.breakdown(sch.waiting[0] if sch.waiting else None)
     sch.has_unfinished()
     assert _snapshot(sch) == before
+
+
+# ----------------------------------------------------------------- running groups
+@given(st.lists(st.tuples(st.sampled_from(["append", "remove", "clear"]), st.integers(0, 9)), max_size=60))
+def test_running_groups_match_a_list_under_any_sequence_of_operations(make_group_ops):
+    groups = [_Group(i) for i in range(10)]
+    model: list[_Group] = []
+    running = RunningGroups()
+    for op, i in make_group_ops:
+        g = groups[i]
+        if op == "append":
+            if g in model:
+                with pytest.raises(ValueError, match="already running"):
+                    running.append(g)
+                continue
+            model.append(g)
+            running.append(g)
+        elif op == "remove":
+            if g not in model:
+                with pytest.raises(ValueError, match="not running"):
+                    running.remove(g)
+                continue
+            model.remove(g)
+            running.remove(g)
+        else:
+            model.clear()
+            running.clear()
+        assert list(running) == model and len(running) == len(model) and bool(running) == bool(model)
+        assert list(reversed(running)) == model[::-1]
+        assert all((x in running) == (x in model) for x in groups)
+        if model:
+            assert running[0] is model[0] and running[-1] is model[-1] and running[1:] == model[1:]
+        assert running + [groups[0]] == [*model, groups[0]]
+
+
+def test_running_order_is_admission_order_and_survives_rebuilding():
+    a, b, c = _Group(1), _Group(2), _Group(3)
+    running = RunningGroups([a, b, c])
+    running.remove(b)
+    running.append(b)
+    assert list(running) == [a, c, b]
+    assert list(RunningGroups(g for g in running if g is not c)) == [a, b]
+
+
+class _Group:
+    """Stands in for a SequenceGroup: identity is all RunningGroups uses, plus the id for messages."""
+
+    def __init__(self, request_id: int) -> None:
+        self.request_id = request_id

@@ -58,7 +58,7 @@ class ChunkedPrefillMachine(RuleBasedStateMachine):
                     continue
                 computed = s.length - left if left else s.num_tokens
                 for i, bid in enumerate(s.block_table):
-                    if self.bm._key[bid] is not None:
+                    if self.bm.pool.key[bid] is not None:
                         assert (i + 1) * self.bs <= computed, (
                             f"sequence {s.seq_id}: block {i} is cached but only {computed} tokens computed")
 

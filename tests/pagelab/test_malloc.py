@@ -9,14 +9,14 @@ import pyarrow as pa
 import pytest
 from fresh_process import run_script
 
-from pagelab import memory
+from pagelab import malloc
 
 glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt / malloc_trim")
 
 
 @glibc
 def test_map_large_blocks_takes_the_settings_and_moves_arrow_to_the_system_allocator():
-    assert memory.map_large_blocks() is True
+    assert malloc.map_large_blocks() is True
     assert pa.default_memory_pool().backend_name == "system"
 
 
@@ -27,20 +27,20 @@ def _rss_bytes() -> int:
 
 @glibc
 def test_release_free_memory_returns_free_pages_inside_the_heap():
-    memory.map_large_blocks()  # 32 KB blocks come from the heap (under LARGE_BLOCK_BYTES), not from mappings
+    malloc.map_large_blocks()  # 32 KB blocks come from the heap (under LARGE_BLOCK_BYTES), not from mappings
     blocks = [bytearray(32 << 10) for _ in range(800)]  # 25 MB, touched (zero-filled)
     pin = bytearray(32 << 10)  # the heap's top stays in use: free() alone cannot shrink the heap
     before = _rss_bytes()
     del blocks
-    assert memory.release_free_memory() is True
+    assert malloc.release_free_memory() is True
     assert before - _rss_bytes() > 10 << 20
     del pin
 
 
 def test_without_glibc_both_are_no_ops(monkeypatch):
-    monkeypatch.setattr(memory, "_LIBC", None)
-    assert memory.map_large_blocks() is False
-    assert memory.release_free_memory() is False
+    monkeypatch.setattr(malloc, "_LIBC", None)
+    assert malloc.map_large_blocks() is False
+    assert malloc.release_free_memory() is False
 
 
 @glibc
@@ -95,8 +95,8 @@ _READ_AND_HOLD = _MALLINFO2 + """
 import sys
 from pathlib import Path
 import cli  # one arena, as the CLI sets it
-from pagelab import memory
-memory.map_large_blocks(int(sys.argv[2]))
+from pagelab import malloc
+malloc.map_large_blocks(int(sys.argv[2]))
 from traces.batches import open_parquet_batches
 chunks = open_parquet_batches(Path(sys.argv[1]))  # checks the file a batch at a time, as the CLI does
 fill_holes()
@@ -119,18 +119,18 @@ def test_a_traces_read_batches_are_mappings_of_their_own_under_the_runs_threshol
     path = tmp_path / "trace.parquet"
     save_trace(generate_trace(SyntheticConfig(num_requests=300_000, rate=40.0, seed=1)), path)
 
-    held, mapped = map(int, run_script(_READ_AND_HOLD, path, memory.LARGE_BLOCK_BYTES).split())
+    held, mapped = map(int, run_script(_READ_AND_HOLD, path, malloc.LARGE_BLOCK_BYTES).split())
     assert held == 300_000 * 6 * 8  # six 8-byte columns
     assert mapped >= held
-    held, mapped = map(int, run_script(_READ_AND_HOLD, path, memory.PAIRING_BLOCK_BYTES).split())
+    held, mapped = map(int, run_script(_READ_AND_HOLD, path, malloc.PAIRING_BLOCK_BYTES).split())
     assert mapped < held // 4  # the setting is what makes the difference
 
 
 # Scripts that print 1 when what they grow is a mapping of its own under the threshold in argv[1].
 _UNDER_THRESHOLD = _MALLINFO2 + """
 import sys
-from pagelab import memory
-memory.map_large_blocks(int(sys.argv[1]))
+from pagelab import malloc
+malloc.map_large_blocks(int(sys.argv[1]))
 fill_holes()
 before = libc.mallinfo2().hblkhd
 """
@@ -150,22 +150,22 @@ def test_the_loops_growing_batch_buffers_are_mappings_under_the_runs_threshold()
     # A 2.2 MB batch grown by appends moves ~100 times on its way up; from the heap, the small blocks
     # the loop places between those moves pin the holes it leaves (a 10M run's heap grew 33 -> 46 MB).
     # Under LARGE_BLOCK_BYTES it is a mapping of its own, unmapped when dropped. 1 = a mapping.
-    assert run_script(_BATCH_MAPPED, memory.LARGE_BLOCK_BYTES) == "1"
-    assert run_script(_BATCH_MAPPED, memory.PAIRING_BLOCK_BYTES) == "0"
+    assert run_script(_BATCH_MAPPED, malloc.LARGE_BLOCK_BYTES) == "1"
+    assert run_script(_BATCH_MAPPED, malloc.PAIRING_BLOCK_BYTES) == "0"
 
 
 _SHOW = "import {}os; print(os.environ.get({!r}, 'unset'))"
 
 
 def _in_a_new_process(code: str, **env_vars: str) -> str:
-    env = {k: v for k, v in os.environ.items() if k not in memory.ARROW_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in malloc.ARROW_ENV}
     return run_script(code, env={**env, **env_vars})
 
 
 def test_the_cli_chooses_arrows_pool_before_pyarrow_is_imported():
-    pool, purge = memory.ARROW_POOL_VARIABLE, memory.MIMALLOC_PURGE_VARIABLE
+    pool, purge = malloc.ARROW_POOL_VARIABLE, malloc.MIMALLOC_PURGE_VARIABLE
     assert _in_a_new_process(_SHOW.format("", pool)) == "unset"
-    assert _in_a_new_process(_SHOW.format("cli, ", pool)) == memory.ARROW_POOL
+    assert _in_a_new_process(_SHOW.format("cli, ", pool)) == malloc.ARROW_POOL
     assert _in_a_new_process(_SHOW.format("cli, ", purge)) == "0"
     # What the user chose stands.
     assert _in_a_new_process(_SHOW.format("cli, ", pool), **{pool: "mimalloc"}) == "mimalloc"
@@ -173,7 +173,7 @@ def test_the_cli_chooses_arrows_pool_before_pyarrow_is_imported():
     # Arrow's C++ default pool, which the Parquet reader and writers use, is the one chosen (and exists:
     # Arrow would fall back to mimalloc with a warning).
     backend = "import cli, pyarrow; print(pyarrow.default_memory_pool().backend_name)"
-    assert _in_a_new_process(backend) == memory.ARROW_POOL
+    assert _in_a_new_process(backend) == malloc.ARROW_POOL
     # The CLI sets them right after importing pagelab.malloc, which must not import pyarrow (Arrow reads
     # the variables at pyarrow's first import).
     assert _in_a_new_process("import sys, pagelab.malloc; print('pyarrow' in sys.modules)") == "False"
@@ -195,23 +195,23 @@ def test_under_the_cli_arrows_jemalloc_returns_freed_pages_at_once():
     # Arrow's release default keeps them for a second of allocator activity: the 20 MB stayed resident.
     backend, kept_mib = _in_a_new_process(_ARROW_FREES.format("cli, ")).split()
     assert backend == "jemalloc" and int(kept_mib) < 5
-    jemalloc_alone = {memory.ARROW_POOL_VARIABLE: "jemalloc"}
+    jemalloc_alone = {malloc.ARROW_POOL_VARIABLE: "jemalloc"}
     backend, kept_mib = _in_a_new_process(_ARROW_FREES.format(""), **jemalloc_alone).split()
     assert backend == "jemalloc" and int(kept_mib) >= 10  # without the setting (the test can fail)
 
 
 def test_choose_arrow_pool_says_whether_it_can_still_take_effect(monkeypatch):
-    pool, purge = memory.ARROW_POOL_VARIABLE, memory.MIMALLOC_PURGE_VARIABLE
-    for name in memory.ARROW_ENV:
+    pool, purge = malloc.ARROW_POOL_VARIABLE, malloc.MIMALLOC_PURGE_VARIABLE
+    for name in malloc.ARROW_ENV:
         monkeypatch.delenv(name, raising=False)
     assert "pyarrow" in sys.modules  # imported above: too late for this process
-    assert memory.choose_arrow_pool() is False
-    assert (os.environ[pool], os.environ[purge]) == (memory.ARROW_POOL, "0")  # for the processes it starts
-    assert os.environ[memory.JEMALLOC_CONF_VARIABLE] == memory.JEMALLOC_CONF
+    assert malloc.choose_arrow_pool() is False
+    assert (os.environ[pool], os.environ[purge]) == (malloc.ARROW_POOL, "0")  # for the processes it starts
+    assert os.environ[malloc.JEMALLOC_CONF_VARIABLE] == malloc.JEMALLOC_CONF
     monkeypatch.setenv(pool, "jemalloc")
     monkeypatch.setenv(purge, "250")
     monkeypatch.delitem(sys.modules, "pyarrow")
-    assert memory.choose_arrow_pool() is True
+    assert malloc.choose_arrow_pool() is True
     assert (os.environ[pool], os.environ[purge]) == ("jemalloc", "250")  # the user's choice stands
 
 
@@ -228,7 +228,7 @@ def test_the_recorders_growing_lists_leave_the_heap_under_the_runs_threshold():
     # Between 64 and 256 KB, the heap's churn on a long run was mostly the recorder's raw lists on their way
     # up (and the pickled batches): free chunks of 64 KB and more grew 0.6 -> 4.4 MB in 2M requests.
     # Under LARGE_BLOCK_BYTES a list that size is a mapping of its own; under 256 KB it was in the heap.
-    assert run_script(_LIST_MAPPED, memory.LARGE_BLOCK_BYTES) == "1"
+    assert run_script(_LIST_MAPPED, malloc.LARGE_BLOCK_BYTES) == "1"
     assert run_script(_LIST_MAPPED, 256 << 10) == "0"
 
 
