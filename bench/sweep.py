@@ -25,12 +25,13 @@ RATES = "0.5:8:0.5"
 
 
 def _plan():
-    from simulator.sweep import parse_rates, parse_slo
+    from simulator.slo import DEFAULT_SLO, parse_slo
+    from simulator.sweep import parse_rates
     from simulator.sweep.axes import SweepAxes
     from simulator.sweep.runner import SweepPlan
 
     rates, bounds = parse_rates(RATES)
-    return SweepPlan(SweepAxes(rates, bounds, ALLOCATORS, {}, {}), parse_slo("norm_latency=0.2"),
+    return SweepPlan(SweepAxes(rates, bounds, ALLOCATORS, {}, {}), parse_slo(DEFAULT_SLO),
                      search=False)
 
 

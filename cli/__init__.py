@@ -7,7 +7,7 @@ import sys
 
 from pagelab.malloc import choose_arrow_pool, one_arena
 
-# Before anything imports numpy or pyarrow: see pagelab/memory.py (one malloc arena, and Arrow on its
+# Before anything imports numpy or pyarrow: see pagelab/malloc.py (one malloc arena, and Arrow on its
 # jemalloc pool, keep a long run's RSS flat).
 one_arena()
 choose_arrow_pool()
@@ -48,13 +48,16 @@ def _terminate(signum, frame) -> None:
 
 def spread_goodput(argv: list[str]) -> list[str]:
     """vLLM writes `--goodput ttft:200 tpot:50` (several values after one flag); click takes one value per
-    flag, so the extra METRIC:MS words that follow are turned into further `--goodput` options."""
+    flag, so the further words that read as limits (`METRIC:VALUE`, simulator/slo.py) become further
+    `--goodput` options."""
+    from simulator.slo import starts_limit
+
     out: list[str] = []
     expect_value = after_value = False
     for arg in argv:
         if expect_value:
             expect_value, after_value = False, True
-        elif after_value and ":" in arg and arg.split(":")[0] in ("ttft", "tpot", "e2el"):
+        elif after_value and starts_limit(arg):
             out += ["--goodput", arg]
             continue
         else:

@@ -9,7 +9,15 @@ import typer
 
 from cli import app
 from cli.common import UserError, console, err_console, finite_float, user_errors
-from cli.serving import Bars, allocators, cap_concurrency, check_metric_options, load_workload, report
+from cli.serving import (
+    GOODPUT_HELP,
+    Bars,
+    allocators,
+    cap_concurrency,
+    check_metric_options,
+    load_workload,
+    report,
+)
 
 DEFAULT_LIMIT = 64
 
@@ -81,7 +89,7 @@ def replay_cmd(
     table_format: str = typer.Option("parquet", "--table-format", help="parquet or csv."),
     percentile_metrics: str = typer.Option(None, help="Metrics with percentiles: ttft,tpot,itl,e2el."),
     metric_percentiles: str = typer.Option(None, help="Percentiles to report, e.g. 50,90,99 (default 99)."),
-    goodput: list[str] = typer.Option(None, help="SLOs in ms, e.g. ttft:200 tpot:50 (ttft, tpot, e2el)."),
+    goodput: list[str] = typer.Option(None, help=GOODPUT_HELP),
     save_result: bool = typer.Option(False, "--save-result", help="Save the metrics as JSON (vLLM bench)."),
     result_dir: Path = typer.Option(None, "--result-dir", help="Folder of the result JSON (default: .)."),
     result_filename: str = typer.Option(None, "--result-filename", help="Name of the result JSON."),

@@ -19,10 +19,13 @@ from cli.report import (
 )
 from cli.runs import save_result
 from simulator.core.config import ALLOCATORS
-from simulator.metrics import parse_goodput
+from simulator.slo import parse_goodput
 
 if TYPE_CHECKING:
     from traces.batches import TraceBatches
+
+GOODPUT_HELP = ("Per-request latency limits as in vLLM: ttft:200 tpot:50 (ms when no unit is given; also "
+                "ttft:0.2s, e2el:2s). Metrics: ttft, tpot, e2el.")
 
 
 def allocators(values: list[str] | None, default: list[str]) -> list[str]:
@@ -41,7 +44,7 @@ def load_workload(trace_arg: str | None, trace_opt: str | None, limit: int | Non
     """The trace (positional or --trace), cut to --limit/--num-prompts and re-timed by --request-rate.
 
     With `stream`, a canonical Parquet trace kept as is (no --request-rate) comes back as TraceBatches,
-    read a block of rows at a time by the simulator instead of loaded whole (traces/chunks.py).
+    read a batch of rows at a time by the simulator instead of loaded whole (traces/batches.py).
     """
     from traces import load_trace, respace_arrivals
     from traces.stats import trace_info
@@ -98,13 +101,9 @@ def cap_concurrency(max_num_seqs: int, max_concurrency: int | None) -> int:
 
 
 def check_metric_options(percentile_metrics: str | None, metric_percentiles: str | None,
-                         goodput: list[str] | None) -> tuple[tuple, tuple, dict]:
+                         goodput: list[str] | None) -> tuple[tuple, tuple, tuple]:
     """Parse --percentile-metrics, --metric-percentiles and --goodput before any work."""
-    try:
-        slos = parse_goodput(goodput)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-    return parse_metrics(percentile_metrics), parse_percentiles(metric_percentiles), slos
+    return parse_metrics(percentile_metrics), parse_percentiles(metric_percentiles), parse_goodput(goodput)
 
 
 class Bars:
@@ -147,6 +146,8 @@ def report(command: str, results: dict, info: dict, kinds, percentiles, slos, *,
     metrics = serving_metrics(results, kinds, percentiles, slos)
     console.print(memory_table({n: r.summary for n, r in results.items()}))
     console.print(serving_table(metrics, kinds, percentiles))
+    if slos:  # the limits as read: a bare vLLM number is ms
+        console.print(f"Goodput limits: {', '.join(x.describe() for x in slos)}")
     warn_about(results)
     save_result(command, {"trace": info, "metrics": metrics, **(extra or {}),
                           "summaries": {n: r.summary for n, r in results.items()}},

@@ -9,7 +9,15 @@ import typer
 
 from cli import app
 from cli.common import UserError, atomic_dir, err_console, finite_float, user_errors
-from cli.serving import Bars, allocators, cap_concurrency, check_metric_options, load_workload, report
+from cli.serving import (
+    GOODPUT_HELP,
+    Bars,
+    allocators,
+    cap_concurrency,
+    check_metric_options,
+    load_workload,
+    report,
+)
 from pagelab.malloc import map_large_blocks
 from simulator.core.config import ALLOCATORS
 
@@ -87,7 +95,7 @@ def simulate_cmd(
     percentile_metrics: str = typer.Option(None, help="Metrics with percentiles: ttft,tpot,itl,e2el "
                                                       "(default ttft,tpot,itl)."),
     metric_percentiles: str = typer.Option(None, help="Percentiles to report, e.g. 50,90,99 (default 99)."),
-    goodput: list[str] = typer.Option(None, help="SLOs in ms, e.g. ttft:200 tpot:50 (ttft, tpot, e2el)."),
+    goodput: list[str] = typer.Option(None, help=GOODPUT_HELP),
     save_result: bool = typer.Option(False, "--save-result", help="Save the metrics as JSON (vLLM bench)."),
     result_dir: Path = typer.Option(None, "--result-dir", help="Folder of the result JSON (default: .)."),
     result_filename: str = typer.Option(None, "--result-filename", help="Name of the result JSON."),
@@ -124,7 +132,7 @@ def simulate_cmd(
     # A canonical Parquet trace is read in blocks of rows as the simulation goes (a 10M-request trace is
     # never held whole), unless a replay's run or --sharing needs it in memory.
     stream = step_times_from is None and config_from is None and not sharing
-    map_large_blocks()  # before the trace is read: its blocks stay out of the heap (pagelab/memory.py)
+    map_large_blocks()  # before the trace is read: its blocks stay out of the heap (pagelab/malloc.py)
     df, info = load_workload(trace, trace_opt, limit, num_prompts, rate, burstiness, seed, stream=stream)
     model, gpu, latency = _latency_choice(model, gpu, latency, profile)
     base = SimConfig(model=model, gpu=gpu, kv_memory_gb=kv_memory_gb, capacity_tokens=capacity_tokens,

@@ -65,8 +65,11 @@ def sweep_cmd(
     latency: str = typer.Option("roofline", help="roofline, or a fitted latency profile (JSON)."),
     limit: int = typer.Option(None, help="Use only the first N requests."),
     seed: int = typer.Option(0, help="Random seed."),
-    slo: str = typer.Option(None, help="METRIC=BOUND with METRIC norm_latency (s/token), ttft_p99 (s) or "
-                                       "tpot_p99 (s); default norm_latency=0.2."),
+    slo: str = typer.Option(None, help="The latency limit a rate must keep: METRIC_pPCT:VALUE UNIT with "
+                                       "METRIC ttft, tpot or e2el, PCT 50, 90 or 99, UNIT ms or s (e.g. "
+                                       "ttft_p99:0.2s), or norm_latency:VALUE s/token (mean end-to-end "
+                                       "latency / output tokens); default norm_latency:0.2s/token. A unit "
+                                       "is required."),
     search: bool = typer.Option(True, help="Refine each configuration's max rate beyond the grid."),
     tolerance: float = typer.Option(0.05, help="Relative precision of the max-rate search."),
     search_runs: int = typer.Option(10, help="Most extra runs the search adds per configuration."),
@@ -79,11 +82,11 @@ def sweep_cmd(
     plot: bool = typer.Option(False, help="Draw Fig. 12 and the max-rate bars into OUT/figures."),
 ) -> None:
     """Sweep request rates and configurations; report each configuration's max sustainable rate."""
-    from simulator.sweep import SweepError, parse_rates, parse_slo
+    from simulator.slo import DEFAULT_SLO, parse_slo
+    from simulator.sweep import SweepError, parse_rates
     from simulator.sweep.axes import SweepAxes, parse_axis
     from simulator.sweep.executors import LocalExecutor, RayExecutor, SerialExecutor, default_jobs
     from simulator.sweep.runner import TRACE_FILE, SweepPlan
-    from simulator.sweep.slo import DEFAULT_SLO
     from traces import load_trace
 
     try:
@@ -155,15 +158,16 @@ def sweep_cmd(
 
 def _run(df, source, plan, out, runner):
     """Run the sweep with a progress bar on a terminal, one log line per point otherwise."""
+    from simulator.slo import UNITS
     from simulator.sweep.axes import config_label
     from simulator.sweep.runner import run_sweep
 
     def line(p) -> str:
-        value = plan.slo.value(p.summary)
+        value = plan.slo.summary_value(p.summary) * UNITS[plan.slo.unit]
         verdict = "meets" if plan.slo.met(p.summary) else "misses"
         how = "reused" if p.reused else f"{p.summary.get('wall_s', float('nan')):.1f}s"
         return (f"[{p.done}/{p.total}] {config_label(p.spec.config_dict)} rate={p.spec.rate:g}: "
-                f"{plan.slo.metric} {value:.4g} ({verdict} SLO, {how})")
+                f"{plan.slo.name} {value:.4g} {plan.slo.unit} ({verdict} SLO, {how})")
 
     if not err_console.is_terminal:
         return run_sweep(df, source, plan, out, runner,

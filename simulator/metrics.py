@@ -19,31 +19,14 @@ from pagelab.column_stats import BLOCK_ROWS, Blocks, median_and_percentiles, wei
 from simulator.output import Kept
 from simulator.output.memory_rows import frame_means, weighted_means
 from simulator.output.request_rows import RequestColumns, RequestTotals, output_tokens
+from simulator.slo import Limit
 from traces.batches import FrameBatches
 
 Requests = pd.DataFrame | RequestColumns  # a request table, in memory or streamed to a file
 METRICS = ("ttft", "tpot", "itl", "e2el")
 DEFAULT_METRICS = ("ttft", "tpot", "itl")
 DEFAULT_PERCENTILES = (99.0,)
-SLO_METRICS = ("ttft", "tpot", "e2el")
 _COLUMN = {"ttft": "ttft_s", "tpot": "tpot_s", "e2el": "e2e_s"}
-
-
-def parse_goodput(items: list[str] | None) -> dict[str, float]:
-    """`ttft:200 tpot:50` (ms, repeated or comma-separated) as {metric: ms}; ValueError names a bad item."""
-    slos: dict[str, float] = {}
-    for item in (x for v in items or [] for x in v.replace(",", " ").split()):
-        name, _, value = item.partition(":")
-        if name not in SLO_METRICS:
-            raise ValueError(f"--goodput {item!r}: the metric must be one of {', '.join(SLO_METRICS)}")
-        try:
-            ms = float(value)
-        except ValueError:
-            raise ValueError(f"--goodput {item!r}: expected METRIC:MILLISECONDS, e.g. ttft:200") from None
-        if not (math.isfinite(ms) and ms > 0):
-            raise ValueError(f"--goodput {item!r}: the SLO must be a positive number of milliseconds")
-        slos[name] = ms
-    return slos
 
 
 def _blocks(requests: Requests, names: tuple[str, ...]) -> Iterator[dict[str, np.ndarray]]:
@@ -146,22 +129,24 @@ def latency_stats(requests: Requests, metric: str, percentiles=DEFAULT_PERCENTIL
     return {k: 1e3 * v for k, v in stats.items()}
 
 
-def _num_meeting(requests: Requests, slos: dict[str, float]) -> int:
-    """Requests that finished within every SLO (a request with one output token has no TPOT: it passes)."""
-    names = tuple(_COLUMN[m] for m in slos)
+def _num_meeting(requests: Requests, limits: tuple[Limit, ...]) -> int:
+    """Requests that finished within every limit (a request with one output token has no TPOT: it passes)."""
     num = 0
-    for b in _blocks(requests, ("finish_s", *names)):
+    for b in _blocks(requests, ("finish_s", *(limit.column for limit in limits))):
         ok = ~np.isnan(b["finish_s"])
-        for name, ms in slos.items():
-            v = b[_COLUMN[name]].astype(np.float64) * 1e3
-            ok &= np.where(np.isnan(v), name == "tpot", v <= ms)
+        for limit in limits:
+            v = b[limit.column].astype(np.float64)
+            ok &= np.where(np.isnan(v), limit.metric == "tpot", limit.within(v))
         num += int(ok.sum())
     return num
 
 
 def bench_metrics(requests: Requests, duration_s: float, *, metrics=DEFAULT_METRICS,
-                  percentiles=DEFAULT_PERCENTILES, goodput: dict[str, float] | None = None) -> dict:
-    """The `vllm bench serve` result of one run: counts, throughputs, goodput and latency statistics."""
+                  percentiles=DEFAULT_PERCENTILES, goodput: tuple[Limit, ...] = ()) -> dict:
+    """The `vllm bench serve` result of one run: counts, throughputs, goodput and latency statistics.
+
+    `goodput`: per-request limits (simulator.slo.parse_goodput); saved, as vLLM does, in milliseconds.
+    """
     completed = rejected = in_tokens = out_tokens = 0
     totals = _written_totals(requests)
     if totals is not None:  # no pass over the table
@@ -186,7 +171,7 @@ def bench_metrics(requests: Requests, duration_s: float, *, metrics=DEFAULT_METR
         "total_token_throughput": per_s(in_tokens + out_tokens),
     }
     if goodput:
-        result["goodput_slos_ms"] = dict(goodput)
+        result["goodput_slos_ms"] = {limit.metric: limit.in_unit("ms") for limit in goodput}
         result["request_goodput"] = per_s(_num_meeting(requests, goodput))
     for m in metrics:
         for stat, value in latency_stats(requests, m, percentiles).items():

@@ -84,7 +84,7 @@ def trace_info(trace: pd.DataFrame | TraceBatches) -> dict:
     num = rows.num_rows
     if num == 0:
         raise ValueError("trace_info of an empty trace")
-    if chunked:  # sorted arrivals: the first and the last are the extremes (traces/chunks.py)
+    if chunked:  # sorted arrivals: the first and the last are the extremes (traces/batches.py)
         first = last = None
         for c in trace.iter_batches(("arrival_s",)):
             first = c["arrival_s"][0] if first is None else first
@@ -105,7 +105,7 @@ def trace_info(trace: pd.DataFrame | TraceBatches) -> dict:
     for col in ("n", "beam_width"):
         info[col] = _uses(rows, col)
     if chunked:
-        info["prefix"] = None  # chunked traces carry no prefix keys (traces/chunks.py)
+        info["prefix"] = None  # chunked traces carry no prefix keys (traces/batches.py)
         return info
     info["prefix"] = prefix_reuse(trace)
     return info

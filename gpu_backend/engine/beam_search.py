@@ -1,12 +1,13 @@
-"""Score-based beam search over the shared allocator: the engine's counterpart of `simulator/beam_model.py`.
+"""Score-based beam search over the shared allocator; the frees and forks are the shared core's.
 
 A beam group keeps `width` live sequences. Each step every distinct beam proposes its 2*width best
 continuations; the `width` best of all candidates (score = sum of log-probs) become the next beams.
 A beam with no surviving child is freed; a beam with c children keeps one and forks c - 1 that share its
-blocks (the next `append_slot` copies the partial last block on write), exactly as the simulator's
-fork/prune model does. A candidate ending in EOS (unless ignore_eos) becomes a finished hypothesis when
-it ranks among the first `width` candidates. Because adding a token never raises a sum of log-probs, the
-search stops as soon as `width` finished hypotheses all score at least the best live beam.
+blocks (the next `append_slot` copies the partial last block on write): `simulator.core.beam`, the step
+the simulator's fork/prune model takes too. A candidate ending in EOS (unless ignore_eos) becomes a
+finished hypothesis when it ranks among the first `width` candidates. Because adding a token never
+raises a sum of log-probs, the search stops as soon as `width` finished hypotheses all score at least the
+best live beam.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from simulator.core.allocator import KVAllocator
+from simulator.core.beam import prune_and_fork
 from simulator.core.sequence import Sequence, SequenceGroup
 
 Hypothesis = tuple[float, list[int]]  # (sum of log-probs, generated tokens)
@@ -76,37 +78,32 @@ def beam_step(group: SequenceGroup, seqs: list[Sequence], logprobs: torch.Tensor
         return sorted(final, key=lambda h: -h[0])[: state.width]
     if len(state.finished) >= state.width and state.finished[-1][0] >= chosen[0][0]:
         return list(state.finished)
-    _apply(group, seqs, parents, chosen, state, shared, allocator, finish, new_seq_id, on_copies)
+    _apply(group, seqs, chosen, state, shared, allocator, finish, new_seq_id, on_copies)
     return None
 
 
-def _apply(group: SequenceGroup, seqs: list[Sequence], parents: list[Sequence],
-           chosen: list[tuple[float, int, int]], state: BeamState, shared: bool, allocator: KVAllocator,
+def _apply(group: SequenceGroup, seqs: list[Sequence], chosen: list[tuple[float, int, int]],
+           state: BeamState, shared: bool, allocator: KVAllocator,
            finish: Callable[[Sequence], None], new_seq_id: Callable[[], int],
            on_copies: Callable[[list], None]) -> None:
     """Free beams without children, fork the ones with several, then append every beam's new token."""
-    if shared:  # identical beams: child i continues beam i, nothing is forked
-        owners = [(seqs[i], [(s, t)]) for i, (s, _, t) in enumerate(chosen)]
-    else:
-        kids: dict[int, list[tuple[float, int]]] = {}
-        for s, p, t in chosen:
-            kids.setdefault(p, []).append((s, t))
-        owners = [(parents[p], kids[p]) for p in sorted(kids)]
-    keep = {id(seq) for seq, _ in owners}
-    for seq in seqs:
-        if id(seq) not in keep:
-            state.scores.pop(seq.seq_id, None)
-            finish(seq)
-    new = []
-    for seq, children in owners:
-        for score, token in children[1:]:
-            child = seq.fork(new_seq_id())
-            on_copies(allocator.fork(seq, child))
-            child.append_token(token)
-            state.scores[child.seq_id] = score
-            new.append(child)
+    kids: dict[int, list[tuple[float, int]]] = {}  # beam index -> its children's (score, token)
+    for i, (s, p, t) in enumerate(chosen):
+        # Identical beams (`shared`): child i continues beam i, nothing is forked.
+        kids.setdefault(i if shared else p, []).append((s, t))
+    owners = [(seqs[i], kids[i]) for i in sorted(kids)]
+
+    def prune(seq: Sequence) -> None:
+        state.scores.pop(seq.seq_id, None)
+        finish(seq)
+
+    forked = prune_and_fork(group, seqs, [len(kids.get(i, ())) for i in range(len(seqs))],
+                            allocator=allocator, finish=prune, new_seq_id=new_seq_id, on_copies=on_copies)
+    extra = [child for _, children in owners for child in children[1:]]
+    for child, (score, token) in zip(forked, extra, strict=True):
+        child.append_token(token)
+        state.scores[child.seq_id] = score
     for seq, children in owners:
         score, token = children[0]
         seq.append_token(token)
         state.scores[seq.seq_id] = score
-    group.seqs = [seq for seq, _ in owners] + new

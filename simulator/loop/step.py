@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from simulator.beam_model import beam_step
+from simulator.core.beam import prune_and_fork
 from simulator.core.scheduler import ScheduledGroup, Scheduler, SchedulerOutput
 from simulator.core.sequence import SequenceGroup, SequenceStatus
 from simulator.loop.state import SimState
@@ -86,6 +86,17 @@ def sample(run: SimState, out: SchedulerOutput) -> list[SequenceGroup]:
     return touched
 
 
+def beam_children(rng: np.random.Generator, k: int, alpha: float) -> list[int]:
+    """How many of the next step's k beams each of the k live beams parents: a seeded stand-in for
+    beam search's scores, so its block sharing can be measured without a model.
+
+    Each beam's share of the continuations is a Dirichlet(alpha) draw and the k children go to parents
+    by a multinomial draw. Small alpha: few beams survive a step, so the beams share long prefixes (high
+    sharing); large alpha: most beams survive (little sharing).
+    """
+    return rng.multinomial(k, rng.dirichlet(np.full(k, alpha))).tolist()
+
+
 def finish_done(run: SimState, groups: list[SequenceGroup], remove: bool = True) -> list[SequenceGroup]:
     """Free requests that reached their output length; fork/prune the beams that go on. Return the
     finished groups (removed from the running list unless `remove` is false)."""
@@ -102,8 +113,9 @@ def finish_done(run: SimState, groups: list[SequenceGroup], remove: bool = True)
             run.retire(i)
             run.num_done += 1
             done.append(g)
-        elif g.beam_width > 1:
-            beam_step(g, run.alloc, run.rng, run.new_seq_id, run.beam_alpha)
+        elif g.beam_width > 1 and len(live) > 1:
+            prune_and_fork(g, live, beam_children(run.rng, len(live), run.beam_alpha),
+                           allocator=run.alloc, finish=run.sched.finish_seq, new_seq_id=run.new_seq_id)
     if remove:
         run.sched.remove_finished()
     return done

@@ -6,6 +6,5 @@ points in local processes or on a Ray cluster, and `runner` ties them together i
 a table and a summary (docs/sweeps.md).
 """
 from simulator.sweep.axes import SweepAxes, SweepError, parse_axis_values, parse_rates
-from simulator.sweep.slo import SLO, parse_slo
 
-__all__ = ["SLO", "SweepAxes", "SweepError", "parse_axis_values", "parse_rates", "parse_slo"]
+__all__ = ["SweepAxes", "SweepError", "parse_axis_values", "parse_rates"]

@@ -16,10 +16,10 @@ import pandas as pd
 
 from pagelab.atomic import atomic_write
 from pagelab.run_folder import write_json
+from simulator.slo import Limit
 from simulator.sweep.axes import SweepAxes, SweepError
 from simulator.sweep.points import POINTS_DIR, PointSpec, finished_summary, trace_fingerprint
 from simulator.sweep.search import DEFAULT_SEARCH_RUNS, DEFAULT_TOLERANCE, SearchState, search_state
-from simulator.sweep.slo import SLO
 from simulator.sweep.table import max_rate_rows, point_row, points_table
 
 TRACE_FILE = "trace.parquet"
@@ -30,7 +30,7 @@ class SweepPlan:
     """What to sweep and how to search."""
 
     axes: SweepAxes
-    slo: SLO
+    slo: Limit
     search: bool = True
     tolerance: float = DEFAULT_TOLERANCE
     max_search_runs: int = DEFAULT_SEARCH_RUNS
@@ -149,7 +149,8 @@ def _write_tables(out: Path, points: pd.DataFrame, max_rates: pd.DataFrame, sour
     axes = plan.axes
     summary = {
         "trace": source,
-        "slo": {"metric": plan.slo.metric, "bound": plan.slo.bound, "text": plan.slo.describe()},
+        "slo": {"metric": plan.slo.name, "bound": plan.slo.seconds, "text": plan.slo.describe(),
+                "spec": plan.slo.format()},
         "axes": {"rate": list(axes.rates), "allocator": list(axes.allocators),
                  **{k: list(v) for k, v in axes.axes.items()}},
         "rate_bounds": list(axes.bounds),

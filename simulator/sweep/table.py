@@ -9,19 +9,19 @@ from pathlib import Path
 
 import pandas as pd
 
+from simulator.slo import Limit
 from simulator.sweep.points import PointSpec, point_folder
 from simulator.sweep.search import SearchState
-from simulator.sweep.slo import SLO
 
 
-def point_row(spec: PointSpec, summary: dict, kind: str, slo: SLO) -> dict:
+def point_row(spec: PointSpec, summary: dict, kind: str, slo: Limit) -> dict:
     """One row of sweep.parquet."""
     ttft, tpot, e2e = (summary.get(k) or {} for k in ("ttft_s", "tpot_s", "e2e_s"))
     row = {**spec.config_dict, "rate": spec.rate}
     row.setdefault("block_size", summary.get("block_size"))
     row.update({
         "kind": kind,
-        "slo_value": slo.value(summary),
+        "slo_value": slo.summary_value(summary),
         "met_slo": slo.met(summary),
         "normalized_latency_s": summary.get("normalized_latency_s_per_token"),
         "ttft_p50_s": ttft.get("p50"), "ttft_p99_s": ttft.get("p99"),

@@ -10,18 +10,44 @@ SIM = ("simulate", "azure-conv", "--num-prompts", "30", "--kv-memory-gb", "2")
 
 
 def test_tables_in_ms_fit_80_columns_and_show_goodput(tmp_path):
-    r = pagelab(*SIM, "-a", "paged,contiguous-max", "--goodput", "ttft:200", "tpot:50",
+    r = pagelab(*SIM, "-a", "paged,contiguous-max", "--goodput", "ttft:200", "tpot:0.05s",
                 "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "90,99",
                 cwd=tmp_path, COLUMNS="80")
     assert r.returncode == 0, r.stderr
     for label in ("Mean TTFT (ms)", "Median TPOT (ms)", "P90 ITL (ms)", "P99 E2E latency (ms)",
                   "Request goodput (req/s)", "Total token throughput (tok/s)", "Completed requests"):
         assert label in r.stdout
+    assert "Goodput limits: ttft <= 200 ms, tpot <= 0.05 s\n" in r.stdout  # a bare number is ms
     assert "max" in r.stdout.split("Serving metrics")[1].splitlines()[2]  # one column per allocator
     assert max(map(len, r.stdout.splitlines())) <= 80
     for cmd in (("simulate", "-h"), ("replay", "-h"), ("trace", "gen", "-h"), ("-h",)):
         h = pagelab(*cmd, COLUMNS="80")
         assert h.returncode == 0 and max(map(len, h.stdout.splitlines())) <= 80 and "…" not in h.stdout
+
+
+def test_goodput_limits_read_the_same_with_or_without_units(tmp_path):
+    def goodput(*limits):
+        name = f"g{len(list(tmp_path.iterdir()))}.json"
+        r = pagelab(*SIM, "-a", "paged", "--goodput", *limits, "--save-result", "--result-filename", name,
+                    cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        return json.loads((tmp_path / name).read_text())["metrics"]["paged"]
+
+    bare, units = goodput("ttft:100", "e2el:2000"), goodput("ttft:0.1s", "e2el:2000ms")
+    assert 0 < bare["request_goodput"] == units["request_goodput"] < bare["request_throughput"]
+    assert bare["goodput_slos_ms"] == units["goodput_slos_ms"] == {"ttft": 100.0, "e2el": 2000.0}
+
+
+@pytest.mark.parametrize("argv, spread", [
+    (["--goodput", "ttft:200", "tpot:50ms", "x.csv"],
+     ["--goodput", "ttft:200", "--goodput", "tpot:50ms", "x.csv"]),
+    (["--goodput", "e2el=2s", "tpot_p99:1s"], ["--goodput", "e2el=2s", "--goodput", "tpot_p99:1s"]),
+    (["x.csv", "ttft:200"], ["x.csv", "ttft:200"]),  # no --goodput before it: left alone
+    (["--goodput", "ttft:200", "--seed", "1", "tpot:5"], ["--goodput", "ttft:200", "--seed", "1", "tpot:5"]),
+])
+def test_words_after_goodput_that_read_as_limits_become_options(argv, spread):
+    from cli import spread_goodput
+    assert spread_goodput(argv) == spread
 
 
 def test_save_result_json_matches_the_run_folder(tmp_path):

@@ -45,7 +45,10 @@ def closed_port() -> int:
     (["--rate", "1:2", "--axis", "colour=red"], "unknown axis 'colour'"),
     (["--rate", "1:2", "-a", "paged,bogus"], "unknown allocator 'bogus'"),
     (["--rate", "1:2", "--block-size", "16,"], "empty value"),
-    (["--rate", "1:2", "--slo", "speed=3"], "use METRIC=BOUND"),
+    (["--rate", "1:2", "--slo", "speed=3s"], "--slo 'speed=3s': unknown metric 'speed'; accepted: "),
+    (["--rate", "1:2", "--slo", "ttft_p99=0.2"], "'0.2' has no unit: write ttft_p99:0.2s or ttft_p99:0.2ms"),
+    (["--rate", "1:2", "--slo", "norm_latency:0.2"], "write norm_latency:0.2s/token or"),
+    (["--rate", "1:2", "--slo", "tpot:50ms"], "tpot needs a percentile"),
     (["--rate", "1:2", "--model", "gpt-9"], "gpt-9"),
     (["--rate", "1:2", "--jobs", "0"], "--jobs must be >= 1"),
     (["--rate", "1:2", "--tolerance", "0"], "--tolerance"),
@@ -76,9 +79,15 @@ def test_a_ray_address_that_does_not_answer_exits_2_and_writes_nothing(tmp_path,
 def test_an_slo_no_point_meets_is_reported_with_exit_0(tmp_path, trace_file):
     out = tmp_path / "sweep"
     result = pagelab("sweep", trace_file, *SMALL, "--rate", "0.5,1", "-a", "paged",
-                     "--slo", "ttft_p99=0.0001", "--jobs", "1", "--out", out)
+                     "--slo", "ttft_p99=0.1ms", "--jobs", "1", "--out", out)
     assert result.returncode == 0, result.stderr
-    assert "no point meets the SLO ttft_p99 <= 0.0001 s" in result.stderr
+    assert "no point meets the SLO ttft_p99 <= 0.1 ms" in result.stderr
+    assert "Maximum sustainable request rate under ttft_p99 <= 0.1 ms" in result.stdout
+    points = [ln for ln in result.stderr.splitlines() if ln.startswith("[")]
+    assert points and all(" ms (misses SLO" in ln for ln in points)
+    saved = json.loads((out / "summary.json").read_text())["slo"]
+    assert saved == {"metric": "ttft_p99", "bound": 0.0001, "text": "ttft_p99 <= 0.1 ms",
+                     "spec": "ttft_p99:0.1ms"}
     table = pd.read_parquet(out / "max_rates.parquet")
     assert list(table["status"]) == ["below_range"] and table["max_rate"].isna().all()
 

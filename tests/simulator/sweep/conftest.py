@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
+from simulator.slo import DEFAULT_SLO, parse_slo
 from simulator.sweep.axes import SweepAxes, parse_rates
 from simulator.sweep.runner import SweepPlan
-from simulator.sweep.slo import parse_slo
 from traces import SyntheticConfig, generate_trace
 
 SMALL_BASE = {"model": "opt-13b", "gpu": "a100-40gb", "capacity_tokens": 8192, "max_model_len": 2048}
@@ -23,5 +23,5 @@ def small_plan():
     def make(rate: str = "0.1:3:0.7", allocators=("paged", "contiguous-max"), axes=None, **plan_kw):
         rates, bounds = parse_rates(rate)
         sweep_axes = SweepAxes(rates, bounds, tuple(allocators), axes or {}, dict(SMALL_BASE))
-        return SweepPlan(sweep_axes, parse_slo(plan_kw.pop("slo", "norm_latency=0.2")), **plan_kw)
+        return SweepPlan(sweep_axes, parse_slo(plan_kw.pop("slo", DEFAULT_SLO)), **plan_kw)
     return make

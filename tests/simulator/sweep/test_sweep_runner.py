@@ -35,7 +35,8 @@ def test_serial_sweep_finds_capacity_and_writes_normal_run_folders(tmp_path, sma
     first = json.loads((tmp_path / points["folder"][0] / "summary.json").read_text())
     assert first["trace"]["mean_rate_per_s"] == pytest.approx(points["rate"][0])
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["slo"]["text"] == "norm_latency <= 0.2 s/token"
+    assert summary["slo"] == {"metric": "norm_latency", "bound": 0.2, "text": "norm_latency <= 0.2 s/token",
+                              "spec": "norm_latency:0.2s/token"}
     assert len(summary["configurations"]) == len(max_rates)
 
 
