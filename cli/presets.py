@@ -13,7 +13,8 @@ from cli.common import console, user_errors
 
 def preset_rows() -> dict[str, list[dict]]:
     """Every simulator model and GPU preset as plain dicts (what the tables and --json show)."""
-    from simulator.specs import GIB, GPUS, MODELS
+    from simulator.core.models import MODELS
+    from simulator.presets import GIB, GPUS
 
     models = [{"model": m.name, "params_b": round(m.num_params / 1e9, 2), "layers": m.num_layers,
                "kv_heads": f"{m.num_kv_heads}/{m.num_heads}", "head_dim": m.head_dim,

@@ -14,7 +14,9 @@ import numpy as np
 import pandas as pd
 
 from simulator.core.errors import ConfigError
-from simulator.specs import get_gpu, get_model, sim_model_name
+from simulator.core.models import canonical_name as sim_model_name
+from simulator.core.models import get_model
+from simulator.presets import get_gpu
 from simulator.timing.step_latency import DECODE_FEATURE, FEATURES, FittedLatency, fit_latency, stall_mask
 
 # A 4-coefficient fit needs far more steps than coefficients to say anything about its error.

@@ -6,6 +6,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from simulator.config import SimConfig
+from simulator.core.errors import ConfigError
+from simulator.core.models import get_model
+from simulator.loop import simulate
+from simulator.presets import get_gpu
 from simulator.timing.calibrate import calibrate, fit_quality
 from simulator.timing.compare import (
     RunTables,
@@ -15,11 +20,7 @@ from simulator.timing.compare import (
     rel_error_stats,
     stalls,
 )
-from simulator.core.errors import ConfigError
 from simulator.timing.measured_steps import MeasuredSteps
-from simulator.config import SimConfig
-from simulator.loop import simulate
-from simulator.specs import get_gpu, get_model
 from simulator.timing.step_latency import STALL_FACTOR, STALL_MIN_S, FittedLatency, load_fitted
 from traces import SyntheticConfig, generate_trace
 
