@@ -209,7 +209,8 @@ def replay_twin(real_run: Path, trace_df: pd.DataFrame | None, base, step_times:
     """
     import dataclasses
 
-    from simulator.specs import GIB, sim_model_name
+    from simulator.core.models import canonical_name
+    from simulator.presets import GIB
     from simulator.timing.measured_steps import MeasuredSteps
     from traces import load_trace
     from viz.load import load_allocator
@@ -243,7 +244,7 @@ def replay_twin(real_run: Path, trace_df: pd.DataFrame | None, base, step_times:
     fields = {f.name for f in dataclasses.fields(base)} - _NOT_COPIED
     copied = {k: v for k, v in cfg.items() if k in fields}
     swap = (run.summary.get("measured") or {}).get("swap_pool_bytes")
-    config = dataclasses.replace(base, **copied, model=sim_model_name(str(cfg["model"])),
+    config = dataclasses.replace(base, **copied, model=canonical_name(str(cfg["model"])),
                                  gpu="cpu" if str(cfg.get("device", "")).startswith("cpu") else base.gpu,
                                  kv_memory_gb=None, mode="step" if step_times else base.mode,
                                  swap_space_gb=swap / GIB if swap else base.swap_space_gb,

@@ -1,4 +1,5 @@
-"""Model configuration read from a Hugging Face `config.json` (Llama, Mistral, Qwen2 families)."""
+"""The engine's model configuration: a registry entry it can build, or a Hugging Face `config.json` (Llama,
+Mistral, Qwen2 families)."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,6 +11,8 @@ from typing import Any
 import torch
 
 from pagelab.errors import PagelabError
+from simulator.core.errors import ConfigError
+from simulator.core.models import ModelSpec, RopeScaling
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
@@ -25,80 +28,30 @@ class ModelLoadError(PagelabError, ValueError):
     """A model directory or configuration cannot be used; the message names the file and field."""
 
 
-@dataclass(frozen=True)
-class RopeScaling:
-    """The `rope_scaling` block of a config: how rotary frequencies are stretched for long contexts."""
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig(ModelSpec):
+    """A model the engine can build: a registry shape (simulator/core/models.py) of the Llama family.
 
-    rope_type: str = "default"
-    factor: float = 1.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position_embeddings: int | None = None
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Shape and numerics of a Llama-family decoder; field names follow Hugging Face's config.json."""
-
-    architecture: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    max_position_embeddings: int = 4096
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    rope_scaling: RopeScaling | None = None
-    tie_word_embeddings: bool = False
-    qkv_bias: bool = False  # Qwen2 always; Llama when attention_bias=true
-    o_bias: bool = False  # Llama's attention_bias also puts a bias on o_proj, Qwen2's does not
-    mlp_bias: bool = False
-    sliding_window: int | None = None  # attention here is always full, see max_model_len
-    bos_token_id: int | None = None
-    eos_token_ids: tuple[int, ...] = ()
-    torch_dtype: str | None = None
+    It adds no fields, so an engine preset runs exactly its registry entry's numbers; it adds the checks
+    for what the engine implements and the reading of a Hugging Face config.json.
+    """
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
             raise ModelLoadError(f"unsupported architecture {self.architecture!r}; "
                                  f"expected one of {', '.join(SUPPORTED_ARCHITECTURES)}")
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ModelLoadError(f"config field {name} must be a positive integer, got {value!r}")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ModelLoadError(f"num_attention_heads ({self.num_attention_heads}) is not a multiple of "
-                                 f"num_key_value_heads ({self.num_key_value_heads})")
+        try:
+            super().__post_init__()
+        except ConfigError as exc:
+            raise ModelLoadError(str(exc)) from None
         if self.head_dim % 2:
             raise ModelLoadError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
         if self.rope_scaling is not None and self.rope_scaling.rope_type not in SUPPORTED_ROPE_TYPES:
             raise ModelLoadError(f"unsupported rope_scaling type {self.rope_scaling.rope_type!r}; "
                                  f"expected one of {', '.join(SUPPORTED_ROPE_TYPES)}")
 
-    @property
-    def num_queries_per_kv(self) -> int:
-        """Query heads sharing one KV head (grouped-query attention)."""
-        return self.num_attention_heads // self.num_key_value_heads
-
-    @property
-    def max_model_len(self) -> int:
-        """Longest sequence this engine computes exactly: full attention equals sliding-window attention
-        only while the sequence fits in the window."""
-        if self.sliding_window:
-            return min(self.max_position_embeddings, self.sliding_window)
-        return self.max_position_embeddings
-
-    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
-        """Bytes of K and V one token occupies over all layers (DESIGN.md's bytes_per_token)."""
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * itemsize
-
     def num_parameters(self) -> int:
-        """Parameter count (embedding counted once when tied)."""
+        """Parameter count of this Llama-family architecture (embedding counted once when tied)."""
         h, kv = self.hidden_size, self.num_key_value_heads * self.head_dim
         q = self.num_attention_heads * self.head_dim
         attn = h * q + 2 * h * kv + q * h + (q + 2 * kv if self.qkv_bias else 0) + (h if self.o_bias else 0)
@@ -107,9 +60,10 @@ class ModelConfig:
         head = 0 if self.tie_word_embeddings else self.vocab_size * h
         return self.vocab_size * h + self.num_hidden_layers * per_layer + h + head
 
-    def replace(self, **changes: Any) -> ModelConfig:
-        """A copy with some fields changed (validated again)."""
-        return dataclasses.replace(self, **changes)
+    @classmethod
+    def from_spec(cls, spec: ModelSpec) -> ModelConfig:
+        """The registry entry `spec` as an engine config (refused if the engine cannot build it)."""
+        return cls(**{f.name: getattr(spec, f.name) for f in dataclasses.fields(ModelSpec)})
 
     @classmethod
     def from_hf_dict(cls, raw: dict[str, Any], source: str = "config.json") -> ModelConfig:

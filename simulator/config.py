@@ -6,7 +6,8 @@ from dataclasses import asdict, dataclass, field
 from simulator.core.allocator import KVAllocator
 from simulator.core.config import ALLOCATORS, CacheConfig, build_allocator
 from simulator.core.errors import ConfigError
-from simulator.specs import GIB, ModelSpec, get_gpu, get_model, kv_capacity_tokens
+from simulator.core.models import ModelSpec, get_model
+from simulator.presets import GIB, get_gpu, kv_capacity_tokens
 
 MODES = ("fast", "step")
 

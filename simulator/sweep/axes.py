@@ -150,7 +150,7 @@ class SweepAxes:
 
     def check(self) -> None:
         """Validate every configuration up front so a sweep never fails half-way on a bad combination."""
-        from simulator.specs import get_gpu
+        from simulator.presets import get_gpu
         from simulator.timing.step_latency import make_latency_model
 
         for config in self.configs():

@@ -14,7 +14,8 @@ import numpy as np
 import pandas as pd
 
 from simulator.core.errors import ConfigError
-from simulator.specs import get_gpu, get_model, sim_model_name
+from simulator.core.models import canonical_name, get_model
+from simulator.presets import get_gpu
 from simulator.timing.step_latency import DECODE_FEATURE, FEATURES, FittedLatency, fit_latency, stall_mask
 
 # A 4-coefficient fit needs far more steps than coefficients to say anything about its error.
@@ -74,7 +75,7 @@ def calibrate(runs: Sequence[tuple[str, dict, pd.DataFrame]], gpu: str | None = 
         if not device.startswith("cpu"):
             raise ConfigError(f"{first_source}: measured on {device!r}; name its GPU preset with --gpu")
         gpu = "cpu"
-    model = get_model(sim_model_name(str(first["model"])))
+    model = get_model(canonical_name(str(first["model"])))
     table = pd.concat([s for _, _, s in runs], ignore_index=True)
     busy = int((table["num_batched_tokens"] > 0).sum())
     if busy < min_steps:

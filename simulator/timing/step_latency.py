@@ -17,7 +17,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from simulator.core.errors import ConfigError
-from simulator.specs import GPUSpec, ModelSpec, get_gpu, get_model
+from simulator.core.models import ModelSpec, get_model
+from simulator.presets import GPUSpec, get_gpu
 
 FEATURES = ("num_batched_tokens", "attn_pairs", "kv_tokens_read")
 COEFFICIENT_NAMES = ("step_overhead_s", "s_per_token", "s_per_attn_pair", "s_per_kv_token_read")

@@ -15,7 +15,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cli import app
-from simulator.specs import get_gpu, get_model
+from simulator.core.models import get_model
+from simulator.presets import get_gpu
 from simulator.timing.step_latency import fit_latency
 
 DATA = Path(__file__).parent.parent / "data" / "h200-azure-40-79"

@@ -130,3 +130,14 @@ def test_presets_json_has_the_numbers():
     llama = next(m for m in rows["models"] if m["model"] == "llama-3-8b")
     assert llama["kv_kib_per_token"] == 128 and llama["max_model_len"] == 8192
     assert {g["gpu"] for g in rows["gpus"]} >= {"a100-80gb", "h100-80gb"}
+
+
+def test_presets_say_what_replays_each_registry_model():
+    rows = json.loads(pagelab("presets", "--json").stdout)
+    by_name = {m["model"]: m for m in rows["models"]}
+    assert (by_name["llama-3.2-1b"]["aliases"], by_name["llama-3.2-1b"]["replay"]) == (["llama-1b-shape"],
+                                                                                       "llama-1b-shape")
+    assert by_name["tiny-qwen2"]["replay"] == "tiny-qwen2"  # an engine preset is a registry entry too
+    assert by_name["llama-3-8b"]["replay"] == "checkpoint" and by_name["opt-13b"]["replay"] is None
+    table = " ".join(pagelab("presets").stdout.split())  # the footer wraps at the console width
+    assert "llama-1b-shape (= llama-3.2-1b)" in table and "cannot run opt-13b" in table

@@ -1,6 +1,7 @@
 """Loading Hugging Face directories: config parsing, sharded safetensors, and typed errors for bad input."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -12,6 +13,7 @@ from safetensors.torch import load_file, save_file
 from gpu_backend.loader import load_model, resolve_model
 from gpu_backend.model import CausalLM
 from gpu_backend.model_config import ModelConfig, ModelLoadError, resolve_dtype
+from gpu_backend.model_presets import PRESETS
 from pagelab.errors import PagelabError
 
 # Llama-3.2-1B's config.json as transformers 4.x writes it (rope_theta + rope_scaling at top level).
@@ -174,6 +176,17 @@ def test_transformers_4_llama_3_2_config():
     assert config.eos_token_ids == (128001, 128008, 128009) and config.tie_word_embeddings
     assert config.num_parameters() == 1_235_814_400
     assert config.kv_bytes_per_token(torch.bfloat16) == 2 * 16 * 8 * 64 * 2
+
+
+def test_llama_1b_shape_is_llama_3_2_1b_as_config_json_says():
+    # The registry entry the engine builds as llama-1b-shape is Llama 3.2 1B's config.json field for field
+    # (the eos list above is the instruct model's; the base model ends on 128001 alone).
+    real, preset = ModelConfig.from_hf_dict(LLAMA_32_1B_CONFIG), PRESETS["llama-1b-shape"]
+    registry_only = {"name", "aliases", "hf_id", "num_params", "eos_token_ids"}
+    fields = [f.name for f in dataclasses.fields(ModelConfig) if f.name not in registry_only]
+    assert {f: getattr(real, f) for f in fields} == {f: getattr(preset, f) for f in fields}
+    assert preset.num_params == real.num_parameters()
+    assert real.name == "" and real.num_params is None  # config.json says neither
 
 
 def test_mistral_sliding_window_caps_max_model_len():

@@ -7,16 +7,20 @@ differences of order 0.1-1.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 
 from gpu_backend.engine.input_batch import SequenceInput, build_model_input
 from gpu_backend.loader import load_model
-from gpu_backend.model_presets import PRESETS, build_preset
+from gpu_backend.model_config import ModelConfig, ModelLoadError
+from gpu_backend.model_presets import ENGINE_PRESETS, PRESETS, build_preset
 from gpu_backend.ops import get_backend
 from gpu_backend.rope import compute_inv_freq
 from gpu_backend.testing import generate_simple, make_kv_cache, prompt_logits
+from simulator.core.models import ModelSpec, get_model
 
 LOGITS_ATOL = 1e-4
 PROMPT_LENS = (37, 3, 70)  # one packed batch: several blocks, shorter than one block, many blocks
@@ -140,10 +144,28 @@ def test_preset_weights_are_seeded():
         assert not torch.equal(pa, pc), name
 
 
+@pytest.mark.parametrize("name", ENGINE_PRESETS)
+def test_engine_presets_are_registry_entries(name):
+    config, entry = PRESETS[name], get_model(name)
+    assert isinstance(config, ModelSpec)
+    assert dataclasses.asdict(config) == dataclasses.asdict(entry)
+    assert config.num_parameters() == entry.num_params
+    # The engine sizes its KV pool in the dtype it runs; the simulator in the checkpoint's.
+    per_element = entry.bytes_per_token // entry.dtype_bytes
+    assert config.kv_bytes_per_token(torch.float32) == 4 * per_element
+    assert config.kv_bytes_per_token(torch.bfloat16) == 2 * per_element
+
+
+def test_only_runnable_registry_entries_become_engine_configs():
+    with pytest.raises(ModelLoadError, match="unsupported architecture 'OPTForCausalLM'"):
+        ModelConfig.from_spec(get_model("opt-13b"))
+
+
 @pytest.mark.parametrize("name", ["tiny", "tiny-qwen2"])
 def test_preset_parameter_count_matches_config(name):
     model = build_preset(name)
-    assert sum(p.numel() for p in model.parameters()) == PRESETS[name].num_parameters()
+    count = sum(p.numel() for p in model.parameters())
+    assert count == PRESETS[name].num_parameters() == PRESETS[name].num_params
 
 
 def test_llama_1b_shape_has_llama_3_2_1b_parameter_count():

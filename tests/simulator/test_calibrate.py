@@ -8,8 +8,9 @@ import pytest
 
 from simulator.config import SimConfig
 from simulator.core.errors import ConfigError
+from simulator.core.models import get_model
 from simulator.loop import simulate
-from simulator.specs import get_gpu, get_model
+from simulator.presets import get_gpu
 from simulator.timing.calibrate import calibrate, fit_quality
 from simulator.timing.compare import (
     RunTables,

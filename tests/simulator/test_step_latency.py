@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator.core.errors import ConfigError
-from simulator.specs import GPUS, MODELS, get_gpu, get_model
+from simulator.core.models import MODELS, get_model
+from simulator.presets import GPUS, get_gpu
 from simulator.timing.step_latency import (
     LATENCY_MODELS,
     FittedLatency,
@@ -220,7 +221,7 @@ def test_registry_and_factory():
 
 
 def test_importing_the_simulator_stays_light():
-    code = ("import sys, simulator, simulator.specs, simulator.timing.step_latency; "
+    code = ("import sys, simulator, simulator.presets, simulator.timing.step_latency; "
             "print([m for m in ('torch', 'triton', 'matplotlib') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

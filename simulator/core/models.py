@@ -1,0 +1,241 @@
+"""The model registry: every model shape the simulator and the engine know, in Hugging Face's field names.
+
+One frozen `ModelSpec` per model holds the fields of its config.json plus what memory and FLOP arithmetic
+needs (the exact parameter count, a context cap); `MODELS` maps each entry's name to it and `get_model`
+also accepts an entry's aliases. The simulator sizes KV pools and prices steps from these entries
+(simulator/presets.py, simulator/step_latency.py); the engine runs them as its `ModelConfig`
+(gpu_backend/model_config.py), some with seeded random weights (gpu_backend/model_presets.py). Nothing here
+imports torch or numpy.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from simulator.core.errors import ConfigError
+
+# Bytes per element of the dtypes config.json's torch_dtype names.
+DTYPE_BYTES: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2}
+# A config that names no dtype is served in bf16 (what the engine runs such a checkpoint in on a GPU).
+DEFAULT_DTYPE = "bfloat16"
+
+_POSITIVE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                    "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """The `rope_scaling` block of a config: how rotary frequencies are stretched for long contexts."""
+
+    rope_type: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """A decoder-only transformer: its config.json fields, its parameter count and its serving limits.
+
+    The simulator's names for some fields (num_layers, num_heads, num_kv_heads) are properties, as are the
+    byte counts it sizes memory with (bytes_per_token, weight_bytes, dtype_bytes).
+    """
+
+    name: str = ""  # the registry key; empty for a config read from a checkpoint folder
+    aliases: tuple[str, ...] = ()  # further names get_model accepts for this entry
+    hf_id: str | None = None  # the Hugging Face repository whose config.json the numbers are
+    architecture: str  # config.json's architectures[0]
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int  # OPT's config.json calls it ffn_dim
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int = 4096
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False  # Qwen2 always; Llama when attention_bias=true
+    o_bias: bool = False  # Llama's attention_bias also puts a bias on o_proj, Qwen2's does not
+    mlp_bias: bool = False
+    sliding_window: int | None = None  # attention here is always full, see max_model_len
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    torch_dtype: str | None = None  # the checkpoint's dtype, which the simulator serves it in
+    num_params: int | None = None  # the checkpoint's exact parameter count; None where nobody counted
+    context_limit: int | None = None  # a cap below max_position_embeddings that the model card sets
+
+    def __post_init__(self) -> None:
+        for name in _POSITIVE_FIELDS:
+            _check_positive(name, getattr(self, name))
+        for name in ("num_params", "context_limit"):
+            if getattr(self, name) is not None:
+                _check_positive(name, getattr(self, name))
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError(f"num_attention_heads ({self.num_attention_heads}) is not a multiple of "
+                              f"num_key_value_heads ({self.num_key_value_heads})")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every name get_model finds this entry by: its own, then its aliases."""
+        return (self.name, *self.aliases)
+
+    @property
+    def num_layers(self) -> int:
+        """num_hidden_layers."""
+        return self.num_hidden_layers
+
+    @property
+    def num_heads(self) -> int:
+        """num_attention_heads (query heads)."""
+        return self.num_attention_heads
+
+    @property
+    def num_kv_heads(self) -> int:
+        """num_key_value_heads."""
+        return self.num_key_value_heads
+
+    @property
+    def num_queries_per_kv(self) -> int:
+        """Query heads sharing one KV head (grouped-query attention)."""
+        return self.num_attention_heads // self.num_key_value_heads
+
+    @property
+    def max_model_len(self) -> int:
+        """The longest sequence served unless a run asks for less: max_position_embeddings, capped by
+        context_limit and by sliding_window (full attention equals sliding-window attention only while the
+        sequence fits in the window)."""
+        caps = (self.max_position_embeddings, self.context_limit, self.sliding_window)
+        return min(c for c in caps if c)
+
+    @property
+    def dtype_bytes(self) -> int:
+        """Bytes per weight and per KV element in the serving dtype (torch_dtype; bf16 when unnamed)."""
+        dtype = self.torch_dtype or DEFAULT_DTYPE
+        if dtype not in DTYPE_BYTES:
+            raise ConfigError(f"{self.name or 'model'}: torch_dtype {dtype!r} has no known size; "
+                              f"expected one of {', '.join(DTYPE_BYTES)}")
+        return DTYPE_BYTES[dtype]
+
+    def kv_bytes_per_token(self, dtype: Any = None) -> int:
+        """Bytes of K and V one token occupies over all layers, in `dtype` (anything with an itemsize, such
+        as a torch dtype; None: the serving dtype)."""
+        itemsize = self.dtype_bytes if dtype is None else int(dtype.itemsize)
+        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * itemsize
+
+    @property
+    def bytes_per_token(self) -> int:
+        """KV-cache bytes one token occupies across all layers in the serving dtype."""
+        return self.kv_bytes_per_token()
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the weights in the serving dtype."""
+        if self.num_params is None:
+            raise ConfigError(f"{self.name or 'model'}: num_params is unknown, so are its weight bytes")
+        return self.num_params * self.dtype_bytes
+
+    def replace(self, **changes: Any) -> ModelSpec:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+
+def _check_positive(name: str, value: Any) -> None:
+    """Refuse a count that is not a positive integer (bools are not counts)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ConfigError(f"config field {name} must be a positive integer, got {value!r}")
+
+
+# Each entry is the named checkpoint's config.json (head_dim where it omits it: hidden_size / heads);
+# num_params is its exact parameter count, which tests/simulator/core/test_models.py recomputes from the
+# architecture.
+MODELS: dict[str, ModelSpec] = {
+    # MHA, learned positions, biases everywhere, LayerNorm, ReLU, tied LM head.
+    "opt-13b": ModelSpec(
+        name="opt-13b", hf_id="facebook/opt-13b", architecture="OPTForCausalLM", vocab_size=50272,
+        hidden_size=5120, intermediate_size=20480, num_hidden_layers=40, num_attention_heads=40,
+        num_key_value_heads=40, head_dim=128, max_position_embeddings=2048, tie_word_embeddings=True,
+        qkv_bias=True, o_bias=True, mlp_bias=True, bos_token_id=2, eos_token_ids=(2,), torch_dtype="float16",
+        num_params=12_853_473_280,
+    ),
+    # MHA, untied LM head.
+    "llama-2-7b": ModelSpec(
+        name="llama-2-7b", hf_id="meta-llama/Llama-2-7b-hf", architecture="LlamaForCausalLM",
+        vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=32, head_dim=128, max_position_embeddings=4096,
+        rms_norm_eps=1e-5, rope_theta=10000.0, bos_token_id=1, eos_token_ids=(2,), torch_dtype="float16",
+        num_params=6_738_415_616,
+    ),
+    # GQA with 8 KV heads, untied LM head.
+    "llama-3-8b": ModelSpec(
+        name="llama-3-8b", hf_id="meta-llama/Meta-Llama-3-8B", architecture="LlamaForCausalLM",
+        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=8192,
+        rms_norm_eps=1e-5, rope_theta=500000.0, bos_token_id=128000, eos_token_ids=(128001,),
+        torch_dtype="bfloat16", num_params=8_030_261_248,
+    ),
+    # GQA with 4 KV heads, QKV biases, untied LM head. config.json allows 131,072 positions, but the model
+    # card says beyond 32,768 needs YaRN scaling, so serving stops at 32,768.
+    "qwen2.5-7b": ModelSpec(
+        name="qwen2.5-7b", hf_id="Qwen/Qwen2.5-7B", architecture="Qwen2ForCausalLM", vocab_size=152064,
+        hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+        num_key_value_heads=4, head_dim=128, max_position_embeddings=131072, rms_norm_eps=1e-6,
+        rope_theta=1000000.0, qkv_bias=True, bos_token_id=151643, eos_token_ids=(151643,),
+        torch_dtype="bfloat16", num_params=7_615_616_512, context_limit=32768,
+    ),
+    # GQA with 8 KV heads of dim 64, Llama 3 RoPE scaling, tied LM head; small enough for GPU runs. The
+    # engine builds it with random weights under the name llama-1b-shape (the shape, not the checkpoint),
+    # which replays record, so fitted profiles and run folders name it either way.
+    "llama-3.2-1b": ModelSpec(
+        name="llama-3.2-1b", aliases=("llama-1b-shape",), hf_id="meta-llama/Llama-3.2-1B",
+        architecture="LlamaForCausalLM", vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+        num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+        max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
+        rope_scaling=RopeScaling(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                 original_max_position_embeddings=8192),
+        tie_word_embeddings=True, bos_token_id=128000, eos_token_ids=(128001,), torch_dtype="bfloat16",
+        num_params=1_235_814_400,
+    ),
+    # The engine's CPU model: Llama with grouped-query attention (2 query heads per KV head), small enough
+    # for a 2-core CPU, in fp32 (half precision is slow there); head_dim 64 because the Triton kernels
+    # support head_dim 64 and up. Simulations of its CPU replays use the fitted profile cpu-tiny.
+    "tiny": ModelSpec(
+        name="tiny", architecture="LlamaForCausalLM", vocab_size=1024, hidden_size=256, intermediate_size=688,
+        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+        max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0, bos_token_id=1,
+        eos_token_ids=(2,), torch_dtype="float32", num_params=3_426_560,
+    ),
+    # tiny's Qwen2 flavour: q/k/v biases and tied embeddings.
+    "tiny-qwen2": ModelSpec(
+        name="tiny-qwen2", architecture="Qwen2ForCausalLM", vocab_size=1024, hidden_size=256,
+        intermediate_size=688, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+        max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
+        qkv_bias=True, bos_token_id=1, eos_token_ids=(2,), torch_dtype="float32", num_params=3_166_464,
+    ),
+}
+
+# Alias -> entry, derived from the entries themselves so that an alias lives in exactly one place.
+_BY_ALIAS: dict[str, ModelSpec] = {alias: spec for spec in MODELS.values() for alias in spec.aliases}
+
+
+def model_names() -> list[str]:
+    """Every name get_model accepts, entries' own names and aliases, sorted."""
+    return sorted([*MODELS, *_BY_ALIAS])
+
+
+def get_model(name: str) -> ModelSpec:
+    """Look up a model by its name or one of its aliases."""
+    spec = MODELS.get(name) or _BY_ALIAS.get(name)
+    if spec is None:
+        raise ConfigError(f"unknown model {name!r}; valid models: {', '.join(model_names())}")
+    return spec
+
+
+def canonical_name(name: str) -> str:
+    """The registry's own name for `name` (itself, or the entry it is an alias of); other names unchanged."""
+    spec = MODELS.get(name) or _BY_ALIAS.get(name)
+    return name if spec is None else spec.name

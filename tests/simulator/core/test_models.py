@@ -1,0 +1,146 @@
+"""The model registry: every entry's numbers agree with its architecture, and names resolve to one entry."""
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from simulator.core.errors import ConfigError
+from simulator.core.models import MODELS, ModelSpec, canonical_name, get_model, model_names
+
+ROOT = Path(__file__).resolve().parents[3]
+ENTRIES = pytest.mark.parametrize("model", list(MODELS.values()), ids=list(MODELS))
+
+
+def _llama_family_params(m: ModelSpec) -> int:
+    """Parameter count of a Llama/Mistral/Qwen2 decoder, from the architecture alone."""
+    kv_dim = m.num_key_value_heads * m.head_dim
+    q_dim = m.num_attention_heads * m.head_dim
+    attn = 2 * m.hidden_size * q_dim + 2 * m.hidden_size * kv_dim
+    if m.qkv_bias:
+        attn += q_dim + 2 * kv_dim
+    mlp = 3 * m.hidden_size * m.intermediate_size
+    layer = attn + mlp + 2 * m.hidden_size  # two RMSNorm weights
+    embed = m.vocab_size * m.hidden_size * (1 if m.tie_word_embeddings else 2)
+    return m.num_hidden_layers * layer + embed + m.hidden_size
+
+
+def _opt_params(m: ModelSpec) -> int:
+    """Parameter count of an OPT decoder: biases everywhere, LayerNorm with bias, learned positions (+2)."""
+    h, f = m.hidden_size, m.intermediate_size
+    layer = 4 * (h * h + h) + (h * f + f) + (f * h + h) + 2 * 2 * h
+    return m.num_hidden_layers * layer + m.vocab_size * h + (m.max_position_embeddings + 2) * h + 2 * h
+
+
+PARAM_COUNTS = {"OPTForCausalLM": _opt_params, "LlamaForCausalLM": _llama_family_params,
+                "Qwen2ForCausalLM": _llama_family_params}
+
+
+@ENTRIES
+def test_num_params_matches_the_architecture(model):
+    # Cross-checked once against transformers' models built on the meta device from these configs.
+    assert model.architecture in PARAM_COUNTS, f"no parameter count for {model.architecture}"
+    assert model.num_params == PARAM_COUNTS[model.architecture](model)
+
+
+def test_architecture_flags_of_the_checkpoints():
+    # What the parameter counts rest on: Qwen2 has q/k/v biases, OPT biases everywhere, and which heads tie.
+    assert get_model("qwen2.5-7b").qkv_bias and not get_model("qwen2.5-7b").o_bias
+    opt = get_model("opt-13b")
+    assert opt.qkv_bias and opt.o_bias and opt.mlp_bias and opt.tie_word_embeddings
+    tied = {name for name, m in MODELS.items() if m.tie_word_embeddings}
+    assert tied == {"opt-13b", "llama-3.2-1b", "tiny-qwen2"}
+
+
+@ENTRIES
+def test_entries_are_consistent(model):
+    assert MODELS[model.name] is model
+    assert model.num_attention_heads * model.head_dim == model.hidden_size
+    assert model.num_attention_heads % model.num_key_value_heads == 0
+    assert model.num_params is not None and model.torch_dtype is not None
+    # The engine's CPU models run in fp32; every checkpoint is served in its 16-bit dtype.
+    assert model.dtype_bytes == (4 if model.name in ("tiny", "tiny-qwen2") else 2)
+
+
+def test_simulator_names_read_the_hugging_face_fields():
+    qwen = get_model("qwen2.5-7b")
+    assert (qwen.num_layers, qwen.num_heads, qwen.num_kv_heads) == (28, 28, 4)
+    assert qwen.num_queries_per_kv == 7
+    assert qwen.bytes_per_token == qwen.kv_bytes_per_token() == 2 * 28 * 4 * 128 * 2
+    assert qwen.weight_bytes == 2 * 7_615_616_512
+
+
+def test_opt13b_bytes_per_token_is_800_kib():
+    # DESIGN.md: 2 x 5120 x 40 x 2 bytes.
+    assert get_model("opt-13b").bytes_per_token == 819_200 == 800 * 1024
+
+
+def test_kv_bytes_in_another_dtype():
+    class Fp8:
+        itemsize = 1
+
+    tiny = get_model("tiny")
+    assert tiny.kv_bytes_per_token() == 4 * tiny.kv_bytes_per_token(Fp8()) == 2 * 4 * 2 * 64 * 4
+
+
+def test_max_model_len_is_the_tightest_cap():
+    assert get_model("qwen2.5-7b").max_position_embeddings == 131072
+    assert get_model("qwen2.5-7b").max_model_len == 32768  # context_limit: YaRN needed beyond
+    assert get_model("llama-3.2-1b").max_model_len == 131072
+    windowed = get_model("llama-3-8b").replace(sliding_window=4096)
+    assert windowed.max_model_len == 4096
+    assert windowed.replace(context_limit=2048).max_model_len == 2048
+
+
+def test_an_alias_is_the_same_entry():
+    assert get_model("llama-1b-shape") is get_model("llama-3.2-1b")
+    assert canonical_name("llama-1b-shape") == "llama-3.2-1b" == canonical_name("llama-3.2-1b")
+    assert canonical_name("/models/my-llama") == "/models/my-llama"  # not ours to rename
+
+
+def test_every_name_belongs_to_one_entry():
+    names = [n for m in MODELS.values() for n in m.names]
+    assert len(names) == len(set(names))
+    assert sorted(names) == model_names()
+
+
+def test_unknown_name_lists_every_valid_name():
+    with pytest.raises(ConfigError, match="unknown model 'nope'; valid models: ") as info:
+        get_model("nope")
+    assert "\n" not in str(info.value)
+    assert all(name in str(info.value) for name in model_names())
+    assert "llama-1b-shape" in str(info.value)
+
+
+def test_entries_are_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        get_model("opt-13b").num_hidden_layers = 1
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"num_key_value_heads": 5}, "not a multiple of num_key_value_heads"),
+    ({"hidden_size": 0}, "hidden_size must be a positive integer"),
+    ({"num_params": -1}, "num_params must be a positive integer"),
+    ({"context_limit": True}, "context_limit must be a positive integer"),
+])
+def test_bad_shapes_are_refused(change, message):
+    with pytest.raises(ConfigError, match=message):
+        get_model("tiny").replace(**change)
+
+
+def test_unknown_sizes_are_named():
+    with pytest.raises(ConfigError, match="tiny: torch_dtype 'int4' has no known size"):
+        get_model("tiny").replace(torch_dtype="int4").bytes_per_token  # noqa: B018
+    with pytest.raises(ConfigError, match="num_params is unknown"):
+        get_model("tiny").replace(num_params=None).weight_bytes  # noqa: B018
+
+
+def test_the_registry_imports_no_numpy_or_torch():
+    # The engine and the simulator both read it; neither's heavy dependencies may come with it.
+    code = ("import sys, simulator.core.models; "
+            "print(sorted(m for m in ('numpy', 'pandas', 'torch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
