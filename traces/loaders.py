@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 
+import traces.formats as formats
 from pagelab.atomic import atomic_write
-from traces import formats
 from traces.errors import TraceError
 from traces.schema import RawTrace, _validate, validate_trace
 
