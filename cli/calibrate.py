@@ -8,7 +8,6 @@ import pandas as pd
 import typer
 from rich.table import Table
 
-from cli import app
 from cli.common import UserError, atomic_write_bytes, console, err_console, user_errors
 from pagelab.errors import PagelabError
 
@@ -45,7 +44,6 @@ def read_config(folder: Path) -> dict:
     return read_json(folder / "config.json")
 
 
-@app.command("calibrate")
 @user_errors
 def calibrate_cmd(
     runs: list[Path] = typer.Argument(..., metavar="RUN...", help="Run folders written by pagelab replay."),
@@ -140,7 +138,6 @@ def comparison_report(result: dict) -> Table:
     return t
 
 
-@app.command("compare")
 @user_errors
 def compare_cmd(
     sim_run: Path = typer.Argument(..., metavar="SIM_RUN", help="Run folder from pagelab simulate."),

@@ -7,7 +7,6 @@ import typer
 from rich import box
 from rich.table import Table
 
-from cli import app
 from cli.common import console, user_errors
 
 
@@ -33,7 +32,6 @@ def _table(rows: list[dict], title: str, units: dict[str, str]) -> Table:
     return table
 
 
-@app.command("presets")
 @user_errors
 def presets_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables.")) -> None:
     """List the model and GPU presets (--model, --gpu of simulate) with their numbers."""

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import typer
 
-from cli import app
 from cli.common import UserError, console, err_console, finite_float, user_errors
 from cli.serving import Bars, allocators, cap_concurrency, check_metric_options, load_workload, report
 
@@ -34,7 +33,6 @@ def replay_to_dir(df, configs: dict, info: dict, out: Path | None, table_format:
     return results
 
 
-@app.command("replay")
 @user_errors
 def replay_cmd(
     trace: str = typer.Argument(None, help="Trace file or bundled name (default: azure-conv)."),

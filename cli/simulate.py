@@ -7,7 +7,6 @@ from pathlib import Path
 
 import typer
 
-from cli import app
 from cli.common import UserError, atomic_dir, err_console, finite_float, user_errors
 from cli.serving import Bars, allocators, cap_concurrency, check_metric_options, load_workload, report
 from pagelab.malloc import map_large_blocks
@@ -43,7 +42,6 @@ def pool_problem(df, config) -> str | None:
             f"--kv-memory-gb {gib:.3g} or --capacity-tokens {bound}")
 
 
-@app.command("simulate")
 @user_errors
 def simulate_cmd(
     trace: str = typer.Argument(None, help="Trace file or bundled name (default: azure-conv)."),
