@@ -99,7 +99,8 @@ def simulate_cmd(
                                           "run (arrivals, clipped prompts), timed by the latency model."),
 ) -> None:
     """Replay a request trace against KV-cache allocators and compare where the memory goes."""
-    from cli.runs import check_out, run_metadata, trace_hash
+    from bench.run_tools import simulation_labels, simulation_metadata
+    from cli.runs import check_out
     from simulator.config import SimConfig
     from simulator.loop import simulate
     from simulator.output import RunFolder
@@ -131,12 +132,10 @@ def simulate_cmd(
                      enable_chunked_prefill=chunked_prefill, preemption_mode=preemption,
                      enable_prefix_caching=prefix_caching, latency=latency, seed=seed, mode=mode,
                      record_events=events and out is not None,
-                     extra={"trace": info["source"], "rate": info["rate_override"],
-                            "max_concurrency": max_concurrency,
-                            "pagelab_version": run_metadata("simulate")["versions"]["pagelab"]})
+                     extra=simulation_labels(info, max_concurrency))
     measured = None
     if step_times_from is not None or config_from is not None:
-        from cli.calibrate import replay_twin
+        from bench.run_tools import replay_twin
 
         name, df, base, measured = replay_twin(step_times_from or config_from,
                                                df if (trace or trace_opt) else None, base,
@@ -174,8 +173,7 @@ def simulate_cmd(
                          result_dir=result_dir, result_filename=result_filename, extra=extra)
         if tmp is not None:
             from cli.runs import write_run_files
-            meta = {**run_metadata("simulate"), "trace_sha256": trace_hash(info["source"]),
-                    "config": base.to_dict() | {"allocators": names}}
+            meta = simulation_metadata(base, names, info["source"])
             write_run_files(tmp, info, results, table_format, metadata=meta,
                             extra_summary={**extra, "serving_metrics": metrics})
     if out is not None:

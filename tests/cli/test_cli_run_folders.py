@@ -80,7 +80,7 @@ def test_run_folder_is_self_describing_and_follows_the_umask(tmp_path):
 
 
 def test_trace_hash_is_the_files_sha256_across_read_buffers(tmp_path):
-    from cli.runs import HASH_READ_BYTES, trace_hash
+    from traces.loaders import HASH_READ_BYTES, trace_hash
 
     data = np.random.default_rng(0).bytes(2 * HASH_READ_BYTES + 123)
     path = tmp_path / "t.parquet"
