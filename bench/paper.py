@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from simulator.core.allocator import MemoryBreakdown
 from simulator.config import SimConfig
+from simulator.core.allocator import MemoryBreakdown
 from simulator.loop import RunResult, simulate
 from traces import SyntheticConfig, generate_trace
 

@@ -172,8 +172,8 @@ def replay_twin(real_run: Path, trace_df: pd.DataFrame | None, base, step_times:
     prompt lengths the replay ran; with `step_times`, the step times are the replay's too
     (simulator/timing/measured_steps.py, step mode), else the latency model of `base` times the steps.
     """
-    from simulator.timing.measured_steps import MeasuredSteps
     from simulator.specs import GIB, sim_model_name
+    from simulator.timing.measured_steps import MeasuredSteps
     from traces import load_trace
     from viz.load import load_allocator
 
