@@ -89,10 +89,16 @@ def validate_run(real: Path, profile: str, out: Path, trace: Path) -> dict:
 def simulate_replay(trace: Path, profile: str, real: Path, out: Path) -> Path:
     """Simulate the replay in `real` with the profile on the replay's own configuration into the run folder
     `out`, replacing the one there: what `pagelab simulate TRACE --profile P --config-from REAL` writes."""
-    from bench.run_tools import replay_twin, serving_metrics, simulation_labels, simulation_metadata
-    from pagelab.run_folder import write_run
+    from bench.run_tools import (
+        replay_twin,
+        serving_metrics,
+        simulate_runs,
+        simulation_labels,
+        simulation_metadata,
+    )
+    from pagelab.atomic import atomic_dir
+    from pagelab.run_folder import write_run_files
     from simulator.config import SimConfig
-    from simulator.loop import simulate
     from simulator.timing.step_latency import load_fitted
     from traces import load_trace
     from traces.stats import trace_info
@@ -104,9 +110,11 @@ def simulate_replay(trace: Path, profile: str, real: Path, out: Path) -> Path:
     base = SimConfig(model=fitted.model.name, gpu=fitted.gpu.name, latency=profile,
                      extra=simulation_labels(info))
     name, df, base, _ = replay_twin(real, df, base, step_times=False)
-    results = {name: simulate(df, dataclasses.replace(base, allocator=name))}
-    write_run(out, info, results, metadata=simulation_metadata(base, [name], source),
-              extra_summary={"serving_metrics": serving_metrics(results)})
+    with atomic_dir(out) as tmp:
+        results = simulate_runs(df, {name: dataclasses.replace(base, allocator=name)}, tmp,
+                                info["num_requests"])
+        write_run_files(tmp, info, results, metadata=simulation_metadata(base, [name], source),
+                        extra_summary={"serving_metrics": serving_metrics(results)})
     return out
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -49,6 +50,26 @@ def simulation_metadata(config, names: list[str], source: str) -> dict:
 
     return {**run_metadata("simulate"), "trace_sha256": trace_hash(source),
             "config": config.to_dict() | {"allocators": names}}
+
+
+def simulate_runs(df, configs: dict, tmp: Path | None, num_requests: int, table_format: str = "parquet", *,
+                  step_times=None, progress_of: Callable[[str], Callable | None] | None = None) -> dict:
+    """Simulate `df` once per allocator config. With `tmp` (a run folder being written, e.g. by
+    `pagelab.atomic.atomic_dir`) each run streams its tables into tmp/NAME as it goes; without, the
+    results hold them. `progress_of(name)`, called as each run starts, gives its progress callback."""
+    from simulator.loop import simulate
+    from simulator.output import RunFolder
+
+    results = {}
+    for name, cfg in configs.items():
+        progress = progress_of(name) if progress_of is not None else None
+        output = None
+        if tmp is not None:
+            (tmp / name).mkdir()
+            output = RunFolder(tmp / name, table_format, num_requests=num_requests,
+                               record_events=cfg.record_events)
+        results[name] = simulate(df, cfg, output, progress=progress, step_times=step_times)
+    return results
 
 
 def allocator_dirs(run: Path, allocator: str | None = None) -> list[tuple[str, Path]]:

@@ -99,11 +99,9 @@ def simulate_cmd(
                                           "run (arrivals, clipped prompts), timed by the latency model."),
 ) -> None:
     """Replay a request trace against KV-cache allocators and compare where the memory goes."""
-    from bench.run_tools import simulation_labels, simulation_metadata
+    from bench.run_tools import simulate_runs, simulation_labels, simulation_metadata
     from cli.runs import check_out
     from simulator.config import SimConfig
-    from simulator.loop import simulate
-    from simulator.output import RunFolder
 
     names = allocators(allocator, ALL_ALLOCATORS)
     if placement is not None and all(ALLOCATORS[n] is None for n in names):
@@ -145,23 +143,19 @@ def simulate_cmd(
         problem = pool_problem(df, dataclasses.replace(base, allocator=name))
         if problem:
             raise UserError(problem)
-    results = {}
     extra = {}
     with contextlib.ExitStack() as stack:
         # The run folder is open while simulating: tenures and memory rows stream into it
         # (tmp/NAME/events.*, memory.*) and it is renamed into place only once everything is written.
         tmp = stack.enter_context(atomic_dir(out)) if out is not None else None
         with Bars("simulating") as bars:
-            for name in names:
+            def progress_of(name: str):
                 bars.add(name, info["num_requests"])
-                report_progress = lambda done, total, n=name: bars.update(n, done)  # noqa: E731
-                cfg = dataclasses.replace(base, allocator=name)
-                output = None
-                if tmp is not None:
-                    (tmp / name).mkdir()
-                    output = RunFolder(tmp / name, table_format, num_requests=info["num_requests"],
-                                       record_events=cfg.record_events)
-                results[name] = simulate(df, cfg, output, progress=report_progress, step_times=measured)
+                return lambda done, total: bars.update(name, done)
+
+            results = simulate_runs(df, {n: dataclasses.replace(base, allocator=n) for n in names}, tmp,
+                                    info["num_requests"], table_format, step_times=measured,
+                                    progress_of=progress_of)
         if sharing:
             from simulator.sharing import sharing_saving
             r = sharing_saving(df, dataclasses.replace(base, allocator="paged"))
