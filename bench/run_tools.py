@@ -1,8 +1,9 @@
 """Run folders as the `pagelab` commands and the calibration tools both use them (no printing, no options).
 
-The serving metrics every run folder's summary.json carries; the allocator folders, configs and steps
-tables of measured runs (`pagelab calibrate`); a simulation of a replay's own run (`simulate --config-from
-/ --step-times-from`); and the comparison of a simulation with a replay (`pagelab compare`). `cli` prints
+The serving metrics every run folder's summary.json carries; the simulation loop that `pagelab simulate`
+streams into a run folder; the allocator folders, configs and steps tables of measured runs (`pagelab
+calibrate`); a simulation of a replay's own run (`simulate --config-from / --step-times-from`); and the
+comparison of a simulation with a replay (`pagelab compare`). `cli` prints
 and checks options around these; `bench.calibration` and `bench.profile` call them directly. Heavy
 modules (pandas readers, viz, the simulator's fitting) are imported where they are used, so the CLI's
 start does not pay for them.
