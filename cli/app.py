@@ -98,7 +98,7 @@ def main() -> None:
     sys.exit(code if isinstance(code, int) else 0)
 
 
-# Registered in this order so `pagelab --help` lists the commands, then the groups, as it always has.
+# Registration order is `pagelab --help`'s order (typer lists the commands, then the groups).
 app.add_typer(bench_app, name="bench")
 app.command("calibrate")(calibrate_cmd)
 app.command("compare")(compare_cmd)
