@@ -37,7 +37,7 @@ paper: env
 	$(VENV)/bin/pagelab plot runs/paper-sharegpt-burst --only breakdown --out runs/paper-sharegpt-burst/figures
 
 bench: env
-	$(PY) -m pytest -q benchmarks --benchmark-enable --benchmark-only
+	$(PY) -m pytest -q tests/benchmarks --benchmark-enable --benchmark-only
 
 # A latency profile for this machine in one command (docs/calibration.md), e.g. on a GPU:
 #   make profile DEVICE=cuda GPU=h100-80gb PROFILE=h100-1b.json     (llama-1b-shape, Triton, wall clock)

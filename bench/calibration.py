@@ -12,19 +12,22 @@ the errors of the simulation against the measurement and whether each target is 
 twice (`--repeat`) also give the noise floor: each repeat compared with its first replay, and whether the
 machine repeats itself within the targets at all (if not, no verdict above says anything about the model).
 
-Everything runs in this process through the `pagelab` commands themselves, so the run folders under
---out are the ones a user would get by typing the commands one by one (docs/calibration.md, "The loop").
+Everything runs in this process through the library functions behind the `pagelab replay`, `simulate
+--config-from` and `compare` commands (gpu_backend/replay_run.py, bench/run_tools.py), so the run folders
+under --out hold what a user would get by typing the commands one by one (docs/calibration.md, "The loop").
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
 
 import pandas as pd
 
-from bench.replay_setup import ReplaySetup, add_arguments, pagelab
+from bench.replay_setup import ReplaySetup, add_arguments, replay
+from pagelab.errors import PagelabError
 
 # name -> (bundled trace, first request, arrival time scale); the order of docs/calibration.md's table.
 PARTS = {"A": ("azure-conv", 0, 1.0), "B": ("azure-conv", 40, 1.0), "A-x2": ("azure-conv", 0, 2.0),
@@ -65,8 +68,7 @@ def replay_run(trace_csv: Path, time_scale: float, setup: ReplaySetup, out: Path
     """Replay one run into OUT/real (unless `reuse` finds one there); the run folder."""
     real = out / "real"
     if not (reuse and (real / "summary.json").is_file()):
-        pagelab("replay", trace_csv, "--limit", str(PART_SIZE), "--time-scale", str(time_scale),
-                *setup.replay_options(), "--out", real, "--overwrite")
+        replay(setup, trace_csv, real, PART_SIZE, time_scale)
     return real
 
 
@@ -80,9 +82,50 @@ def validate_run(real: Path, profile: str, out: Path, trace: Path) -> dict:
     """Simulate the replay in `real` with the profile and compare the two; the comparison's JSON. The
     trace is named, not taken from the replay's config.json, whose path is the replaying machine's."""
     sim, cmp = out / "sim", out / "compare"
-    pagelab("simulate", trace, "--profile", profile, "--config-from", real, "--out", sim, "--overwrite")
-    pagelab("compare", sim, real, "--out", cmp)
-    return json.loads((cmp / "comparison.json").read_text())
+    simulate_replay(trace, profile, real, sim)
+    return compare(sim, real, cmp)
+
+
+def simulate_replay(trace: Path, profile: str, real: Path, out: Path) -> Path:
+    """Simulate the replay in `real` with the profile on the replay's own configuration into the run folder
+    `out`, replacing the one there: what `pagelab simulate TRACE --profile P --config-from REAL` writes."""
+    from bench.run_tools import (
+        replay_twin,
+        serving_metrics,
+        simulate_runs,
+        simulation_labels,
+        simulation_metadata,
+    )
+    from pagelab.atomic import atomic_dir
+    from pagelab.run_folder import write_run_files
+    from simulator.config import SimConfig
+    from simulator.timing.step_latency import load_fitted
+    from traces import load_trace
+    from traces.stats import trace_info
+
+    source = str(trace)
+    df = load_trace(source)
+    info = {"source": source, **trace_info(df), "rate_override": None, "burstiness": None, "limit": None}
+    fitted = load_fitted(profile)
+    base = SimConfig(model=fitted.model.name, gpu=fitted.gpu.name, latency=profile,
+                     extra=simulation_labels(info))
+    name, df, base, _ = replay_twin(real, df, base, step_times=False)
+    with atomic_dir(out) as tmp:
+        results = simulate_runs(df, {name: dataclasses.replace(base, allocator=name)}, tmp,
+                                info["num_requests"])
+        write_run_files(tmp, info, results, metadata=simulation_metadata(base, [name], source),
+                        extra_summary={"serving_metrics": serving_metrics(results)})
+    return out
+
+
+def compare(sim: Path, real: Path, out: Path) -> dict:
+    """Compare the run `sim` with the run `real` into `out` (what `pagelab compare SIM REAL --out OUT`
+    writes); the comparison."""
+    from bench.run_tools import compare_folders, write_comparison
+
+    result, sim_folder, real_folder = compare_folders(sim, real)
+    write_comparison(out, result, sim_folder, real_folder)
+    return json.loads((out / "comparison.json").read_text())
 
 
 def summary_row(comparison: dict) -> dict[str, float | None]:
@@ -150,9 +193,8 @@ def noise_floor(out: Path, pairs: list[tuple[str, str]]) -> dict[str, dict]:
     """Compare each repeat's replay with its first one (`pagelab compare`, into OUT/REPEAT/floor)."""
     rows = {}
     for repeat, first in pairs:
-        cmp = out / repeat / "floor"
-        pagelab("compare", out / repeat / "real", out / first / "real", "--out", cmp)
-        rows[f"{repeat} vs {first}"] = floor_row(json.loads((cmp / "comparison.json").read_text()))
+        comparison = compare(out / repeat / "real", out / first / "real", out / repeat / "floor")
+        rows[f"{repeat} vs {first}"] = floor_row(comparison)
     return rows
 
 
@@ -326,10 +368,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         ap.error(str(exc))
     setup = ReplaySetup.from_args(args)
-    if args.replay_only:
-        print(replay_only(setup, args.out, runs, args.reuse))
-    else:
-        validate(args.profile, args.out, runs, args.reuse, setup)
+    try:
+        if args.replay_only:
+            print(replay_only(setup, args.out, runs, args.reuse))
+        else:
+            validate(args.profile, args.out, runs, args.reuse, setup)
+    except PagelabError as exc:  # a bad profile, trace or run folder: one line, as the commands print it
+        ap.exit(2, f"{ap.prog}: error: {exc}\n")
     return 0
 
 

@@ -12,8 +12,8 @@ import time
 
 import torch
 
-from gpu_backend.engine.input_batch import AttentionMetadata
 from gpu_backend.model import CausalLM
+from gpu_backend.model_input import AttentionMetadata
 from gpu_backend.model_presets import PRESETS
 from gpu_backend.ops import get_backend
 

@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(f"- {k}: {v:.3f}" for k, v in causes.items()))
         print(f"\n{paged_variants_table(generate_trace(TRACES['sharegpt-burst']), base)}")
     if args.out is not None:
-        from cli.runs import write_run
+        from pagelab.run_folder import write_run
         from traces.stats import trace_info
         for name, res in results.items():
             info = {"source": f"synthetic {name}", **trace_info(generate_trace(TRACES[name]))}

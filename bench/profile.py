@@ -7,7 +7,8 @@ be, two prompt ranges at two loads: prompts up to max_model_len (a fit extrapola
 prefill) in small and in large batches, and short prompts in batches of 2-8 and of 10-25, so that
 per-sequence and per-context-token decode costs can be told apart at every batch size
 (docs/calibration.md, sittings 15-30).
-Everything runs through the `pagelab` commands, so the run folders under --runs are a user's own.
+Everything runs through the library functions behind `pagelab trace gen`, `replay` and `calibrate`, so the
+traces and run folders under --runs are the ones those commands write.
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from bench.replay_setup import ReplaySetup, add_arguments, pagelab
+from bench.replay_setup import ReplaySetup, add_arguments, replay
+from pagelab.errors import PagelabError
 
 NUM_REQUESTS = 48
 # name -> (Poisson rate in req/s, prompt range, seed); outputs 8-300 tokens in all four.
@@ -36,22 +38,23 @@ def make_profile(setup: ReplaySetup, gpu: str, out: Path, runs: Path, num: int =
     write `out`. `prefill_step` None: on where the replays use CUDA graphs (cuda, not --enforce-eager)."""
     if prefill_step is None:
         prefill_step = graphed_decode(setup)
+    from bench.run_tools import measured_steps, write_profile
+    from traces import SyntheticConfig, generate_trace, save_trace
+
     runs.mkdir(parents=True, exist_ok=True)
     folders = []
     for name, (rate, prompts, seed) in TRACES.items():
-        low, high = prompt_range(prompts, setup.max_model_len)
         trace = runs / f"{name}.csv"
-        pagelab("trace", "gen", "--num", num, "--arrival", "poisson", "--lengths", "uniform",
-                "--output-range", f"{OUTPUT_RANGE[0]}:{OUTPUT_RANGE[1]}", "--max-model-len",
-                setup.max_model_len, "--rate", rate, "--prompt-range", f"{low}:{high}", "--seed", seed,
-                "--out", trace)
-        folder = runs / f"replay-{name}"
-        pagelab("replay", trace, "--limit", num, *setup.replay_options(), "--out", folder,
-                "--overwrite")
-        folders.append(folder)
-    pagelab("calibrate", *folders, "--gpu", gpu, "--objective", "relative", "--out", out,
-            "--sqrt-decode" if sqrt_decode else "--no-sqrt-decode",
-            "--prefill-step" if prefill_step else "--no-prefill-step")
+        save_trace(generate_trace(SyntheticConfig(
+            num_requests=num, arrival="poisson", rate=rate, lengths="uniform",
+            prompt_range=prompt_range(prompts, setup.max_model_len), output_range=OUTPUT_RANGE,
+            max_model_len=setup.max_model_len, seed=seed)), trace)
+        folders.append(replay(setup, trace, runs / f"replay-{name}", num))
+    profile = write_profile(measured_steps(folders), out, gpu=gpu, relative=True, sqrt_decode=sqrt_decode,
+                            prefill_step=prefill_step)
+    fit = profile.meta["fit"]
+    print(f"wrote {out}: fitted to {fit['num_steps']} steps, R² {fit['r2']:.3f}, median |rel error| "
+          f"{100 * fit['median_abs_rel_error']:.1f}%")
     return out
 
 
@@ -86,7 +89,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--gpu is required with --device cuda (the GPU preset the profile stands for, e.g. "
                  "h100-80gb)")
     out = args.out or args.runs / f"{gpu}-{setup.model}.json"
-    make_profile(setup, gpu, out, args.runs, args.num, args.sqrt_decode, args.prefill_step)
+    try:
+        make_profile(setup, gpu, out, args.runs, args.num, args.sqrt_decode, args.prefill_step)
+    except PagelabError as exc:  # e.g. too few steps to fit: one line, as `pagelab calibrate` prints it
+        ap.exit(2, f"{ap.prog}: error: {exc}\n")
     return 0
 
 

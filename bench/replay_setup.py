@@ -1,12 +1,14 @@
 """What a calibration replays on: the engine options shared by `bench.profile` and `bench.calibration`.
 
 A profile is only as good as the match between the replays it was fitted on and the replays it is
-validated against, so both tools build their `pagelab replay` options from one `ReplaySetup`.
+validated against, so both tools replay through one `ReplaySetup` (`replay`), into run folders written by
+the same library functions as `pagelab replay`'s (gpu_backend/replay_run.py).
 """
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from pathlib import Path
 
 # Per device: (model, backend, KV pool in GiB). The CPU row is what the bundled cpu-tiny was measured with;
 # on a GPU a fixed pool (not "all free memory") keeps a replay and its simulation on the same capacity.
@@ -31,12 +33,17 @@ class ReplaySetup:
         """CPU replays run on the CPU-time clock (docs/calibration.md); GPU replays on the wall clock."""
         return "cpu" if self.device == "cpu" else "wall"
 
-    def replay_options(self) -> tuple[str, ...]:
-        """The `pagelab replay` options of this setup (recompute preemption, prefix caching on)."""
-        return ("--model", self.model, "--device", self.device, "--backend", self.backend,
-                "--clock", self.clock, "--block-size", str(self.block_size),
-                "--kv-memory-gb", f"{self.kv_memory_gb:g}", "--max-model-len", str(self.max_model_len),
-                "--preemption", "recompute", "--prefix-caching", *("--enforce-eager",) * self.enforce_eager)
+    def replay_config(self, time_scale: float = 1.0, extra: dict | None = None):
+        """The ReplayConfig of this setup (recompute preemption, prefix caching on; the allocator is set per
+        run); `extra` holds the labels config.json records."""
+        from gpu_backend.engine.engine_config import EngineConfig
+        from gpu_backend.replay import ReplayConfig
+
+        engine = EngineConfig(block_size=self.block_size, kv_memory_gb=self.kv_memory_gb,
+                              max_model_len=self.max_model_len, preemption_mode="recompute",
+                              enable_prefix_caching=True, enforce_eager=self.enforce_eager)
+        return ReplayConfig(model=self.model, device=self.device, backend=self.backend, engine=engine,
+                            time_scale=time_scale, clock=self.clock, extra=extra or {})
 
     @classmethod
     def for_device(cls, device: str, model: str | None = None, backend: str | None = None,
@@ -72,10 +79,21 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     "fitted on eager replays stands for eager runs only)")
 
 
-def pagelab(*args: object) -> None:
-    """Run one `pagelab` command in this process; a non-zero exit stops the caller."""
-    from cli import app
+def replay(setup: ReplaySetup, trace: Path, out: Path, limit: int, time_scale: float = 1.0) -> Path:
+    """Replay the first `limit` requests of the trace file `trace` on `setup` (paged allocator) into the run
+    folder `out`, replacing the one there: the folder `pagelab replay TRACE --limit N --time-scale S` with
+    the setup's options writes."""
+    from bench.run_tools import serving_metrics
+    from gpu_backend.replay_run import replay_configs, replay_metadata, replay_to_dir, run_labels
+    from traces import load_trace
+    from traces.stats import trace_info
 
-    code = app(args=[str(a) for a in args], prog_name="pagelab", standalone_mode=False)
-    if code not in (None, 0):
-        raise SystemExit(f"pagelab {' '.join(map(str, args))} failed (exit {code})")
+    source = str(trace)
+    df = load_trace(source).iloc[:limit].reset_index(drop=True)
+    info = {"source": source, **trace_info(df), "rate_override": None, "burstiness": None, "limit": limit,
+            "time_scale": time_scale}
+    configs = replay_configs(["paged"], setup.replay_config(time_scale, run_labels(source, limit)))
+    replay_to_dir(df, configs, info, out, metadata=replay_metadata(configs, source),
+                  before_write=lambda results: {"serving_metrics": serving_metrics(results)})
+    print(f"replayed {len(df)} requests of {source} into {out}")
+    return out

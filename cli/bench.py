@@ -8,13 +8,11 @@ import typer
 from rich import box
 from rich.table import Table
 
-from cli import app
 from cli.common import UserError, console, err_console, names_list, pick_one, user_errors
 from cli.runs import save_result as write_result
 
 bench_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
                         help="Benchmarks: memory core, simulator, attention kernels, engine.")
-app.add_typer(bench_app, name="bench")
 
 
 def _int_list(values: list[str] | None, option: str) -> tuple[int, ...] | None:

@@ -1,51 +1,14 @@
 """`pagelab calibrate` (fit a latency profile to measured replays) and `pagelab compare` (sim vs real)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import pandas as pd
 import typer
 from rich.table import Table
 
-from cli import app
-from cli.common import UserError, atomic_write_bytes, console, err_console, user_errors
-from pagelab.errors import PagelabError
+from cli.common import UserError, console, err_console, user_errors
 
 
-def allocator_dirs(run: Path, allocator: str | None = None) -> list[tuple[str, Path]]:
-    """The allocator folders of a run folder (or the folder itself when it holds config.json)."""
-    from viz.load import load_run
-
-    loaded = load_run(Path(run))
-    found = [(name, a.path) for name, a in loaded.allocators.items()]
-    if allocator is not None:
-        found = [(n, p) for n, p in found if n == allocator]
-        if not found:
-            raise UserError(f"{run}: no allocator {allocator!r} (has {', '.join(loaded.allocators)})")
-    return found
-
-
-def read_steps(folder: Path) -> pd.DataFrame:
-    """A run's steps table (steps.parquet or steps.csv); its absence is a one-line error."""
-    for path, reader in ((folder / "steps.parquet", pd.read_parquet), (folder / "steps.csv", pd.read_csv)):
-        if path.is_file():
-            try:
-                return reader(path)
-            except (OSError, ValueError) as exc:
-                raise UserError(f"{path}: cannot read steps table ({exc})") from None
-    raise UserError(f"{folder}: no steps table (steps.parquet); calibrate needs a run written by "
-                    "pagelab replay")
-
-
-def read_config(folder: Path) -> dict:
-    """config.json of an allocator folder."""
-    from viz.load import read_json
-
-    return read_json(folder / "config.json")
-
-
-@app.command("calibrate")
 @user_errors
 def calibrate_cmd(
     runs: list[Path] = typer.Argument(..., metavar="RUN...", help="Run folders written by pagelab replay."),
@@ -66,19 +29,14 @@ def calibrate_cmd(
                                            "(docs/latency-model.md)."),
 ) -> None:
     """Fit the step-latency model to measured replays; print the fit quality and write a profile."""
-    from simulator.timing.calibrate import calibrate
+    from bench.run_tools import measured_steps, write_profile
     from simulator.timing.step_latency import STALL_FACTOR
 
-    measured = []
-    for run in runs:
-        for name, folder in allocator_dirs(run, allocator):
-            measured.append((f"{run}/{name}", read_config(folder), read_steps(folder)))
+    measured = measured_steps(runs, allocator)
     if objective not in ("absolute", "relative"):
         raise UserError(f"--objective must be absolute or relative, got {objective!r}")
-    profile = calibrate(measured, gpu=gpu, min_steps=min_steps, relative=objective == "relative",
-                        sqrt_decode=sqrt_decode, prefill_step=prefill_step)
-    payload = json.dumps(profile.to_dict(), indent=2) + "\n"
-    atomic_write_bytes(out, payload.encode())
+    profile = write_profile(measured, out, gpu=gpu, min_steps=min_steps, relative=objective == "relative",
+                            sqrt_decode=sqrt_decode, prefill_step=prefill_step)
     fit = profile.meta["fit"]
     coefs = ", ".join(f"{k}={v:.3g}" for k, v in profile.to_dict()["coefficients"].items())
     console.print(f"fitted {profile.model.name} on {profile.gpu.name} (block size {profile.block_size}) "
@@ -92,30 +50,6 @@ def calibrate_cmd(
                       f"{STALL_FACTOR:g}x the fit's price, first-use compiles or pauses; "
                       "docs/calibration.md)")
     err_console.print(f"wrote {out}")
-
-
-def _tables(folder: Path):
-    from simulator.timing.compare import RunTables
-    from viz.load import load_allocator
-
-    a = load_allocator(folder)
-    has_steps = (folder / "steps.parquet").is_file() or (folder / "steps.csv").is_file()
-    return RunTables(a.summary, a.requests, a.memory, read_steps(folder) if has_steps else None)
-
-
-def _sim_latency(folder: Path):
-    """The latency model a simulation ran with (None when its config does not name one we can rebuild)."""
-    from simulator.timing.step_latency import make_latency_model
-
-    cfg = read_config(folder)
-    if cfg.get("source") == "replay" or "latency" not in cfg or "step_times_from" in (cfg.get("extra") or {}):
-        return None  # measured, or timed by a replay's step times rather than its latency model
-    fitted = cfg["latency"] != "roofline"
-    try:
-        return make_latency_model("fitted" if fitted else "roofline", cfg["model"], cfg["gpu"],
-                                  path=cfg["latency"] if fitted else None)
-    except PagelabError:
-        return None  # e.g. a profile file since moved: the step-index comparison still applies
 
 
 def _pct(x) -> str:
@@ -140,7 +74,6 @@ def comparison_report(result: dict) -> Table:
     return t
 
 
-@app.command("compare")
 @user_errors
 def compare_cmd(
     sim_run: Path = typer.Argument(..., metavar="SIM_RUN", help="Run folder from pagelab simulate."),
@@ -151,18 +84,10 @@ def compare_cmd(
     fmt: str = typer.Option("png", "--format", "-f", help="Figure format: png, svg or pdf."),
 ) -> None:
     """Latency, throughput, step-time and per-step memory differences of a simulation and a replay."""
-    from simulator.timing.compare import compare_runs
+    from bench.run_tools import compare_folders, write_comparison
     from simulator.timing.step_latency import STALL_FACTOR
 
-    sims = dict(allocator_dirs(sim_run, allocator))
-    reals = dict(allocator_dirs(real_run, allocator))
-    common = [n for n in reals if n in sims]
-    if not common:
-        raise UserError(f"{sim_run} and {real_run} share no allocator "
-                        f"({', '.join(sims)} vs {', '.join(reals)})")
-    name = common[0]
-    result = {"allocator": name, "sim_run": str(sim_run), "real_run": str(real_run),
-              **compare_runs(_tables(sims[name]), _tables(reals[name]), _sim_latency(sims[name]))}
+    result, sim_folder, real_folder = compare_folders(sim_run, real_run, allocator)
     console.print(comparison_report(result))
     st, mem = result["step_time"], result["memory"]
     console.print(f"steps: {st['num_steps_sim']} simulated, {st['num_steps_real']} measured; total step "
@@ -182,73 +107,5 @@ def compare_cmd(
     else:
         console.print(f"memory breakdown: not compared ({mem['reason']})")
     if out is not None:
-        from cli.runs import write_json
-        from viz.common import save_figure
-        from viz.compare import plot_latency_overlay
-        from viz.load import load_allocator
-
-        out.mkdir(parents=True, exist_ok=True)
-        write_json(out / "comparison.json", result)
-        fig = plot_latency_overlay(load_allocator(sims[name]).requests, load_allocator(reals[name]).requests)
-        path = save_figure(fig.figure, out / f"{fig.name}.{fmt.lower().lstrip('.')}", fmt.lower().lstrip("."))
+        path = write_comparison(out, result, sim_folder, real_folder, fmt)
         err_console.print(f"wrote {out / 'comparison.json'} and {path}")
-
-
-# Replay config keys that are not the simulator's to copy (the rest that SimConfig has are copied).
-_NOT_COPIED = {"model", "gpu", "latency", "mode", "record_events", "extra", "kv_memory_gb",
-               "gpu_memory_utilization", "swap_space_gb", "debug"}
-
-
-def replay_twin(real_run: Path, trace_df: pd.DataFrame | None, base, step_times: bool = True):
-    """(allocator name, trace as run, SimConfig, MeasuredSteps or None) of a simulation of a replay's run.
-
-    The pool, block size and scheduler options come from the replay's config.json; the trace is the
-    replay's (its `trace` and `limit`, unless `trace_df` is given) with the arrival times and (clipped)
-    prompt lengths the replay ran; with `step_times`, the step times are the replay's too
-    (simulator/measured_steps.py, step mode), else the latency model of `base` times the steps.
-    """
-    import dataclasses
-
-    from simulator.core.models import canonical_name
-    from simulator.presets import GIB
-    from simulator.timing.measured_steps import MeasuredSteps
-    from traces import load_trace
-    from viz.load import load_allocator
-
-    dirs = allocator_dirs(real_run)
-    if len(dirs) != 1:
-        raise UserError(f"{real_run}: holds {len(dirs)} allocators; point --step-times-from at one "
-                        "allocator folder")
-    name, folder = dirs[0]
-    run = load_allocator(folder)
-    cfg = run.config
-    if cfg.get("source") != "replay":
-        raise UserError(f"{folder / 'config.json'}: not a measured run (source {cfg.get('source')!r})")
-    if trace_df is None:
-        if cfg.get("trace") is None:
-            raise UserError(f"{folder / 'config.json'}: no 'trace' recorded; give the TRACE argument")
-        recorded = str(cfg["trace"])
-        if Path(recorded).suffix and not Path(recorded).is_file():  # a file of the replaying machine
-            raise UserError(f"{folder / 'config.json'}: the replay ran trace {recorded}, which is not here; "
-                            "give that trace as the TRACE argument")
-        trace_df = load_trace(recorded)
-        if cfg.get("limit"):
-            trace_df = trace_df.iloc[: int(cfg["limit"])].reset_index(drop=True)
-    req = run.requests.sort_values("request_id")
-    if len(trace_df) != len(req) or (trace_df["request_id"].to_numpy() != req["request_id"].to_numpy()).any():
-        raise UserError(f"{folder}: the trace has {len(trace_df)} requests that do not match the replay's "
-                        f"{len(req)}; give the trace the replay ran")
-    trace_df = trace_df.copy()
-    trace_df["arrival_s"] = req["arrival_s"].to_numpy()
-    trace_df["prompt_len"] = req["prompt_len"].to_numpy()
-    fields = {f.name for f in dataclasses.fields(base)} - _NOT_COPIED
-    copied = {k: v for k, v in cfg.items() if k in fields}
-    swap = (run.summary.get("measured") or {}).get("swap_pool_bytes")
-    config = dataclasses.replace(base, **copied, model=canonical_name(str(cfg["model"])),
-                                 gpu="cpu" if str(cfg.get("device", "")).startswith("cpu") else base.gpu,
-                                 kv_memory_gb=None, mode="step" if step_times else base.mode,
-                                 swap_space_gb=swap / GIB if swap else base.swap_space_gb,
-                                 extra={**base.extra, ("step_times_from" if step_times else "config_from"):
-                                        str(folder)})
-    measured = MeasuredSteps.from_memory(run.memory, source=str(folder)) if step_times else None
-    return name, trace_df, config, measured

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from pagelab.atomic import atomic_dir, atomic_write_bytes  # noqa: F401  (re-exported for commands)
+from pagelab.atomic import atomic_dir  # noqa: F401  (re-exported for commands)
 from pagelab.errors import PagelabError
 
 # Piped output gets a wide console unless COLUMNS says otherwise; a terminal keeps its own width.

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import typer
 
-from cli import app
 from cli.common import UserError, err_console, user_errors
 
 
@@ -29,7 +28,6 @@ def _check_at(at: float, run_dirs: list[Path]) -> None:
         raise UserError(f"--at {at:g} s is after the end of the run(s) ({max(ends):,.3f} s)")
 
 
-@app.command("plot")
 @user_errors
 def plot_cmd(
     run_dirs: list[Path] = typer.Argument(..., metavar="RUN_DIR...",

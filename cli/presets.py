@@ -7,7 +7,6 @@ import typer
 from rich import box
 from rich.table import Table
 
-from cli import app
 from cli.common import console, user_errors
 
 
@@ -60,7 +59,6 @@ def replay_line(models: list[dict]) -> str:
     return line + (f"; the engine cannot run {', '.join(neither)}." if neither else ".")
 
 
-@app.command("presets")
 @user_errors
 def presets_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables.")) -> None:
     """List the model registry and GPU presets with their numbers and what replays each model."""

@@ -1,13 +1,10 @@
 """`pagelab replay`: run a trace's requests on the real engine and write a run folder like `simulate`."""
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
 from pathlib import Path
 
 import typer
 
-from cli import app
 from cli.common import UserError, console, err_console, finite_float, user_errors
 from cli.serving import (
     GOODPUT_HELP,
@@ -22,27 +19,6 @@ from cli.serving import (
 DEFAULT_LIMIT = 64
 
 
-def replay_to_dir(df, configs: dict, info: dict, out: Path | None, table_format: str = "parquet",
-                  progress: Callable[[str, int, int], None] | None = None, *, metadata: dict | None = None,
-                  before_write: Callable[[dict], dict] | None = None) -> dict:
-    """Replay `df` once per allocator config, then write every result at once (all or nothing).
-
-    `before_write(results)` (e.g. printing the tables) returns extra top-level summary entries.
-    """
-    from gpu_backend.replay import replay
-
-    results = {}
-    for name, cfg in configs.items():
-        report = None if progress is None else (lambda done, total, n=name: progress(n, done, total))
-        results[name] = replay(df, cfg, progress=report)
-    extra = before_write(results) if before_write is not None else {}
-    if out is not None:
-        from cli.runs import write_run
-        write_run(out, info, results, table_format, metadata=metadata, extra_summary=extra)
-    return results
-
-
-@app.command("replay")
 @user_errors
 def replay_cmd(
     trace: str = typer.Argument(None, help="Trace file or bundled name (default: azure-conv)."),
@@ -95,9 +71,10 @@ def replay_cmd(
     result_filename: str = typer.Option(None, "--result-filename", help="Name of the result JSON."),
 ) -> None:
     """Replay a trace on the real engine and measure time and memory (same run folder as simulate)."""
-    from cli.runs import check_out, run_metadata, trace_hash
+    from cli.runs import check_out, write_run
     from gpu_backend.engine.engine_config import EngineConfig
     from gpu_backend.replay import ReplayConfig
+    from gpu_backend.replay_run import replay_configs, replay_metadata, replay_to_dir, run_labels
 
     names = allocators(allocator, ["paged"])
     if table_format not in ("parquet", "csv"):
@@ -115,19 +92,14 @@ def replay_cmd(
                              default_limit=DEFAULT_LIMIT)
     info["time_scale"] = time_scale
     source, limit = info["source"], info["limit"]
-    version = run_metadata("replay")["versions"]["pagelab"]
-    configs = {}
-    for name in names:
-        engine = EngineConfig(block_size=block_size, num_blocks=num_blocks, kv_memory_gb=kv_memory_gb,
-                              enable_prefix_caching=prefix_caching, allocator=name,
-                              max_model_len=max_model_len,
-                              max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                              preemption_mode=preemption, swap_space_gb=swap_space_gb,
-                              enforce_eager=enforce_eager)
-        configs[name] = ReplayConfig(model=model, device=device, backend=backend, dtype=dtype, engine=engine,
-                                     time_scale=time_scale, seed=seed, clock=clock,
-                                     extra={"trace": source, "limit": limit, "pagelab_version": version,
-                                            "max_concurrency": max_concurrency})
+    engine = EngineConfig(block_size=block_size, num_blocks=num_blocks, kv_memory_gb=kv_memory_gb,
+                          enable_prefix_caching=prefix_caching, max_model_len=max_model_len,
+                          max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                          preemption_mode=preemption, swap_space_gb=swap_space_gb,
+                          enforce_eager=enforce_eager)
+    configs = replay_configs(names, ReplayConfig(model=model, device=device, backend=backend, dtype=dtype,
+                                                 engine=engine, time_scale=time_scale, seed=seed, clock=clock,
+                                                 extra=run_labels(source, limit, max_concurrency)))
 
     def show(results: dict) -> dict:
         metrics = report("replay", results, info, kinds, percentiles, slos, save=save_result,
@@ -142,14 +114,13 @@ def replay_cmd(
                           + (f", {clipped} prompts clipped to max_model_len" if clipped else ""))
         return {"serving_metrics": metrics}
 
-    meta = {**run_metadata("replay"), "trace_sha256": trace_hash(source),
-            "config": {n: dataclasses.asdict(c) for n, c in configs.items()}}
+    meta = replay_metadata(configs, source)
     with Bars("replaying") as bars:
         for n in names:
             bars.add(n, len(df))
         try:
             replay_to_dir(df, configs, info, out, table_format, lambda n, done, total: bars.update(n, done),
-                          metadata=meta, before_write=show)
+                          metadata=meta, before_write=show, write=write_run)
         except MemoryError:
             raise UserError("the KV pool (--kv-memory-gb / --num-blocks) does not fit in this machine's "
                             "memory; give a smaller pool") from None

@@ -13,7 +13,6 @@ from simulator.metrics import (
     DEFAULT_METRICS,
     DEFAULT_PERCENTILES,
     METRICS,
-    bench_metrics,
     overload_warning,
     rejection_warning,
 )
@@ -92,12 +91,6 @@ def serving_table(metrics: dict[str, dict], kinds: tuple[str, ...], percentiles:
     for label, key, digits in rows:
         t.add_row(label, *(_fmt(m.get(key), digits) for m in metrics.values()))
     return t
-
-
-def serving_metrics(results: dict, kinds, percentiles, goodput) -> dict[str, dict]:
-    """bench_metrics of every allocator's result."""
-    return {name: bench_metrics(res.request_data(), res.summary["sim_duration_s"], metrics=kinds,
-                                percentiles=percentiles, goodput=goodput) for name, res in results.items()}
 
 
 def warn_about(results: dict) -> None:

@@ -1,7 +1,6 @@
 """Run folders (docs/run-format.md): destination checks, results, self-describing metadata."""
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -23,29 +22,7 @@ from pagelab.run_folder import (
 )
 
 __all__ = ["RUN_MARKER", "check_out", "clean_json", "is_run_folder", "run_metadata", "save_result",
-           "trace_hash", "versions", "write_json", "write_run", "write_run_files", "write_table"]
-
-
-HASH_READ_BYTES = 1 << 16
-
-
-def trace_hash(source: str) -> str | None:
-    """sha256 of the trace file behind a path or bundled name (None for generated traces)."""
-    from traces.loaders import resolve_trace
-
-    try:
-        path, _ = resolve_trace(source)
-        digest = hashlib.sha256()
-        # Into one small buffer: reading 1 MiB chunks made a new 1 MiB object each, which set a 10M run's
-        # peak at the very end.
-        buffer = bytearray(HASH_READ_BYTES)
-        view = memoryview(buffer)
-        with open(path, "rb", buffering=0) as f:
-            while n := f.readinto(buffer):
-                digest.update(view[:n])
-    except (OSError, ValueError):
-        return None
-    return "sha256:" + digest.hexdigest()
+           "versions", "write_json", "write_run", "write_run_files", "write_table"]
 
 
 def is_run_folder(path: Path) -> bool:

@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING
 import pandas as pd
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from bench.run_tools import serving_metrics
 from cli.common import LogProgress, UserError, console, err_console, names_list, pick_one, warn
 from cli.report import (
     memory_table,
     parse_metrics,
     parse_percentiles,
-    serving_metrics,
     serving_table,
     warn_about,
 )

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import typer
 
-from cli import app
 from cli.common import UserError, atomic_dir, err_console, finite_float, user_errors
 from cli.serving import (
     GOODPUT_HELP,
@@ -51,7 +50,6 @@ def pool_problem(df, config) -> str | None:
             f"--kv-memory-gb {gib:.3g} or --capacity-tokens {bound}")
 
 
-@app.command("simulate")
 @user_errors
 def simulate_cmd(
     trace: str = typer.Argument(None, help="Trace file or bundled name (default: azure-conv)."),
@@ -109,10 +107,9 @@ def simulate_cmd(
                                           "run (arrivals, clipped prompts), timed by the latency model."),
 ) -> None:
     """Replay a request trace against KV-cache allocators and compare where the memory goes."""
-    from cli.runs import check_out, run_metadata, trace_hash
+    from bench.run_tools import simulate_runs, simulation_labels, simulation_metadata
+    from cli.runs import check_out
     from simulator.config import SimConfig
-    from simulator.loop import simulate
-    from simulator.output import RunFolder
 
     names = allocators(allocator, ALL_ALLOCATORS)
     if placement is not None and all(ALLOCATORS[n] is None for n in names):
@@ -141,12 +138,10 @@ def simulate_cmd(
                      enable_chunked_prefill=chunked_prefill, preemption_mode=preemption,
                      enable_prefix_caching=prefix_caching, latency=latency, seed=seed, mode=mode,
                      record_events=events and out is not None,
-                     extra={"trace": info["source"], "rate": info["rate_override"],
-                            "max_concurrency": max_concurrency,
-                            "pagelab_version": run_metadata("simulate")["versions"]["pagelab"]})
+                     extra=simulation_labels(info, max_concurrency))
     measured = None
     if step_times_from is not None or config_from is not None:
-        from cli.calibrate import replay_twin
+        from bench.run_tools import replay_twin
 
         name, df, base, measured = replay_twin(step_times_from or config_from,
                                                df if (trace or trace_opt) else None, base,
@@ -156,23 +151,19 @@ def simulate_cmd(
         problem = pool_problem(df, dataclasses.replace(base, allocator=name))
         if problem:
             raise UserError(problem)
-    results = {}
     extra = {}
     with contextlib.ExitStack() as stack:
         # The run folder is open while simulating: tenures and memory rows stream into it
         # (tmp/NAME/events.*, memory.*) and it is renamed into place only once everything is written.
         tmp = stack.enter_context(atomic_dir(out)) if out is not None else None
         with Bars("simulating") as bars:
-            for name in names:
+            def progress_of(name: str):
                 bars.add(name, info["num_requests"])
-                report_progress = lambda done, total, n=name: bars.update(n, done)  # noqa: E731
-                cfg = dataclasses.replace(base, allocator=name)
-                output = None
-                if tmp is not None:
-                    (tmp / name).mkdir()
-                    output = RunFolder(tmp / name, table_format, num_requests=info["num_requests"],
-                                       record_events=cfg.record_events)
-                results[name] = simulate(df, cfg, output, progress=report_progress, step_times=measured)
+                return lambda done, total: bars.update(name, done)
+
+            results = simulate_runs(df, {n: dataclasses.replace(base, allocator=n) for n in names}, tmp,
+                                    info["num_requests"], table_format, step_times=measured,
+                                    progress_of=progress_of)
         if sharing:
             from simulator.sharing import sharing_saving
             r = sharing_saving(df, dataclasses.replace(base, allocator="paged"))
@@ -184,8 +175,7 @@ def simulate_cmd(
                          result_dir=result_dir, result_filename=result_filename, extra=extra)
         if tmp is not None:
             from cli.runs import write_run_files
-            meta = {**run_metadata("simulate"), "trace_sha256": trace_hash(info["source"]),
-                    "config": base.to_dict() | {"allocators": names}}
+            meta = simulation_metadata(base, names, info["source"])
             write_run_files(tmp, info, results, table_format, metadata=meta,
                             extra_summary={**extra, "serving_metrics": metrics})
     if out is not None:

@@ -9,7 +9,6 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cli import app
 from cli.common import UserError, console, err_console, user_errors
 from simulator.core.config import ALLOCATORS
 
@@ -42,7 +41,6 @@ def max_rate_table(max_rates, slo_text: str) -> Table:
     return t
 
 
-@app.command("sweep")
 @user_errors
 def sweep_cmd(
     trace: str = typer.Argument(None, help="Trace file or bundled name (default: azure-conv)."),

@@ -11,12 +11,10 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from cli import app
 from cli.common import UserError, console, err_console, pick_one, user_errors
 
 trace_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
                         help="Generate, inspect and convert request traces.")
-app.add_typer(trace_app, name="trace")
 
 _NAMED_LENGTHS = ("fixed", "uniform", "sharegpt", "alpaca")
 MAX_GENERATED = 10**8  # ~10 GB of intermediate arrays; larger traces are better made in pieces

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpu_backend.engine.input_batch import AttentionMetadata
 from gpu_backend.model_config import ModelConfig, resolve_dtype
+from gpu_backend.model_input import AttentionMetadata
 from gpu_backend.rope import RotaryEmbedding
 
 

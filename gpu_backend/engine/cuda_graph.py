@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gpu_backend.engine.input_batch import AttentionMetadata, ModelInput
+from gpu_backend.model_input import AttentionMetadata, ModelInput
 
 
 def decode_graphs_apply(device_type: str, backend: str, enforce_eager: bool) -> bool:

@@ -20,7 +20,7 @@ from gpu_backend.engine.block_table_store import BlockTableStore
 from gpu_backend.engine.cuda_graph import DecodeGraphRunner, decode_graphs_apply
 from gpu_backend.engine.engine_config import EngineConfig
 from gpu_backend.engine.input_batch import SequenceInput, build_model_input
-from gpu_backend.engine.memory import kv_capacity_tokens, make_allocator, swap_tokens
+from gpu_backend.engine.kv_sizing import kv_capacity_tokens, make_allocator, swap_tokens
 from gpu_backend.engine.params import EngineInputError, RequestOutput, SamplingParams
 from gpu_backend.engine.requests import RequestState, check_prompt
 from gpu_backend.engine.sampling import SamplingBatch, compute_logprobs, make_generator, sample

@@ -5,7 +5,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gpu_backend.ops import triton_cache, triton_decode, triton_prefill
+import gpu_backend.ops.triton_cache as triton_cache
+import gpu_backend.ops.triton_decode as triton_decode
+import gpu_backend.ops.triton_prefill as triton_prefill
 from gpu_backend.ops.checks import (
     KernelInputError,
     check_cache_pair,

@@ -6,6 +6,7 @@ import shutil
 import numpy as np
 import pandas as pd
 import pytest
+from typer.testing import CliRunner
 
 from bench.calibration import (
     PARTS,
@@ -18,12 +19,12 @@ from bench.calibration import (
     judged_lines,
     markdown_table,
     noise_floor,
-    pagelab,
     part_floors,
     run_names,
     summary_row,
     verdict_lines,
 )
+from cli import app
 from traces import SyntheticConfig, generate_trace, load_trace, save_trace
 
 
@@ -149,8 +150,10 @@ def two_replays(tmp_path_factory, single_thread):
                                            seed=3))
     save_trace(trace, out / "trace.csv")
     for name in ("P", "P-repeat"):
-        pagelab("replay", out / "trace.csv", "--model", "tiny", "--device", "cpu", "--backend", "torch",
-                "--num-blocks", 24, "--max-model-len", 256, "--out", out / name / "real")
+        args = ["replay", out / "trace.csv", "--model", "tiny", "--device", "cpu", "--backend", "torch",
+                "--num-blocks", 24, "--max-model-len", 256, "--out", out / name / "real"]
+        result = CliRunner().invoke(app, [str(a) for a in args])
+        assert result.exit_code == 0, result.output
     shutil.copytree(out / "P" / "real", out / "P-copy" / "real")
     return out
 

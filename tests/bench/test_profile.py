@@ -27,17 +27,16 @@ def test_each_device_gets_its_own_defaults_and_clock():
         ("tiny", "triton", 2.0, 32)
 
 
-def test_replay_options_are_what_the_bundled_profile_was_measured_with():
-    opts = ReplaySetup().replay_options()
-    assert opts[-1] == "--prefix-caching"
-    pairs = dict(zip(opts[:-1:2], opts[1:-1:2], strict=True))
-    assert pairs == {"--model": "tiny", "--device": "cpu", "--backend": "torch", "--clock": "cpu",
-                     "--block-size": "16", "--kv-memory-gb": "0.25", "--max-model-len": "4096",
-                     "--preemption": "recompute"}
-    gpu = _setup("--device", "cuda").replay_options()
-    assert gpu[gpu.index("--clock") + 1] == "wall" and gpu[gpu.index("--kv-memory-gb") + 1] == "8"
-    assert "--enforce-eager" not in gpu
-    assert _setup("--device", "cuda", "--enforce-eager").replay_options()[-1] == "--enforce-eager"
+def test_the_replay_config_is_what_the_bundled_profile_was_measured_with():
+    cfg = ReplaySetup().replay_config(time_scale=2.0, extra={"trace": "t.csv"})
+    assert (cfg.model, cfg.device, cfg.backend, cfg.clock, cfg.time_scale, cfg.extra) == \
+        ("tiny", "cpu", "torch", "cpu", 2.0, {"trace": "t.csv"})
+    engine = cfg.engine
+    assert (engine.block_size, engine.kv_memory_gb, engine.max_model_len, engine.preemption_mode,
+            engine.enable_prefix_caching, engine.enforce_eager) == (16, 0.25, 4096, "recompute", True, False)
+    gpu = _setup("--device", "cuda").replay_config()
+    assert (gpu.clock, gpu.engine.kv_memory_gb, gpu.engine.enforce_eager) == ("wall", 8.0, False)
+    assert _setup("--device", "cuda", "--enforce-eager").replay_config().engine.enforce_eager
 
 
 def test_the_prefill_step_term_is_fitted_by_default_only_where_decode_steps_are_graphs():

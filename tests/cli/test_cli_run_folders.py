@@ -80,7 +80,7 @@ def test_run_folder_is_self_describing_and_follows_the_umask(tmp_path):
 
 
 def test_trace_hash_is_the_files_sha256_across_read_buffers(tmp_path):
-    from cli.runs import HASH_READ_BYTES, trace_hash
+    from traces.loaders import HASH_READ_BYTES, trace_hash
 
     data = np.random.default_rng(0).bytes(2 * HASH_READ_BYTES + 123)
     path = tmp_path / "t.parquet"
@@ -102,7 +102,7 @@ def test_temp_folders_of_killed_runs_are_removed(tmp_path):
 
 
 def test_sigterm_during_the_write_leaves_no_hidden_folder(tmp_path):
-    code = ("import sys, time; from cli import _terminate; import signal; "
+    code = ("import sys, time; from cli.app import _terminate; import signal; "
             "signal.signal(signal.SIGTERM, _terminate); from pagelab.atomic import atomic_dir\n"
             "with atomic_dir('r') as tmp:\n"
             "    (tmp / 'part').write_text('x'); print('writing', flush=True); time.sleep(60)\n")

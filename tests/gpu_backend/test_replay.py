@@ -7,14 +7,14 @@ import pytest
 from typer.testing import CliRunner
 
 from cli import app
-from cli.replay import replay_to_dir
-from cli.runs import write_run
 from gpu_backend.engine.engine_config import EngineConfig
 from gpu_backend.model import CausalLM
 from gpu_backend.model_config import ModelConfig
 from gpu_backend.model_presets import init_random_weights
 from gpu_backend.ops import get_backend
 from gpu_backend.replay import ReplayConfig, clip_prompts, make_prompts, replay
+from gpu_backend.replay_run import replay_to_dir
+from pagelab.run_folder import write_run
 from simulator.config import SimConfig
 from simulator.loop import simulate
 from traces import SyntheticConfig, generate_trace, save_trace

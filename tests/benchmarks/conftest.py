@@ -1,10 +1,23 @@
-"""Shared fixtures of the opt-in benchmarks (`make bench`)."""
+"""The opt-in benchmarks (`make bench`): collected only with --benchmark-enable, and their shared fixtures.
+
+`make test` (`pytest` over tests/, where pyproject's addopts disable benchmark timing) leaves these files
+out: they are timing suites over workloads sized for timing, not correctness tests.
+"""
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
 from gpu_backend.ops import TorchBackend, TorchBackendConfig
 from gpu_backend.ops.cases import make_paged_case
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Leave every benchmark file out unless --benchmark-enable was given (`make bench` gives it)."""
+    if not config.getoption("benchmark_enable", default=False):
+        return True
+    return None
 
 
 @pytest.fixture
