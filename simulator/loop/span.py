@@ -9,15 +9,10 @@ the same order as step mode's clock) and one memory row holding the span's exact
 """
 from __future__ import annotations
 
-import numpy as np
-
 from simulator.core.scheduler import Admission
 from simulator.loop.state import SimState
 
 _NO_SPAN = (0, None)
-
-
-_SMALL = 24  # spans up to this many steps are computed with scalar Python (numpy's call overhead dominates)
 
 
 def span_length(run: SimState) -> tuple[int, tuple | None]:
@@ -46,47 +41,35 @@ def span_length(run: SimState) -> tuple[int, tuple | None]:
         if now + first >= arrival:
             return _NO_SPAN
         k = min(k, int((arrival - now) / first) + 2)
-    if k <= _SMALL:
-        step_time = run.latency.step_time
-        dts, clock = [], [now]
-        t, ctx = now, tokens
-        for j in range(k):
-            if arrival is not None and t >= arrival:
-                k = j
-                break
-            ctx += b
-            dt = step_time(b, ctx, ctx, b)
-            dts.append(dt)
-            t += dt  # the same sequence of additions as step mode's clock
-            clock.append(t)
-        return (k, (dts, clock)) if k >= 2 else _NO_SPAN
-    ctx = tokens + b * np.arange(1, k + 1, dtype=np.int64)
-    dts = run.latency.step_times(np.full(k, b, dtype=np.int64), ctx, ctx, b)
-    clock = np.cumsum(np.concatenate(([now], dts)))  # sequential sums: step mode's clock, bit for bit
-    if arrival is not None:
-        k = min(k, int(np.searchsorted(clock[:k], arrival, side="left")))
-    return (k, (dts[:k], clock[:k + 1])) if k >= 2 else _NO_SPAN
+    step_time = run.latency.step_time
+    dts, clock = [], [now]
+    t, ctx = now, tokens
+    for j in range(k):
+        if arrival is not None and t >= arrival:
+            k = j
+            break
+        ctx += b
+        dt = step_time(b, ctx, ctx, b)
+        dts.append(dt)
+        t += dt  # the same sequence of additions as step mode's clock
+        clock.append(t)
+    return (k, (dts, clock)) if k >= 2 else _NO_SPAN
 
 
 def run_span(run: SimState, k: int, timing: tuple) -> None:
     """Execute `k` decode steps at once and log one memory row with the span's time-weighted means."""
     dts, clock = timing
     batch = run.sched.decode
-    if isinstance(dts, list):
-        total = sum(dts)
-        _log_small_span(run, k, dts, total)
-        times = clock[:k] if run.events is not None and batch.paged else None
-    else:
-        total = float(dts.sum())
-        _log_span(run, k, dts, total)
-        times = clock[:k].tolist() if run.events is not None and batch.paged else None
-    batch.advance(k, times)
+    total = sum(dts)
+    _log_span(run, k, dts, total)
+    batch.advance(k, clock[:k] if run.events is not None and batch.paged else None)
     run.add_busy(total, len(run.sched.running), k)
     run.set_clock(float(clock[k]))
 
 
-def _log_small_span(run: SimState, k: int, dts: list[float], total: float) -> None:
-    """`_log_span` for a few steps, in scalar arithmetic: the states after each step, weighted by its time."""
+def _log_span(run: SimState, k: int, dts: list[float], total: float) -> None:
+    """The exact time-weighted mean of each memory state over the span's steps (the states after each
+    step's appends, as step mode logs them), one step at a time."""
     alloc, batch = run.alloc, run.sched.decode
     b = batch.size
     cap, tok0, resv0, internal0, external, free0, cached0, allocated0 = alloc.breakdown(run.head())
@@ -126,42 +109,3 @@ def _log_small_span(run: SimState, k: int, dts: list[float], total: float) -> No
     run.mem.add_row(run.step, k, run.now, total, acc_tokens * scale, reservation * scale,
                     acc_internal * scale, external / cap, acc_free * scale, acc_cached * scale,
                     acc_allocated * scale, run.counts(), b, blocks_used)
-
-
-def _log_span(run: SimState, k: int, dts: np.ndarray, total: float) -> None:
-    """The exact time-weighted mean of each memory state over the span's steps (states after each step's
-    appends, as step mode logs them)."""
-    alloc, batch = run.alloc, run.sched.decode
-    b = batch.size
-    cap, tok0, resv0, internal0, external, free0, cached0, allocated0 = alloc.breakdown(run.head())
-    w = dts / total
-    steps = np.arange(1, k + 1, dtype=np.int64)
-    mean_steps = float(steps @ w)
-    tokens = tok0 + b * mean_steps
-    if batch.paged:
-        bs = batch.block_size
-        sizes = np.fromiter((len(x) for x in batch.buckets), np.int64, bs)
-        new = np.cumsum(sizes[(batch.phase + np.arange(k)) % bs])  # blocks taken by the end of each step
-        used = allocated0 // bs + new
-        allocated = used * bs
-        waste = np.zeros(k, np.int64)
-        for phase, slots in batch.waste_at.items():
-            if 0 <= phase - batch.phase < k:
-                waste[phase - batch.phase] += slots
-        held = tok0 + b * steps
-        internal = np.minimum(alloc.num_internal_slots + np.cumsum(waste), allocated - held)
-        uncached = alloc.num_free_blocks - alloc.num_cached_free_blocks
-        cached = cached0 - np.maximum(0, new - uncached) * bs
-        reservation = float((allocated - held - internal) @ w)
-        internal_mean = float(internal @ w)
-        free = float(((alloc.num_blocks - used) * bs) @ w)
-        cached_mean = float(cached @ w)
-        allocated_mean = float(allocated @ w)
-        blocks_used = int(used[-1])
-    else:
-        reservation = resv0 - b * mean_steps
-        internal_mean, free, cached_mean, allocated_mean = internal0, free0, cached0, allocated0
-        blocks_used = allocated0 // alloc.block_size
-    run.mem.add_row(run.step, k, run.now, total, tokens / cap, reservation / cap, internal_mean / cap,
-                    external / cap, free / cap, cached_mean / cap, allocated_mean / cap, run.counts(), b,
-                    blocks_used)
