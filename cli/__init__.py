@@ -1,6 +1,7 @@
 """pagelab command line: the only place that parses arguments, prints, and writes run folders.
 
-`cli.app` holds the typer app and registers the commands, which live one group per module.
+`cli.app` holds the typer app and registers the commands, which live one group per module. Importing
+this package loads none of them: `main` and `app` load `cli.app` when first used.
 """
 from pagelab.malloc import choose_arrow_pool, one_arena
 
@@ -9,6 +10,20 @@ from pagelab.malloc import choose_arrow_pool, one_arena
 one_arena()
 choose_arrow_pool()
 
-from cli.app import app, main  # noqa: E402
+
+def main() -> None:
+    """Console-script entry point (`pagelab`)."""
+    from cli.app import main as run
+
+    run()
+
+
+def __getattr__(name: str):
+    if name == "app":
+        from cli.app import app
+
+        return app
+    raise AttributeError(f"module 'cli' has no attribute {name!r}")
+
 
 __all__ = ["app", "main"]

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 import pandas as pd
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from bench.run_tools import serving_metrics
 from cli.common import LogProgress, UserError, console, err_console, names_list, pick_one, warn
 from cli.report import (
     memory_table,
@@ -143,6 +142,8 @@ class Bars:
 def report(command: str, results: dict, info: dict, kinds, percentiles, slos, *, save: bool,
            result_dir: Path | None, result_filename: str | None, extra: dict | None = None) -> dict:
     """Print the memory and serving tables and the warnings; save the result JSON if asked."""
+    from bench.run_tools import serving_metrics
+
     metrics = serving_metrics(results, kinds, percentiles, slos)
     console.print(memory_table({n: r.summary for n, r in results.items()}))
     console.print(serving_table(metrics, kinds, percentiles))

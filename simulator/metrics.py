@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from pagelab.column_stats import BLOCK_ROWS, Blocks, median_and_percentiles, weighted_percentiles
-from simulator.output import Kept
 from simulator.output.memory_rows import frame_means, weighted_means
 from simulator.output.request_rows import RequestColumns, RequestTotals, output_tokens
 from simulator.slo import Limit
 from traces.batches import FrameBatches
+
+if TYPE_CHECKING:
+    from simulator.output import Kept
 
 Requests = pd.DataFrame | RequestColumns  # a request table, in memory or streamed to a file
 METRICS = ("ttft", "tpot", "itl", "e2el")

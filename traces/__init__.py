@@ -2,37 +2,26 @@
 
 The simulator and the engine code against the frame returned by `load_trace` / `validate_trace` /
 `generate_trace`; see docs/traces.md for its columns and for which bad inputs are fixed or refused.
+The names below load their module when first used, so importing one submodule (a simulation reading its
+trace in batches) does not load the loaders and generators.
 """
-from pagelab.errors import PagelabError
-from traces.errors import TraceError
-from traces.loaders import (
-    BUNDLED,
-    FORMATS,
-    default_trace_path,
-    detect_format,
-    load_length_pairs,
-    load_trace,
-    save_trace,
-)
-from traces.schema import CANONICAL_COLUMNS, PREFIX_COLUMNS, TraceWarning, validate_trace
-from traces.synthetic import SyntheticConfig, generate_trace, rescale_rate, respace_arrivals
+from importlib import import_module
 
-__all__ = [
-    "BUNDLED",
-    "CANONICAL_COLUMNS",
-    "FORMATS",
-    "PREFIX_COLUMNS",
-    "PagelabError",
-    "SyntheticConfig",
-    "TraceError",
-    "TraceWarning",
-    "default_trace_path",
-    "detect_format",
-    "generate_trace",
-    "load_length_pairs",
-    "load_trace",
-    "rescale_rate",
-    "respace_arrivals",
-    "save_trace",
-    "validate_trace",
-]
+_WHERE = {
+    "PagelabError": "pagelab.errors", "TraceError": "traces.errors",
+    **dict.fromkeys(("BUNDLED", "FORMATS", "default_trace_path", "detect_format", "load_length_pairs",
+                     "load_trace", "save_trace"), "traces.loaders"),
+    **dict.fromkeys(("CANONICAL_COLUMNS", "PREFIX_COLUMNS", "TraceWarning", "validate_trace"),
+                    "traces.schema"),
+    **dict.fromkeys(("SyntheticConfig", "generate_trace", "rescale_rate", "respace_arrivals"),
+                    "traces.synthetic"),
+}
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(import_module(_WHERE[name]), name)
+    raise AttributeError(f"module 'traces' has no attribute {name!r}")
+
+
+__all__ = sorted(_WHERE)

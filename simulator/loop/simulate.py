@@ -4,8 +4,8 @@ shares with the engine's replay (`drive`).
 Step mode runs the shared Scheduler one step at a time (`exact_step`): the reference. Fast mode (the
 default) makes exactly the same decisions, with the same per-request times and block tenures, in O(what
 changes) per step: while every running request is a plain decode, a step that preempts nobody is the
-scheduler's `decode_step` (loop/step.py), and a run of steps that cannot change any decision (no admission
-possible, no completion, no block shortage, no arrival) collapses into one span (loop/span.py). Anything
+scheduler's `decode_step`, and a run of steps that cannot change any decision (no admission possible, no
+completion, no block shortage, no arrival) collapses into one span (both in loop/step.py). Anything
 else (preemption, swapping, beams, parallel samples, chunked prefills in flight) is an exact step.
 """
 from __future__ import annotations
@@ -21,9 +21,8 @@ import pandas as pd
 from pagelab.malloc import release_free_memory
 from simulator.config import SimConfig
 from simulator.core.scheduler import Scheduler, SchedulerOutput
-from simulator.loop.span import run_span, span_length
 from simulator.loop.state import RunState, SimState
-from simulator.loop.step import exact_step, fast_step, finish_batch
+from simulator.loop.step import exact_step, fast_step, finish_batch, run_span, span_length
 from simulator.metrics import add_latencies, run_summary
 from simulator.output import InMemory, RunOutput
 from simulator.output.request_rows import RequestColumns

@@ -7,13 +7,19 @@ run goes (`RunFolder`). The loop sees one interface, `RunOutput`:
                                                        paired and written here, or by
                                                        a child process for long runs   (child.py)
 
-`close` returns what was kept (`Kept`). The path one `simulate(trace, config, output=RunFolder(...))`
-executes, module by module (tests/test_layering.py counts it): simulator.loop.simulate -> loop.state ->
-simulator.config -> simulator.presets -> simulator.core.config -> core.scheduler -> core.decode ->
-core.paged.block_manager -> core.paged.block_pool -> core.paged.prefix_cache -> core.sequence ->
-simulator.timing.step_latency -> loop.step -> loop.span -> simulator.output -> output.memory_rows ->
-output.request_rows -> output.tenures -> pagelab.table_sinks -> simulator.metrics -> pagelab.column_stats
-(and traces.batches, reading the trace).
+`close` returns what was kept (`Kept`).
+
+The modules one paged `simulate(trace, config, output=RunFolder(...))` runs, in the order it first enters
+them (tests/test_shape.py traces it and compares):
+
+    simulator.loop.simulate -> simulator.config -> simulator.core.models -> simulator.presets ->
+    simulator.core.config -> simulator.core.paged.block_manager -> simulator.core.allocator ->
+    simulator.core.paged.block_pool -> simulator.core.paged.prefix_cache -> simulator.core.paged.swap ->
+    simulator.timing.step_latency -> simulator.core.scheduler -> simulator.core.decode ->
+    simulator.loop.state -> simulator.output -> pagelab.table_sinks -> simulator.output.memory_rows ->
+    simulator.output.request_rows -> traces.batches -> simulator.core.sequence -> simulator.loop.step ->
+    simulator.output.tenures -> simulator.metrics -> pagelab.malloc -> pagelab.parquet_parts ->
+    pagelab.column_stats
 """
 from __future__ import annotations
 
