@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from pagelab.run_format import MEMORY_STATES
 from simulator.config import SimConfig
-from simulator.core.allocator import MEMORY_STATES
 from simulator.loop import RunResult, simulate
 from traces import SyntheticConfig, generate_trace
 

@@ -1,7 +1,7 @@
 """pagelab command line: the only place that parses arguments, prints, and writes run folders.
 
-`cli.app` holds the typer app and registers the commands, which live one group per module. Importing
-this package loads none of them: `main` and `app` load `cli.app` when first used.
+`cli.commands` holds the typer app and registers the commands, which live one group per module. Importing
+this package loads none of them: `main` and `app` load `cli.commands` when first used.
 """
 from pagelab.malloc import choose_arrow_pool, one_arena
 
@@ -13,14 +13,14 @@ choose_arrow_pool()
 
 def main() -> None:
     """Console-script entry point (`pagelab`)."""
-    from cli.app import main as run
+    from cli.commands import main as run
 
     run()
 
 
 def __getattr__(name: str):
     if name == "app":
-        from cli.app import app
+        from cli.commands import app
 
         return app
     raise AttributeError(f"module 'cli' has no attribute {name!r}")

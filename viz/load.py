@@ -11,19 +11,15 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
+from pagelab import run_format
 from pagelab.parquet_parts import PartedFile, table_exists
 from viz.errors import VizError
 from viz.palette import STATE_ORDER, allocator_sort_key
 
-REQUEST_COLUMNS = (
-    "request_id", "arrival_s", "prompt_len", "output_len", "admitted_s", "first_token_s", "finish_s",
-    "num_preemptions", "rejected", "ttft_s", "tpot_s", "e2e_s", "normalized_latency_s",
-)
-MEMORY_COLUMNS = (
-    "step", "num_steps", "t_s", "dt_s", *STATE_ORDER, "block_occupancy",
-    "num_running", "num_waiting", "num_swapped", "blocks_used",
-)
-EVENT_COLUMNS = ("request_id", "start", "size", "t_start_s", "t_end_s", "max_ref_count", "filled")
+# The run format's columns, as the simulation and the replay write them.
+REQUEST_COLUMNS = tuple(run_format.REQUEST_COLUMNS)
+MEMORY_COLUMNS = tuple(run_format.MEMORY_COLUMNS)
+EVENT_COLUMNS = tuple(run_format.EVENT_COLUMNS)
 WINDOW_READ_ROWS = 2_000_000  # events tables larger than this are read by time window, not whole
 TABLE_COLUMNS = {"requests": REQUEST_COLUMNS, "memory": MEMORY_COLUMNS, "events": EVENT_COLUMNS}
 

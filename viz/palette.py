@@ -8,6 +8,8 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.colors import to_rgb
 
+from pagelab.run_format import MEMORY_STATES
+
 ALLOCATOR_ORDER = ("paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle")
 
 ALLOCATOR_COLORS = {
@@ -27,27 +29,18 @@ ALLOCATOR_LABELS = {
     "contiguous-oracle": "contiguous (Oracle)",
 }
 
-# Bottom to top in every stacked figure: the useful part sits on the axis, as in vLLM Fig. 2.
-STATE_ORDER = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free")
-
-STATE_COLORS = {
-    "token_states": "#228833",            # green
-    "reservation": "#66CCEE",             # cyan
-    "internal_fragmentation": "#EE6677",  # red
-    "external_fragmentation": "#CCBB44",  # yellow
-    "free": "#DDDDDD",                    # light grey
-}
-
-STATE_LABELS = {
-    "token_states": "token states",
-    "reservation": "reservation",
-    "internal_fragmentation": "internal fragmentation",
-    "external_fragmentation": "external fragmentation",
-    "free": "free",
-}
+STATE_ORDER = MEMORY_STATES  # bottom to top in every stacked figure (pagelab/run_format.py)
+STATE_COLORS = dict(zip(STATE_ORDER, (
+    "#228833",  # token states: green
+    "#66CCEE",  # reservation: cyan
+    "#EE6677",  # internal fragmentation: red
+    "#CCBB44",  # external fragmentation: yellow
+    "#DDDDDD",  # free: light grey
+), strict=True))
+STATE_LABELS = {s: s.replace("_", " ") for s in STATE_ORDER}
 
 # Queue lines share panels with no state colour, but their legend sits next to the states' one: Tol's
-# blue and purple plus black, never a state's colour (waiting used to be external fragmentation's yellow).
+# blue and purple plus black, never a state's colour.
 QUEUE_COLORS = {"num_running": "#4477AA", "num_waiting": "#AA3377", "num_swapped": "#000000"}
 QUEUE_LINESTYLES = {"num_running": "-", "num_waiting": "-", "num_swapped": "--"}
 QUEUE_LABELS = {"num_running": "running", "num_waiting": "waiting", "num_swapped": "swapped"}

@@ -6,11 +6,10 @@ import enum
 from collections.abc import Sequence as SeqLike
 from typing import NamedTuple
 
+from pagelab.run_format import MEMORY_STATES
 from simulator.core.sequence import Sequence, SequenceGroup
 
-# The five states of a KV slot (docs/concepts.md): they add up to the pool's capacity, in this order.
-# The memory table, the summaries and every figure read them from here.
-MEMORY_STATES = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free")
+__all__ = ["MEMORY_STATES", "AllocStatus", "EventLog", "KVAllocator", "MemoryBreakdown", "RawEvents"]
 
 
 class AllocStatus(enum.Enum):

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.lib.recfunctions import structured_to_unstructured
 
-from simulator.core.allocator import MEMORY_STATES
+from pagelab.run_format import MEMORY_COLUMNS as MEMORY_TYPES
+from pagelab.run_format import MEMORY_STATES
 
 if TYPE_CHECKING:  # the process that writes a long run's tables imports neither pandas nor the core's users
     import pandas as pd
@@ -22,12 +23,8 @@ if TYPE_CHECKING:  # the process that writes a long run's tables imports neither
     from pagelab.table_sinks import TableSink
     from simulator.core.allocator import MemoryBreakdown
 
-MEMORY_COLUMNS = ("step", "num_steps", "t_s", "dt_s", *MEMORY_STATES, "cached_free",
-                  "token_occupancy", "block_occupancy", "num_running", "num_waiting", "num_swapped",
-                  "num_batched_tokens", "blocks_used")
-_INT_COLUMNS = ("step", "num_steps", "num_running", "num_waiting", "num_swapped", "num_batched_tokens",
-                "blocks_used")
-MEMORY_DTYPES = {c: np.dtype(np.int64 if c in _INT_COLUMNS else np.float64) for c in MEMORY_COLUMNS}
+MEMORY_COLUMNS = tuple(MEMORY_TYPES)
+MEMORY_DTYPES = {c: np.dtype(t) for c, t in MEMORY_TYPES.items()}
 # A packed row: the step, the fractions, then the counts as int32 (a step's counts never reach 2^31;
 # `struct` raises if one did). `token_occupancy` equals `token_states` and is not packed twice.
 _PACKED_FLOATS = ("t_s", "dt_s", *MEMORY_STATES, "cached_free", "block_occupancy")

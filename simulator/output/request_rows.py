@@ -14,18 +14,11 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from pagelab.column_stats import BLOCK_ROWS
+from pagelab.run_format import REQUEST_COLUMNS, TRACE_COLUMNS
 from pagelab.table_sinks import TableSink
 from simulator.output.memory_rows import columns_of_batches
 
-TRACE_COLUMNS = ("request_id", "arrival_s", "prompt_len", "output_len", "n", "beam_width")
-REQUEST_DTYPES = {
-    **{c: np.dtype(np.float64 if c == "arrival_s" else np.int64) for c in TRACE_COLUMNS},
-    "admitted_s": np.dtype(np.float64), "first_token_s": np.dtype(np.float64),
-    "finish_s": np.dtype(np.float64), "num_preemptions": np.dtype(np.int64), "rejected": np.dtype(bool),
-    "prefix_hit_tokens": np.dtype(np.int64), "queueing_s": np.dtype(np.float64),
-    "ttft_s": np.dtype(np.float64), "tpot_s": np.dtype(np.float64), "e2e_s": np.dtype(np.float64),
-    "normalized_latency_s": np.dtype(np.float64),
-}
+REQUEST_DTYPES = {c: np.dtype(t) for c, t in REQUEST_COLUMNS.items()}
 _NAN = float("nan")
 TRIM_ROWS = 1 << 16  # request rows handed on between two returns of free heap pages (pagelab/malloc.py)
 # A finished row waits for its row group packed into one flat buffer, 8 bytes a value (as tuples of

@@ -17,20 +17,19 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from pagelab.run_format import EVENT_COLUMNS
 from pagelab.table_sinks import TableSink, numpy_dtypes
 from simulator.core.allocator import ACQUIRE, PER_EVENT_RID, PER_EVENT_TIME, RELEASE, SHARE, RawEvents
 
 # Compact types: pool offsets, sizes, request ids and counts all fit in int32 (`OpenTenures.add` checks).
-EVENT_SCHEMA = pa.schema([("request_id", pa.int32()), ("start", pa.int32()), ("size", pa.int32()),
-                          ("t_start_s", pa.float64()), ("t_end_s", pa.float64()),
-                          ("max_ref_count", pa.int32()), ("filled", pa.int32())])
+EVENT_SCHEMA = pa.schema([(c, pa.type_for_alias(t)) for c, t in EVENT_COLUMNS.items()])
 EVENT_DTYPES = numpy_dtypes(EVENT_SCHEMA)
 # Dictionaries on the block offsets, sizes, reference counts and fills (few distinct values a row
 # group), plain + zstd for request ids and times: the smallest file of the encodings tried, and a time's
 # dictionary costs more than it saves.
 EVENT_ENCODING: dict = {"use_dictionary": ["start", "size", "max_ref_count", "filled"]}
 _INT32_MAX = np.iinfo(np.int32).max
-_COLUMNS = ("request_id", "start", "size", "t_start_s", "t_end_s", "max_ref_count", "filled")
+_COLUMNS = tuple(EVENT_COLUMNS)
 
 
 class OpenTenures:

@@ -102,7 +102,7 @@ def test_temp_folders_of_killed_runs_are_removed(tmp_path):
 
 
 def test_sigterm_during_the_write_leaves_no_hidden_folder(tmp_path):
-    code = ("import sys, time; from cli.app import _terminate; import signal; "
+    code = ("import sys, time; from cli.commands import _terminate; import signal; "
             "signal.signal(signal.SIGTERM, _terminate); from pagelab.atomic import atomic_dir\n"
             "with atomic_dir('r') as tmp:\n"
             "    (tmp / 'part').write_text('x'); print('writing', flush=True); time.sleep(60)\n")

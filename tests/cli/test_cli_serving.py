@@ -46,7 +46,7 @@ def test_goodput_limits_read_the_same_with_or_without_units(tmp_path):
     (["--goodput", "ttft:200", "--seed", "1", "tpot:5"], ["--goodput", "ttft:200", "--seed", "1", "tpot:5"]),
 ])
 def test_words_after_goodput_that_read_as_limits_become_options(argv, spread):
-    from cli.app import spread_goodput
+    from cli.commands import spread_goodput
     assert spread_goodput(argv) == spread
 
 

@@ -16,7 +16,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-STATES = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free")
+from pagelab.run_format import MEMORY_STATES
+
+STATES = MEMORY_STATES
 ALLOCATORS = ("paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle")
 TPOT_S, PREFILL_S, MAX_MODEL_LEN = 0.03, 0.1, 4096
 

@@ -17,10 +17,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from pagelab.run_format import MEMORY_STATES
+
 CAPACITY = 64
 BLOCK_SIZE = 16
 DURATION = 4.0
-STATES = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free")
+STATES = MEMORY_STATES
 
 EVENTS = {
     "paged": [  # request_id, start, size, t_start_s, t_end_s, max_ref_count, filled

@@ -1,0 +1,35 @@
+"""The run format's vocabulary (docs/run-format.md): the memory states and each table's columns and types.
+
+One definition that the memory core (its taxonomy), the simulation's and the replay's tables, and the
+figures all read. Types are numpy/Arrow type names, so this module imports nothing heavy.
+"""
+from __future__ import annotations
+
+# The five states of a KV slot: they add up to the pool's capacity, in this order (bottom to top in every
+# stacked figure: the useful part sits on the axis, as in the vLLM paper's Fig. 2).
+MEMORY_STATES = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free")
+
+# One row per step (or span of steps, or idle gap): the states as fractions of capacity, and counts.
+MEMORY_COLUMNS: dict[str, str] = {
+    "step": "int64", "num_steps": "int64", "t_s": "float64", "dt_s": "float64",
+    **dict.fromkeys(MEMORY_STATES, "float64"), "cached_free": "float64",
+    "token_occupancy": "float64", "block_occupancy": "float64",
+    "num_running": "int64", "num_waiting": "int64", "num_swapped": "int64", "num_batched_tokens": "int64",
+    "blocks_used": "int64",
+}
+
+# One row per request, in trace order: its trace columns, what happened to it, and derived latencies.
+TRACE_COLUMNS: dict[str, str] = {"request_id": "int64", "arrival_s": "float64", "prompt_len": "int64",
+                                 "output_len": "int64", "n": "int64", "beam_width": "int64"}
+REQUEST_COLUMNS: dict[str, str] = {
+    **TRACE_COLUMNS, "admitted_s": "float64", "first_token_s": "float64", "finish_s": "float64",
+    "num_preemptions": "int64", "rejected": "bool", "prefix_hit_tokens": "int64", "queueing_s": "float64",
+    "ttft_s": "float64", "tpot_s": "float64", "e2e_s": "float64", "normalized_latency_s": "float64",
+}
+
+# One row per tenure (a block or region held by a request from t_start_s to t_end_s), ordered by release
+# time, then acquisition. Compact types: pool offsets, sizes, request ids and counts fit in int32.
+EVENT_COLUMNS: dict[str, str] = {
+    "request_id": "int32", "start": "int32", "size": "int32", "t_start_s": "float64", "t_end_s": "float64",
+    "max_ref_count": "int32", "filled": "int32",
+}
