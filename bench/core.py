@@ -1,6 +1,7 @@
 """Micro-benchmark workloads for the memory core (driven by `pagelab bench core` and pytest-benchmark)."""
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -44,7 +45,7 @@ def run_single(w: DecodeWorkload) -> float:
 
 
 def run_bulk(w: DecodeWorkload) -> float:
-    """Advance every sequence `chunk` tokens at a time with `append_slots`; return seconds."""
+    """Advance every sequence `chunk` tokens at a time with `append_slot(seq, chunk)`; return seconds."""
     bm, seqs = _setup(w)
     steps = w.num_tokens // w.num_seqs
     t0 = time.perf_counter()
@@ -57,11 +58,15 @@ def run_bulk(w: DecodeWorkload) -> float:
     return time.perf_counter() - t0
 
 
-def bench_core(w: DecodeWorkload = DecodeWorkload(), repeat: int = 3) -> dict[str, float]:
-    """Best-of-`repeat` rates for the single-token and bulk paths, in tokens per second."""
+def bench_core(w: DecodeWorkload = DecodeWorkload(), repeat: int = 5) -> dict[str, float]:
+    """Median-of-`repeat` rates for the single-token and bulk paths, in tokens per second (the runs
+    alternate, so a drift of the machine's speed reaches both alike)."""
     tokens = (w.num_tokens // w.num_seqs) * w.num_seqs
-    single = min(run_single(w) for _ in range(repeat))
-    bulk = min(run_bulk(w) for _ in range(repeat))
+    singles, bulks = [], []
+    for _ in range(repeat):
+        singles.append(run_single(w))
+        bulks.append(run_bulk(w))
+    single, bulk = statistics.median(singles), statistics.median(bulks)
     return {"tokens": tokens, "single_s": single, "bulk_s": bulk,
             "single_tokens_per_s": tokens / single, "bulk_tokens_per_s": tokens / bulk,
             "bulk_speedup_per_token": single / bulk}

@@ -145,14 +145,14 @@ def core(
     num_seqs: int = typer.Option(256, help="Sequences decoding at once."),
     num_tokens: int = typer.Option(1_000_000, help="Tokens decoded in total."),
     block_size: int = typer.Option(16, help="Block size."),
-    chunk: int = typer.Option(64, help="Tokens per bulk append_slots call."),
-    repeat: int = typer.Option(3, help="Repetitions (the best is reported)."),
+    chunk: int = typer.Option(64, help="Tokens per bulk append_slot call."),
+    repeat: int = typer.Option(5, help="Repetitions (the median is reported)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     save_result: bool = typer.Option(False, "--save-result", help="Save the result as JSON (vLLM bench)."),
     result_dir: Path = typer.Option(None, "--result-dir", help="Folder of the result JSON (default: .)."),
     result_filename: str = typer.Option(None, "--result-filename", help="Name of the result JSON."),
 ) -> None:
-    """BlockManager decode workload: single-token append_slot vs bulk append_slots."""
+    """BlockManager decode workload: single-token append_slot vs bulk append_slot(seq, chunk)."""
     from bench.core import DecodeWorkload, bench_core
 
     if min(num_seqs, num_tokens, block_size, chunk, repeat) < 1:

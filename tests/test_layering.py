@@ -241,3 +241,12 @@ def test_importing_the_core_loads_no_numpy_pandas_or_torch():
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_replay_runs_on_the_simulations_driver():
+    """One loop drives a simulation and an engine replay: the replay imports the driver, and defines no
+    loop of its own over the trace's arrivals."""
+    graph = _graph(with_typing=False)
+    assert graph["gpu_backend.replay"] & {"simulator.loop", "simulator.loop.simulate"}
+    source = (ROOT / "gpu_backend" / "replay.py").read_text()
+    assert "drive(" in source and "while " not in source.split("def _replay(")[1]

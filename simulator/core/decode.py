@@ -3,10 +3,9 @@
 While every running request is a plain decode (one live sequence, no beam, no prefill left, nothing
 swapped), each step gives every sequence one more token. The Scheduler takes such a step with
 `decode_step` (the simulator's fast mode does, and spans of steps with `advance`). Instead of touching
-every sequence each step,
-the batch keeps a global count of decode steps ("phase" D) and, per sequence, the offsets that turn it
-into the sequence's token and generated counts: num_tokens = D + o, num_generated = D + g. Per step, only
-what changes is visited:
+every sequence each step, the batch keeps a global count of decode steps ("phase" D) and, per sequence,
+the offsets that turn it into the sequence's token and generated counts: num_tokens = D + o,
+num_generated = D + g. Per step, only what changes is visited:
 
 - block boundaries: a sequence needs a fresh block when num_tokens % block_size == 0 before its append,
   i.e. when D % block_size == (-o) % block_size, so sequences are bucketed by that residue (each bucket
@@ -38,10 +37,17 @@ class DecodeBatch:
         self.output_len = output_len  # request id -> tokens it generates
         self.paged = isinstance(alloc, BlockManager)
         self.block_size = alloc.block_size if self.paged else 1
-        self.eager = bool(getattr(alloc, "debug", False))  # debug: settle every step, check invariants
+        self.eager = alloc.debug  # settle every step and check the allocator's invariants
         self.active = False
         self.phase = 0
         self._reset()
+
+    def _count_tokens(self, num_tokens: int) -> None:
+        """Count `num_tokens` more tokens held by the batch's sequences (settled later, one by one)."""
+        if self.paged:
+            self.alloc.pool.total_filled += num_tokens
+        else:
+            self.alloc.tokens_held += num_tokens
 
     def _reset(self) -> None:
         self.size = 0
@@ -113,7 +119,11 @@ class DecodeBatch:
     def settle(self, s: Sequence) -> None:
         """Write the sequence's current counts back to it (and to its last block)."""
         o, og = self.offsets[s]
-        self.alloc.settle_decode(s, self.phase + o)
+        n = self.phase + o
+        s.num_tokens = n
+        if self.paged:  # the fill of its (unshared) last block
+            table = s.block_table
+            self.alloc.pool.filled[table[-1]] = n - (len(table) - 1) * self.block_size
         s.num_generated = self.phase + og
 
     def settle_all(self) -> None:
@@ -152,10 +162,10 @@ class DecodeBatch:
                 alloc = self.alloc
                 if len(due) > alloc.num_free_blocks:
                     return False
-                alloc.append_decode_blocks(due)
+                append_blocks(alloc, due)
             if self.waste_at:
                 self.waste_at.pop(d, None)
-        self.alloc.count_decode_tokens(self.size)
+        self._count_tokens(self.size)
         self.phase = d + 1
         if self.eager:
             self.settle_all()
@@ -181,13 +191,13 @@ class DecodeBatch:
                 if times is not None:
                     block_times = [t for j, t in enumerate(times) for _ in buckets[(d + j) % bs]]
             if due:
-                self.alloc.append_decode_blocks(due, block_times)
+                append_blocks(self.alloc, due, block_times)
             waste = self.waste_at
             if waste:  # the phases just run are past: forget their entries
                 past = range(d, d + k) if k <= len(waste) else [p for p in waste if d <= p < d + k]
                 for p in past:
                     waste.pop(p, None)
-        self.alloc.count_decode_tokens(b * k)
+        self._count_tokens(b * k)
         self.phase = d + k
         if self.eager:
             self.settle_all()
@@ -220,3 +230,20 @@ class DecodeBatch:
     def next_finish(self) -> int:
         """Steps from here to the first completion (that step included)."""
         return self.finish_heap[0] - self.phase
+
+
+def append_blocks(bm: BlockManager, seqs: list[Sequence], times: list[float] | None = None) -> None:
+    """Give each of `seqs`, in order, the fresh block its next token needs (its last block is full), as
+    `append_slot` does; a sequence may appear again for a later step. The batch counts the tokens itself."""
+    pool = bm.pool
+    rids = [s.request_id for s in seqs] if pool.events is not None else 0
+    new = pool.take(len(seqs), rids, times)
+    filled, bs = pool.filled, bm.block_size
+    for s, bid in zip(seqs, new, strict=True):
+        table = s.block_table
+        filled[table[-1]] = bs
+        filled[bid] = 1
+        table.append(bid)
+        # `_limit` is the final length, or 2^62 when unknown: one attribute read on the common path.
+        if len(table) * bs >= s._limit and not s._internal_counted:
+            bm.count_internal(s)

@@ -97,8 +97,8 @@ def check_contiguous(ca: KVAllocator) -> None:
     if pos != ca._placement.capacity:
         _fail(f"spans cover {pos} slots, pool has {ca._placement.capacity}")
     tokens = sum(s.num_tokens for s in ca._seqs.values())
-    if tokens != ca._tokens:
-        _fail(f"token total {tokens} != running total {ca._tokens}")
+    if tokens != ca.tokens_held:
+        _fail(f"token total {tokens} != running total {ca.tokens_held}")
     for s in ca._seqs.values():
         if s.num_tokens > s.region[1]:
             _fail(f"sequence {s.seq_id} holds {s.num_tokens} tokens in a {s.region[1]}-slot region")

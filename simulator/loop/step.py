@@ -42,7 +42,7 @@ def exact_step(run: SimState) -> SchedulerOutput:
     run.record_step(run.now, dt, run.alloc.breakdown(run.head()), run.counts(), out.num_batched_tokens)
     run.set_clock(run.now + dt)
     run.sched.commit(out)
-    sample(run, out)
+    sample(run, out.scheduled)
     return out
 
 
@@ -76,10 +76,11 @@ def step_time(run: SimState, out: SchedulerOutput) -> float:
     return dt
 
 
-def sample(run: SimState, out: SchedulerOutput) -> list[SequenceGroup]:
-    """Every group that computed logits this step samples one token per live sequence; finish the done."""
+def sample(run: SimState, scheduled: list[ScheduledGroup], remove: bool = True) -> list[SequenceGroup]:
+    """Every group that computed logits this step samples one token per live sequence; finish the done
+    (see `finish_done`) and return them."""
     touched = []
-    for sg in out.scheduled:
+    for sg in scheduled:
         if sg.is_prefill and not sg.completes_prefill:
             continue
         g = sg.group
@@ -89,8 +90,7 @@ def sample(run: SimState, out: SchedulerOutput) -> list[SequenceGroup]:
         if math.isnan(run.first_token[g.request_id]):
             run.first_token[g.request_id] = run.now
         touched.append(g)
-    finish_done(run, touched)
-    return touched
+    return finish_done(run, touched, remove)
 
 
 def beam_children(rng: np.random.Generator, k: int, alpha: float) -> list[int]:
@@ -153,19 +153,9 @@ def fast_step(run: SimState) -> bool:
     run.add_busy(dt, len(sched.running), 1)
     run.set_clock(run.now + dt)
     done = finish_batch(run) if batch.finish_heap[0] == batch.phase else []
-    if scheduled:
+    if scheduled:  # prefills only: nothing is swapped while the decode batch holds the running groups
         sched.commit(out)
-        touched = []
-        for sg in scheduled:
-            if sg.completes_prefill:
-                g = sg.group
-                for s in g.seqs:
-                    if s.status is not SequenceStatus.FINISHED:
-                        s.append_token()
-                if math.isnan(run.first_token[g.request_id]):  # the first time
-                    run.first_token[g.request_id] = run.now
-                touched.append(g)
-        finished = finish_done(run, touched, remove=False)
+        finished = sample(run, scheduled, remove=False)
         done += finished
         joining = [sg.group for sg in scheduled if sg.group not in finished]
         if joining:

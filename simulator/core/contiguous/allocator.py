@@ -42,7 +42,7 @@ class ContiguousAllocator(KVAllocator):
         self._seqs: dict[int, Sequence] = {}
         self._placed: dict[int, int] = {}  # seq_id -> slots taken by its region (>= reservation)
         self._cpu_seqs: dict[int, tuple[int, int]] = {}  # seq_id -> (cpu start, slots)
-        self._tokens = 0
+        self.tokens_held = 0  # slots holding tokens (the decode batch adds its lazily counted ones)
         self._reserved = 0
         self._fill_target = 0  # sum of min(final_len, reservation): slots sequences will fill
         self._placed_total = 0
@@ -118,19 +118,9 @@ class ContiguousAllocator(KVAllocator):
         else:
             usable = free_total
         slack = self._placed_total - self._reserved
-        return MemoryBreakdown(self.capacity_tokens, self._tokens, self._fill_target - self._tokens,
+        return MemoryBreakdown(self.capacity_tokens, self.tokens_held, self._fill_target - self.tokens_held,
                                self._reserved - self._fill_target, slack + free_total - usable, usable, 0,
                                self._placed_total)
-
-    # ----------------------------------------------------------------- the decode batch's bulk path
-    def count_decode_tokens(self, num_tokens: int) -> None:
-        """Count `num_tokens` more tokens held, whose sequences the decode batch settles later
-        (simulator/core/decode.py)."""
-        self._tokens += num_tokens
-
-    def settle_decode(self, seq: Sequence, num_tokens: int) -> None:
-        """Settle a decode-batch sequence's token count."""
-        seq.num_tokens = num_tokens
 
     # ----------------------------------------------------------------- mutations
     def _place(self, seq: Sequence, size: int) -> int:
@@ -139,7 +129,7 @@ class ContiguousAllocator(KVAllocator):
         seq.region = (start, size)
         self._seqs[seq.seq_id] = seq
         self._placed[seq.seq_id] = placed
-        self._tokens += seq.num_tokens
+        self.tokens_held += seq.num_tokens
         self._reserved += size
         self._fill_target += min(seq.final_len or size, size)
         self._placed_total += placed
@@ -150,7 +140,7 @@ class ContiguousAllocator(KVAllocator):
     def _unplace(self, seq: Sequence) -> None:
         start, size = seq.region
         self._placement.free(start)
-        self._tokens -= seq.num_tokens
+        self.tokens_held -= seq.num_tokens
         self._reserved -= size
         self._fill_target -= min(seq.final_len or size, size)
         self._placed_total -= self._placed.pop(seq.seq_id)
@@ -188,7 +178,7 @@ class ContiguousAllocator(KVAllocator):
         if seq.num_tokens + num_tokens > seq._limit:
             raise AllocationError(f"sequence {seq.seq_id} would grow past its final length {seq.final_len}")
         seq.num_tokens += num_tokens
-        self._tokens += num_tokens
+        self.tokens_held += num_tokens
         self._check()
         return []
 

@@ -195,7 +195,7 @@ class BlockManager(KVAllocator):
                 s.num_tokens = seqs[0].num_tokens
                 s.num_cached_tokens = seqs[0].num_cached_tokens
                 self.seqs[s.seq_id] = s
-                self._count_internal(s)
+                self.count_internal(s)
         else:
             hit = 0
             for s in seqs:
@@ -247,7 +247,7 @@ class BlockManager(KVAllocator):
                 publish(seq, i, table[i])
         seq.num_tokens = n
         self.seqs[seq.seq_id] = seq
-        self._count_internal(seq)
+        self.count_internal(seq)
         seq.num_cached_tokens = len(hits) * bs
         return seq.num_cached_tokens
 
@@ -322,12 +322,13 @@ class BlockManager(KVAllocator):
             for i in range(n // bs, seq.num_tokens // bs):
                 self.prefix_cache.publish(seq, i, table[i])
         if not seq._internal_counted:
-            self._count_internal(seq)
+            self.count_internal(seq)
         self._check()
         return copies
 
-    def _count_internal(self, seq: Sequence) -> None:
-        """Once a sequence holds its final block, the slots past its final length are internal waste."""
+    def count_internal(self, seq: Sequence) -> None:
+        """Once a sequence holds its final block, the slots past its final length are internal waste
+        (counted once, when it takes that block)."""
         final = seq.final_len
         if final is not None and len(seq.block_table) * self.block_size >= final:
             waste = len(seq.block_table) * self.block_size - final
@@ -370,7 +371,7 @@ class BlockManager(KVAllocator):
     def _adopt(self, seq: Sequence) -> None:
         """`seq` holds device blocks again (swapped in): count it."""
         self.seqs[seq.seq_id] = seq
-        self._count_internal(seq)
+        self.count_internal(seq)
 
     def swap_out(self, group: SequenceGroup) -> list[tuple[int, int]]:
         """Move the group's device blocks to the CPU pool; blocks shared inside the group stay shared."""
@@ -383,35 +384,6 @@ class BlockManager(KVAllocator):
         copies = self.swap.swap_in(group)
         self._check()
         return copies
-
-    # ----------------------------------------------------------------- the decode batch's bulk path
-    def append_decode_blocks(self, seqs: list[Sequence], times: list[float] | None = None) -> None:
-        """Give each of `seqs`, in order, the fresh block its next token needs, as `append_slot` does when
-        a sequence's last block is full (a sequence may appear again for a later step). For the decode
-        batch (simulator/core/decode.py), which counts the tokens itself and settles them with
-        `settle_decode`."""
-        pool = self.pool
-        rids = [s.request_id for s in seqs] if pool.events is not None else 0
-        new = pool.take(len(seqs), rids, times)
-        filled, bs = pool.filled, self.block_size
-        for s, bid in zip(seqs, new, strict=True):
-            table = s.block_table
-            filled[table[-1]] = bs
-            filled[bid] = 1
-            table.append(bid)
-            # `_limit` is the final length, or 2^62 when unknown: one attribute read on the common path.
-            if len(table) * bs >= s._limit and not s._internal_counted:
-                self._count_internal(s)
-
-    def count_decode_tokens(self, num_tokens: int) -> None:
-        """Count `num_tokens` more tokens held, whose slots the decode batch settles later."""
-        self.pool.total_filled += num_tokens
-
-    def settle_decode(self, seq: Sequence, num_tokens: int) -> None:
-        """Settle a decode-batch sequence: its token count and the fill of its (unshared) last block."""
-        seq.num_tokens = num_tokens
-        table = seq.block_table
-        self.pool.filled[table[-1]] = num_tokens - (len(table) - 1) * self.block_size
 
     def _check(self) -> None:
         if self.debug:

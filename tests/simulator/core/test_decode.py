@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from simulator import BlockManager, Sequence, SequenceGroup, check_invariants
+from simulator.core.decode import append_blocks
 from simulator.core.scheduler import Scheduler, SchedulerConfig
 
 
@@ -23,10 +24,11 @@ def test_decode_blocks_in_bulk_equal_append_slot_one_by_one():
     bm, seqs = setup()
     for step in range(11):  # lazily: blocks at boundaries only, counts settled at the end
         due = [s for s in seqs if (s.num_tokens + step) % 4 == 0]
-        bm.append_decode_blocks(due)
-        bm.count_decode_tokens(len(seqs))
-    for s in seqs:
-        bm.settle_decode(s, s.num_tokens + 11)
+        append_blocks(bm, due)
+    bm.pool.total_filled += 11 * len(seqs)  # what the batch counts lazily
+    for s in seqs:  # and settles
+        s.num_tokens += 11
+        bm.pool.filled[s.block_table[-1]] = s.num_tokens - (len(s.block_table) - 1) * 4
     check_invariants(bm)
     assert [s.block_table for s in seqs] == [s.block_table for s in ref_seqs]
     assert bm.breakdown() == ref_bm.breakdown()
