@@ -17,7 +17,6 @@ from cli.report import (
     warn_about,
 )
 from cli.runs import save_result
-from simulator.core.config import ALLOCATORS
 from simulator.slo import parse_goodput
 
 if TYPE_CHECKING:
@@ -29,10 +28,12 @@ GOODPUT_HELP = ("Per-request latency limits as in vLLM: ttft:200 tpot:50 (ms whe
 
 def allocators(values: list[str] | None, default: list[str]) -> list[str]:
     """-a values (repeated or comma-separated), checked against the registry."""
+    from simulator.core.config import ALLOCATORS as known
+
     names = names_list(values) or default
     for name in names:
-        if name not in ALLOCATORS:
-            raise UserError(f"unknown allocator {name!r}; choose from {', '.join(ALLOCATORS)}")
+        if name not in known:
+            raise UserError(f"unknown allocator {name!r}; choose from {', '.join(known)}")
     return list(dict.fromkeys(names))
 
 

@@ -18,9 +18,7 @@ from cli.serving import (
     report,
 )
 from pagelab.malloc import map_large_blocks
-from simulator.core.config import ALLOCATORS
 
-ALL_ALLOCATORS = list(ALLOCATORS)
 # A paged pool is bookkept with Python objects per block (~80 bytes each): past this many blocks a pool
 # that the trace cannot fill is refused instead of built (see pool_problem).
 MAX_IDLE_POOL_BLOCKS = 2**21
@@ -110,8 +108,9 @@ def simulate_cmd(
     from bench.run_tools import simulate_runs, simulation_labels, simulation_metadata
     from cli.runs import check_out
     from simulator.config import SimConfig
+    from simulator.core.config import ALLOCATORS
 
-    names = allocators(allocator, ALL_ALLOCATORS)
+    names = allocators(allocator, list(ALLOCATORS))
     if placement is not None and all(ALLOCATORS[n] is None for n in names):
         raise UserError("--placement only applies to contiguous allocators (-a contiguous-max, ...); "
                         "the paged allocator places blocks anywhere")
