@@ -298,7 +298,7 @@ def test_stalls_are_left_out_of_the_fit_and_counted():
     assert profile.meta["stalls_excluded"]["count"] == len(stalled)
     assert profile.meta["stalls_excluded"]["seconds"] == pytest.approx(steps.loc[stalled, "dt_s"].sum())
     assert profile.meta["fit"]["num_steps"] == 500 - len(stalled)
-    # Kept in, they priced every step ~17 % long (the relative fit is scaled to the measured total).
+    # Kept in, they would price every step ~17 % long (the relative fit is scaled to the measured total).
     clean = calibrate([("a", CONFIG, _steps(np.random.default_rng(18), 500, coefs=SEVEN, noise=0.0))],
                       relative=True, sqrt_decode=True, prefill_step=True)
     assert clean.meta["stalls_excluded"] == {"count": 0, "seconds": 0.0}
