@@ -253,7 +253,7 @@ def test_six_and_seven_term_profiles_round_trip_and_time_scalar_and_vector_alike
     vector = loaded.step_times(*cols)
     scalar = [loaded.step_time(int(t), int(p), int(k), int(d)) for t, p, k, d in zip(*cols, strict=True)]
     np.testing.assert_array_equal(vector, scalar)  # spans (vector) and steps (scalar) must agree to the bit
-    # A sixth coefficient without the fifth is not a profile this code wrote: it is read as four.
+    # A sixth coefficient without the fifth is not a profile this code writes: it is read as four.
     data = profile.to_dict()
     del data["coefficients"]["s_per_decode_seq"]
     assert len(FittedLatency.from_dict(data).coefficients) == 4
