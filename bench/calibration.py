@@ -1,16 +1,17 @@
 """Held-out validation of a latency profile (`python -m bench.calibration`; docs/calibration.md).
 
-The issue-14 targets, measured in one command: the first 120 requests of the bundled Azure conversation
-trace are cut into three parts of 40 (A, B, C; each shifted to start at 0), and A is also run at half the
-rate (`--time-scale 2`, "A-x2"); `--parts ...,code` adds another trace, the first 40 requests of Azure's
-code trace (long prompts, short outputs). None of them is in the `make profile` calibration set. Each part is
-replayed on the engine (by default the CPU engine: tiny preset, torch backend, CPU-time clock, block size
-16, 0.25 GiB of KV, recompute preemption, prefix caching on; `--device cuda`: llama-1b-shape, Triton, wall
-clock, 8 GiB of KV; bench/replay_setup.py), simulated with the profile on the replay's own configuration
-(`simulate --profile P --config-from RUN`), and compared (`pagelab compare`). The table gives, per run,
-the errors of the simulation against the measurement and whether each target is met. Parts replayed
-twice (`--repeat`) also give the noise floor: each repeat compared with its first replay, and whether the
-machine repeats itself within the targets at all (if not, no verdict above says anything about the model).
+The validation targets (TARGET_E2E, TARGET_THROUGHPUT), measured in one command: the first 120 requests of the
+bundled Azure conversation trace are cut into three parts of 40 (A, B, C; each shifted to start at 0), and A
+is also run at half the rate (`--time-scale 2`, "A-x2"); `--parts ...,code` adds another trace, the first 40
+requests of Azure's code trace (long prompts, short outputs). None of them is in the `make profile`
+calibration set. Each part is replayed on the engine (by default the CPU engine: tiny preset, torch backend,
+CPU-time clock, block size 16, 0.25 GiB of KV, recompute preemption, prefix caching on; `--device cuda`:
+llama-1b-shape, Triton, wall clock, 8 GiB of KV; bench/replay_setup.py), simulated with the profile on the
+replay's own configuration (`simulate --profile P --config-from RUN`), and compared (`pagelab compare`). The
+table gives, per run, the errors of the simulation against the measurement and whether each target is met.
+Parts replayed twice (`--repeat`) also give the noise floor: each repeat compared with its first replay, and
+whether the machine repeats itself within the targets at all (if not, no verdict above says anything about the
+model).
 
 Everything runs in this process through the library functions behind the `pagelab replay`, `simulate
 --config-from` and `compare` commands (gpu_backend/replay_run.py, bench/run_tools.py), so the run folders
@@ -34,7 +35,7 @@ PARTS = {"A": ("azure-conv", 0, 1.0), "B": ("azure-conv", 40, 1.0), "A-x2": ("az
          "C": ("azure-conv", 80, 1.0), "code": ("azure-code", 0, 1.0)}
 DEFAULT_PARTS = ("A", "B", "A-x2", "C")
 PART_SIZE = 40
-# The issue's targets: median |end-to-end latency error| and |output throughput error| per held-out run.
+# The validation targets: median |end-to-end latency error| and |output throughput error| per held-out run.
 TARGET_E2E = 0.10
 TARGET_THROUGHPUT = 0.05
 COLUMNS = ("e2e median |err|", "e2e p90 |err|", "TTFT median |err|", "TPOT median |err|", "throughput err",

@@ -5,8 +5,7 @@ relative objective and the six-term model (`--sqrt-decode`), plus the seventh te
 decode steps run as CUDA graphs (docs/calibration.md, "On a GPU"). The traces span what a workload's steps can
 be, two prompt ranges at two loads: prompts up to max_model_len (a fit extrapolates badly past its longest
 prefill) in small and in large batches, and short prompts in batches of 2-8 and of 10-25, so that
-per-sequence and per-context-token decode costs can be told apart at every batch size
-(docs/calibration.md, sittings 15-30).
+per-sequence and per-context-token decode costs can be told apart at every batch size (docs/calibration.md).
 Everything runs through the library functions behind `pagelab trace gen`, `replay` and `calibrate`, so the
 traces and run folders under --runs are the ones those commands write.
 """
@@ -77,8 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=Path, default=Path("runs/profile"), help="folder of the traces and "
                     "replays (default runs/profile)")
     ap.add_argument("--sqrt-decode", action=argparse.BooleanOptionalAction, default=True,
-                    help="fit the sixth term, c5 * sqrt(decode sequences) (default: on; docs/calibration.md, "
-                    "sittings 23-29)")
+                    help="fit the sixth term, c5 * sqrt(decode sequences) (default: on; docs/calibration.md)")
     ap.add_argument("--prefill-step", action=argparse.BooleanOptionalAction, default=None,
                     help="fit the seventh term, c6 per step that prefills (default: on where decode steps "
                     "are CUDA graphs: cuda, triton, not --enforce-eager)")

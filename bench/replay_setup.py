@@ -10,7 +10,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-# Per device: (model, backend, KV pool in GiB). The CPU row is what the bundled cpu-tiny was measured with;
+# Per device: (model, backend, KV pool in GiB). The CPU row is the setup the bundled cpu-tiny is fitted to;
 # on a GPU a fixed pool (not "all free memory") keeps a replay and its simulation on the same capacity.
 DEFAULTS = {"cpu": ("tiny", "torch", 0.25), "cuda": ("llama-1b-shape", "triton", 8.0)}
 MAX_MODEL_LEN = 4096  # tiny's own limit; GPU presets are cut to it so the same prompts run everywhere

@@ -1,6 +1,6 @@
 """Sweep overhead benchmark: a sweep's wall time against the summed wall time of its points run one by one.
 
-`python -m bench.sweep [--jobs 2] [--repeats 3] [--ray]` runs the issue-16 setting (azure-conv, paged and
+`python -m bench.sweep [--jobs 2] [--repeats 3] [--ray]` runs one fixed setting (azure-conv, paged and
 contiguous-max, 16 rates 0.5-8 req/s, grid only) and prints one JSON record per measurement:
   singles_in_process: each point simulated and written in this process, one after another (no start-up);
   singles_cli: each point as its own `pagelab simulate` process (what a user without sweeps would run);

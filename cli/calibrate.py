@@ -22,11 +22,11 @@ def calibrate_cmd(
                                                    "measured total time)."),
     sqrt_decode: bool = typer.Option(False, "--sqrt-decode/--no-sqrt-decode",
                                      help="Add a sixth term, c5 * sqrt(decode sequences): per-sequence "
-                                          "decode cost falling as batches grow (docs/latency-model.md)."),
+                                          "decode cost falling as batches grow (docs/calibration.md)."),
     prefill_step: bool = typer.Option(False, "--prefill-step/--no-prefill-step",
                                       help="Add a seventh term, c6 per step that prefills: the kernel "
                                            "launches that a GPU's graphed decode steps hide "
-                                           "(docs/latency-model.md)."),
+                                           "(docs/calibration.md)."),
 ) -> None:
     """Fit the step-latency model to measured replays; print the fit quality and write a profile."""
     from bench.run_tools import measured_steps, write_profile

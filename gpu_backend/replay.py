@@ -14,7 +14,7 @@ slept until - never a fresh clock reading, so `simulate --step-times-from` can r
 With `clock="cpu"` (CPU engine only) the replay runs on a virtual clock instead: it advances by the
 process's CPU time while the engine works and jumps straight to the next arrival while it idles (no
 sleeping). On a shared machine, wall-clock step times carry every time slice other processes take
-(measured here: the same replay twice differs by ~20% in median latency); CPU time carries only this
+(the same replay twice can differ by ~20% in median latency); CPU time carries only this
 engine's own work, which is what a calibration should see. torch runs on one thread for such a replay,
 so CPU time is the step's compute time.
 

@@ -1,7 +1,7 @@
 """Test utilities: greedy generation on the paged model with trivially assigned blocks (no BlockManager).
 
-Used to prove the model, the kernels and the packed-batch plumbing right before the engine exists, and
-afterwards as an engine-independent reference.
+An engine-independent reference: tests check the model, the kernels and the packed-batch plumbing with it,
+without a scheduler or a block manager.
 """
 from __future__ import annotations
 

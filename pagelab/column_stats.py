@@ -1,7 +1,7 @@
 """Exact statistics of a column read in blocks: memory bounded by a block, not by the column.
 
 A 10M-request table's latency column is 80 MB; sorting it (plus its weights, for the ITL percentiles)
-took ~0.5 GB at the end of a 10M-request run, more than the whole 1M-request run. Here percentiles are
+takes ~0.5 GB at the end of a 10M-request run, more than a whole 1M-request run. Here percentiles are
 found by radix selection over the file: each pass reads the column block by block and histograms the
 next 12 bits of an order-preserving integer key of the values that can still hold the answer; once the
 candidates are few they are collected and sorted. The answers are exactly numpy's:
@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 
-# Rows per block: the request table's row groups (simulator/sinks.py, TABLE_BATCH_ROWS), so a block is
-# one row group read as is. 2^16-row blocks were four groups concatenated, and a selection pass's
-# temporaries four times larger: the statistics of a 1M-request table peaked 7 MiB higher.
+# Rows per block: the request table's row groups (simulator/output, Sizes.request_group_rows), so a block
+# is one row group read as is; larger blocks would concatenate groups and enlarge a selection pass's
+# temporaries in proportion.
 BLOCK_ROWS = 1 << 14
 _BITS = 12  # key bits decided per pass (the first pass: sign and exponent)
 _FEW = 1 << 16  # candidates collected and sorted at once
@@ -120,9 +120,9 @@ def _collect_pass(blocks: Blocks, targets: list[_Target]) -> None:
     A block's candidates are copied into one buffer per target from the block's keys sorted (a
     contiguous run: they share the key's top bits), not taken as a small array of their own per block:
     numpy keeps freed arrays under 1 KB in a cache, up to seven of each size, and a 10M-row column's
-    blocks hold ~50-95 candidates each, so their arrays filled the cache's buckets with blocks of the
-    heap allocated in the middle of a run's trace check (the loop's pages then spread over the holes
-    under them: docs/simulator-performance.md, eighteenth sitting).
+    blocks hold ~50-95 candidates each, so their arrays would fill the cache's buckets with blocks of the
+    heap allocated in the middle of a run's trace check, and the loop's pages would spread over the holes
+    under them.
     """
     if not targets:
         return

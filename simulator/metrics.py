@@ -207,7 +207,7 @@ def queue_lengths(requests: Requests, times: np.ndarray) -> np.ndarray:
     for b in _blocks(requests, ("rejected", "arrival_s", "admitted_s")):
         kept = ~b["rejected"].astype(bool, copy=False)
         arrival, admitted = b["arrival_s"][kept], b["admitted_s"][kept]
-        if len(t) <= 8:  # a few times: count directly (a sort per block cost ~1 s at 10M rows)
+        if len(t) <= 8:  # a few times: count directly (a sort per block costs ~1 s at 10M rows)
             waiting += (arrival[:, None] <= t).sum(0) - (admitted[:, None] <= t).sum(0)  # NaN: never
         else:
             arrival, admitted = np.sort(arrival), np.sort(admitted)  # NaN sorts last

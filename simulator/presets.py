@@ -8,7 +8,7 @@ from simulator.core.models import ModelSpec, get_model
 
 GIB = 2**30
 # Activations, CUDA graphs and allocator slack that vLLM finds by a profiling run; we cannot profile a
-# simulated GPU, so a flat reserve stands in for it (documented in docs/latency-model.md).
+# simulated GPU, so a flat reserve stands in for it (docs/design.md).
 DEFAULT_ACTIVATION_RESERVE_BYTES = 1 * GIB
 
 
@@ -29,7 +29,7 @@ class GPUSpec:
 # Datasheet figures (NVIDIA A100 / H100 / H200 datasheets, SXM form factor). Memory is the marketed
 # capacity read as GiB, which is what nvidia-smi reports as total (40960 / 81920 MiB); bf16 peak is the
 # dense figure (half the "with sparsity" one); PCIe is one direction of an x16 link (Gen4 32 GB/s,
-# Gen5 64 GB/s). The last three fields are our assumptions, see docs/latency-model.md.
+# Gen5 64 GB/s). The last three fields are our assumptions (docs/design.md).
 GPUS: dict[str, GPUSpec] = {
     "a100-40gb": GPUSpec(
         name="a100-40gb", memory_bytes=40 * GIB, hbm_bandwidth=1.555e12, peak_flops=312e12,

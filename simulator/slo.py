@@ -26,7 +26,7 @@ from pagelab.errors import PagelabError
 TIME_UNITS = {"ms": 1e3, "s": 1.0}  # unit -> units per second
 PER_TOKEN_UNITS = {"ms/token": 1e3, "s/token": 1.0}
 UNITS = TIME_UNITS | PER_TOKEN_UNITS
-SUMMARY_PERCENTILES = (50, 90, 99)  # what a run summary keeps of each latency (simulator/results.py)
+SUMMARY_PERCENTILES = (50, 90, 99)  # what a run summary keeps of each latency (simulator/metrics.py)
 
 
 class LimitError(PagelabError, ValueError):

@@ -96,7 +96,7 @@ def single_thread():
     """Run a module's tiny-model forwards on one torch thread (restored afterwards).
 
     Their matmuls are too small to gain from threads, and on a shared 2-core machine the spinning OpenMP
-    threads of concurrent processes make every op wait for a time slice (measured 30-50x slower).
+    threads of concurrent processes make every op wait for a time slice (30-50x slower).
     """
     import torch
 

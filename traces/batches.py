@@ -76,11 +76,10 @@ def parquet_batches(path: Path, columns: tuple[str, ...], rows: int) -> Iterator
     from pagelab.parquet_parts import iter_batches
 
     # Without pre-buffering, the reader keeps one buffered page range per column; with it (the
-    # default), pyarrow kept ~15 MB more per million rows read until the iterator ended. One thread: each
-    # decoding thread's malloc arena kept its own freed buffers (checking the 10M-row trace peaked at
-    # 207 MB with threads, 181 MB without; the caller reads one batch at a time anyway). The read buffer
-    # is per column and lives as long as the reader (a run's two trace cursors: the whole run): 1 MB
-    # held 6.1 MB of Arrow's pool for the six columns, 64 KB holds 2.4 MB, at the same read speed.
+    # default), pyarrow holds ~15 MB more per million rows read until the iterator ends. One thread: each
+    # decoding thread's malloc arena keeps its own freed buffers, and the caller reads one batch at a time
+    # anyway. The read buffer is per column and lives as long as the reader (a run's two trace cursors:
+    # the whole run); 64 KB reads as fast as 1 MB and holds less than half of Arrow's pool.
     for batch in iter_batches(path, list(columns), rows, pre_buffer=False, buffer_size=READ_BUFFER_BYTES):
         yield {c: batch.column(c).to_numpy(zero_copy_only=False) for c in columns}
 

@@ -77,7 +77,8 @@ def trace_info(trace: pd.DataFrame | TraceBatches) -> dict:
     """Count, duration, mean rate, length percentiles, n / beam use and prefix reuse (JSON-ready).
 
     Columns are read a block at a time (a TraceBatches from its file), so a 10M-request trace is never
-    held whole: reading four of its columns whole took 0.25 GB, the largest allocation of a 10M run.
+    held whole: reading four of its columns whole takes 0.25 GB, which would be a 10M run's largest
+    allocation.
     """
     chunked = isinstance(trace, TraceBatches)
     rows = trace if chunked else FrameBatches(trace)

@@ -18,7 +18,7 @@ MIN_TIME_BINS = 100
 CONTESTED_BUDGET = 2_500_000  # partly covered (cell, tenure) entries one raster may sort
 NEAREST_MAX_ROWS = 600   # taller images are shrunk on screen: blend rows instead of skipping them
 DEFAULT_MAX_ROWS = 512
-# Beyond this only an early time window is drawn (the 10M run: 17 s with 8M tenures, 12 s with 4M).
+# Beyond this only an early time window is drawn: the figure's time grows with the tenures it draws.
 MAX_TENURES = 2_000_000
 # Never-filled slots are internal fragmentation: drawn in its state colour, as in the snapshot and the
 # breakdown, not as a lighter owner colour (which has no single legend swatch and means "reserved" there).

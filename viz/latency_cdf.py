@@ -33,8 +33,8 @@ def latency_cdf_data(runs: list[Run], max_points: int = 2000
 def latency_scale(data: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]) -> str:
     """One x scale for all three panels: "log" when every drawn value is positive, else "linear".
 
-    Latencies are heavy-tailed, and a TPOT panel that alone turned linear (its values spanning under
-    two decades) squeezed the bulk of requests against the axis next to log TTFT and normalized panels.
+    Latencies are heavy-tailed, and a TPOT panel turned linear alone (its values spanning under two
+    decades) would squeeze the bulk of requests against the axis next to log TTFT and normalized panels.
     """
     values = np.concatenate([v[0] for series in data.values() for v in series.values()] or [np.zeros(0)])
     return "log" if len(values) and bool(np.all(values > 0)) else "linear"

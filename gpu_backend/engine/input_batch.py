@@ -98,7 +98,7 @@ def build_model_input(seqs: Sequence[SequenceInput], block_size: int,
     # One host->device copy per step: every integer array goes into one int64 staging buffer (pinned
     # on CUDA) and the metadata tensors are views of the copy. The kernels take int64 tables. Each view
     # starts 16-byte aligned: Triton specializes pointers on 16-byte alignment, and views at offsets
-    # that changed with the step's sizes compiled a new kernel variant for each new combination.
+    # that change with the step's sizes would compile a new kernel variant for each new combination.
     parts = (token_ids, positions, slot_mapping, tables.reshape(-1), context_lens, cu, logits_indices)
     starts = np.concatenate(([0], np.cumsum([-(-p.size // VIEW_ALIGN) * VIEW_ALIGN for p in parts])))
     staging = np.zeros(int(starts[-1]), dtype=np.int64)

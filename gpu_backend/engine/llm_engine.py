@@ -43,7 +43,7 @@ class StepResult:
     first_token: list[int] = field(default_factory=list)  # requests that sampled their first token
     num_computed_tokens: int = 0  # tokens in the forward (the scheduler's budget may count fewer)
     # Per sequence input of the forward: tokens computed and context attended over (the step-latency
-    # model's inputs, docs/latency-model.md; the replay writes them into its steps table).
+    # model's inputs, docs/calibration.md; the replay writes them into its steps table).
     q_lens: list[int] = field(default_factory=list)
     context_lens: list[int] = field(default_factory=list)
 
@@ -363,8 +363,8 @@ class LLMEngine:
             self.model(batch.input_ids, batch.positions, batch.attn_metadata, self.cache.device_cache)
         # The same decode planned for the longest context the engine allows: a backend may pick other
         # kernels for long contexts (Triton: split-K and its reduce), and a first compile left to a
-        # measured eager step cost an H200 replay 0.5 s. Attention reads only up to each sequence's own
-        # context, so nothing else changes.
+        # measured eager step adds its compile time (~0.5 s on an H200) to that step. Attention reads only
+        # up to each sequence's own context, so nothing else changes.
         meta = replace(batch.attn_metadata, max_context_len=self.max_model_len)
         self.model(batch.input_ids, batch.positions, meta, self.cache.device_cache)
         self.synchronize()

@@ -165,8 +165,9 @@ class TorchBackend:
         seqs = list(range(num_seqs))
         decoding = [i for i in seqs if q_lens[i] == 1]
         if decoding and len(decoding) < num_seqs:
-            # A decode row tiled with a prefill is padded to the prefill's query length (a mixed step cost
-            # 3-5x the sum of its parts on the CPU, docs/calibration.md): decode rows take the decode path.
+            # A decode row tiled with a prefill is padded to the prefill's query length (a mixed step tiled
+            # so costs 3-5x the sum of its parts on the CPU, docs/calibration.md): decode rows take the
+            # decode path.
             rows_t = torch.tensor(decoding, dtype=torch.int64, device=q.device)
             tok_t = torch.tensor([cu[i] for i in decoding], dtype=torch.int64, device=q.device)
             out.index_copy_(0, tok_t, self.decode(q.index_select(0, tok_t), k_cache, v_cache,

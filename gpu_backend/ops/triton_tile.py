@@ -20,8 +20,8 @@ def jit_unspecialized(*names: str):
 
     Triton specializes an int argument on whether it is a multiple of 16, so an argument that changes
     from step to step (a block table's width, a split count) compiles a new variant the first time each
-    class turns up: 0.4-0.7 s on an H200, inside a measured step. Given to Triton as indices: older
-    releases take no names.
+    class turns up (about half a second on an H200, inside a measured step). Given to Triton as indices:
+    older releases take no names.
     """
     def wrap(fn):
         params = list(inspect.signature(fn).parameters)

@@ -1,6 +1,6 @@
 """One beam-search step over the allocator: free the beams that got no child, fork the others.
 
-The simulator's seeded fork/prune model (simulator/stepping.py) and the engine's score-based search
+The simulator's seeded fork/prune model (simulator/loop/step.py) and the engine's score-based search
 (gpu_backend/engine/beam_search.py) differ only in how they pick each beam's number of children; what is
 freed, what is shared and in which order is decided here, once. As in vLLM, a beam with c children keeps
 itself as the first and forks c - 1 children that share all its blocks (the next append copies the

@@ -3,7 +3,7 @@
 One frozen `ModelSpec` per model holds the fields of its config.json plus what memory and FLOP arithmetic
 needs (the exact parameter count, a context cap); `MODELS` maps each entry's name to it and `get_model`
 also accepts an entry's aliases. The simulator sizes KV pools and prices steps from these entries
-(simulator/presets.py, simulator/step_latency.py); the engine runs them as its `ModelConfig`
+(simulator/presets.py, simulator/timing/step_latency.py); the engine runs them as its `ModelConfig`
 (gpu_backend/model_config.py), some with seeded random weights (gpu_backend/model_presets.py). Nothing here
 imports torch or numpy.
 """

@@ -1,6 +1,6 @@
 """Calibration: fit the step-latency model to the steps tables of measured replays, and judge the fit.
 
-The fit is `FittedLatency` (docs/latency-model.md): time = c0 + c1 * tokens + c2 * attn_pairs +
+The fit is `FittedLatency` (docs/calibration.md): time = c0 + c1 * tokens + c2 * attn_pairs +
 c3 * kv_tokens_read + c4 * decode seqs [+ c5 * sqrt(decode seqs) [+ c6 if the step prefills]],
 non-negative least squares over every measured step that computed something.
 Pure functions over tables; reading run folders is the CLI's job (cli/calibrate.py).
@@ -87,8 +87,8 @@ def calibrate(runs: Sequence[tuple[str, dict, pd.DataFrame]], gpu: str | None = 
                "sqrt_decode": sqrt_decode, "prefill_step": prefill_step}
     fitted = fit_latency(data, **options)
     # Stalls (first-use compiles, pauses) are not step work: fitted, the relative objective's scaling to
-    # the measured total spread their seconds over every step (+6 % on the H200's profile). Refit once
-    # without them; the held-out runs have none once a machine's kernels are compiled.
+    # the measured total would spread their seconds over every step. Refit once without them; the
+    # held-out runs have none once a machine's kernels are compiled.
     stalled = stall_mask(fitted.step_times(*(data[f] for f in (*FEATURES, DECODE_FEATURE))), data["step_s"])
     if stalled.any():
         table = table[~stalled].reset_index(drop=True)

@@ -1,6 +1,6 @@
 """Step-latency models: how long one engine step takes, given what the step computes and reads.
 
-Every model answers the same three questions from three per-step counts (see docs/latency-model.md):
+Every model answers the same three questions from three per-step counts (docs/calibration.md):
 num_batched_tokens (prefill + decode tokens computed), attn_pairs (sum of q_len * context_len) and
 kv_tokens_read (sum of context_len). A step that computes no token costs nothing.
 """
@@ -29,21 +29,20 @@ DECODE_FEATURE = "num_decode_seqs"
 DECODE_COEFFICIENT = "s_per_decode_seq"
 # Optional sixth: c5 * sqrt(decode sequences). A decode batch's per-sequence cost falls as the batch grows
 # (the linear layers' matrix-vector products become matrix products, per-step work is shared), so a
-# linear term alone prices batches of 2-4 short and of 16-64 long; with both terms the fit can bend.
-# Measured on the CPU engine in docs/calibration.md, sittings 23-30.
+# linear term alone prices batches of 2-4 short and of 16-64 long; with both terms the fit can bend
+# (docs/calibration.md).
 SQRT_DECODE_COEFFICIENT = "s_per_sqrt_decode_seq"
 # Optional seventh: c6 for every step that prefills (num_batched_tokens > num_decode_seqs). On a GPU the
 # engine replays decode-only steps as CUDA graphs and launches a prefill step's kernels one by one, so a
-# prefill step pays the launch overhead that graphs hide: ~10 ms on an H200 with the 1B shape, against
-# ~2.5 ms for a whole graphed decode step. Without the term a fit on mostly-decode steps prices prefills
-# 50-60% short (docs/calibration.md, "On a GPU").
+# prefill step pays the launch overhead that graphs hide, several times a whole graphed decode step.
+# Without the term a fit on mostly-decode steps prices prefills about half short (docs/calibration.md).
 PREFILL_STEP_COEFFICIENT = "s_per_prefill_step"
 OPTIONAL_COEFFICIENTS = (DECODE_COEFFICIENT, SQRT_DECODE_COEFFICIENT, PREFILL_STEP_COEFFICIENT)
 
 
 # A measured step at least STALL_FACTOR times its modelled price, and at least STALL_MIN_S over it, is a
 # stall: a first-use kernel compile or a pause of the machine, which no model of the step's work can
-# price (on an H200, new Triton variants took 0.4-0.7 s against a 10-30 ms step; docs/calibration.md).
+# price (a Triton compile takes tens of steps' time; docs/calibration.md).
 STALL_FACTOR = 10.0
 STALL_MIN_S = 0.05
 
@@ -295,9 +294,9 @@ def fit_latency(data: Mapping[str, Any], model: ModelSpec, gpu: GPUSpec,
     if relative:  # minimise relative residuals: every step counts alike, short decodes as much as prefills
         weight = 1.0 / np.maximum(target, 1e-9)
         coefs = nnls(features * weight[:, None], target * weight)
-        # Least squares of (p - y) / y prices low: a step priced 10% long costs what one 11% short does.
-        # The relative fits of docs/calibration.md came out 1-4% short in total, and every held-out run
-        # with them; one scale puts the total back (the relative shape of the fit is kept).
+        # Least squares of (p - y) / y prices low: a step priced 10% long costs what one 11% short does,
+        # so the fit falls a few percent short in total; one scale puts the total back (the relative
+        # shape of the fit is kept).
         predicted = float((features @ coefs).sum())
         if predicted > 0:
             coefs = coefs * (float(target.sum()) / predicted)

@@ -62,7 +62,7 @@ def _comparison(e2e: float, throughput: float) -> dict:
             "step_time": {"median_abs": 0.05, "total_rel_error": -0.02}}
 
 
-def test_targets_are_judged_per_run_on_the_issue_thresholds():
+def test_targets_are_judged_per_run_on_the_target_thresholds():
     rows = {"A": summary_row(_comparison(0.10, -0.05)), "B": summary_row(_comparison(0.101, 0.01)),
             "C": summary_row(_comparison(0.02, 0.051))}
     lines = verdict_lines(rows)

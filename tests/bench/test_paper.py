@@ -42,7 +42,7 @@ def sharegpt_burst():
 
 
 def test_paper_ordering_of_token_share_and_batch(sharegpt_burst):
-    # The paper's Fig. 2 / Fig. 13 order, Max < Pow2 < Oracle < paged, which uncapped Pow2 broke.
+    # The paper's Fig. 2 / Fig. 13 order, Max < Pow2 < Oracle < paged (Pow2 regions capped at max_model_len).
     token = [window_shares(sharegpt_burst[a].memory, True)["token_states"] for a in ALLOCATORS]
     batch = [sharegpt_burst[a].summary["mean_batch_size"] for a in ALLOCATORS]
     assert token == sorted(token) and len(set(token)) == 4

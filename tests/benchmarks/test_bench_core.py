@@ -1,4 +1,4 @@
-"""Memory-core benchmarks (opt-in: `make bench`). The decode-heavy workload of issue 2."""
+"""Memory-core benchmarks (opt-in: `make bench`) on a decode-heavy workload (bench.core.DecodeWorkload)."""
 from bench.core import DecodeWorkload, run_bulk, run_single
 
 
@@ -32,12 +32,12 @@ def _remove_and_append(container_type):
 
 
 def test_running_groups_remove(benchmark):
-    """Scheduler.running: a finished group leaves from anywhere (docs/simulator-performance.md)."""
+    """Scheduler.running: a finished group leaves from anywhere (docs/performance.md)."""
     from simulator.core.scheduler import RunningGroups
 
     benchmark.pedantic(_remove_and_append(RunningGroups), rounds=5, iterations=1)
 
 
 def test_running_list_remove_for_comparison(benchmark):
-    """The list it replaced: `list.remove` scans by identity."""
+    """A plain list for comparison: `list.remove` scans by identity."""
     benchmark.pedantic(_remove_and_append(list), rounds=5, iterations=1)

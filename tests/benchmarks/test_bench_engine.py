@@ -1,9 +1,9 @@
-"""Engine benchmarks (opt-in: `make bench`). Issue 6's CPU target: on a 64-request trace with the tiny
+"""Engine benchmarks (opt-in: `make bench`). The CPU target: on a 64-request trace with the tiny
 model, the paged engine's output throughput is at least 2x that of transformers' padded batched generate.
 
 The workload is the first 64 requests of the bundled azure-conv trace with prompts clipped so that
 prompt + output <= 1024 tokens (unclipped, transformers' padded batches take ~8 minutes on 2 cores);
-docs/engine.md records the numbers of both variants.
+docs/performance.md records the numbers of both variants.
 """
 import pytest
 

@@ -2,8 +2,8 @@
 
 A 390-token prefill next to 0, 4 or 16 decoding sequences (contexts 300-855), the tiny preset's shapes
 (4 query heads, 2 KV heads, head_dim 64, block size 16), fp32, one thread. Decode rows take the decode
-path, so a mixed step costs about its prefill plus its decodes (docs/benchmarks.md records the numbers
-from before, when decode rows were padded to the prefill's query length).
+path, so a mixed step costs about its prefill plus its decodes, not a prefill's query length per decode
+row (docs/performance.md).
 """
 import pytest
 

@@ -2,7 +2,7 @@
 
 Fresh prompts of mixed lengths, the tiny preset's shapes, fp32, one thread (conftest.prefill_attention);
 tiles with their padded query x context area bounded (the default, `prefill_max_pad=0.25`) and unbounded
-(one tile per 8 MiB, as before). docs/benchmarks.md has the numbers.
+(one tile per 8 MiB). docs/performance.md has the numbers.
 """
 import pytest
 

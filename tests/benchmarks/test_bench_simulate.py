@@ -1,6 +1,6 @@
-"""Simulator speed (opt-in: `make bench`). Issue 3's targets: the Azure conversation trace in <= 2 s per
+"""Simulator speed (opt-in: `make bench`). Targets: the Azure conversation trace in <= 2 s per
 allocator with events recorded, a 1,000,000-request synthetic trace (paged) in <= 60 s and <= 4 GB.
-See docs/simulator-performance.md for the figures and `pagelab bench simulate` for the scaling curve."""
+See docs/performance.md for the figures and `pagelab bench simulate` for the scaling curve."""
 import pytest
 
 from simulator.config import SimConfig

@@ -1,4 +1,4 @@
-"""Bad input from the issue-17 audit: each case exits 2 with a one-line message naming the problem."""
+"""Bad input: each case exits 2 with a one-line message naming the problem."""
 from __future__ import annotations
 
 import json

@@ -2,7 +2,7 @@
 
 The run is held-out part B of `python -m bench.calibration --device cuda` (azure-conv requests 40-79,
 llama-1b-shape, Triton, CUDA graphs, 2026-11-27; docs/calibration.md, "On a GPU"); the bundled profile
-h200-llama-1b was fitted on the four `bench.profile` replays of the same session, not on this run.
+h200-llama-1b was fitted on four `bench.profile` replays on the same machine, not on this run.
 """
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ from simulator.timing.step_latency import fit_latency
 
 DATA = Path(__file__).parent.parent / "data" / "h200-azure-40-79"
 REPLAY, TRACE = DATA / "replay", DATA / "trace.csv"
-# azure-code requests 0-39 replayed on a fresh H200 machine (the same session), before the kernels'
-# variants were pinned: nine steps took 0.50-0.67 s compiling new Triton variants.
+# azure-code requests 0-39 replayed on an H200 by an engine whose kernels specialized on changing integer
+# arguments (see jit_unspecialized, gpu_backend/ops/triton_tile.py): nine of its steps are 0.50-0.67 s
+# of compiling new Triton variants.
 CODE = Path(__file__).parent.parent / "data" / "h200-azure-code-0-39"
 runner = CliRunner()
 
@@ -52,7 +53,7 @@ def test_the_bundled_h200_profile_meets_the_targets_on_the_held_out_h200_run(tmp
     c = _compare(tmp_path, "--profile", "h200-llama-1b", "--config-from", REPLAY)
     assert c["latency"]["e2e_s"]["median_abs"] <= 0.10
     assert abs(c["throughput"]["rel_error"]) <= 0.05
-    # Prefill steps run eagerly and decode steps as graphs: without the prefill-step term TTFT was 52% off.
+    # Prefill steps run eagerly and decode steps as graphs: without the prefill-step term TTFT is ~50% off.
     assert c["latency"]["ttft_s"]["median_abs"] <= 0.30
     assert c["step_time"]["stalls"]["count"] == 0
 

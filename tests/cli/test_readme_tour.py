@@ -1,4 +1,4 @@
-"""README's Quick tour runs as written: every command, in order, in one empty folder (issue 17).
+"""README's Quick tour runs as written: every command, in order, in one empty folder.
 
 Commands whose comment starts with "slow:" (minutes on a 2-core CPU: the real engine, the engine and
 attention benchmarks) run only with PAGELAB_TOUR_SLOW=1, so the default suite stays about a minute.

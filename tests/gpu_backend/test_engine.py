@@ -219,7 +219,7 @@ def test_bad_engine_options_are_typed_errors(model, kwargs, match):
     ("cuda:1", "cuda:0", False), ("cpu", "cpu", True), ("cpu", "cuda:0", False), ("cuda", "cpu", False),
 ])
 def test_plain_cuda_holds_a_model_on_any_cuda_index(requested, actual, holds):
-    # A 1B preset built on "cuda" lives on "cuda:0"; `bench engine --device cuda` refused it on an H200.
+    # A 1B preset built on "cuda" lives on "cuda:0", which `bench engine --device cuda` must accept.
     assert device_holds(torch.device(requested), torch.device(actual)) is holds
 
 

@@ -1,10 +1,10 @@
 """One compiled kernel per attention path, whatever the step: counted with Triton's own specializer.
 
 Triton compiles a kernel once per specialization key: constexprs, dtypes, whether each pointer is
-16-byte aligned and whether each int is a multiple of 16. On an H200 each new key cost a 0.4-0.7 s step
-inside measured replays (docs/calibration.md, "On a GPU"): the metadata views of a step started at
-offsets that moved with its sizes, and the block table's width and the split count changed class from
-step to step. Here the launchers run on CPU tensors against a recording stand-in for the kernel, and
+16-byte aligned and whether each int is a multiple of 16. On an H200 each new key costs a 0.4-0.7 s
+compile inside a measured step (docs/calibration.md), and keys change from step to step wherever the
+metadata views start at offsets that move with the step's sizes, or the block table's width or the split
+count changes class. Here the launchers run on CPU tensors against a recording stand-in for the kernel, and
 the arguments they would launch with go through Triton's binder for an sm_90 target: the key a GPU
 would compile for, no GPU needed.
 """

@@ -103,8 +103,8 @@ def test_inv_freq_matches_transformers(pair, name):
 
 @pytest.mark.parametrize("name", ["llama", "llama3-rope"])
 def test_copy_into_transformers_gives_the_checkpoint_logits(pair, name):
-    # `bench engine` copies a preset into transformers; it refused llama-1b-shape's Llama 3 rope_scaling
-    # until an H200 run hit it. The copy must compute what transformers computes from the checkpoint.
+    # `bench engine` copies a preset into transformers, Llama 3 rope_scaling included (llama-1b-shape has
+    # it). The copy must compute what transformers computes from the checkpoint.
     from bench.engine import to_transformers
 
     ours, hf = pair(name)

@@ -253,7 +253,7 @@ def test_six_and_seven_term_profiles_round_trip_and_time_scalar_and_vector_alike
     vector = loaded.step_times(*cols)
     scalar = [loaded.step_time(int(t), int(p), int(k), int(d)) for t, p, k, d in zip(*cols, strict=True)]
     np.testing.assert_array_equal(vector, scalar)  # spans (vector) and steps (scalar) must agree to the bit
-    # A sixth coefficient without the fifth is not a profile this code wrote: it is read as four.
+    # A sixth coefficient without the fifth is not a profile this code writes: it is read as four.
     data = profile.to_dict()
     del data["coefficients"]["s_per_decode_seq"]
     assert len(FittedLatency.from_dict(data).coefficients) == 4
@@ -298,7 +298,7 @@ def test_stalls_are_left_out_of_the_fit_and_counted():
     assert profile.meta["stalls_excluded"]["count"] == len(stalled)
     assert profile.meta["stalls_excluded"]["seconds"] == pytest.approx(steps.loc[stalled, "dt_s"].sum())
     assert profile.meta["fit"]["num_steps"] == 500 - len(stalled)
-    # Kept in, they priced every step ~17 % long (the relative fit is scaled to the measured total).
+    # Kept in, they would price every step ~17 % long (the relative fit is scaled to the measured total).
     clean = calibrate([("a", CONFIG, _steps(np.random.default_rng(18), 500, coefs=SEVEN, noise=0.0))],
                       relative=True, sqrt_decode=True, prefill_step=True)
     assert clean.meta["stalls_excluded"] == {"count": 0, "seconds": 0.0}

@@ -65,7 +65,7 @@ def test_examples_read_as_documented():
     assert parse_limit("e2el:2s", GOODPUT).describe() == "e2el <= 2 s"
     assert parse_slo("norm_latency:0.2s/token") == parse_slo(DEFAULT_SLO) == Limit("norm_latency", None, 0.2,
                                                                                    "s/token")
-    assert parse_slo("e2el_p90=1500ms").describe() == "e2el_p90 <= 1500 ms"  # the older `=` spelling
+    assert parse_slo("e2el_p90=1500ms").describe() == "e2el_p90 <= 1500 ms"  # `=` may stand for `:`
     assert parse_slo("tpot_p50:1e-3s").format() == "tpot_p50:0.001s"
 
 

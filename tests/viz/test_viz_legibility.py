@@ -1,4 +1,4 @@
-"""Colours, legends, axes and titles agree with what is drawn (issue 17, figures)."""
+"""Colours, legends, axes and titles agree with what is drawn."""
 from __future__ import annotations
 
 import colorsys
@@ -107,7 +107,7 @@ def test_max_and_pow2_cdf_lines_are_told_apart(tmp_path):
 
 
 def test_latency_panels_share_one_x_scale(run):
-    # TTFT spans over two decades, TPOT under one here: before, TPOT alone came out linear.
+    # TTFT spans over two decades, TPOT under one here: TPOT must still share the log scale, not go linear.
     tpot = run.allocators["paged"].requests["tpot_s"].dropna()
     assert np.log10(tpot.max() / tpot.min()) < 1.0
     axes = plot_latency_cdf([run]).figure.axes

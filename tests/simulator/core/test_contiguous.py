@@ -192,8 +192,8 @@ def test_first_fit_can_fit_all_is_what_allocating_in_order_does(capacity, ops, f
 
 
 def test_swap_out_places_the_sequences_as_can_swap_out_checked(make_group):
-    """The CPU pool's holes hold 23 + 22 tokens only with the larger placed first (hypothesis found a run
-    whose swap_out placed the group's first sequence first and found no hole for the second)."""
+    """The CPU pool's holes hold 23 + 22 tokens only with the larger placed first (placing the group's
+    first sequence first would leave no hole for the second)."""
     ca = ContiguousAllocator(46, "pow2", "first-fit", max_model_len=64, cpu_capacity_tokens=90, debug=True)
     a = SequenceGroup(1, [Sequence(2, 28, 38, request_id=1)])
     b = SequenceGroup(3, [Sequence(4, 2, 2, request_id=3)])

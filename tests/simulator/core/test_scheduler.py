@@ -188,7 +188,7 @@ def test_mid_prefill_preemption_recomputes_even_in_swap_mode():
 
 # ----------------------------------------------------------------- prefix cache under chunked prefill
 def test_preempted_chunked_prefill_leaves_no_uncomputed_hits():
-    """Issue 11's reproduction: re-admission may hit only the blocks its first attempt computed."""
+    """A preempted chunked prefill, re-admitted, may hit only the blocks its first attempt computed."""
     bm = BlockManager(10, 4)
     sch = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=8, max_model_len=64,
                                     enable_chunked_prefill=True), bm)
