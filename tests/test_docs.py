@@ -121,6 +121,14 @@ def test_named_paths_exist():
     assert not missing, "paths named in the docs that do not exist:\n" + "\n".join(missing)
 
 
+@pytest.mark.xfail(strict=False, reason="the commands' help names docs pages being renamed on another branch")
+def test_paths_in_the_commands_help_exist():
+    named = {path for code in code_text(GENERATED) for path in named_paths(code)}
+    assert named
+    missing = sorted(path for path in named if not (ROOT / path).exists())
+    assert not missing, f"paths the commands' help names that do not exist: {missing}"
+
+
 def test_named_test_files_and_functions_exist():
     test_files = {p.name for p in (ROOT / "tests").rglob("test_*.py")}
     files = all_named(named_test_files)
