@@ -13,7 +13,7 @@ TORCH_SPEC ?= torch==2.13.0
 endif
 TORCH_PIP_ARGS ?=
 
-.PHONY: run test lint bench paper profile env clean
+.PHONY: run test lint bench paper profile docs env clean
 
 env: $(VENV)/.installed
 
@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
-	$(PIP) install -q -e ".[dev]"
+	$(PIP) install -q -e ".[dev,docs]"
 	touch $@
 
 run: env
@@ -30,6 +30,12 @@ run: env
 test: env
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
+	site=$$(mktemp -d) && NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir "$$site"; \
+	  status=$$?; rm -rf "$$site"; exit $$status
+
+# The documentation site in site/ (docs/cli.md is generated: python docs/gen_cli.py).
+docs: env
+	$(VENV)/bin/mkdocs build --strict
 
 # The vLLM paper's Fig. 2 / Fig. 13 tables (docs/paper-reproduction.md) and the README's lead figure.
 paper: env
@@ -49,4 +55,4 @@ profile: env
 	  $(if $(BACKEND),--backend $(BACKEND)) $(if $(PROFILE),--out $(PROFILE))
 
 clean:
-	rm -rf $(VENV) runs build *.egg-info
+	rm -rf $(VENV) runs build site *.egg-info
