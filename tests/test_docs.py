@@ -121,7 +121,6 @@ def test_named_paths_exist():
     assert not missing, "paths named in the docs that do not exist:\n" + "\n".join(missing)
 
 
-@pytest.mark.xfail(strict=False, reason="the commands' help names docs pages being renamed on another branch")
 def test_paths_in_the_commands_help_exist():
     named = {path for code in code_text(GENERATED) for path in named_paths(code)}
     assert named

@@ -112,7 +112,6 @@ def test_docs_say_what_the_software_does():
     assert not hits, "text that tells how the work was done:\n" + "\n".join(hits)
 
 
-@pytest.mark.xfail(strict=False, reason="code comments and docstrings are being reworded on another branch")
 def test_code_says_what_it_does():
     files = code_files()
     assert len(files) > 100
