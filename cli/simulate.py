@@ -17,7 +17,7 @@ from cli.serving import (
     load_workload,
     report,
 )
-from pagelab.malloc import map_large_blocks
+from pagelab.malloc import map_large_allocations
 
 # A paged pool is bookkept with Python objects per block (~80 bytes each): past this many blocks a pool
 # that the trace cannot fill is refused instead of built (see pool_problem).
@@ -128,7 +128,7 @@ def simulate_cmd(
     # A canonical Parquet trace is read in blocks of rows as the simulation goes (a 10M-request trace is
     # never held whole), unless a replay's run or --sharing needs it in memory.
     stream = step_times_from is None and config_from is None and not sharing
-    map_large_blocks()  # before the trace is read: its blocks stay out of the heap (pagelab/malloc.py)
+    map_large_allocations()  # before the trace is read: its blocks stay out of the heap (pagelab/malloc.py)
     df, info = load_workload(trace, trace_opt, limit, num_prompts, rate, burstiness, seed, stream=stream)
     model, gpu, latency = _latency_choice(model, gpu, latency, profile)
     base = SimConfig(model=model, gpu=gpu, kv_memory_gb=kv_memory_gb, capacity_tokens=capacity_tokens,

@@ -1,13 +1,13 @@
-"""Exact statistics of a column read in blocks: memory bounded by a block, not by the column.
+"""Exact statistics of a column read in batches: memory bounded by a batch, not by the column.
 
 A 10M-request table's latency column is 80 MB; sorting it (plus its weights, for the ITL percentiles)
 takes ~0.5 GB at the end of a 10M-request run, more than a whole 1M-request run. Here percentiles are
-found by radix selection over the file: each pass reads the column block by block and histograms the
+found by radix selection over the file: each pass reads the column batch by batch and histograms the
 next 12 bits of an order-preserving integer key of the values that can still hold the answer; once the
 candidates are few they are collected and sorted. The answers are exactly numpy's:
 `median_and_percentiles` as np.median and np.percentile (linear), `weighted_percentiles` as the
-inverted CDF of values repeated by integer weights. Sums add block partial sums in block order, so a
-table gives the same numbers in memory and streamed when both are read in the same blocks (`BLOCK_ROWS`).
+inverted CDF of values repeated by integer weights. Sums add batch partial sums in batch order, so a
+table gives the same numbers in memory and streamed when both are read in the same batches (`BATCH_ROWS`).
 """
 from __future__ import annotations
 
@@ -15,20 +15,20 @@ from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 
-# Rows per block: the request table's row groups (simulator/output, Sizes.request_group_rows), so a block
-# is one row group read as is; larger blocks would concatenate groups and enlarge a selection pass's
+# Rows per batch: the request table's row groups (simulator/output, Sizes.request_group_rows), so a batch
+# is one row group read as is; larger batches would concatenate groups and enlarge a selection pass's
 # temporaries in proportion.
-BLOCK_ROWS = 1 << 14
+BATCH_ROWS = 1 << 14
 _BITS = 12  # key bits decided per pass (the first pass: sign and exponent)
 _FEW = 1 << 16  # candidates collected and sorted at once
 _SIGN = np.uint64(1 << 63)
 
-Blocks = Callable[[], Iterator[tuple[np.ndarray, np.ndarray | None]]]  # (values, weights or None) blocks
+Batches = Callable[[], Iterator[tuple[np.ndarray, np.ndarray | None]]]  # (values, weights or None) batches
 
 
 def _keys(values: np.ndarray) -> np.ndarray:
     """uint64 keys ordered as the (non-NaN) float64 values; -0.0 and 0.0 get the same key."""
-    # In place on one copy: a block's keys are the pass's largest temporary (8 bytes a row).
+    # In place on one copy: a batch's keys are the pass's largest temporary (8 bytes a row).
     bits = np.array(values, np.float64)
     bits += 0.0  # turns -0.0 into 0.0
     bits = bits.view(np.uint64)
@@ -70,16 +70,16 @@ class _Target:
         return np.uint64(low), np.uint64(low + (1 << (64 - self.shift)) - 1)
 
 
-def select(blocks: Blocks, wants: Iterable[float]) -> list[float]:
+def select(batches: Batches, wants: Iterable[float]) -> list[float]:
     """The first value, in sorted order, where the cumulative weight reaches each of `wants`."""
     targets = [_Target(float(w)) for w in wants]
     while any(t.value is None for t in targets):
-        _histogram_pass(blocks, [t for t in targets if t.value is None and not t.collect])
-        _collect_pass(blocks, [t for t in targets if t.value is None and t.collect])
+        _histogram_pass(batches, [t for t in targets if t.value is None and not t.collect])
+        _collect_pass(batches, [t for t in targets if t.value is None and t.collect])
     return [t.value for t in targets]
 
 
-def _histogram_pass(blocks: Blocks, targets: list[_Target]) -> None:
+def _histogram_pass(batches: Batches, targets: list[_Target]) -> None:
     """Decide the next `_BITS` bits of each target (targets on the same prefix share one histogram)."""
     groups: dict[tuple[int, int], list[_Target]] = {}
     for t in targets:
@@ -88,8 +88,8 @@ def _histogram_pass(blocks: Blocks, targets: list[_Target]) -> None:
         return
     bits = {g: min(_BITS, 64 - g[0]) for g in groups}  # the last pass decides what is left of 64
     counts = {g: np.zeros(1 << n, np.int64) for g, n in bits.items()}
-    sums: dict[tuple[int, int], np.ndarray] = {}  # of the weights, when the blocks carry weights
-    for values, weights in blocks():
+    sums: dict[tuple[int, int], np.ndarray] = {}  # of the weights, when the batches carry weights
+    for values, weights in batches():
         keys = _keys(values)
         for g, members in groups.items():
             sel = members[0].matches(keys)
@@ -114,13 +114,13 @@ def _histogram_pass(blocks: Blocks, targets: list[_Target]) -> None:
                 t.collect, t.num_candidates = True, int(counts[g][b])
 
 
-def _collect_pass(blocks: Blocks, targets: list[_Target]) -> None:
+def _collect_pass(batches: Batches, targets: list[_Target]) -> None:
     """Gather each target's few candidates, sort them and pick the answer.
 
-    A block's candidates are copied into one buffer per target from the block's keys sorted (a
-    contiguous run: they share the key's top bits), not taken as a small array of their own per block:
+    A batch's candidates are copied into one buffer per target from the batch's keys sorted (a
+    contiguous run: they share the key's top bits), not taken as a small array of their own per batch:
     numpy keeps freed arrays under 1 KB in a cache, up to seven of each size, and a 10M-row column's
-    blocks hold ~50-95 candidates each, so their arrays would fill the cache's buckets with blocks of the
+    batches hold ~50-95 candidates each, so their arrays would fill the cache's buckets with pieces of the
     heap allocated in the middle of a run's trace check, and the loop's pages would spread over the holes
     under them.
     """
@@ -130,12 +130,12 @@ def _collect_pass(blocks: Blocks, targets: list[_Target]) -> None:
     weights_of = [np.empty(t.num_candidates) for t in targets]
     filled = [0] * len(targets)
     ranges = [t.key_range() for t in targets]
-    for values, weights in blocks():
-        keys = _keys(values)  # a copy of the block's values: sorted in place
+    for values, weights in batches():
+        keys = _keys(values)  # a copy of the batch's values: sorted in place
         if weights is None:
             keys.sort()
         else:
-            order = np.argsort(keys, kind="stable")  # equal keys keep their weights in block order
+            order = np.argsort(keys, kind="stable")  # equal keys keep their weights in batch order
             np.take(keys, order, out=keys)
         for i, (low, high) in enumerate(ranges):
             start = int(np.searchsorted(keys, low, side="left"))
@@ -155,10 +155,10 @@ def _collect_pass(blocks: Blocks, targets: list[_Target]) -> None:
         t.value = _value(int(keys[order[at]]))
 
 
-def median_and_percentiles(blocks: Blocks, count: int, qs: Iterable[float],
+def median_and_percentiles(batches: Batches, count: int, qs: Iterable[float],
                            known: dict[int, float] | None = None) -> tuple[float, list[float]]:
     """np.median and np.percentile (linear) at each q of `count` unweighted values, in one selection.
-    `known` (0-based rank -> value) holds values selected earlier from the same blocks: only the ranks
+    `known` (0-based rank -> value) holds values selected earlier from the same batches: only the ranks
     it lacks are selected, and they are added to it."""
     qs = list(qs)
     virtual = [(count - 1) * (q / 100) for q in qs]
@@ -169,7 +169,7 @@ def median_and_percentiles(blocks: Blocks, count: int, qs: Iterable[float],
     found = {} if known is None else known
     missing = [r for r in ranks if r not in found]
     if missing:
-        found.update(zip(missing, select(blocks, [r + 1 for r in missing]), strict=True))
+        found.update(zip(missing, select(batches, [r + 1 for r in missing]), strict=True))
     out = []
     for v, lo in zip(virtual, lows, strict=True):
         a, b, t = found[lo], found[min(lo + 1, count - 1)], v - lo
@@ -177,6 +177,6 @@ def median_and_percentiles(blocks: Blocks, count: int, qs: Iterable[float],
     return float(np.mean(np.array([found[r] for r in middle]))), out
 
 
-def weighted_percentiles(blocks: Blocks, total_weight: float, qs: Iterable[float]) -> list[float]:
+def weighted_percentiles(batches: Batches, total_weight: float, qs: Iterable[float]) -> list[float]:
     """Percentiles of the values repeated by their (integer) weights, numpy's 'inverted_cdf'."""
-    return select(blocks, [max(q / 100 * total_weight, np.nextafter(0.0, 1.0)) for q in qs])
+    return select(batches, [max(q / 100 * total_weight, np.nextafter(0.0, 1.0)) for q in qs])

@@ -4,7 +4,7 @@ A long simulation frees as much as it allocates (requests come and go, tenures a
 yet allocator behaviours make RSS grow with the run: glibc's dynamic mmap threshold lets freed big
 blocks become heap holes that later small allocations pin; free chunks stay in the arenas; each thread
 gets its own arena; Arrow's default pool keeps what it frees. The CLI's process therefore runs with one
-arena (`one_arena`), a fixed 64 KB mmap threshold (`map_large_blocks`), Arrow on its jemalloc pool
+arena (`one_arena`), a fixed 64 KB mmap threshold (`map_large_allocations`), Arrow on its jemalloc pool
 returning freed pages at once (`choose_arrow_pool`), and returns free heap pages at a few points of a
 run (`release_free_memory`). docs/design.md says what each setting bought on the 1M- and 10M-request runs.
 """
@@ -16,10 +16,10 @@ import os
 import sys
 
 _M_MMAP_THRESHOLD, _M_ARENA_MAX = -3, -8  # mallopt parameters (malloc.h)
-LARGE_BLOCK_BYTES = 64 << 10  # the CLI's process: trace reads, the loop, the statistics after it
+LARGE_ALLOCATION_BYTES = 64 << 10  # the CLI's process: trace reads, the loop, the statistics after it
 # The process that pairs a long run's tenures (simulator/output/child.py): its numpy temporaries would
 # otherwise be fresh mappings, page faults and all, every batch.
-PAIRING_BLOCK_BYTES = 4 << 20
+PAIRING_ALLOCATION_BYTES = 4 << 20
 ARROW_POOL_VARIABLE = "ARROW_DEFAULT_MEMORY_POOL"
 # Arrow's jemalloc: in pyarrow's Linux wheels only (elsewhere Arrow would warn and fall back to mimalloc).
 ARROW_POOL = "jemalloc" if sys.platform.startswith("linux") else "system"
@@ -92,11 +92,11 @@ def one_arena() -> bool:
 
 def set_mmap_threshold(threshold: int) -> bool:
     """Serve blocks of at least `threshold` bytes from their own mappings from now on, in this process
-    (nothing else: see map_large_blocks); True when glibc took it."""
+    (nothing else: see map_large_allocations); True when glibc took it."""
     return bool(_LIBC.mallopt(_M_MMAP_THRESHOLD, threshold)) if _LIBC is not None else False
 
 
-def map_large_blocks(threshold: int = LARGE_BLOCK_BYTES) -> bool:
+def map_large_allocations(threshold: int = LARGE_ALLOCATION_BYTES) -> bool:
     """Serve blocks of at least `threshold` bytes from their own mappings from now on, in this process
     (fixes glibc's otherwise rising threshold), Arrow's included, and every thread from one arena
     (call it before threads allocate); True when glibc took the settings."""

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from pagelab.column_stats import BLOCK_ROWS, Blocks, median_and_percentiles, weighted_percentiles
+from pagelab.column_stats import BATCH_ROWS, Batches, median_and_percentiles, weighted_percentiles
 from simulator.output.memory_rows import frame_means, weighted_means
 from simulator.output.request_rows import RequestColumns, RequestTotals, output_tokens
 from simulator.slo import Limit
@@ -32,27 +32,27 @@ DEFAULT_PERCENTILES = (99.0,)
 _COLUMN = {"ttft": "ttft_s", "tpot": "tpot_s", "e2el": "e2e_s"}
 
 
-def _blocks(requests: Requests, names: tuple[str, ...]) -> Iterator[dict[str, np.ndarray]]:
-    """Columns of a request table in memory or streamed to a file, a block of rows at a time: a
+def _batches(requests: Requests, names: tuple[str, ...]) -> Iterator[dict[str, np.ndarray]]:
+    """Columns of a request table in memory or streamed to a file, a batch of rows at a time: a
     10M-request table is never read whole (column_stats.py)."""
     if isinstance(requests, RequestColumns):
-        return requests.blocks(names)
-    return FrameBatches(requests).iter_batches(names, BLOCK_ROWS)
+        return requests.batches(names)
+    return FrameBatches(requests).iter_batches(names, BATCH_ROWS)
 
 
-def _finite(requests: Requests, name: str) -> Blocks:
-    """The column's defined (non-NaN) values, block by block, unweighted."""
+def _finite(requests: Requests, name: str) -> Batches:
+    """The column's defined (non-NaN) values, batch by batch, unweighted."""
     def read():
-        for b in _blocks(requests, (name,)):
+        for b in _batches(requests, (name,)):
             v = b[name].astype(np.float64, copy=False)
             yield v[~np.isnan(v)], None
     return read
 
 
-def _gaps(requests: Requests) -> Blocks:
+def _gaps(requests: Requests) -> Batches:
     """Each finished request's mean inter-token gap (s), weighted by its number of gaps (output - 1)."""
     def read():
-        for b in _blocks(requests, ("output_len", "tpot_s")):
+        for b in _batches(requests, ("output_len", "tpot_s")):
             count = b["output_len"].astype(np.float64)
             count -= 1
             tpot = b["tpot_s"].astype(np.float64, copy=False)
@@ -61,7 +61,7 @@ def _gaps(requests: Requests) -> Blocks:
     return read
 
 
-def _moments(read: Blocks, spread: bool = True) -> tuple[int, float, float, float]:
+def _moments(read: Batches, spread: bool = True) -> tuple[int, float, float, float]:
     """(count, total weight, weighted mean, weighted std) of the values (std NaN without `spread`)."""
     count, weight, total = 0, 0.0, 0.0
     for v, w in read():
@@ -135,7 +135,7 @@ def latency_stats(requests: Requests, metric: str, percentiles=DEFAULT_PERCENTIL
 def _num_meeting(requests: Requests, limits: tuple[Limit, ...]) -> int:
     """Requests that finished within every limit (a request with one output token has no TPOT: it passes)."""
     num = 0
-    for b in _blocks(requests, ("finish_s", *(limit.column for limit in limits))):
+    for b in _batches(requests, ("finish_s", *(limit.column for limit in limits))):
         ok = ~np.isnan(b["finish_s"])
         for limit in limits:
             v = b[limit.column].astype(np.float64)
@@ -156,7 +156,7 @@ def bench_metrics(requests: Requests, duration_s: float, *, metrics=DEFAULT_METR
         completed, rejected = totals.num_finished, totals.num_rejected
         in_tokens, out_tokens = totals.input_tokens, totals.output_tokens
     else:
-        for b in _blocks(requests, ("finish_s", "rejected", "prompt_len", "output_len", "n", "beam_width")):
+        for b in _batches(requests, ("finish_s", "rejected", "prompt_len", "output_len", "n", "beam_width")):
             done = ~np.isnan(b["finish_s"])
             completed += int(done.sum())
             rejected += int(b["rejected"].sum())
@@ -185,7 +185,7 @@ def bench_metrics(requests: Requests, duration_s: float, *, metrics=DEFAULT_METR
 def rejection_warning(requests: Requests, max_model_len: int, capacity_tokens: int) -> str | None:
     """Why and how many requests were refused, or None when none was."""
     num_rejected = too_long = 0
-    for b in _blocks(requests, ("rejected", "prompt_len", "output_len")):
+    for b in _batches(requests, ("rejected", "prompt_len", "output_len")):
         rejected = b["rejected"].astype(bool, copy=False)
         num_rejected += int(rejected.sum())
         too_long += int(((b["prompt_len"][rejected] + b["output_len"][rejected]) > max_model_len).sum())
@@ -204,10 +204,10 @@ def queue_lengths(requests: Requests, times: np.ndarray) -> np.ndarray:
     """Requests waiting for their first admission at each time (rejected requests are left out)."""
     t = np.asarray(times, np.float64)
     waiting = np.zeros(len(t), np.int64)
-    for b in _blocks(requests, ("rejected", "arrival_s", "admitted_s")):
+    for b in _batches(requests, ("rejected", "arrival_s", "admitted_s")):
         kept = ~b["rejected"].astype(bool, copy=False)
         arrival, admitted = b["arrival_s"][kept], b["admitted_s"][kept]
-        if len(t) <= 8:  # a few times: count directly (a sort per block costs ~1 s at 10M rows)
+        if len(t) <= 8:  # a few times: count directly (a sort per batch costs ~1 s at 10M rows)
             waiting += (arrival[:, None] <= t).sum(0) - (admitted[:, None] <= t).sum(0)  # NaN: never
         else:
             arrival, admitted = np.sort(arrival), np.sort(admitted)  # NaN sorts last
@@ -221,7 +221,7 @@ def overload_warning(requests: Requests, duration_s: float) -> str | None:
     if totals is not None:  # no pass over the table
         last = totals.last_arrival_s
     else:
-        last = max((float(b["arrival_s"].max()) for b in _blocks(requests, ("arrival_s",))), default=0.0)
+        last = max((float(b["arrival_s"].max()) for b in _batches(requests, ("arrival_s",))), default=0.0)
     if last <= 0 or len(requests) < 10:
         return None
     half, three_q, end = queue_lengths(requests, np.array([0.5, 0.75, 1.0]) * last)

@@ -7,7 +7,7 @@ from itertools import chain
 import numpy as np
 import pandas as pd
 
-from pagelab.column_stats import BLOCK_ROWS, median_and_percentiles
+from pagelab.column_stats import BATCH_ROWS, median_and_percentiles
 from traces.batches import FrameBatches, TraceBatches
 
 PERCENTILES = (50, 90, 99)
@@ -16,7 +16,7 @@ PERCENTILES = (50, 90, 99)
 def _totals(trace: TraceBatches, col: str) -> tuple[int, int, int]:
     """Sum, max and number of values above 1 of a count column, read a block at a time."""
     total = top = above = 0
-    for c in trace.iter_batches((col,), BLOCK_ROWS):
+    for c in trace.iter_batches((col,), BATCH_ROWS):
         values = c[col].astype(np.int64, copy=False)
         total += int(values.sum())
         top = max(top, int(values.max()))
@@ -26,10 +26,10 @@ def _totals(trace: TraceBatches, col: str) -> tuple[int, int, int]:
 
 def _describe(trace: TraceBatches, col: str) -> tuple[dict[str, float], int]:
     """Mean, p50/p90/p99 and max of a length column (and its sum), read a block at a time: the
-    percentiles are np.percentile's, by selection over the blocks (pagelab/column_stats.py)."""
+    percentiles are np.percentile's, by selection over the batches (pagelab/column_stats.py)."""
     total, top, _ = _totals(trace, col)
-    blocks = lambda: ((c[col], None) for c in trace.iter_batches((col,), BLOCK_ROWS))  # noqa: E731
-    _, pct = median_and_percentiles(blocks, trace.num_rows, PERCENTILES)
+    batches = lambda: ((c[col], None) for c in trace.iter_batches((col,), BATCH_ROWS))  # noqa: E731
+    _, pct = median_and_percentiles(batches, trace.num_rows, PERCENTILES)
     out = {"mean": total / trace.num_rows}
     out.update({f"p{p}": v for p, v in zip(PERCENTILES, pct, strict=True)})
     out["max"] = top

@@ -29,9 +29,9 @@ from pathlib import Path
 
 from pagelab.malloc import (
     ARROW_ENV,
-    LARGE_BLOCK_BYTES,
-    PAIRING_BLOCK_BYTES,
-    map_large_blocks,
+    LARGE_ALLOCATION_BYTES,
+    PAIRING_ALLOCATION_BYTES,
+    map_large_allocations,
     one_arena,
     peak_rss_mib,
     release_free_memory,
@@ -241,7 +241,7 @@ def _reply_error(conn: Connection, exc: BaseException) -> None:
 def _serve(conn: Connection) -> None:
     """The child: open the events sink, then pair and write until told to close (or the parent is gone)."""
     one_arena()  # before numpy starts its threads (pagelab/malloc.py)
-    map_large_blocks(PAIRING_BLOCK_BYTES)
+    map_large_allocations(PAIRING_ALLOCATION_BYTES)
     with open(conn.fileno(), "rb", buffering=STREAM_BUFFER_BYTES, closefd=False) as messages:
         _pair_and_write(conn, messages)
 
@@ -263,7 +263,7 @@ def _pair_and_write(conn: Connection, messages) -> None:
                 # A table's packed rows and columns (100-400 KB each) as in the simulation's process:
                 # mappings of their own, returned when freed, not holes among the pairing temporaries.
                 pairing = not pairing
-                set_mmap_threshold(PAIRING_BLOCK_BYTES if pairing else LARGE_BLOCK_BYTES)
+                set_mmap_threshold(PAIRING_ALLOCATION_BYTES if pairing else LARGE_ALLOCATION_BYTES)
             if msg[0] == "batch":
                 pairer.process(*msg[1:])
             elif msg[0] == "end_group":

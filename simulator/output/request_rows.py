@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from pagelab.column_stats import BLOCK_ROWS
+from pagelab.column_stats import BATCH_ROWS
 from pagelab.run_format import REQUEST_COLUMNS, TRACE_COLUMNS
 from pagelab.table_sinks import TableSink
 from simulator.output.memory_rows import columns_of_batches
@@ -176,7 +176,7 @@ class RequestRows:
     def _hand_on(self, everything: bool = False) -> None:
         """The packed rows go on as batches (with `everything`, the last short one too); a row group ends
         at exactly `group_rows` rows, so the statistics after the run read each row group back as one
-        batch, without copies (column_stats.BLOCK_ROWS)."""
+        batch, without copies (column_stats.BATCH_ROWS)."""
         packed, self._packed = self._packed, bytearray()
         while packed and (everything or len(packed) >= self._limit):
             room = self._group_bytes - self._held
@@ -236,32 +236,32 @@ class RequestColumns:
         return self.totals.num_requests
 
     def column(self, name: str) -> np.ndarray:
-        """One column as a numpy array (whole: for tests and small tables; statistics read `blocks`)."""
+        """One column as a numpy array (whole: for tests and small tables; statistics read `batches`)."""
         if self.frame is not None:
             return self.frame[name].to_numpy()
-        return np.concatenate([b[name] for b in self.blocks((name,))] or [np.zeros(0, REQUEST_DTYPES[name])])
+        return np.concatenate([b[name] for b in self.batches((name,))] or [np.zeros(0, REQUEST_DTYPES[name])])
 
-    def blocks(self, names: tuple[str, ...]) -> Iterator[dict[str, np.ndarray]]:
-        """The columns `names`, `BLOCK_ROWS` rows at a time (the last block shorter), wherever they live."""
+    def batches(self, names: tuple[str, ...]) -> Iterator[dict[str, np.ndarray]]:
+        """The columns `names`, `BATCH_ROWS` rows at a time (the last batch shorter), wherever they live."""
         # Imported here, not with the module: the events process writes request batches without pandas.
         from traces.batches import FrameBatches, parquet_batches
 
         if self.frame is not None:
-            yield from FrameBatches(self.frame).iter_batches(names, BLOCK_ROWS)
+            yield from FrameBatches(self.frame).iter_batches(names, BATCH_ROWS)
             return
         if str(self.path).endswith(".csv"):
             import pandas as pd
 
-            for chunk in pd.read_csv(self.path, usecols=list(names), chunksize=BLOCK_ROWS,
+            for chunk in pd.read_csv(self.path, usecols=list(names), chunksize=BATCH_ROWS,
                                      dtype={c: REQUEST_DTYPES[c] for c in names}):
                 yield {c: chunk[c].to_numpy() for c in names}
             return
-        # Batches end at row-group boundaries: re-cut them so that sums add the same blocks as in memory.
-        yield from _reblock(parquet_batches(self.path, names, BLOCK_ROWS), BLOCK_ROWS)
+        # Batches end at row-group boundaries: re-cut them so that sums add the same batches as in memory.
+        yield from _rebatch(parquet_batches(self.path, names, BATCH_ROWS), BATCH_ROWS)
 
 
-def _reblock(batches: Iterator[dict[str, np.ndarray]], rows: int) -> Iterator[dict[str, np.ndarray]]:
-    """Blocks of exactly `rows` rows (the last one shorter) from batches of any size."""
+def _rebatch(batches: Iterator[dict[str, np.ndarray]], rows: int) -> Iterator[dict[str, np.ndarray]]:
+    """Batches of exactly `rows` rows (the last one shorter) from batches of any size."""
     held: list[dict[str, np.ndarray]] = []
     num_held = 0
     for batch in batches:

@@ -10,7 +10,7 @@ from pagelab import column_stats as cs
 
 
 def blocks_of(values: np.ndarray, cuts: list[int], weights: np.ndarray | None = None):
-    """A Blocks reader over `values` cut at the (sorted) positions `cuts`."""
+    """A Batches reader over `values` cut at the (sorted) positions `cuts`."""
     edges = [0, *sorted(c % (len(values) + 1) for c in cuts), len(values)]
 
     def read():

@@ -15,8 +15,8 @@ glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's ma
 
 
 @glibc
-def test_map_large_blocks_takes_the_settings_and_moves_arrow_to_the_system_allocator():
-    assert malloc.map_large_blocks() is True
+def test_map_large_allocations_takes_the_settings_and_moves_arrow_to_the_system_allocator():
+    assert malloc.map_large_allocations() is True
     assert pa.default_memory_pool().backend_name == "system"
 
 
@@ -27,7 +27,7 @@ def _rss_bytes() -> int:
 
 @glibc
 def test_release_free_memory_returns_free_pages_inside_the_heap():
-    malloc.map_large_blocks()  # 32 KB blocks come from the heap (under LARGE_BLOCK_BYTES), not from mappings
+    malloc.map_large_allocations()  # 32 KB allocations come from the heap (under LARGE_ALLOCATION_BYTES)
     blocks = [bytearray(32 << 10) for _ in range(800)]  # 25 MB, touched (zero-filled)
     pin = bytearray(32 << 10)  # the heap's top stays in use: free() alone cannot shrink the heap
     before = _rss_bytes()
@@ -39,7 +39,7 @@ def test_release_free_memory_returns_free_pages_inside_the_heap():
 
 def test_without_glibc_both_are_no_ops(monkeypatch):
     monkeypatch.setattr(malloc, "_LIBC", None)
-    assert malloc.map_large_blocks() is False
+    assert malloc.map_large_allocations() is False
     assert malloc.release_free_memory() is False
 
 
@@ -96,7 +96,7 @@ import sys
 from pathlib import Path
 import cli  # one arena, as the CLI sets it
 from pagelab import malloc
-malloc.map_large_blocks(int(sys.argv[2]))
+malloc.map_large_allocations(int(sys.argv[2]))
 from traces.batches import open_parquet_batches
 chunks = open_parquet_batches(Path(sys.argv[1]))  # checks the file a batch at a time, as the CLI does
 fill_holes()
@@ -112,16 +112,16 @@ def test_a_traces_read_batches_are_mappings_of_their_own_under_the_runs_threshol
 
     # What the CLI does before and during a run: read the Parquet trace 65,536 rows at a time. Under a
     # 4 MiB threshold the batches' column buffers come from the heap and leave it grown (holes the run
-    # then spreads into); under LARGE_BLOCK_BYTES each is a mapping of its own, unmapped when dropped.
+    # then spreads into); under LARGE_ALLOCATION_BYTES each is a mapping of its own, unmapped when dropped.
     # The test checks which allocations are mappings, not how much the heap grows: that depends on the
     # holes a process's imports leave, which allocations are mappings does not.
     path = tmp_path / "trace.parquet"
     save_trace(generate_trace(SyntheticConfig(num_requests=300_000, rate=40.0, seed=1)), path)
 
-    held, mapped = map(int, run_script(_READ_AND_HOLD, path, malloc.LARGE_BLOCK_BYTES).split())
+    held, mapped = map(int, run_script(_READ_AND_HOLD, path, malloc.LARGE_ALLOCATION_BYTES).split())
     assert held == 300_000 * 6 * 8  # six 8-byte columns
     assert mapped >= held
-    held, mapped = map(int, run_script(_READ_AND_HOLD, path, malloc.PAIRING_BLOCK_BYTES).split())
+    held, mapped = map(int, run_script(_READ_AND_HOLD, path, malloc.PAIRING_ALLOCATION_BYTES).split())
     assert mapped < held // 4  # the setting is what makes the difference
 
 
@@ -129,7 +129,7 @@ def test_a_traces_read_batches_are_mappings_of_their_own_under_the_runs_threshol
 _UNDER_THRESHOLD = _MALLINFO2 + """
 import sys
 from pagelab import malloc
-malloc.map_large_blocks(int(sys.argv[1]))
+malloc.map_large_allocations(int(sys.argv[1]))
 fill_holes()
 before = libc.mallinfo2().hblkhd
 """
@@ -148,9 +148,9 @@ print(int(libc.mallinfo2().hblkhd - before >= len(batch) * batch.itemsize))
 def test_the_loops_growing_batch_buffers_are_mappings_under_the_runs_threshold():
     # A 2.2 MB batch grown by appends moves ~100 times on its way up; from the heap, the small blocks
     # the loop places between those moves pin the holes it leaves, and a long run's heap grows.
-    # Under LARGE_BLOCK_BYTES it is a mapping of its own, unmapped when dropped. 1 = a mapping.
-    assert run_script(_BATCH_MAPPED, malloc.LARGE_BLOCK_BYTES) == "1"
-    assert run_script(_BATCH_MAPPED, malloc.PAIRING_BLOCK_BYTES) == "0"
+    # Under LARGE_ALLOCATION_BYTES it is a mapping of its own, unmapped when dropped. 1 = a mapping.
+    assert run_script(_BATCH_MAPPED, malloc.LARGE_ALLOCATION_BYTES) == "1"
+    assert run_script(_BATCH_MAPPED, malloc.PAIRING_ALLOCATION_BYTES) == "0"
 
 
 _SHOW = "import {}os; print(os.environ.get({!r}, 'unset'))"
@@ -223,9 +223,9 @@ print(int(libc.mallinfo2().hblkhd - before >= 8 * len(keys)))
 @glibc
 def test_the_recorders_growing_lists_leave_the_heap_under_the_runs_threshold():
     # Between 64 and 256 KB, the heap's churn on a long run is mostly the recorder's raw lists on their way
-    # up (and the pickled batches). Under LARGE_BLOCK_BYTES a list that size is a mapping of its own;
+    # up (and the pickled batches). Under LARGE_ALLOCATION_BYTES a list that size is a mapping of its own;
     # under 256 KB it is in the heap.
-    assert run_script(_LIST_MAPPED, malloc.LARGE_BLOCK_BYTES) == "1"
+    assert run_script(_LIST_MAPPED, malloc.LARGE_ALLOCATION_BYTES) == "1"
     assert run_script(_LIST_MAPPED, 256 << 10) == "0"
 
 

@@ -242,12 +242,12 @@ _CURSOR_MEMORY = """
 import sys
 import cli  # noqa: F401 - the CLI's allocator and Arrow pool settings, before pyarrow is imported
 import pyarrow as pa
-from pagelab.malloc import map_large_blocks
+from pagelab.malloc import map_large_allocations
 from simulator.config import SimConfig
 from simulator.loop.simulate import start
 from simulator.output import InMemory
 from traces.batches import open_parquet_batches
-map_large_blocks()
+map_large_allocations()
 batches = open_parquet_batches(sys.argv[1])
 run = start(batches, SimConfig(capacity_tokens=4096, record_events=False), InMemory(), True)
 run.arrive_until(run.next_arrival)  # the arrival cursor's first batch
