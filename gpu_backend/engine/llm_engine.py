@@ -23,7 +23,7 @@ from gpu_backend.engine.input_batch import SequenceInput, build_model_input
 from gpu_backend.engine.kv_sizing import kv_capacity_tokens, make_allocator, swap_tokens
 from gpu_backend.engine.params import EngineInputError, RequestOutput, SamplingParams
 from gpu_backend.engine.requests import RequestState, check_prompt
-from gpu_backend.engine.sampling import SamplingBatch, compute_logprobs, make_generator, sample
+from gpu_backend.engine.sampling import SamplingBatch, compute_logprobs, greedy_tokens, make_generator, sample
 from gpu_backend.engine.step import is_shared, plan_step, resolve_rows, start_prefills
 from gpu_backend.model import CausalLM
 from simulator.core.allocator import MemoryBreakdown
@@ -154,7 +154,7 @@ class LLMEngine:
             self._check_fits(rid, len(prompt), params)
         self._next_request_id = max(self._next_request_id, rid + 1)
         state = RequestState.create(rid, prompt, params, [self._new_seq_id() for _ in range(params.width)],
-                                    arrival_s, self.device)
+                                    arrival_s)
         self._requests[rid] = state
         self.scheduler.add_request(state.group)
         return rid
@@ -274,11 +274,13 @@ class LLMEngine:
             else:
                 picked = logits.index_select(0, torch.tensor(rows, dtype=torch.int64, device=logits.device))
             if greedy:  # no per-row settings to gather (the one device->host sync of the step)
-                tokens = iter(picked.argmax(dim=-1).tolist())
+                tokens = iter(greedy_tokens(picked).tolist())
             else:
-                params = [(st.params, st.generators[s.seq_id]) for st, seqs, _ in plain for s in seqs]
-                batch = SamplingBatch([p.temperature for p, _ in params], [p.top_p for p, _ in params],
-                                      [p.top_k for p, _ in params], [g for _, g in params])
+                params = [(st.params, st.seeds[s.seq_id], s.num_generated)
+                          for st, seqs, _ in plain for s in seqs]
+                batch = SamplingBatch([p.temperature for p, _, _ in params], [p.top_p for p, _, _ in params],
+                                      [p.top_k for p, _, _ in params], [seed for _, seed, _ in params],
+                                      [draw for _, _, draw in params])
                 tokens = iter(sample(picked, batch, self.generator).tolist())
             for state, seqs, _ in plain:
                 for seq in seqs:
