@@ -77,6 +77,7 @@ class InputBuffers:
         self._val: list[int] = []
         self._stale = False  # the device table no longer mirrors the host (see `load`)
         self._views: dict[int, tuple] = {}
+        self._target = (self._staging[0], self.flat, True)  # (staging, device buffer, persistent) of a step
         self.host = self._staging[0].numpy()
 
     # ----------------------------------------------------------------- the tables
@@ -106,6 +107,7 @@ class InputBuffers:
         event = self._events[self._turn]
         if event is not None:
             event.synchronize()
+        self._target = (self._staging[self._turn], self.flat, True)
         self.host = self._staging[self._turn].numpy()
         return self.host
 
@@ -119,6 +121,14 @@ class InputBuffers:
         sizes = (num_tokens, num_tokens, num_tokens, num_seqs, num_seqs + 1, num_logits)
         self._offsets = offs = _packed_offsets(sizes)
         self._sizes = sizes
+        need = offs[-1] + 2 * _align(self.max_deltas)
+        if need > self.capacity:
+            # More tokens than the budget (diverged prefills each compute their own): this step gets
+            # buffers of its own, so the persistent ones (and the graphs reading them) never move.
+            host = torch.zeros(need, dtype=torch.int64, pin_memory=self.device.type == "cuda")
+            device = torch.zeros(need, dtype=torch.int64, device=self.device) if self.mirror else host
+            self._target = (host, device, False)
+            self.host = host.numpy()
         h = self.host
         return Packed(*(h[o: o + n] for o, n in zip(offs, sizes, strict=False)))
 
@@ -144,7 +154,7 @@ class InputBuffers:
                      tables: torch.Tensor | None = None) -> ModelInput:
         """The packed sections (after `send_packed`) as the model's input; `tables` replaces the table rows
         when the step's sequences did not fit in them."""
-        f = self.flat
+        f = self._target[1]
         o_ids, o_pos, o_slots, o_ctx, o_cu, o_log, _ = self._offsets
         num_tokens, _, _, num_seqs, _, num_logits = self._sizes
         meta = AttentionMetadata(
@@ -170,14 +180,14 @@ class InputBuffers:
             self.host[start: start + d] = self._idx
             self.host[start + d: start + 2 * d] = self._val
         end = start + 2 * d if d else used
-        staging = self._staging[self._turn]
-        self.flat[:end].copy_(staging[:end], non_blocking=True)
+        staging, flat, persistent = self._target
+        # A one-off staging buffer is copied synchronously: nothing keeps it alive past this step.
+        flat[:end].copy_(staging[:end], non_blocking=persistent)
         if d:
-            self.device_table.view(-1).index_copy_(0, self.flat[start: start + d],
-                                                   self.flat[start + d: start + 2 * d])
+            self.device_table.view(-1).index_copy_(0, flat[start: start + d], flat[start + d: start + 2 * d])
         self._idx.clear()
         self._val.clear()
-        if self.device.type == "cuda":
+        if persistent and self.device.type == "cuda":
             event = self._events[self._turn] or torch.cuda.Event()
             event.record()
             self._events[self._turn] = event

@@ -43,15 +43,15 @@ def _greedy(lens, ignore_eos=True):
     return [SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=ignore_eos) for m in lens]
 
 
-def _run(model, prompts, params, decode_batch: bool, mirror: bool = False, table_rows: int | None = None,
+def _run(model, prompts, params, decode_batch: bool, mirror: bool = False, buffers: dict | None = None,
          **options):
     """Every step's decisions and memory, the outputs, and how many steps the decode batch took."""
     options = {"block_size": 4, "num_blocks": 300, "max_num_seqs": 6, **options}
     engine = LLMEngine(model, track_memory=True, decode_batch=decode_batch, **options)
     if mirror:
         engine.decoder = DecodeStepper(engine, mirror=True)
-    if table_rows is not None:
-        engine.decoder.buffers.table_rows = table_rows
+    for name, value in (buffers or {}).items():  # smaller buffers than the engine's, to reach rare paths
+        setattr(engine.decoder.buffers, name, value)
     for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
         engine.add_request(prompt, p, request_id=i)
     steps, outputs, fast = [], {}, 0
@@ -151,12 +151,14 @@ def test_unseeded_sampling_runs_through_the_batch(model):
                                           "capacity_tokens": 800, "max_model_len": 128}])
 def test_copying_buffers_and_spilled_tables_give_the_same_steps(model, options):
     """The copying path a GPU takes (staging, one copy, table cells applied on the device), run on the
-    CPU; and steps with more sequences than table rows, whose tables are sent whole."""
+    CPU; steps with more sequences than table rows (their tables are sent whole); steps larger than the
+    staging buffer (they get their own)."""
     prompts, lens = _workload(seed=6)
     exact = _run(model, prompts, _greedy(lens), False, **options)
-    for kw in ({"mirror": True}, {"table_rows": 1}, {"mirror": True, "table_rows": 1}):
-        got = _run(model, prompts, _greedy(lens), True, **kw, **options)
-        assert got[:2] == exact[:2] and got[2] > 10
+    for mirror in (False, True):
+        for small in ({}, {"table_rows": 1}, {"capacity": 0}):
+            got = _run(model, prompts, _greedy(lens), True, mirror=mirror, buffers=small, **options)
+            assert got[:2] == exact[:2] and got[2] > 10
 
 
 def test_more_table_changes_than_a_copy_carries_upload_the_table(model, monkeypatch):
