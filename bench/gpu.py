@@ -225,10 +225,22 @@ def run_check(check: Check, names: list[str], commit: str | None = None) -> dict
                       "traceback": traceback.format_exc()[-4000:]}
         result["seconds"] = round(time.perf_counter() - begin, 1)
         report["parts"][name] = result
+        _release_memory()
     report["seconds"] = round(time.perf_counter() - check.start, 1)
     report["verdicts"] = verdicts(report)
     report["next"] = next_steps(report, check.runs)
     return report
+
+
+def _release_memory() -> None:
+    """Give the next part the device memory this one cached (its tensors are garbage by now)."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _commit() -> str | None:

@@ -20,6 +20,7 @@ GPU_TEST_FILES = ("tests/gpu_backend/test_ops_triton.py", "tests/gpu_backend/tes
                   "tests/gpu_backend/test_decode_step.py", "tests/gpu_backend/test_kernel_variants.py",
                   "tests/cli/test_cli_bench_engine.py")
 ALLOCATORS = ("paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle")
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: GPU_TEST_FILES are relative to it
 
 
 @dataclass(frozen=True)
@@ -86,12 +87,12 @@ def _driver_version() -> str | None:
 def gpu_tests(out: Path, timeout_s: float) -> dict:
     """`pytest -m gpu` over GPU_TEST_FILES, in a subprocess with a time limit; the summary counts (without
     CUDA every one of them is skipped)."""
-    xml = out / "gpu-tests.xml"
+    xml = (out / "gpu-tests.xml").resolve()
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}",
            *GPU_TEST_FILES]
     start = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT)
     except subprocess.TimeoutExpired as exc:
         tail = (exc.stdout or b"")[-2000:]
         return {"timed_out": True, "timeout_s": timeout_s,
