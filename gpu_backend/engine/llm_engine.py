@@ -74,7 +74,11 @@ def _resolve_model(model, device: str | torch.device, dtype, backend: str, seed:
 
 
 class LLMEngine:
-    """Continuous-batching inference over a paged (or contiguous) KV cache managed by the shared core."""
+    """Continuous-batching inference over a paged (or contiguous) KV cache managed by the shared core.
+
+    `decode_batch=False` takes every step through `Scheduler.schedule()`: the reference whose decisions
+    the decode batch's steps make too (tests/gpu_backend/test_decode_step.py).
+    """
 
     def __init__(self, model: str | Path | CausalLM = "tiny", device: str | torch.device = "auto",
                  backend: str = "auto", block_size: int = 16, num_blocks: int | None = None,
