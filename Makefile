@@ -13,7 +13,7 @@ TORCH_SPEC ?= torch==2.13.0
 endif
 TORCH_PIP_ARGS ?=
 
-.PHONY: run test lint bench paper profile docs env clean
+.PHONY: run test lint bench paper profile docs env clean gpu-check
 
 env: $(VENV)/.installed
 
@@ -53,6 +53,15 @@ DEVICE ?= cpu
 profile: env
 	$(PY) -m bench.profile --device $(DEVICE) $(if $(GPU),--gpu $(GPU)) $(if $(MODEL),--model $(MODEL)) \
 	  $(if $(BACKEND),--backend $(BACKEND)) $(if $(PROFILE),--out $(PROFILE))
+
+# The GPU check in one go, on a GPU machine whose image already has torch, Triton and transformers (no venv:
+# nothing is installed beyond the project): bench/gpu.py; about 5 minutes (GPU_BUDGET seconds).
+#   make gpu-check GPU_OUT=$$OUT       -> gpu-check.json, gpu-check.md, gpu-check-runs.tar.gz
+GPU_OUT ?= runs/gpu-check
+GPU_BUDGET ?= 300
+gpu-check:
+	$(PYTHON) -m pip install -q --no-deps --no-build-isolation -e .
+	$(PYTHON) -m bench.gpu --out $(GPU_OUT) --budget-s $(GPU_BUDGET)
 
 clean:
 	rm -rf $(VENV) runs build site *.egg-info

@@ -41,7 +41,11 @@ def bench_requests(model: CausalLM, trace: str = "azure-conv", limit: int = 64, 
     """The first `limit` requests of a trace as token prompts for `model`."""
     from traces import load_trace
 
-    df = load_trace(trace).iloc[:limit].reset_index(drop=True)
+    return requests_of(model, load_trace(trace).iloc[:limit].reset_index(drop=True), seed, max_model_len)
+
+
+def requests_of(model: CausalLM, df, seed: int = 0, max_model_len: int | None = None) -> BenchRequests:
+    """The requests of a trace table as token prompts for `model` (prompts clipped as the replay clips)."""
     lens, _ = clip_prompts(df, max_model_len or model.config.max_model_len)
     prompts = make_prompts(df, lens, model.config.vocab_size, seed)
     return BenchRequests(prompts, df["output_len"].astype(int).tolist())
@@ -95,15 +99,19 @@ def to_transformers(model: CausalLM):
 
 
 @torch.inference_mode()
-def run_transformers(hf_model, work: BenchRequests, batch_size: int = 16) -> dict:
-    """Wall time and output throughput of padded static batches through `hf_model.generate`."""
+def run_transformers(hf_model, work: BenchRequests, batch_size: int = 16,
+                     deadline: float | None = None) -> dict:
+    """Wall time and output throughput of padded static batches through `hf_model.generate`. With
+    `deadline` (a `time.perf_counter()` reading), no batch starts after it: the batches run are counted."""
     device = next(hf_model.parameters()).device
     hf_model.generate(torch.tensor([[1, 2, 3]], device=device),
                       attention_mask=torch.ones(1, 3, dtype=torch.long, device=device),
                       max_new_tokens=2, do_sample=False, pad_token_id=0)  # warmup
     start = time.perf_counter()
-    produced = 0
+    produced = batches = 0
     for lo in range(0, len(work.prompts), batch_size):
+        if deadline is not None and batches and time.perf_counter() > deadline:
+            break
         prompts = work.prompts[lo:lo + batch_size]
         outs = work.output_lens[lo:lo + batch_size]
         width = max(len(p) for p in prompts)
@@ -116,11 +124,13 @@ def run_transformers(hf_model, work: BenchRequests, batch_size: int = 16) -> dic
         hf_model.generate(ids.to(device), attention_mask=mask.to(device), max_new_tokens=new,
                           min_new_tokens=new, do_sample=False, pad_token_id=0)
         produced += sum(outs)
+        batches += 1
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
     return {"seconds": seconds, "output_tokens": produced, "tokens_per_s": produced / seconds,
-            "batch_size": batch_size}
+            "batch_size": batch_size, "batches": batches,
+            "requests": min(batches * batch_size, len(work.prompts))}
 
 
 def compare(model_name: str = "tiny", trace: str = "azure-conv", limit: int = 64, hf_batch_size: int = 16,

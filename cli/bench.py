@@ -211,8 +211,12 @@ def engine_bench(
     limit: int = typer.Option(None, "--limit", help="Requests from the trace (default 64)."),
     num_prompts: int = typer.Option(None, "--num-prompts", help="Same as --limit (vLLM's name)."),
     trace: str = typer.Option("azure-conv", help="Trace path or bundled name."),
-    max_model_len: int = typer.Option(1024, help="Clip prompts so prompt + output fit in this."),
-    host: bool = typer.Option(False, "--host", help="Instead: host time per decode step (stub model)."),
+    max_model_len: int = typer.Option(None, help="Clip prompts so prompt + output fit in this (default "
+                                                 "1024); --host: the engine's max_model_len (default 4096)."),
+    host: bool = typer.Option(False, "--host", help="Instead: host work per steady decode step (p50, p90)."),
+    host_model: str = typer.Option("both", "--host-model", help="--host: stub (the step's wall time with a "
+                                   "forward that returns at once), tiny (the real tiny preset's step minus "
+                                   "its forward), or both."),
     batch: list[str] = typer.Option(["16,64,256"], help="--host: running sequences per step."),
     allocator: list[str] = typer.Option(["paged", "contiguous-max"], help="--host: allocators."),
     steps: int = typer.Option(50, help="--host: timed decode steps per batch size."),
@@ -228,16 +232,24 @@ def engine_bench(
 ) -> None:
     """Output throughput: the paged engine vs transformers' padded batched generate (CPU tiny by default).
 
-    With --host: the engine's own work per decode step (scheduling, packing, sampling, bookkeeping)
-    with a model stub whose forward returns at once, by batch size.
+    With --host: the engine's own work per steady decode step (scheduling, packing, sampling,
+    bookkeeping) by batch size: median (p50) and p90 over --steps steps, with a stub model whose
+    forward returns at once and/or the real tiny model minus its forward.
     """
     if host:
-        from bench.engine_host import host_time_per_step
+        from bench.engine_host import HOST_MODELS, host_time_per_step
 
+        models = HOST_MODELS if host_model == "both" else (host_model,)
+        if host_model != "both" and host_model not in HOST_MODELS:
+            raise UserError(f"--host-model must be stub, tiny or both, got {host_model!r}")
+        if steps < 1:
+            raise UserError(f"--steps must be >= 1, got {steps}")
+        length = 4096 if max_model_len is None else max_model_len
         torch_threads_one()
-        rows = [host_time_per_step(n, steps=steps, allocator=a)
-                for n in _int_list(batch, "--batch") for a in allocator]
-        _emit(rows, "engine host time per decode step (stub model, CPU)", as_json)
+        rows = [host_time_per_step(n, steps=steps, allocator=a, model=m, max_model_len=length)
+                for m in models for n in _int_list(batch, "--batch") for a in allocator]
+        _emit(rows, f"engine host work per steady decode step, p50 and p90 of {steps} steps (CPU; tiny: "
+                    "step minus forward)", as_json)
         return
     from bench.engine import compare
 
@@ -249,6 +261,7 @@ def engine_bench(
         raise UserError(f"--hf-batch-size must be >= 1, got {hf_batch_size}")
     if dtype not in (None, "float32", "float16", "bfloat16"):
         raise UserError(f"--dtype must be float32, float16 or bfloat16, got {dtype!r}")
+    max_model_len = 1024 if max_model_len is None else max_model_len
     r = compare(model_name=model, trace=trace, limit=limit, max_model_len=max_model_len, device=device,
                 dtype=dtype, backend=backend, hf_batch_size=hf_batch_size,
                 progress=lambda message: err_console.print(f"bench engine: {message}", markup=False))

@@ -229,7 +229,8 @@ class ReplayState(RunState):
 
 
 def _advance(run: ReplayState):
-    """One engine step, measured and recorded; its schedule (the driver handles an empty one)."""
+    """One engine step, measured and recorded; its schedule when nothing ran (the driver waits for the next
+    arrival then), else None."""
     clock, engine = run.clock, run.engine
     start = clock()
     res = engine.step()
@@ -243,7 +244,7 @@ def _advance(run: ReplayState):
             run.finish[o.request_id] = end
             run.num_done += 1
             run.retire(o.request_id)
-    if res.out.is_empty:
+    if not res.ran:
         return res.out
     dt = end - start
     run.step_rows.append(step_row(run.step, start, dt, res.out, res.q_lens, res.context_lens))
@@ -251,7 +252,7 @@ def _advance(run: ReplayState):
     run.step_times.append(dt)
     run.computed += res.num_computed_tokens
     run.now = end
-    return res.out
+    return None
 
 
 def _replay(trace: pd.DataFrame, config: ReplayConfig, engine: LLMEngine, clock: ReplayClock,

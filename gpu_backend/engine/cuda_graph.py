@@ -93,15 +93,20 @@ class DecodeBuffers:
 
 class DecodeGraphRunner:
     """Runs decode-only steps through per-bucket CUDA graphs (or, with capture=False, the same padded
-    static buffers eagerly: what the graphs compute, testable on a CPU)."""
+    static buffers eagerly: what the graphs compute, testable on a CPU).
+
+    `buffers` are the static inputs: by default its own DecodeBuffers; the engine passes its persistent
+    InputBuffers (input_buffers.py), whose decode steps are written in place and replayed with `replay`.
+    """
 
     def __init__(self, forward: Callable[[ModelInput], torch.Tensor], max_num_seqs: int, table_width: int,
-                 max_model_len: int, contiguous: bool, device, capture: bool = True):
+                 max_model_len: int, contiguous: bool, device, capture: bool = True, buffers=None):
         self.forward = forward
         self.sizes = graph_batch_sizes(max_num_seqs)
         self.max_model_len = max_model_len
         self.contiguous = contiguous
-        self.buffers = DecodeBuffers.create(self.sizes[-1], 1 if contiguous else table_width, device)
+        self.buffers = buffers if buffers is not None else DecodeBuffers.create(
+            self.sizes[-1], 1 if contiguous else table_width, device)
         self.capture = capture
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
@@ -127,12 +132,23 @@ class DecodeGraphRunner:
         return meta.is_decode_only and meta.contiguous == self.contiguous and \
             bucket_for(meta.num_seqs, self.sizes) is not None
 
+    def bucket(self, num_seqs: int) -> int | None:
+        """The captured size a decode step of `num_seqs` sequences pads to (None: run it eagerly)."""
+        return bucket_for(num_seqs, self.sizes)
+
     def run(self, batch: ModelInput) -> torch.Tensor:
         """Logits [n, vocab] of a decode batch of n sequences, through the bucket's graph."""
         n = batch.attn_metadata.num_seqs
         size = bucket_for(n, self.sizes)
         self.buffers.load(batch, size)
+        return self.replay(n, batch.attn_metadata.max_context_len)
+
+    def replay(self, num_seqs: int, max_context_len: int | None = None) -> torch.Tensor:
+        """Logits [n, vocab] of the decode step whose inputs already fill the buffers' first rows, padded to
+        its bucket (`max_context_len`: the eager stand-in's plan; a graph keeps the one it captured)."""
+        size = bucket_for(num_seqs, self.sizes)
         if self.capture:
             self.graphs[size].replay()
-            return self.outputs[size][:n]
-        return self.forward(self.buffers.view(size, batch.attn_metadata.max_context_len, self.contiguous))[:n]
+            return self.outputs[size][:num_seqs]
+        longest = self.max_model_len if max_context_len is None else max_context_len
+        return self.forward(self.buffers.view(size, longest, self.contiguous))[:num_seqs]

@@ -4,12 +4,14 @@ Every step: the shared `Scheduler` decides what runs (admitting, preempting by r
 allocating through the shared `BlockManager` or `ContiguousAllocator`); the engine performs the swap and
 copy-on-write instructions it returned, packs every scheduled prefill chunk and decode token into one
 forward (no padding), samples, appends the tokens and finishes sequences through the scheduler, in the
-same order as `simulator.simulate` does, so a replay makes the decisions a simulation makes.
+same order as `simulator.simulate` does, so a replay makes the decisions a simulation makes. While every
+running request is a plain decode, the step goes through the scheduler's decode batch instead
+(decode_step.py): the same decisions in O(what changes) per step.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -18,34 +20,18 @@ from gpu_backend.cache_engine import CacheEngine
 from gpu_backend.engine.beam_search import beam_step
 from gpu_backend.engine.block_table_store import BlockTableStore
 from gpu_backend.engine.cuda_graph import DecodeGraphRunner, decode_graphs_apply
+from gpu_backend.engine.decode_step import DecodeStepper
 from gpu_backend.engine.engine_config import EngineConfig
 from gpu_backend.engine.input_batch import SequenceInput, build_model_input
 from gpu_backend.engine.kv_sizing import kv_capacity_tokens, make_allocator, swap_tokens
 from gpu_backend.engine.params import EngineInputError, RequestOutput, SamplingParams
 from gpu_backend.engine.requests import RequestState, check_prompt
-from gpu_backend.engine.sampling import SamplingBatch, compute_logprobs, make_generator, sample
-from gpu_backend.engine.step import is_shared, plan_step, resolve_rows, start_prefills
+from gpu_backend.engine.sampling import SamplingBatch, compute_logprobs, greedy_tokens, make_generator, sample
+from gpu_backend.engine.step import StepResult, is_shared, plan_step, resolve_rows, start_prefills
 from gpu_backend.model import CausalLM
-from simulator.core.allocator import MemoryBreakdown
 from simulator.core.paged.block_manager import BlockManager
-from simulator.core.scheduler import Scheduler, SchedulerOutput
+from simulator.core.scheduler import Scheduler
 from simulator.core.sequence import Sequence, SequenceStatus
-
-
-@dataclass
-class StepResult:
-    """What one engine step did (the replay records it; `generate` only collects `finished`)."""
-
-    out: SchedulerOutput
-    counts: tuple[int, int, int]  # running, waiting, swapped requests right after scheduling
-    breakdown: MemoryBreakdown | None  # memory taxonomy right after scheduling (when tracked)
-    finished: list[RequestOutput] = field(default_factory=list)
-    first_token: list[int] = field(default_factory=list)  # requests that sampled their first token
-    num_computed_tokens: int = 0  # tokens in the forward (the scheduler's budget may count fewer)
-    # Per sequence input of the forward: tokens computed and context attended over (the step-latency
-    # model's inputs, docs/calibration.md; the replay writes them into its steps table).
-    q_lens: list[int] = field(default_factory=list)
-    context_lens: list[int] = field(default_factory=list)
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -88,14 +74,18 @@ def _resolve_model(model, device: str | torch.device, dtype, backend: str, seed:
 
 
 class LLMEngine:
-    """Continuous-batching inference over a paged (or contiguous) KV cache managed by the shared core."""
+    """Continuous-batching inference over a paged (or contiguous) KV cache managed by the shared core.
+
+    `decode_batch=False` takes every step through `Scheduler.schedule()`: the reference whose decisions
+    the decode batch's steps make too (tests/gpu_backend/test_decode_step.py).
+    """
 
     def __init__(self, model: str | Path | CausalLM = "tiny", device: str | torch.device = "auto",
                  backend: str = "auto", block_size: int = 16, num_blocks: int | None = None,
                  kv_memory_gb: float | None = None, dtype: str | torch.dtype | None = None,
                  enable_prefix_caching: bool = True, allocator: str = "paged", *, seed: int = 0,
                  record_events: bool = False, clock: Callable[[], float] | None = None,
-                 track_memory: bool = False, **options):
+                 track_memory: bool = False, decode_batch: bool = True, **options):
         try:
             config = EngineConfig(block_size=block_size, num_blocks=num_blocks, kv_memory_gb=kv_memory_gb,
                                   enable_prefix_caching=enable_prefix_caching, allocator=allocator, seed=seed,
@@ -111,7 +101,9 @@ class LLMEngine:
         self.capacity_tokens, self.capacity_source = kv_capacity_tokens(config, self.model, sched_config)
         self.allocator = make_allocator(config, self.capacity_tokens, self.bytes_per_token,
                                         self.max_model_len, record_events)
-        self.scheduler = Scheduler(sched_config, self.allocator)
+        # Request id -> max_tokens of the requests the decode batch may take (one sequence, no beam).
+        self.output_len: dict[int, int] = {}
+        self.scheduler = Scheduler(sched_config, self.allocator, self.output_len if decode_batch else None)
         paged = isinstance(self.allocator, BlockManager)
         self.cache = CacheEngine(
             self.model, contiguous=not paged, block_size=config.block_size,
@@ -121,17 +113,19 @@ class LLMEngine:
         # Paged: block tables persist across steps (appended to, not rebuilt); contiguous regions need none.
         self.tables = None if self.cache.contiguous else BlockTableStore(
             -(-self.max_model_len // config.block_size) + 1, rows=max(16, config.max_num_seqs))
+        self.eos = set(self.model.config.eos_token_ids)
+        self.track_memory = track_memory
+        self.decoder = DecodeStepper(self) if decode_batch else None
         self.graph_runner = None
         if decode_graphs_apply(self.device.type, getattr(self.model.attn_backend, "name", ""),
                                config.enforce_eager):
             self.graph_runner = DecodeGraphRunner(
                 self._forward, config.max_num_seqs, -(-self.max_model_len // config.block_size) + 1,
-                self.max_model_len, self.cache.contiguous, self.device)
-        self.track_memory = track_memory
+                self.max_model_len, self.cache.contiguous, self.device,
+                buffers=None if self.decoder is None else self.decoder.buffers)
         # With a clock, the allocation log's `now` is set when the step is scheduled and when its forward
         # is done, so allocations and releases carry the times the simulator would give them.
         self.clock = clock
-        self.eos = set(self.model.config.eos_token_ids)
         self.generator = make_generator(seed, self.device)
         self._requests: dict[int, RequestState] = {}
         self._pending_logits: dict[int, torch.Tensor] = {}
@@ -154,8 +148,10 @@ class LLMEngine:
             self._check_fits(rid, len(prompt), params)
         self._next_request_id = max(self._next_request_id, rid + 1)
         state = RequestState.create(rid, prompt, params, [self._new_seq_id() for _ in range(params.width)],
-                                    arrival_s, self.device)
+                                    arrival_s)
         self._requests[rid] = state
+        if params.width == 1 and not params.use_beam_search:
+            self.output_len[rid] = params.max_tokens
         self.scheduler.add_request(state.group)
         return rid
 
@@ -187,12 +183,17 @@ class LLMEngine:
         """Schedule, move KV, run one packed forward, sample, and finish what is done."""
         sched = self.scheduler
         self._stamp()
+        if self.decoder is not None and sched.decode_ready():
+            result = self.decoder.step()
+            if result is not None:
+                return result
         out = sched.schedule()
         counts = (len(sched.running), len(sched.waiting), len(sched.swapped))
         head = sched.waiting[0] if sched.waiting else None
         result = StepResult(out, counts, self.allocator.breakdown(head) if self.track_memory else None)
         for group in out.rejected:
             result.finished.append(self._requests.pop(group.request_id).rejected_output())
+            self.output_len.pop(group.request_id, None)
         for group in out.preempted:
             for s in group.seqs:
                 self._pending_logits.pop(s.seq_id, None)
@@ -229,6 +230,7 @@ class LLMEngine:
         self._sample(plan, logits, result)
         for group in sched.remove_finished():
             result.finished.append(self._requests.pop(group.request_id).output(self.eos))
+            self.output_len.pop(group.request_id, None)
             if self.tables is not None:
                 self.tables.forget(s.seq_id for s in group.seqs)
         if self.tables is not None and len(self.tables.rows) > 2 * max(len(plan.inputs), 64):
@@ -274,11 +276,13 @@ class LLMEngine:
             else:
                 picked = logits.index_select(0, torch.tensor(rows, dtype=torch.int64, device=logits.device))
             if greedy:  # no per-row settings to gather (the one device->host sync of the step)
-                tokens = iter(picked.argmax(dim=-1).tolist())
+                tokens = iter(greedy_tokens(picked).tolist())
             else:
-                params = [(st.params, st.generators[s.seq_id]) for st, seqs, _ in plain for s in seqs]
-                batch = SamplingBatch([p.temperature for p, _ in params], [p.top_p for p, _ in params],
-                                      [p.top_k for p, _ in params], [g for _, g in params])
+                params = [(st.params, st.seeds[s.seq_id], s.num_generated)
+                          for st, seqs, _ in plain for s in seqs]
+                batch = SamplingBatch([p.temperature for p, _, _ in params], [p.top_p for p, _, _ in params],
+                                      [p.top_k for p, _, _ in params], [seed for _, seed, _ in params],
+                                      [draw for _, _, draw in params])
                 tokens = iter(sample(picked, batch, self.generator).tolist())
             for state, seqs, _ in plain:
                 for seq in seqs:
@@ -338,6 +342,9 @@ class LLMEngine:
     def abort_all(self) -> None:
         """Drop every queued and running request, releasing its KV memory."""
         sched = self.scheduler
+        if sched.decode is not None:
+            sched.decode.deactivate()
+            self.decoder.release()
         for group in [*sched.running, *sched.swapped, *sched.waiting]:
             for s in group.seqs:
                 if s.status in (SequenceStatus.RUNNING, SequenceStatus.SWAPPED):
@@ -348,6 +355,7 @@ class LLMEngine:
         sched.waiting.clear()
         sched.prefill_left.clear()
         self._requests.clear()
+        self.output_len.clear()
         self._pending_logits.clear()
 
     def warmup(self, num_tokens: int = 64) -> None:

@@ -1,14 +1,12 @@
-"""Per-request state of the engine: sampling settings, seeded generators, beams, and the final output."""
+"""Per-request state of the engine: sampling settings, per-sequence seeds, beams, and the final output."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from gpu_backend.engine.beam_search import BeamState, Hypothesis
 from gpu_backend.engine.params import CompletionOutput, EngineInputError, RequestOutput, SamplingParams
-from gpu_backend.engine.sampling import make_generator
 from simulator.core.sequence import Sequence, SequenceGroup
 
 
@@ -38,7 +36,7 @@ class RequestState:
     prompt: list[int]
     params: SamplingParams
     group: SequenceGroup
-    generators: dict[int, torch.Generator | None] = field(default_factory=dict)  # by seq id
+    seeds: dict[int, int] = field(default_factory=dict)  # by seq id: its sampling seed, -1 for none
     beam: BeamState | None = None
     samples: list[Sequence] = field(default_factory=list)  # n > 1: the samples in output order
     finish_reasons: dict[int, str] = field(default_factory=dict)  # by seq id
@@ -47,8 +45,8 @@ class RequestState:
 
     @classmethod
     def create(cls, request_id: int, prompt: list[int], params: SamplingParams, seq_ids: list[int],
-               arrival_s: float, device: torch.device) -> RequestState:
-        """A fresh request: its sequence group (width sequences sharing the prompt) and generators."""
+               arrival_s: float) -> RequestState:
+        """A fresh request: its sequence group (width sequences sharing the prompt) and their seeds."""
         final_len = len(prompt) + params.max_tokens - 1  # the last sampled token never gets a slot
         seqs = [Sequence(i, len(prompt), final_len, request_id=request_id, token_ids=list(prompt))
                 for i in seq_ids]
@@ -56,10 +54,9 @@ class RequestState:
         state = cls(request_id, list(prompt), params, group, samples=list(seqs))
         if params.use_beam_search:
             state.beam = BeamState(params.beam_width, len(prompt))
+        seeded = params.seed is not None and params.temperature > 0
         for j, s in enumerate(seqs):
-            seeded = params.seed is not None and params.temperature > 0
-            gen = make_generator(sequence_seed(params.seed, j), device) if seeded else None
-            state.generators[s.seq_id] = gen
+            state.seeds[s.seq_id] = sequence_seed(params.seed, j) if seeded else -1
         return state
 
     def output(self, eos: set[int]) -> RequestOutput:

@@ -16,12 +16,40 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from gpu_backend.cache_engine import CacheEngine
 from gpu_backend.engine.input_batch import SequenceInput
+from gpu_backend.engine.params import RequestOutput
+from simulator.core.allocator import MemoryBreakdown
 from simulator.core.scheduler import ScheduledGroup, SchedulerOutput
 from simulator.core.sequence import Sequence, SequenceGroup, SequenceStatus
+
+
+@dataclass
+class StepResult:
+    """What one engine step did (the replay records it; `generate` only collects `finished`).
+
+    `out` is the scheduler's decision; a step of the decode batch (decode_step.py) schedules only what it
+    admits (`out.scheduled`), its decodes are counted in `out.num_batched_tokens` and `q_lens`.
+    """
+
+    out: SchedulerOutput
+    counts: tuple[int, int, int]  # running, waiting, swapped requests right after scheduling
+    breakdown: MemoryBreakdown | None  # memory taxonomy right after scheduling (when tracked)
+    finished: list[RequestOutput] = field(default_factory=list)
+    first_token: list[int] = field(default_factory=list)  # requests that sampled their first token
+    num_computed_tokens: int = 0  # tokens in the forward (the scheduler's budget may count fewer)
+    # Per sequence input of the forward: tokens computed and context attended over (the step-latency
+    # model's inputs, docs/calibration.md; the replay writes them into its steps table).
+    q_lens: list[int] | np.ndarray = field(default_factory=list)
+    context_lens: list[int] | np.ndarray = field(default_factory=list)
+
+    @property
+    def ran(self) -> bool:
+        """Whether the step ran a forward (an empty schedule runs none)."""
+        return self.num_computed_tokens > 0
 
 
 def live_seqs(group: SequenceGroup) -> list[Sequence]:

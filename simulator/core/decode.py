@@ -16,6 +16,11 @@ num_generated = D + g. Per step, only what changes is visited:
 The counts live only here until the batch settles a sequence (`settle`): before it finishes, and for all
 of them before any exact step (`deactivate`). Sums the step-time and memory models need (tokens held,
 context lengths) are kept as running totals.
+
+The engine's sequences hold real tokens, so the block a decode append fills is published to the prefix
+cache, as `append_slot` does (only sequences of `block_size` residue visited per step). Their output length
+is a bound (`max_tokens`): the engine finishes a request that samples EOS earlier with `remove`. A request
+whose id is absent from `output_len` never joins (the engine leaves out beams and parallel samples).
 """
 from __future__ import annotations
 
@@ -38,6 +43,8 @@ class DecodeBatch:
         self.paged = isinstance(alloc, BlockManager)
         self.block_size = alloc.block_size if self.paged else 1
         self.eager = alloc.debug  # settle every step and check the allocator's invariants
+        # Blocks filled by decode appends are published when their content is known (engine sequences).
+        self.publishes = self.paged and alloc.enable_prefix_caching
         self.active = False
         self.phase = 0
         self._reset()
@@ -57,6 +64,7 @@ class DecodeBatch:
         self.finish_at: dict[int, list[SequenceGroup]] = {}
         self.finish_heap: list[int] = []
         self.waste_at: dict[int, int] = {}  # phase -> internal-fragmentation slots that appear in it
+        self.keyed = 0  # members whose tokens are known (their filled blocks are published)
 
     # ----------------------------------------------------------------- membership
     def activate(self, running: Iterable[SequenceGroup], num_swapped: int) -> bool:
@@ -75,9 +83,10 @@ class DecodeBatch:
         if g.beam_width > 1 or len(g.seqs) != 1 or g.request_id in self.prefill_left:
             return False
         s = g.seqs[0]
-        if s.status is not SequenceStatus.RUNNING or s.token_ids is not None or s.final_len is None:
+        out = self.output_len.get(g.request_id)
+        if s.status is not SequenceStatus.RUNNING or out is None or s.final_len is None:
             return False
-        left = self.output_len[g.request_id] - s.num_generated
+        left = out - s.num_generated
         n = s.num_tokens
         # It must finish before it could outgrow its final length (or its contiguous region).
         if left < 1 or n + left > (s.final_len if self.paged else min(s.final_len, s.region[1])):
@@ -92,6 +101,8 @@ class DecodeBatch:
         self.offsets[s] = (o, s.num_generated - d)
         self.size += 1
         self.offset_sum += o
+        if s.token_ids is not None:
+            self.keyed += 1
         fin = d + self.output_len[g.request_id] - s.num_generated
         lst = self.finish_at.get(fin)
         if lst is None:
@@ -165,6 +176,8 @@ class DecodeBatch:
                 append_blocks(alloc, due)
             if self.waste_at:
                 self.waste_at.pop(d, None)
+            if self.keyed and self.publishes:
+                self._publish_filled(d + 1)
         self._count_tokens(self.size)
         self.phase = d + 1
         if self.eager:
@@ -176,6 +189,9 @@ class DecodeBatch:
         """Run `k` decode steps' appends (k > 1 only in spans, with each step's start time in `times`
         when events are recorded); return the sequences that took a block, in the order they took them."""
         d, bs, b = self.phase, self.block_size, self.size
+        if k > 1 and self.keyed:
+            raise ValueError("a span needs the tokens of every step: sequences with real tokens advance "
+                             "one step at a time")
         due: list[Sequence] = []
         if self.paged:
             buckets = self.buckets
@@ -197,12 +213,54 @@ class DecodeBatch:
                 past = range(d, d + k) if k <= len(waste) else [p for p in waste if d <= p < d + k]
                 for p in past:
                     waste.pop(p, None)
+            if self.keyed and self.publishes:
+                self._publish_filled(d + 1)
         self._count_tokens(b * k)
         self.phase = d + k
         if self.eager:
             self.settle_all()
             check_invariants(self.alloc)
         return due
+
+    def _publish_filled(self, phase: int) -> None:
+        """Publish the block each member filled with the append that brings the batch to `phase` (those
+        whose token count is then a multiple of the block size), as `append_slot` would."""
+        bs, offsets = self.block_size, self.offsets
+        publish = self.alloc.prefix_cache.publish
+        for s in self.buckets[phase % bs]:
+            if s.token_ids is not None:
+                index = (phase + offsets[s][0]) // bs - 1
+                publish(s, index, s.block_table[index])
+
+    def remove(self, groups: list[SequenceGroup]) -> None:
+        """Settle and drop members the caller finished before their output length (the engine's EOS); their
+        predicted completion is forgotten. The caller then finishes them (`Scheduler.finish_groups`)."""
+        bs = self.block_size
+        for g in groups:
+            s = g.seqs[0]
+            self.settle(s)
+            o, og = self.offsets.pop(s)
+            self.size -= 1
+            self.offset_sum -= o
+            if s.token_ids is not None:
+                self.keyed -= 1
+            fin = self.output_len[g.request_id] - og  # the phase `_add` filed it under
+            lst = self.finish_at[fin]
+            lst.remove(g)
+            if not lst:
+                del self.finish_at[fin]
+                self.finish_heap.remove(fin)
+                heapq.heapify(self.finish_heap)
+            if self.paged:
+                self.buckets[-o % bs].remove(s)
+                num_final = -(-s.final_len // bs)
+                at = (num_final - 1) * bs - o
+                if len(s.block_table) < num_final and at in self.waste_at:  # its final block not taken
+                    left = self.waste_at[at] - (num_final * bs - s.final_len)
+                    if left:
+                        self.waste_at[at] = left
+                    else:
+                        del self.waste_at[at]
 
     def pop_finished(self) -> list[SequenceGroup]:
         """Groups whose last token came out in the step just run (in running order), settled and removed."""
@@ -217,6 +275,8 @@ class DecodeBatch:
             o, _ = self.offsets.pop(s)
             self.size -= 1
             self.offset_sum -= o
+            if s.token_ids is not None:
+                self.keyed -= 1
             if self.paged:
                 self.buckets[-o % bs].remove(s)
         return lst

@@ -8,7 +8,9 @@ that are done.
 
 When every running group is a plain decode, `decode_step` takes the same step in O(what changes): the
 decode batch (decode.py) gives the sequences whose last block is full a new one in bulk and counts
-everyone's token lazily; `finish_groups` removes the groups it reports finished.
+everyone's token lazily; `finish_groups` removes the groups it reports finished (and the groups a caller
+finished early, once `DecodeBatch.remove` let them go). The simulator's fast mode and the engine
+(gpu_backend/engine/decode_step.py) both step this way.
 """
 from __future__ import annotations
 
@@ -157,8 +159,8 @@ class RunningGroups:
 class Scheduler:
     """FCFS continuous batching over one allocator (paged or contiguous).
 
-    With `output_len` (request id -> tokens it generates, known to a simulation), the scheduler also
-    keeps a decode batch (`decode`) for `decode_step`.
+    With `output_len` (request id -> tokens it generates: known to a simulation, at most max_tokens in
+    the engine), the scheduler also keeps a decode batch (`decode`) for `decode_step`.
     """
 
     def __init__(self, config: SchedulerConfig, allocator: KVAllocator,

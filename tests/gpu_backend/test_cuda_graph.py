@@ -8,6 +8,7 @@ import torch
 
 from gpu_backend import LLMEngine, SamplingParams
 from gpu_backend.engine.cuda_graph import DecodeGraphRunner, bucket_for, graph_batch_sizes
+from gpu_backend.engine.decode_step import DecodeStepper
 from gpu_backend.model import CausalLM
 from gpu_backend.model_config import ModelConfig
 from gpu_backend.model_presets import init_random_weights
@@ -46,16 +47,22 @@ def test_padded_static_buffers_give_the_same_tokens_on_cpu(allocator):
     prompts = _prompts((5, 23, 40, 9, 17))  # 5 sequences: padded to the bucket of 8, then fewer
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (12, 3, 7, 9, 5)]
     want = [o.outputs[0].token_ids for o in _engine(model, allocator).generate(prompts, params)]
-    engine = _engine(model, allocator)
-    runner = DecodeGraphRunner(engine._forward, 8, 128 // 16 + 1, 128, engine.cache.contiguous, "cpu",
-                               capture=False)
-    engine.graph_runner = runner
-    calls = []
-    real_run = runner.run
-    runner.run = lambda batch: calls.append(batch.attn_metadata.num_seqs) or real_run(batch)
-    got = [o.outputs[0].token_ids for o in engine.generate(prompts, params)]
-    assert got == want
-    assert 5 in calls and min(calls) < 5  # the runner served full and shrinking decode batches
+    # Graphs fed by the exact step, by the decode batch's buffers, and by its copying (GPU) path.
+    for decode_batch, mirror in ((False, False), (True, False), (True, True)):
+        engine = _engine(model, allocator, decode_batch=decode_batch)
+        if mirror:
+            engine.decoder = DecodeStepper(engine, mirror=True)
+        buffers = engine.decoder.buffers if decode_batch else None
+        runner = DecodeGraphRunner(engine._forward, 8, 128 // 16 + 1, 128, engine.cache.contiguous, "cpu",
+                                   capture=False, buffers=buffers)
+        engine.graph_runner = runner
+        calls: list[int] = []
+        real_replay = runner.replay
+        runner.replay = lambda n, longest=None, real=real_replay, seen=calls: \
+            seen.append(n) or real(n, longest)
+        got = [o.outputs[0].token_ids for o in engine.generate(prompts, params)]
+        assert got == want
+        assert 5 in calls and min(calls) < 5  # the runner served full and shrinking decode batches
 
 
 @pytest.mark.gpu
@@ -68,7 +75,8 @@ def test_cuda_graphs_give_identical_tokens(allocator):
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (12, 3, 7, 9, 5)]
     outs = {}
     for eager in (True, False):
-        engine = _engine(model, allocator, device="cuda", enforce_eager=eager)
-        assert (engine.graph_runner is None) == eager
-        outs[eager] = [o.outputs[0].token_ids for o in engine.generate(prompts, params)]
-    assert outs[True] == outs[False]
+        for decode_batch in (False, True):  # steps through schedule(), and through the decode batch
+            engine = _engine(model, allocator, device="cuda", enforce_eager=eager, decode_batch=decode_batch)
+            assert (engine.graph_runner is None) == eager
+            outs[eager, decode_batch] = [o.outputs[0].token_ids for o in engine.generate(prompts, params)]
+    assert len({tuple(map(tuple, tokens)) for tokens in outs.values()}) == 1

@@ -1,4 +1,4 @@
-"""Batched sampling: greedy, temperature, top-k, top-p, and per-sequence seeded generators."""
+"""Batched sampling: greedy, temperature, top-k, top-p, and per-sequence seeded streams."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,6 +11,7 @@ from gpu_backend.engine.sampling import (
     compute_logprobs,
     make_generator,
     sample,
+    seeded_uniform,
 )
 
 VOCAB = 50
@@ -21,9 +22,8 @@ def _logits(rows: int, seed: int = 0) -> torch.Tensor:
     return torch.from_numpy(rng.normal(0.0, 2.0, (rows, VOCAB)).astype(np.float32))
 
 
-def _batch(rows: int, temperature=1.0, top_p=1.0, top_k=0, seeds=None) -> SamplingBatch:
-    gens = [None if s is None else make_generator(s) for s in (seeds or [None] * rows)]
-    return SamplingBatch([temperature] * rows, [top_p] * rows, [top_k] * rows, gens)
+def _batch(rows: int, temperature=1.0, top_p=1.0, top_k=0, seeds=None, draws=None) -> SamplingBatch:
+    return SamplingBatch([temperature] * rows, [top_p] * rows, [top_k] * rows, seeds, draws)
 
 
 def _support(masked: torch.Tensor) -> list[set[int]]:
@@ -46,20 +46,25 @@ def test_same_seed_same_samples_whatever_the_batch():
     first = sample(logits, _batch(4, seeds=[11, 12, 13, 14]))
     again = sample(logits, _batch(4, seeds=[11, 12, 13, 14]))
     assert torch.equal(first, again)
-    # Row 2 alone, in another batch with another shared generator: same draw, since its noise is its own.
+    # Row 2 alone, in another batch with another shared generator: the same draw, its stream is its own.
     alone = sample(logits[2:3], _batch(1, seeds=[13]), generator=make_generator(99))
     assert alone.item() == first[2].item()
 
 
-def test_seeded_generator_advances_across_steps():
+def test_a_seeded_stream_advances_with_the_draw_index():
     logits = _logits(1, seed=3) * 0.1  # nearly flat: draws vary
-    gen = make_generator(7)
-    batch = SamplingBatch([1.0], [1.0], [0], [gen])
-    draws = [sample(logits, batch).item() for _ in range(20)]
-    gen2 = make_generator(7)
-    batch2 = SamplingBatch([1.0], [1.0], [0], [gen2])
-    assert draws == [sample(logits, batch2).item() for _ in range(20)]
+    draws = [sample(logits, _batch(1, seeds=[7], draws=[d])).item() for d in range(20)]
+    # The same (seed, draw index) gives the same token whatever else shares the batch or the step.
+    batch = _batch(20, seeds=[7] * 20, draws=list(range(20)))
+    assert sample(logits.expand(20, VOCAB), batch, generator=make_generator(3)).tolist() == draws
     assert len(set(draws)) > 1
+
+
+def test_seeded_uniforms_are_uniform_and_distinct():
+    u = seeded_uniform(np.arange(50_000) % 7, np.arange(50_000) // 7)
+    assert u.min() >= 0.0 and u.max() < 1.0 and len(np.unique(u)) == len(u)
+    counts, _ = np.histogram(u, bins=10, range=(0.0, 1.0))
+    assert (np.abs(counts - 5_000) < 300).all()  # ~4 sigma of a binomial(50k, 0.1)
 
 
 def test_different_seeds_differ():
@@ -69,7 +74,7 @@ def test_different_seeds_differ():
 
 def test_mixed_greedy_and_random_rows():
     logits = _logits(6, seed=5) * 0.1
-    batch = SamplingBatch([0.0, 1.0, 0.0, 1.0, 0.0, 1.0], [1.0] * 6, [0] * 6, [None] * 6)
+    batch = SamplingBatch([0.0, 1.0, 0.0, 1.0, 0.0, 1.0], [1.0] * 6, [0] * 6, [-1, 4, -1, -1, 5, 6])
     got = sample(logits, batch, generator=make_generator(0))
     assert got[0::2].tolist() == logits[0::2].argmax(-1).tolist()
 
@@ -94,19 +99,21 @@ def test_sampled_frequencies_follow_the_filtered_distribution():
     probs = torch.tensor([0.05, 0.5, 0.15, 0.3])
     rows = 4000
     logits = probs.log().expand(rows, 4).clone()
-    got = sample(logits, SamplingBatch([1.0] * rows, [0.85] * rows, [0] * rows, [None] * rows),
-                 generator=make_generator(1))
-    freq = torch.bincount(got, minlength=4).float() / rows
-    assert freq[0] == 0  # outside the nucleus
     expected = torch.tensor([0.0, 0.5, 0.15, 0.3]) / 0.95
-    assert (freq - expected).abs().max() < 0.03
+    # Shared-generator rows (-1), and seeded rows (a seed per row, then one seed's successive draws).
+    for seeds, draws in ((None, None), (np.arange(rows), None), ([11] * rows, np.arange(rows))):
+        got = sample(logits, SamplingBatch([1.0] * rows, [0.85] * rows, [0] * rows, seeds, draws),
+                     generator=make_generator(1))
+        freq = torch.bincount(got, minlength=4).float() / rows
+        assert freq[0] == 0  # outside the nucleus
+        assert (freq - expected).abs().max() < 0.03
 
 
 def test_temperature_sharpens():
     probs = torch.tensor([0.2, 0.5, 0.3])
     rows = 4000
     logits = probs.log().expand(rows, 3).clone()
-    cold = sample(logits, SamplingBatch([0.25] * rows, [1.0] * rows, [0] * rows, [None] * rows),
+    cold = sample(logits, SamplingBatch([0.25] * rows, [1.0] * rows, [0] * rows, np.arange(rows)),
                   generator=make_generator(2))
     expected = torch.softmax(probs.log() / 0.25, dim=-1)
     freq = torch.bincount(cold, minlength=3).float() / rows
@@ -122,8 +129,9 @@ def test_logprobs_normalized():
     ({"temperatures": [-1.0]}, "temperature"),
     ({"top_ps": [0.0]}, "top_p"),
     ({"top_ks": [1, 2]}, "one entry per row"),
+    ({"seeds": [1, 2]}, "one entry per row"),
 ])
 def test_bad_sampling_settings(kwargs, match):
-    fields = {"temperatures": [1.0], "top_ps": [1.0], "top_ks": [0], "generators": [None]} | kwargs
+    fields = {"temperatures": [1.0], "top_ps": [1.0], "top_ks": [0]} | kwargs
     with pytest.raises(ValueError, match=match):
         SamplingBatch(**fields)

@@ -1,0 +1,60 @@
+"""`python -m bench.gpu`: the GPU check, run end to end as its CPU dry run, and its time budget."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+from bench import gpu, gpu_parts
+from bench.gpu_report import markdown
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_dry_run_measures_every_part_and_writes_one_json_one_table_and_the_runs(tmp_path):
+    out, runs = tmp_path / "out", tmp_path / "work" / "gpu-check-runs"
+    cmd = [sys.executable, "-m", "bench.gpu", "--dry-run", "--out", str(out), "--runs", str(runs)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["gpu-check-runs.tar.gz", "gpu-check.json",
+                                                     "gpu-check.md"]
+    report = json.loads((out / "gpu-check.json").read_text())
+    assert report["dry_run"] and report["device"]["torch"]
+    assert {name: p["status"] for name, p in report["parts"].items()} == dict.fromkeys(gpu.PARTS, "ok")
+    results = {name: p["result"] for name, p in report["parts"].items()}
+    assert results["tests"]["skipped"] > 0 and results["tests"]["failed"] == 0  # no CUDA: all skipped
+    assert [s["shape"] for s in results["attention"]["shapes"]] == ["B1x256", "B2x128"]
+    decode = results["decode"]["b2-eager"]
+    assert decode["num_steps"] > 0 and decode["p50_ms"] > 0 and decode["over_read_floor"] > 0
+    assert set(results["memory_bound"]["allocators"]) == set(gpu_parts.ALLOCATORS)
+    assert results["contiguous_vs_paged"]["wall_ratio"] > 0
+    assert results["calibration"]["parts"]["A"]["stalls"]["num_steps"] > 0
+    assert results["engine_vs_transformers"]["speedup"] > 0
+    table = (out / "gpu-check.md").read_text()
+    assert table.startswith("GPU check on **") and "dry run" in table
+    assert table.count("| part | measurement |") == 1 and table.count("\n| decode |") == 4
+    assert all(f"| {name} |" in table for name in gpu.PARTS)
+    with tarfile.open(out / "gpu-check-runs.tar.gz") as tar:
+        names = set(tar.getnames())
+    for folder in ("decode/b2-eager/paged", "memory-bound/contiguous-pow2", "validate/A/real/paged"):
+        assert f"gpu-check-runs/{folder}/summary.json" in names, folder
+    assert "gpu-check-runs/gpu-tests.xml" in names
+
+
+def test_parts_that_do_not_fit_the_budget_are_skipped_and_say_so(tmp_path):
+    setup = dataclasses.replace(gpu_parts.FULL, device="cpu")  # a full check's estimates, on any machine
+    check = gpu.Check(setup, tmp_path / "out", tmp_path / "runs", budget_s=20.0)
+    report = gpu.run_check(check, ["tests", "attention", "calibration"])
+    assert report["parts"]["tests"]["status"] == "skipped"  # 45 s estimated, 20 s budget
+    assert "estimated 45 s" in report["parts"]["tests"]["reason"]
+    assert all(p["status"] == "skipped" for p in report["parts"].values())
+    assert "| tests | skipped | estimated 45 s" in markdown(report)
+
+
+def test_unknown_parts_are_a_one_line_error():
+    proc = subprocess.run([sys.executable, "-m", "bench.gpu", "--parts", "decode,warp"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--parts: unknown warp" in proc.stderr and "Traceback" not in proc.stderr
