@@ -36,6 +36,14 @@ def user_errors(func: Callable) -> Callable:
             message = " ".join(str(exc).split("\n"))
             err_console.print(f"[bold red]error:[/] {escape(message)}", emoji=False)
             raise typer.Exit(code=2) from None
+        except OSError as exc:
+            from pagelab.writes import disk_full, is_disk_full
+
+            if not is_disk_full(exc):  # a full disk met outside pagelab.writes (mkdir, rename)
+                raise
+            message = str(disk_full(exc.filename or "."))
+            err_console.print(f"[bold red]error:[/] {escape(message)}", emoji=False)
+            raise typer.Exit(code=2) from None
 
     return wrapper
 

@@ -31,7 +31,9 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], object], suffi
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write `data` to `path` via a temporary name and rename."""
-    return atomic_write(path, lambda tmp: tmp.write_bytes(data))
+    from pagelab.writes import write_bytes
+
+    return atomic_write(path, lambda tmp: write_bytes(tmp, data))
 
 
 def _pid_alive(pid: int) -> bool:

@@ -37,6 +37,7 @@ from pagelab.malloc import (
     release_free_memory,
     set_mmap_threshold,
 )
+from pagelab.writes import open_out
 
 # Room for ~16 raw-event batches in the kernel's socket buffer (Linux caps it at net.core.wmem_max): the
 # simulation does not block in `send` while the child writes a row group.
@@ -184,7 +185,7 @@ class SpoolWriter:
     def add_batch(self, batch: bytes | bytearray) -> None:
         """Append one batch of packed rows to the row group's spool file."""
         if self._file is None:
-            self._file = open(self._spool_path(), "wb", buffering=0)  # noqa: SIM115 - open until end_group
+            self._file = open_out(self._spool_path())  # unbuffered; open until end_group
         self._file.write(batch)
 
     def _spool_path(self) -> str:

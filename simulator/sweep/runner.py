@@ -16,6 +16,7 @@ import pandas as pd
 
 from pagelab.atomic import atomic_write
 from pagelab.run_folder import write_json
+from pagelab.writes import write_parquet
 from simulator.slo import Limit
 from simulator.sweep.axes import SweepAxes, SweepError
 from simulator.sweep.points import POINTS_DIR, PointSpec, finished_summary, trace_fingerprint
@@ -65,7 +66,7 @@ class SweepResult:
 
 def write_trace(out: Path, trace: pd.DataFrame) -> Path:
     """The shared trace file the local workers load once (atomic, so a worker never reads half of it)."""
-    return atomic_write(out / TRACE_FILE, lambda tmp: trace.to_parquet(tmp, index=False))
+    return atomic_write(out / TRACE_FILE, lambda tmp: write_parquet(tmp, trace))
 
 
 def remove_stale_temporaries(out: Path) -> list[Path]:
@@ -144,8 +145,8 @@ def _report(progress, spec, summary, reused, results, counts) -> None:
 def _write_tables(out: Path, points: pd.DataFrame, max_rates: pd.DataFrame, source: str,
                   plan: SweepPlan, counts: dict) -> None:
     """sweep.parquet, max_rates.parquet and summary.json, each replaced atomically."""
-    atomic_write(out / "sweep.parquet", lambda tmp: points.to_parquet(tmp, index=False))
-    atomic_write(out / "max_rates.parquet", lambda tmp: max_rates.to_parquet(tmp, index=False))
+    atomic_write(out / "sweep.parquet", lambda tmp: write_parquet(tmp, points))
+    atomic_write(out / "max_rates.parquet", lambda tmp: write_parquet(tmp, max_rates))
     axes = plan.axes
     summary = {
         "trace": source,
