@@ -127,6 +127,8 @@ def sweep_cmd(
                             "arrival times (rates rescale the gaps)")
         if out.exists() and not out.is_dir():
             raise UserError(f"--out {out}: exists and is not a folder")
+        from cli.runs import lock_out
+        lock_out(out)  # one sweep at a time writes a sweep folder
         # Start the executor before writing anything, so a cluster that does not answer leaves no files.
         if executor == "ray":
             runner = RayExecutor(df, address, num_cpus=jobs)
