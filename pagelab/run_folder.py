@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from pagelab import run_format
 from pagelab.atomic import atomic_dir
 from pagelab.writes import open_out, write_text
 
@@ -80,6 +81,11 @@ def write_table(df: pd.DataFrame, path_stem: Path, fmt: str) -> None:
                                                     preserve_index=False))
 
 
+def _empty(columns: dict[str, str]) -> pd.DataFrame:
+    """A table with no rows and the run format's column types."""
+    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in columns.items()})
+
+
 def write_run_files(tmp: Path, trace_info: dict, results: dict, table_format: str = "parquet", *,
                     metadata: dict | None = None, extra_summary: dict | None = None) -> None:
     """Write every allocator's result into the (temporary) run folder `tmp`.
@@ -98,7 +104,12 @@ def write_run_files(tmp: Path, trace_info: dict, results: dict, table_format: st
             df = getattr(res, table)
             if df is not None:
                 write_table(df, d / table, table_format)
-            elif not any(d.glob(f"{table}.*")):
+            elif any(d.glob(f"{table}.*")):
+                continue
+            elif table == "events" and res.config.get("record_events") is False:
+                # A run that recorded no tenures (--no-events) still has the table, with no rows.
+                write_table(_empty(run_format.EVENT_COLUMNS), d / table, table_format)
+            else:
                 raise FileNotFoundError(f"{d}: the streamed {table} table is missing")
         steps = getattr(res, "steps", None)  # replays: one row per engine step (pagelab calibrate)
         if steps is not None:

@@ -18,6 +18,7 @@ import io
 import os
 import re
 import shutil
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -113,6 +114,10 @@ def limit_disk(nbytes: int, match: str = "") -> Iterator[None]:
         _LIMIT = saved
 
 
+# Every OutFile not yet collected: a failed run's files are closed through here (`drop_open_files`).
+_OPEN: weakref.WeakSet = weakref.WeakSet()
+
+
 class OutFile(io.RawIOBase):
     """A file opened for writing from scratch, unbuffered: every write reaches the OS at once, is counted
     (`written`), and a full disk raises `DiskFullError`; after a failed write, or once closed, writes are
@@ -124,6 +129,7 @@ class OutFile(io.RawIOBase):
         self.path = os.fspath(path)
         self.written = 0
         self.failed = False  # a write failed: the file is incomplete and further writes are dropped
+        _OPEN.add(self)
         try:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0),
                                0o666)
@@ -173,6 +179,18 @@ class OutFile(io.RawIOBase):
                 os.close(self._fd)
             finally:
                 super().close()
+
+
+def drop_open_files(under: str | os.PathLike | None = None) -> None:
+    """Close the files still open under the folder `under` (every one: None) without finishing them.
+
+    A failed run's writers are collected later, and pyarrow's then write their footers: into a closed file
+    those writes are dropped, where on a full disk they would fail again, each printing a traceback.
+    """
+    prefix = None if under is None else os.path.join(os.fspath(under), "")
+    for f in list(_OPEN):
+        if prefix is None or f.path.startswith(prefix):
+            f.close()
 
 
 def open_out(path: str | os.PathLike) -> OutFile:

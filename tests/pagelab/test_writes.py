@@ -3,7 +3,6 @@ left, and whoever was writing leaves nothing half-written behind (the child proc
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import subprocess
 import sys
@@ -143,24 +142,9 @@ def test_a_run_folder_on_a_full_disk_leaves_the_previous_run_and_no_temporary_fo
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
 
 
-@pytest.fixture
-def small_tmpfs(tmp_path):
-    """A 1 MiB tmpfs at tmp_path/small, where this process may mount one (root with CAP_SYS_ADMIN)."""
-    mount = tmp_path / "small"
-    mount.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
 def test_a_real_full_file_system_gives_the_same_error(small_tmpfs):
-    out = _previous_run(small_tmpfs / "run")
+    small = small_tmpfs("1m")
+    out = _previous_run(small / "run")
     big = pd.DataFrame({"x": np.random.default_rng(0).random(400_000)})  # ~3 MiB of Parquet
     from pagelab.run_folder import write_table
 
@@ -170,4 +154,4 @@ def test_a_real_full_file_system_gives_the_same_error(small_tmpfs):
     assert f"writing {out / 'big.parquet'} failed after" in message
     assert re.search(r"; \d[\d,.]* (bytes|KiB) left on its file system", message)
     assert (out / "run.json").read_text() == '{"previous": true}'
-    assert sorted(p.name for p in small_tmpfs.iterdir()) == ["run"]
+    assert sorted(p.name for p in small.iterdir()) == ["run"]
