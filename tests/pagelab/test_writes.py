@@ -155,3 +155,12 @@ def test_a_real_full_file_system_gives_the_same_error(small_tmpfs):
     assert re.search(r"; \d[\d,.]* (bytes|KiB) left on its file system", message)
     assert (out / "run.json").read_text() == '{"previous": true}'
     assert sorted(p.name for p in small.iterdir()) == ["run"]
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl", ".parquet"])
+def test_a_trace_saved_on_a_full_disk_leaves_no_file(tmp_path, suffix):
+    from traces import save_trace
+
+    with limit_disk(500), pytest.raises(DiskFullError, match=f"writing {re.escape(str(tmp_path))}/t{suffix} "):
+        save_trace(load_trace("azure-conv").iloc[:500], tmp_path / f"t{suffix}")
+    assert list(tmp_path.iterdir()) == []
