@@ -161,6 +161,7 @@ def test_a_real_full_file_system_gives_the_same_error(small_tmpfs):
 def test_a_trace_saved_on_a_full_disk_leaves_no_file(tmp_path, suffix):
     from traces import save_trace
 
-    with limit_disk(500), pytest.raises(DiskFullError, match=f"writing {re.escape(str(tmp_path))}/t{suffix} "):
+    where = f"writing {re.escape(str(tmp_path))}/t{suffix} "
+    with limit_disk(500), pytest.raises(DiskFullError, match=where):
         save_trace(load_trace("azure-conv").iloc[:500], tmp_path / f"t{suffix}")
     assert list(tmp_path.iterdir()) == []

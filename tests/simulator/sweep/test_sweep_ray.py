@@ -30,3 +30,28 @@ def test_ray_tables_equal_the_local_ones(tmp_path, small_trace, small_plan, loca
     pd.testing.assert_frame_equal(serial.max_rates, on_ray.max_rates)
     assert sorted(p.name for p in (tmp_path / "ray" / "points").iterdir()) == \
         sorted(p.name for p in (tmp_path / "serial" / "points").iterdir())
+
+
+@pytest.fixture
+def ray_killing_one_point(monkeypatch):
+    """A local Ray instance whose workers kill themselves on the rate-2 point (the env reaches them)."""
+    from simulator.sweep.executors import KILL_POINT_ENV
+
+    monkeypatch.setenv(KILL_POINT_ENV, "-r2-")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def test_a_lost_ray_worker_costs_one_retry_then_the_point(tmp_path, small_trace, small_plan,
+                                                          ray_killing_one_point):
+    plan = small_plan(rate="1,2,3", allocators=("paged",), search=False)
+    executor = RayExecutor(small_trace)
+    try:
+        result = run_sweep(small_trace, "small", plan, tmp_path, executor)
+    finally:
+        executor.close()
+    assert (result.num_run, result.num_failed) == (2, 1)
+    error = result.points.set_index("rate").loc[2.0, "error"]
+    assert error.startswith("its Ray worker was lost twice (the point was retried once): ")
+    assert len(list((tmp_path / "points").iterdir())) == 2
