@@ -13,14 +13,15 @@ import os
 
 import torch
 
-from gpu_backend.engine.params import EngineInputError
+from pagelab.errors import PagelabError
 
 BUDGET_ENV = "PAGELAB_DEVICE_MEMORY_GB"
 GIB = 1 << 30
 
 
-class DeviceMemoryError(EngineInputError):
-    """The engine's pool and largest step cannot fit the device's memory; the message gives the sizes."""
+class DeviceMemoryError(PagelabError):
+    """The engine's pool and largest step cannot fit the device's memory (or its budget is not a number);
+    the message gives the sizes."""
 
 
 def budget_bytes(device: torch.device) -> tuple[int, bool, str] | None:
@@ -33,7 +34,7 @@ def budget_bytes(device: torch.device) -> tuple[int, bool, str] | None:
         except ValueError:
             gb = math.nan
         if not math.isfinite(gb) or gb <= 0:
-            raise EngineInputError(f"{BUDGET_ENV}={text!r}: expected a number of GiB > 0")
+            raise DeviceMemoryError(f"{BUDGET_ENV}={text!r}: expected a number of GiB > 0")
         return int(gb * GIB), True, f"{BUDGET_ENV}={text}"
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)

@@ -64,6 +64,12 @@ def test_a_pool_that_cannot_fit_the_budget_is_refused_before_the_run(monkeypatch
     assert LLMEngine("tiny", device="cpu", kv_memory_gb=0.1).capacity_tokens > 0
 
 
+def test_a_budget_that_is_not_a_size_is_refused(monkeypatch):
+    monkeypatch.setenv(BUDGET_ENV, "lots")
+    with pytest.raises(DeviceMemoryError, match=f"{BUDGET_ENV}='lots': expected a number of GiB > 0"):
+        LLMEngine("tiny", device="cpu", num_blocks=8)
+
+
 def test_a_step_that_cannot_fit_the_budget_is_refused_before_the_run(monkeypatch):
     engine = LLMEngine("tiny", device="cpu", num_blocks=8)
     need = step_activation_bytes(engine.model.config, engine.model.dtype, 1 << 20, 256)
