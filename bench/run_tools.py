@@ -87,13 +87,16 @@ def allocator_dirs(run: Path, allocator: str | None = None) -> list[tuple[str, P
 
 
 def read_steps(folder: Path) -> pd.DataFrame:
-    """A run's steps table (steps.parquet or steps.csv); its absence is a one-line error."""
+    """A run's steps table (steps.parquet or steps.csv); its absence is a one-line error, and a file that
+    cannot be read a viz.errors.TableError naming it."""
+    from viz.load import unreadable
+
     for path, reader in ((folder / "steps.parquet", pd.read_parquet), (folder / "steps.csv", pd.read_csv)):
         if path.is_file():
             try:
                 return reader(path)
             except (OSError, ValueError) as exc:
-                raise RunFolderError(f"{path}: cannot read steps table ({exc})") from None
+                raise unreadable(folder, "steps", exc) from None
     raise RunFolderError(f"{folder}: no steps table (steps.parquet); calibrate needs a run written by "
                          "pagelab replay")
 
@@ -105,10 +108,45 @@ def read_config(folder: Path) -> dict:
     return read_json(folder / "config.json")
 
 
-def measured_steps(runs: list[Path], allocator: str | None = None) -> list[tuple[str, dict, pd.DataFrame]]:
-    """(label RUN/NAME, config, steps table) of every allocator folder of `runs`: what a fit reads."""
-    return [(f"{run}/{name}", read_config(folder), read_steps(folder))
-            for run in runs for name, folder in allocator_dirs(run, allocator)]
+def measured_steps(runs: list[Path], allocator: str | None = None, warn: Callable[[str], None] | None = None
+                   ) -> list[tuple[str, dict, pd.DataFrame]]:
+    """(label RUN/NAME, config, steps table) of every allocator folder of `runs`: what a fit reads.
+
+    With `warn`, a steps table that cannot be read is left out with a warning naming its file (an error
+    when no table is left), and an incomplete replay is fitted as far as it ran, with a warning.
+    """
+    from viz.errors import TableError
+
+    found, unreadable = [], []
+    for run in runs:
+        for name, folder in allocator_dirs(run, allocator):
+            try:
+                steps = read_steps(folder)
+            except TableError as exc:
+                if warn is None:
+                    raise
+                warn(f"{exc}: calibrate leaves out {run}/{name}")
+                unreadable.append(str(exc.path))
+                continue
+            config = read_config(folder)
+            stopped = _incomplete(folder)
+            if stopped and warn is not None:
+                warn(f"{folder}: {stopped}; calibrate fits the steps it ran")
+            found.append((f"{run}/{name}", config, steps))
+    if not found and unreadable:
+        raise RunFolderError(f"no steps table could be read ({', '.join(unreadable)})")
+    return found
+
+
+def _incomplete(folder: Path) -> str | None:
+    """'an incomplete run, stopped at step N (why)' when the allocator folder's run stopped early."""
+    from viz.load import load_allocator
+
+    stopped = load_allocator(folder).incomplete
+    if not stopped:
+        return None
+    return (f"an incomplete run, stopped at step {stopped.get('num_steps', '?')} "
+            f"({stopped.get('reason', 'no reason recorded')})")
 
 
 def write_profile(measured: list, out: Path, *, gpu: str | None = None, min_steps: int = 20,
@@ -124,14 +162,29 @@ def write_profile(measured: list, out: Path, *, gpu: str | None = None, min_step
     return profile
 
 
-def run_tables(folder: Path):
-    """An allocator folder's summary, requests, memory and (replays) steps, as the comparison takes them."""
+def run_tables(folder: Path, warnings: list[str] | None = None):
+    """An allocator folder's summary, requests, memory and (replays) steps, as the comparison takes them.
+
+    With `warnings`, a table that cannot be read is None, and a line naming its file is appended.
+    """
     from simulator.timing.compare import RunTables
+    from viz.errors import TableError
     from viz.load import load_allocator
 
     a = load_allocator(folder)
+
+    def table(read):
+        try:
+            return read()
+        except TableError as exc:
+            if warnings is None:
+                raise
+            warnings.append(f"{exc}: compare leaves out what needs the {exc.table} table")
+            return None
+
     has_steps = (folder / "steps.parquet").is_file() or (folder / "steps.csv").is_file()
-    return RunTables(a.summary, a.requests, a.memory, read_steps(folder) if has_steps else None)
+    return RunTables(a.summary, table(lambda: a.requests), table(lambda: a.memory),
+                     table(lambda: read_steps(folder)) if has_steps else None)
 
 
 def sim_latency(folder: Path):
@@ -161,22 +214,32 @@ def compare_folders(sim_run: Path, real_run: Path, allocator: str | None = None)
         raise RunFolderError(f"{sim_run} and {real_run} share no allocator "
                              f"({', '.join(sims)} vs {', '.join(reals)})")
     name = common[0]
+    warnings = [f"{folder}: {stopped}; compared as far as it ran" for folder in (sims[name], reals[name])
+                if (stopped := _incomplete(folder))]
+    sim, real = run_tables(sims[name], warnings), run_tables(reals[name], warnings)
     result = {"allocator": name, "sim_run": str(sim_run), "real_run": str(real_run),
-              **compare_runs(run_tables(sims[name]), run_tables(reals[name]), sim_latency(sims[name]))}
+              **compare_runs(sim, real, sim_latency(sims[name]))}
+    if warnings:
+        result["warnings"] = warnings  # what was left out or incomplete; `pagelab compare` prints them
     return result, sims[name], reals[name]
 
 
-def write_comparison(out: Path, result: dict, sim_folder: Path, real_folder: Path, fmt: str = "png") -> Path:
+def write_comparison(out: Path, result: dict, sim_folder: Path, real_folder: Path, fmt: str = "png"
+                     ) -> Path | None:
     """comparison.json and the latency CDF overlay of the two allocator folders into `out`; the figure's
-    path."""
+    path (None when a request table cannot be read)."""
     from pagelab.run_folder import write_json
     from viz.common import save_figure
     from viz.compare import plot_latency_overlay
+    from viz.errors import TableError
     from viz.load import load_allocator
 
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "comparison.json", result)
-    fig = plot_latency_overlay(load_allocator(sim_folder).requests, load_allocator(real_folder).requests)
+    try:
+        fig = plot_latency_overlay(load_allocator(sim_folder).requests, load_allocator(real_folder).requests)
+    except TableError:
+        return None  # a request table cannot be read (result["warnings"] says which): no overlay
     fmt = fmt.lower().lstrip(".")
     return save_figure(fig.figure, out / f"{fig.name}.{fmt}", fmt)
 

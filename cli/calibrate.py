@@ -6,7 +6,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from cli.common import UserError, console, err_console, user_errors
+from cli.common import UserError, console, err_console, user_errors, warn
 
 
 @user_errors
@@ -32,7 +32,7 @@ def calibrate_cmd(
     from bench.run_tools import measured_steps, write_profile
     from simulator.timing.step_latency import STALL_FACTOR
 
-    measured = measured_steps(runs, allocator)
+    measured = measured_steps(runs, allocator, warn=warn)
     if objective not in ("absolute", "relative"):
         raise UserError(f"--objective must be absolute or relative, got {objective!r}")
     profile = write_profile(measured, out, gpu=gpu, min_steps=min_steps, relative=objective == "relative",
@@ -88,6 +88,8 @@ def compare_cmd(
     from simulator.timing.step_latency import STALL_FACTOR
 
     result, sim_folder, real_folder = compare_folders(sim_run, real_run, allocator)
+    for message in result.get("warnings", []):
+        warn(message)
     console.print(comparison_report(result))
     st, mem = result["step_time"], result["memory"]
     console.print(f"steps: {st['num_steps_sim']} simulated, {st['num_steps_real']} measured; total step "
@@ -108,4 +110,4 @@ def compare_cmd(
         console.print(f"memory breakdown: not compared ({mem['reason']})")
     if out is not None:
         path = write_comparison(out, result, sim_folder, real_folder, fmt)
-        err_console.print(f"wrote {out / 'comparison.json'} and {path}")
+        err_console.print(f"wrote {out / 'comparison.json'}" + (f" and {path}" if path else ""))

@@ -13,6 +13,7 @@ from rich.markup import escape
 
 from pagelab.atomic import atomic_dir  # noqa: F401  (re-exported for commands)
 from pagelab.errors import PagelabError
+from pagelab.folder_lock import release_held
 
 # Piped output gets a wide console unless COLUMNS says otherwise; a terminal keeps its own width.
 console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160, highlight=False,
@@ -36,6 +37,16 @@ def user_errors(func: Callable) -> Callable:
             message = " ".join(str(exc).split("\n"))
             err_console.print(f"[bold red]error:[/] {escape(message)}", emoji=False)
             raise typer.Exit(code=2) from None
+        except OSError as exc:
+            from pagelab.writes import disk_full, is_disk_full
+
+            if not is_disk_full(exc):  # a full disk met outside pagelab.writes (mkdir, rename)
+                raise
+            message = str(disk_full(exc.filename or "."))
+            err_console.print(f"[bold red]error:[/] {escape(message)}", emoji=False)
+            raise typer.Exit(code=2) from None
+        finally:
+            release_held()  # the output folders' locks taken by the command (pagelab/folder_lock.py)
 
     return wrapper
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from cli.common import UserError, err_console, user_errors
+from cli.common import UserError, err_console, user_errors, warn
 
 
 def _run_end(run_dir: Path) -> float | None:
@@ -51,7 +51,7 @@ def plot_cmd(
         out = run_dirs[0] / "figures" if len(run_dirs) == 1 else Path("figures")
     if at is not None:
         _check_at(at, run_dirs)
-    written = plot_runs(list(run_dirs), out, fmt, names, at=at)
+    written = plot_runs(list(run_dirs), out, fmt, names, at=at, warn=warn)
     for path in written:
         err_console.print(f"wrote {path}", markup=False)
     if not written:

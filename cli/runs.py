@@ -11,6 +11,7 @@ from rich.markup import escape
 from cli.common import UserError, err_console, warn
 from pagelab import run_folder
 from pagelab.atomic import atomic_write_bytes, remove_stale_temp_dirs
+from pagelab.folder_lock import FolderBusyError, hold
 from pagelab.run_folder import (
     RUN_MARKER,
     clean_json,
@@ -21,8 +22,8 @@ from pagelab.run_folder import (
     write_table,
 )
 
-__all__ = ["RUN_MARKER", "check_out", "clean_json", "is_run_folder", "run_metadata", "save_result",
-           "versions", "write_json", "write_run", "write_run_files", "write_table"]
+__all__ = ["RUN_MARKER", "check_out", "clean_json", "is_run_folder", "lock_out", "run_metadata",
+           "save_result", "versions", "write_json", "write_run", "write_run_files", "write_table"]
 
 
 def is_run_folder(path: Path) -> bool:
@@ -39,15 +40,18 @@ def check_out(out: Path, overwrite: bool) -> Path:
     """Refuse, before any work, a destination we must not or cannot replace; returns the resolved path.
 
     A regular file, a folder that is not a pagelab run (and not empty), and an existing run without
-    --overwrite are refused; so is a place where no folder can be created.
+    --overwrite are refused; so is a place where no folder can be created, and a folder another pagelab
+    process is writing (its lock, pagelab/folder_lock.py, is held until the command returns).
     """
     text = str(out)
     target = Path(os.path.abspath(out))
     if target == Path(target.anchor) or target == Path.home():
         raise UserError(f"--out {text}: refusing to write a run folder over {target}")
+    if (target.exists() or target.is_symlink()) and not target.is_dir():
+        raise UserError(f"--out {text} is a file, not a folder; choose a folder path for the run")
+    _check_parent(text, target)
+    lock_out(out)  # before the checks of what the folder holds: a run that finishes meanwhile is seen
     if target.exists() or target.is_symlink():
-        if not target.is_dir():
-            raise UserError(f"--out {text} is a file, not a folder; choose a folder path for the run")
         entries = sorted(p.name for p in target.iterdir())
         if entries and not is_run_folder(target):
             shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
@@ -56,6 +60,24 @@ def check_out(out: Path, overwrite: bool) -> Path:
         if entries and not overwrite:
             raise UserError(f"--out {text} already holds a pagelab run; pass --overwrite to replace it, "
                             "or choose another folder")
+    removed, unknown = remove_stale_temp_dirs(target)
+    for stale in removed:
+        warn(f"removed {stale}, left behind by a killed run")
+    for stale in unknown:
+        warn(f"{stale} looks left behind by an earlier run; delete it if no run is writing it")
+    return target
+
+
+def lock_out(out: Path) -> None:
+    """Take --out's lock until the command returns, or refuse at once: another process is writing it."""
+    try:
+        hold(out)
+    except FolderBusyError as exc:
+        raise UserError(f"--out {out}: {exc.detail}") from None
+
+
+def _check_parent(text: str, target: Path) -> None:
+    """Refuse a destination under a file, or where no folder can be created."""
     parent = target.parent
     while not parent.exists():
         parent = parent.parent
@@ -69,12 +91,6 @@ def check_out(out: Path, overwrite: bool) -> Path:
         probe.rmdir()
     except OSError as exc:
         raise UserError(f"--out {text}: cannot create folders in {parent} ({exc.strerror or exc})") from None
-    removed, unknown = remove_stale_temp_dirs(target)
-    for stale in removed:
-        warn(f"removed {stale}, left behind by a killed run")
-    for stale in unknown:
-        warn(f"{stale} looks left behind by an earlier run; delete it if no run is writing it")
-    return target
 
 
 def write_run(out: Path, trace_info: dict, results: dict, table_format: str = "parquet", *,

@@ -114,6 +114,9 @@ def simulate_cmd(
     if placement is not None and all(ALLOCATORS[n] is None for n in names):
         raise UserError("--placement only applies to contiguous allocators (-a contiguous-max, ...); "
                         "the paged allocator places blocks anywhere")
+    if sharing and "paged" not in names:
+        raise UserError("--sharing measures the blocks the paged allocator shares (the contiguous allocators "
+                        "share none); add -a paged, or leave --sharing out")
     if table_format not in ("parquet", "csv"):
         raise UserError(f"--table-format must be parquet or csv, got {table_format!r}")
     if plot and out is None:

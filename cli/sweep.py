@@ -14,7 +14,8 @@ from simulator.core.config import ALLOCATORS
 
 STATUS_TEXT = {"found": "", "above_range": " (meets the SLO at the top of the range)",
                "below_range": " (misses the SLO at the lowest rate)", "budget": " (search budget spent)",
-               "searching": " (search off: grid only)"}
+               "searching": " (search off: grid only)",
+               "point_failed": " (stopped: a point it needs failed, see sweep.parquet's error column)"}
 
 
 def _list(name: str, text: str | None, kind: type) -> tuple | None:
@@ -127,6 +128,8 @@ def sweep_cmd(
                             "arrival times (rates rescale the gaps)")
         if out.exists() and not out.is_dir():
             raise UserError(f"--out {out}: exists and is not a folder")
+        from cli.runs import lock_out
+        lock_out(out)  # one sweep at a time writes a sweep folder
         # Start the executor before writing anything, so a cluster that does not answer leaves no files.
         if executor == "ray":
             runner = RayExecutor(df, address, num_cpus=jobs)
@@ -143,7 +146,8 @@ def sweep_cmd(
     finally:
         runner.close()
     console.print(max_rate_table(result.max_rates, plan.slo.describe()))
-    err_console.print(f"wrote {out} ({result.num_run} points run, {result.num_reused} reused)",
+    failed = f", {result.num_failed} failed" if result.num_failed else ""
+    err_console.print(f"wrote {out} ({result.num_run} points run, {result.num_reused} reused{failed})",
                       highlight=False)
     if not result.points["met_slo"].any():
         err_console.print(f"no point meets the SLO {plan.slo.describe()}: lower the rates or loosen --slo",
@@ -152,6 +156,11 @@ def sweep_cmd(
         from viz.capacity import plot_sweep_folder
         paths = plot_sweep_folder(out, out / "figures")
         err_console.print(f"drew {len(paths)} figures into {out / 'figures'}", highlight=False)
+    if result.num_failed:
+        from cli.common import warn
+        warn(f"{result.num_failed} point(s) failed (their causes are in the error column of "
+             f"{out / 'sweep.parquet'}); run the same sweep again to retry them")
+        raise typer.Exit(code=1)
 
 
 def _run(df, source, plan, out, runner):
@@ -161,11 +170,13 @@ def _run(df, source, plan, out, runner):
     from simulator.sweep.runner import run_sweep
 
     def line(p) -> str:
+        head = f"[{p.done}/{p.total}] {config_label(p.spec.config_dict)} rate={p.spec.rate:g}"
+        if p.error is not None:
+            return f"{head}: failed: {p.error}"
         value = plan.slo.summary_value(p.summary) * UNITS[plan.slo.unit]
         verdict = "meets" if plan.slo.met(p.summary) else "misses"
         how = "reused" if p.reused else f"{p.summary.get('wall_s', float('nan')):.1f}s"
-        return (f"[{p.done}/{p.total}] {config_label(p.spec.config_dict)} rate={p.spec.rate:g}: "
-                f"{plan.slo.name} {value:.4g} {plan.slo.unit} ({verdict} SLO, {how})")
+        return f"{head}: {plan.slo.name} {value:.4g} {plan.slo.unit} ({verdict} SLO, {how})"
 
     if not err_console.is_terminal:
         return run_sweep(df, source, plan, out, runner,

@@ -20,6 +20,10 @@ so CPU time is the step's compute time.
 
 Besides the simulator's tables, a replay writes `steps`: one row per engine step with the step-latency
 model's inputs and the measured duration (what `pagelab calibrate` fits).
+
+A device that runs out of memory in the middle of a replay (what gpu_backend/memory_budget.py could not
+foresee) stops it cleanly: the steps so far make the result, the requests still in flight have no finish
+time, and the summary's `incomplete` says where and why it stopped.
 """
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ import torch
 from gpu_backend.engine.engine_config import EngineConfig
 from gpu_backend.engine.llm_engine import LLMEngine
 from gpu_backend.engine.params import EngineInputError, SamplingParams
+from gpu_backend.memory_budget import is_out_of_memory
 from simulator.loop import RunResult, drive
 from simulator.loop.state import RunState
 from simulator.metrics import add_latencies, run_summary
@@ -268,12 +273,20 @@ def _replay(trace: pd.DataFrame, config: ReplayConfig, engine: LLMEngine, clock:
                       clock=clock, trace=trace,
                       arrival=(trace["arrival_s"].to_numpy(np.float64) * config.time_scale).tolist(),
                       prompt=prompt_lens, prompts=prompts, seed=config.seed)
-    drive(run, _advance, progress, report_every=1)  # an engine step takes long enough to report each
+    stopped = None
+    try:
+        drive(run, _advance, progress, report_every=1)  # an engine step takes long enough to report each
+    except Exception as exc:
+        if not is_out_of_memory(exc):
+            raise
+        stopped = _stop(run, exc)
     run.now = clock()
     run.drain_events(final=True)
     kept = output.close()
     summary = add_latencies(run_summary(run, kept, run.now), kept.requests)
     summary["measured"] = _measured(engine, run.step_times, run.computed, num_clipped)
+    if stopped is not None:
+        summary["incomplete"] = stopped
     cfg = {**config.extra, "source": "replay", "model": config.model, "device": str(engine.device),
            "backend": engine.model.attn_backend.name, "dtype": str(engine.model.dtype).removeprefix("torch."),
            **engine.config.to_dict(), "allocator": engine.config.allocator,
@@ -283,6 +296,20 @@ def _replay(trace: pd.DataFrame, config: ReplayConfig, engine: LLMEngine, clock:
            "clock": config.clock}
     return RunResult(cfg, summary, kept.requests.frame, kept.memory, kept.events, kept.num_events,
                      kept.requests, steps=steps_frame(run.step_rows))
+
+
+def _stop(run: ReplayState, exc: BaseException) -> dict:
+    """End a replay the device ran out of memory in: the requests in flight end unfinished; what the run
+    records about where it stopped (its summary's `incomplete`)."""
+    in_flight = run.log.in_flight()
+    for row in in_flight:
+        run.log.close(row)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # what the failed step held, back to the device
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return {"reason": f"the device ran out of memory ({type(exc).__name__}: {first})",
+            "num_steps": int(run.step), "num_requests_arrived": int(run.next),
+            "num_requests_in_flight": len(in_flight), "num_requests": int(run.num_requests)}
 
 
 def _stats(values: list[float]) -> dict:

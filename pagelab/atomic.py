@@ -8,6 +8,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from pagelab.writes import drop_open_files, write_bytes
+
 
 def temp_sibling(path: Path, suffix: str = ".tmp") -> Path:
     """A fresh hidden name next to `path` (not mkstemp: its 0600 mode would survive the rename)."""
@@ -31,7 +33,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], object], suffi
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write `data` to `path` via a temporary name and rename."""
-    return atomic_write(path, lambda tmp: tmp.write_bytes(data))
+    return atomic_write(path, lambda tmp: write_bytes(tmp, data))
 
 
 def _pid_alive(pid: int) -> bool:
@@ -102,6 +104,7 @@ def atomic_dir(final: str | os.PathLike) -> Iterator[Path]:
     try:
         yield tmp
     except BaseException:
+        drop_open_files(tmp)  # the writers of a failed run write nothing more when they are collected
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if final.exists():

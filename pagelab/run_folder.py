@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from pagelab import run_format
 from pagelab.atomic import atomic_dir
+from pagelab.writes import open_out, write_text
 
 RUN_MARKER = "run.json"  # top-level metadata; its presence makes a folder a pagelab run
 
@@ -56,7 +58,7 @@ def run_metadata(command: str) -> dict:
 
 def write_json(path: Path, obj) -> None:
     """Pretty, JSON-safe output."""
-    path.write_text(json.dumps(clean_json(obj), indent=2) + "\n")
+    write_text(path, json.dumps(clean_json(obj), indent=2) + "\n")
 
 
 _WRITE_ROWS = 1 << 20  # rows per Parquet write (pyarrow's default row group)
@@ -65,17 +67,23 @@ _WRITE_ROWS = 1 << 20  # rows per Parquet write (pyarrow's default row group)
 def write_table(df: pd.DataFrame, path_stem: Path, fmt: str) -> None:
     """A table as Parquet (default) or CSV."""
     if fmt == "csv":
-        df.to_csv(path_stem.with_suffix(".csv"), index=False)
+        with open_out(path_stem.with_suffix(".csv")) as f:
+            df.to_csv(f, index=False)
         return
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     # Converted and written a slice at a time: Arrow holds one slice, not a second copy of the table.
     schema = pa.Schema.from_pandas(df, preserve_index=False)  # of the whole table: slices may lack values
-    with pq.ParquetWriter(path_stem.with_suffix(".parquet"), schema) as writer:
+    with open_out(path_stem.with_suffix(".parquet")) as f, pq.ParquetWriter(f, schema) as writer:
         for start in range(0, max(len(df), 1), _WRITE_ROWS):
             writer.write_table(pa.Table.from_pandas(df.iloc[start:start + _WRITE_ROWS], schema=schema,
                                                     preserve_index=False))
+
+
+def _empty(columns: dict[str, str]) -> pd.DataFrame:
+    """A table with no rows and the run format's column types."""
+    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in columns.items()})
 
 
 def write_run_files(tmp: Path, trace_info: dict, results: dict, table_format: str = "parquet", *,
@@ -96,7 +104,12 @@ def write_run_files(tmp: Path, trace_info: dict, results: dict, table_format: st
             df = getattr(res, table)
             if df is not None:
                 write_table(df, d / table, table_format)
-            elif not any(d.glob(f"{table}.*")):
+            elif any(d.glob(f"{table}.*")):
+                continue
+            elif table == "events" and res.config.get("record_events") is False:
+                # A run that recorded no tenures (--no-events) still has the table, with no rows.
+                write_table(_empty(run_format.EVENT_COLUMNS), d / table, table_format)
+            else:
                 raise FileNotFoundError(f"{d}: the streamed {table} table is missing")
         steps = getattr(res, "steps", None)  # replays: one row per engine step (pagelab calibrate)
         if steps is not None:

@@ -16,6 +16,8 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
+from pagelab.writes import open_out
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -161,6 +163,7 @@ class ParquetSink(TableSink):
         self._num_gathered = 0
         self._num_parts = 0
         self._groups_in_part = 0
+        self._file = None  # the open part's file (pagelab/writes.py: a full disk is reported there)
         if self.path.is_file():
             self.path.unlink()  # a file of an earlier run; a directory of parts is never removed
         self.path.mkdir()
@@ -169,9 +172,9 @@ class ParquetSink(TableSink):
     def _open_part(self) -> None:
         # The part's path as a str: as a Path each new file name would take a slot of the interpreter's
         # interned-string table, which then grows with the run.
+        self._file = open_out(os.path.join(self.path, part_name(self._num_parts)))
         self._writer: pq.ParquetWriter | None = pq.ParquetWriter(
-            os.path.join(self.path, part_name(self._num_parts)), self.schema, compression="zstd",
-            compression_level=1, **self._options)
+            self._file, self.schema, compression="zstd", compression_level=1, **self._options)
         self._num_parts += 1
         self._groups_in_part = 0
 
@@ -211,8 +214,13 @@ class ParquetSink(TableSink):
         self._writer.write_table(table, row_group_size=max(len(table), 1 << 20))
         self._groups_in_part += 1
         if self._groups_in_part >= self.part_groups:
-            self._writer.close()  # its footer entries go with it
-            self._writer = None
+            self._close_part()  # its footer entries go with it
+
+    def _close_part(self) -> None:
+        self._writer.close()
+        self._writer = None
+        self._file.close()
+        self._file = None
 
     def close(self) -> None:
         """Write the last footer (an empty table still gets its schema); one part becomes the file."""
@@ -222,8 +230,7 @@ class ParquetSink(TableSink):
         self._write_buffer()
         self._buffer = None
         if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+            self._close_part()
         if self._num_parts == 1:
             single = self.path.with_name(f".{self.path.name}.part")
             (self.path / part_name(0)).rename(single)
@@ -239,7 +246,8 @@ class CsvSink(TableSink):
         self.path = Path(path)
         self.schema = schema
         self.num_rows = 0
-        self._writer = pa_csv.CSVWriter(str(self.path), schema)
+        self._file = open_out(self.path)
+        self._writer = pa_csv.CSVWriter(self._file, schema)
 
     def write(self, columns: dict[str, np.ndarray]) -> None:
         """Append the batch's rows."""
@@ -253,6 +261,7 @@ class CsvSink(TableSink):
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+            self._file.close()
 
 
 def open_table_sink(path_stem: str | Path, schema: pa.Schema, table_format: str = "parquet", *,

@@ -104,3 +104,30 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# --- a small real file system to fill: a tmpfs, where this process may mount one -------------------------
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A tmpfs of `size` (mount's size= syntax, e.g. "256k") at tmp_path/small; skips where this process may
+    not mount one (mounting needs root with CAP_SYS_ADMIN)."""
+    import os
+    import subprocess
+
+    mount = tmp_path / "small"
+    mounted = []
+
+    def make(size: str = "1m"):
+        if os.geteuid() != 0:
+            pytest.skip("mounting a tmpfs needs root")
+        mount.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        mounted.append(mount)
+        return mount
+
+    yield make
+    for path in mounted:
+        subprocess.run(["umount", "-l", str(path)], check=False)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import hashlib
+import io
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -19,6 +20,7 @@ import pandas as pd
 
 import traces.formats as formats
 from pagelab.atomic import atomic_write
+from pagelab.writes import open_out
 from traces.errors import TraceError
 from traces.schema import RawTrace, _validate, validate_trace
 
@@ -184,7 +186,8 @@ def _write_csv(trace: pd.DataFrame, path: Path) -> None:
     out = trace.copy()
     if "prefix_blocks" in out:
         out["prefix_blocks"] = [" ".join(map(str, keys)) for keys in out["prefix_blocks"]]
-    out.to_csv(path, index=False)
+    with open_out(path) as f:
+        out.to_csv(f, index=False)
 
 
 def _write_jsonl(trace: pd.DataFrame, path: Path) -> None:
@@ -199,7 +202,7 @@ def _write_jsonl(trace: pd.DataFrame, path: Path) -> None:
     floats = [i for i, c in enumerate(cols) if trace[c].dtype.kind == "f"]
     for i in floats:
         values[i] = list(map(repr, values[i]))
-    with open(path, "w", encoding="utf-8") as fh:
+    with open_out(path) as raw, io.TextIOWrapper(io.BufferedWriter(raw), encoding="utf-8") as fh:
         fh.writelines(template.format(*row) for row in zip(*values, strict=True))
 
 
@@ -222,8 +225,9 @@ def _write_parquet(trace: pd.DataFrame, path: Path) -> None:
     # One row group, however long the trace: a simulation reads it front to back through two cursors, and
     # each row group they cross leaves ~0.1 MB more resident while they live; in one row group the
     # cursors' memory stays flat.
-    pq.write_table(pa.Table.from_arrays(arrays, names=names), path, row_group_size=max(len(trace), 1),
-                   use_dictionary=[c for c in names if c not in unique])
+    with open_out(path) as f:
+        pq.write_table(pa.Table.from_arrays(arrays, names=names), f, row_group_size=max(len(trace), 1),
+                       use_dictionary=[c for c in names if c not in unique])
 
 
 _WRITERS = {".csv": _write_csv, ".jsonl": _write_jsonl, ".parquet": _write_parquet}

@@ -5,13 +5,15 @@ a `plot_*` function returning a FigureResult (the Figure plus the data it drew).
 """
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from viz.blockmap import plot_block_map
 from viz.breakdown import plot_breakdown
 from viz.common import FORMATS, FigureResult, safe_stem, save_figure
-from viz.errors import VizError
+from viz.errors import TableError, VizError
 from viz.latency_cdf import plot_latency_cdf
 from viz.load import Run, load_runs
 from viz.snapshot import plot_block_snapshot
@@ -62,29 +64,99 @@ FIGURES: dict[str, tuple[Callable[..., Iterator[FigureResult]], Callable[[list[R
 }
 
 
-def figure_results(runs: list[Run], only: list[str] | None = None, at: float | None = None
-                   ) -> Iterator[FigureResult]:
-    """Draw the selected figures that apply, one at a time (a requested one that cannot apply is an error)."""
+# The tables each figure reads: an allocator whose table cannot be read is left out of that figure only.
+FIGURE_TABLES: dict[str, tuple[str, ...]] = {
+    "breakdown": (), "memory_over_time": ("memory",), "block_map": ("events",),
+    "block_snapshot": ("events", "memory", "requests"), "latency_cdf": ("requests",),
+    "batch_size": ("memory",), "sweep_latency": ("requests",), "block_size_sweep": ("requests",),
+}
+
+
+def _readable(runs: list[Run], tables: tuple[str, ...]) -> list[Run]:
+    """The runs with only the allocators whose `tables` can all be read (runs left with none dropped)."""
+    kept = []
+    for run in runs:
+        allocs = {n: a for n, a in run.allocators.items() if not a.table_problems(tables)}
+        if allocs:
+            kept.append(dataclasses.replace(run, allocators=allocs))
+    return kept
+
+
+def figure_results(runs: list[Run], only: list[str] | None = None, at: float | None = None,
+                   warn: Callable[[str], None] | None = None) -> Iterator[FigureResult]:
+    """Draw the selected figures that apply, one at a time (a requested one that cannot apply is an error).
+
+    A table that cannot be read leaves its allocator out of the figures that need it, with a `warn`ing
+    naming the file (Python's warnings without `warn`); a figure left with nothing to draw is skipped.
+    """
+    warn = warn or (lambda message: warnings.warn(message, stacklevel=3))
     unknown = [n for n in only or [] if n not in FIGURES]
     if unknown:
         raise VizError(f"unknown figure '{unknown[0]}'; choose from {', '.join(FIGURES)}")
+    told: set[Path] = set()
     for name, (draw, check, why) in FIGURES.items():
         if only and name not in only:
             continue
-        if not check(runs):
-            if only:
-                raise VizError(f"figure '{name}' {why}")
-            continue
-        yield from draw(runs, at=at)
+        drawn: set[str] = set()  # a per-run figure redrawn after damage yields each file once
+        while True:
+            tables = FIGURE_TABLES[name]
+            for run in runs:
+                for alloc in run.allocators.values():
+                    for problem in alloc.table_problems(tables):
+                        if problem.path not in told:
+                            told.add(problem.path)
+                            warn(f"{problem}: the figures that need the {problem.table} table leave out "
+                                 f"{run.label}/{alloc.name}")
+            readable = _readable(runs, tables)
+            if not readable:
+                warn(f"figure '{name}' skipped: none of its {'/'.join(tables)} tables can be read")
+                break
+            if not check(readable):
+                if only:
+                    raise VizError(f"figure '{name}' {why}")
+                break
+            try:
+                for result in draw(readable, at=at):
+                    if result.name not in drawn:
+                        drawn.add(result.name)
+                        yield result
+            except TableError as exc:  # damage the footers did not show: mark it and draw without it
+                _mark(runs, exc)
+                continue
+            break
+
+
+def _mark(runs: list[Run], exc: TableError) -> None:
+    """Record a table found unreadable while drawing, so figures leave its allocator out from now on."""
+    for run in runs:
+        for alloc in run.allocators.values():
+            if exc.path == alloc.path or alloc.path in exc.path.parents:
+                alloc._problems[exc.table] = exc
+                return
+    raise exc  # not a table of these runs
+
+
+def _warn_incomplete(runs: list[Run], warn: Callable[[str], None]) -> None:
+    """A warning for every run that stopped early (it is drawn as far as it ran)."""
+    for run in runs:
+        for alloc in run.allocators.values():
+            stopped = alloc.incomplete or (run.incomplete if run.incomplete and
+                                           run.incomplete.get("allocator") == alloc.name else None)
+            if stopped:
+                warn(f"{alloc.path}: an incomplete run, stopped at step {stopped.get('num_steps', '?')} "
+                     f"({stopped.get('reason', 'no reason recorded')}); its figures show the steps it ran")
 
 
 def plot_runs(run_dirs: list[Path], out: Path, fmt: str = "png", only: list[str] | None = None,
-              at: float | None = None) -> list[Path]:
-    """Draw every figure that applies to the run folders into `out`; returns the files written."""
+              at: float | None = None, warn: Callable[[str], None] | None = None) -> list[Path]:
+    """Draw every figure that applies to the run folders into `out`; returns the files written. Incomplete
+    runs and unreadable tables are reported through `warn` (see figure_results)."""
     if fmt not in FORMATS:
         raise VizError(f"format '{fmt}' is not one of {', '.join(FORMATS)}")
     runs = load_runs([Path(d) for d in run_dirs])
+    warn = warn or (lambda message: warnings.warn(message, stacklevel=2))
+    _warn_incomplete(runs, warn)
     written = []
-    for result in figure_results(runs, only, at):
+    for result in figure_results(runs, only, at, warn):
         written.append(save_figure(result.figure, Path(out) / f"{result.name}.{fmt}", fmt))
     return written

@@ -18,7 +18,7 @@ from viz.palette import LINESTYLES, allocator_color, allocator_label, allocator_
 METRIC_COLUMNS = {"rate", "kind", "slo_value", "met_slo", "normalized_latency_s", "ttft_p50_s", "ttft_p99_s",
                   "tpot_p50_s", "tpot_p99_s", "e2e_p99_s", "throughput_tokens_per_s", "mean_batch_size",
                   "num_requests", "num_finished", "num_preemptions", "capacity_tokens", "folder",
-                  "point_hash", "block_size"}
+                  "point_hash", "block_size", "error"}
 SLO_LABELS = {"norm_latency": "normalized latency (s/token)", "ttft_p99": "TTFT p99 (s)",
               "tpot_p99": "TPOT p99 (s)"}
 
@@ -55,6 +55,8 @@ def _variant_label(row: pd.Series, cols: list[str]) -> str:
 def plot_latency_vs_rate(points: pd.DataFrame, summary: dict | None = None,
                          metric: str = "normalized_latency_s") -> FigureResult:
     """Normalized latency against request rate, one line per allocator (vLLM Fig. 12), SLO dashed."""
+    if "error" in points:
+        points = points[points["error"].isna()]  # a failed point has no latency to draw
     fig = new_figure(6.5, 4.6)
     ax = fig.subplots()
     variants = _variant_columns(points)

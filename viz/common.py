@@ -11,6 +11,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from pagelab.atomic import atomic_write
+from pagelab.writes import open_out
 from viz.palette import SHARED_HATCH
 
 FORMATS = ("png", "svg", "pdf")
@@ -35,7 +36,11 @@ def new_figure(width: float, height: float) -> Figure:
 
 def save_figure(fig: Figure, path: Path, fmt: str) -> Path:
     """Save under a temporary name in the same folder, then rename into place."""
-    return atomic_write(path, lambda tmp: fig.savefig(tmp, format=fmt, dpi=DPI), suffix=f".{fmt}")
+    def write(tmp: Path) -> None:
+        with open_out(tmp) as f:
+            fig.savefig(f, format=fmt, dpi=DPI)
+
+    return atomic_write(path, write, suffix=f".{fmt}")
 
 
 def legend_below(fig: Figure, handles: list, labels: list[str], ncol: int | None = None) -> None:

@@ -12,8 +12,8 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from pagelab import run_format
-from pagelab.parquet_parts import PartedFile, table_exists
-from viz.errors import VizError
+from pagelab.parquet_parts import PartedFile, part_files, table_exists
+from viz.errors import TableError, VizError
 from viz.palette import STATE_ORDER, allocator_sort_key
 
 # The run format's columns, as the simulation and the replay write them.
@@ -51,16 +51,50 @@ def read_table(folder: Path, name: str, columns: tuple[str, ...] | None = None) 
         elif csv.is_file():
             path, df = csv, pd.read_csv(csv, usecols=wanted)
         else:
-            raise VizError(f"{parquet}: file not found")
+            raise TableError(f"{parquet}: file not found", parquet, name)
     except (OSError, ValueError) as exc:
         if isinstance(exc, VizError):
             raise
-        raise VizError(f"{folder / name}: cannot read table ({exc})") from None
+        raise unreadable(folder, name, exc) from None
     checked = TABLE_COLUMNS[name] if columns is None else columns
     if len(df) == 0:  # an empty CSV has no dtypes to check; give the columns numeric ones
         df = df.astype({c: float for c in checked if c in df.columns})
     check_columns(df, checked, str(path))
     return df
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def table_problem(folder: Path, name: str) -> TableError | None:
+    """Why NAME's table in `folder` cannot be read, from what is cheap to check (every Parquet footer, a
+    CSV's header); None when it looks readable."""
+    parquet, csv = folder / f"{name}.parquet", folder / f"{name}.csv"
+    if table_exists(parquet):
+        for part in part_files(parquet):
+            try:
+                pq.read_metadata(part)
+            except (OSError, ValueError) as exc:
+                return TableError(f"{part}: cannot read table ({_first_line(exc)})", part, name)
+        return None
+    if csv.is_file():
+        try:
+            pd.read_csv(csv, nrows=0)
+        except (OSError, ValueError) as exc:
+            return TableError(f"{csv}: cannot read table ({_first_line(exc)})", csv, name)
+        return None
+    return TableError(f"{parquet}: file not found", parquet, name)
+
+
+def unreadable(folder: Path, name: str, exc: BaseException) -> TableError:
+    """NAME's table in `folder` failed to read with `exc`: the error naming the file (or part) at fault."""
+    found = table_problem(folder, name)
+    if found is not None:
+        return found
+    parquet = folder / f"{name}.parquet"
+    path = parquet if table_exists(parquet) else folder / f"{name}.csv"
+    return TableError(f"{path}: cannot read table ({_first_line(exc)})", path, name)
 
 
 def check_columns(df: pd.DataFrame, columns: tuple[str, ...], where: str) -> None:
@@ -106,6 +140,7 @@ class AllocatorRun:
     path: Path
     config: dict
     summary: dict
+    _problems: dict = field(default_factory=dict, repr=False)  # table -> TableError or None, once checked
 
     @cached_property
     def requests(self) -> pd.DataFrame:
@@ -127,7 +162,7 @@ class AllocatorRun:
         try:
             f = PartedFile(path, pre_buffer=False)
         except (OSError, ValueError) as exc:
-            raise VizError(f"{path}: cannot read table ({exc})") from None
+            raise unreadable(self.path, "memory", exc) from None
         if f.metadata.num_rows == 0 or _sorted_groups(f.metadata, "t_s") is None:
             return None  # empty, or not in time order (or no statistics): load it whole and sort
         return f
@@ -151,7 +186,7 @@ class AllocatorRun:
             try:
                 df = f.read_row_group(g, columns=list(columns)).to_pandas()
             except (OSError, ValueError, KeyError) as exc:
-                raise VizError(f"{path}: cannot read table ({exc})") from None
+                raise unreadable(self.path, "memory", exc) from None
             check_columns(df, columns, str(path))
             yield df
 
@@ -192,7 +227,7 @@ class AllocatorRun:
             with PartedFile(path) as f:
                 return f.metadata
         except (OSError, ValueError) as exc:
-            raise VizError(f"{path}: cannot read table ({exc})") from None
+            raise unreadable(self.path, "events", exc) from None
 
     def events_between(self, t0: float, t1: float) -> pd.DataFrame:
         """The tenures with t_start_s <= t1 and t_end_s > t0 (held at some time of [t0, t1]).
@@ -208,7 +243,7 @@ class AllocatorRun:
         try:
             df = pq.read_table(path, filters=[("t_start_s", "<=", t1), ("t_end_s", ">", t0)]).to_pandas()
         except (OSError, ValueError) as exc:
-            raise VizError(f"{path}: cannot read table ({exc})") from None
+            raise unreadable(self.path, "events", exc) from None
         check_columns(df, EVENT_COLUMNS, str(path))
         return df
 
@@ -256,6 +291,18 @@ class AllocatorRun:
         return int(value)
 
     @property
+    def incomplete(self) -> dict | None:
+        """Where and why the run stopped early (a replay out of device memory), or None."""
+        return self.summary.get("incomplete")
+
+    def table_problems(self, names) -> list[TableError]:
+        """The tables among `names` that cannot be read (pagelab plot draws without them)."""
+        for name in names:
+            if name not in self._problems:
+                self._problems[name] = table_problem(self.path, name)
+        return [self._problems[n] for n in names if self._problems[n] is not None]
+
+    @property
     def is_paged(self) -> bool:
         """Whether the allocator hands out fixed-size blocks."""
         return str(self.config.get("allocator", self.name)).startswith("paged")
@@ -269,6 +316,7 @@ class Run:
     label: str
     trace: dict
     allocators: dict[str, AllocatorRun] = field(default_factory=dict)
+    incomplete: dict | None = None  # run.json's: where and why the run stopped early
 
 
 def load_allocator(folder: Path, name: str | None = None) -> AllocatorRun:
@@ -296,7 +344,8 @@ def load_run(path: Path, label: str | None = None) -> Run:
         raise VizError(f"{path / 'summary.json'}: key 'allocators' is empty and no allocator folders exist")
     names.sort(key=allocator_sort_key)
     trace = top.get("trace") if isinstance(top.get("trace"), dict) else {}
-    return Run(path, label or path.name, trace, {n: load_allocator(path / n, n) for n in names})
+    marker = read_json(path / "run.json").get("incomplete") if (path / "run.json").is_file() else None
+    return Run(path, label or path.name, trace, {n: load_allocator(path / n, n) for n in names}, marker)
 
 
 def load_runs(paths: list[Path]) -> list[Run]:

@@ -21,11 +21,23 @@ from simulator.core.errors import ConfigError
 from simulator.core.scheduler import SchedulerConfig
 
 GIB = 1 << 30
+MEASURED = "measured free GPU memory"
 
 
 def kv_capacity_tokens(config: EngineConfig, model: CausalLM,
                        sched_config: SchedulerConfig) -> tuple[int, str]:
-    """Pool capacity in token slots and how it was chosen (for the run's config)."""
+    """Pool capacity in token slots and how it was chosen (for the run's config); a pool that cannot fit
+    the device's memory with the largest step is refused here, before it is made (memory_budget.py)."""
+    tokens, source = _capacity_tokens(config, model, sched_config)
+    if source != MEASURED:  # a measured pool was sized to fit
+        from gpu_backend.memory_budget import check_fits
+
+        bpt = model.config.kv_bytes_per_token(model.dtype)
+        check_fits(model, tokens * bpt, sched_config.token_budget, sched_config.max_num_seqs)
+    return tokens, source
+
+
+def _capacity_tokens(config: EngineConfig, model: CausalLM, sched_config: SchedulerConfig) -> tuple[int, str]:
     bpt = model.config.kv_bytes_per_token(model.dtype)
     if config.capacity_tokens is not None:
         return config.capacity_tokens, "capacity_tokens"
@@ -36,7 +48,7 @@ def kv_capacity_tokens(config: EngineConfig, model: CausalLM,
     if model.device.type != "cuda":
         return int(DEFAULT_CPU_KV_MEMORY_GB * GIB) // bpt, f"default {DEFAULT_CPU_KV_MEMORY_GB} GiB on CPU"
     kv_bytes = profile_free_kv_bytes(model, sched_config, config.block_size, config.gpu_memory_utilization)
-    return kv_bytes // bpt, "measured free GPU memory"
+    return kv_bytes // bpt, MEASURED
 
 
 @torch.inference_mode()

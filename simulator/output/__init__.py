@@ -16,10 +16,10 @@ them (tests/test_shape.py traces it and compares):
     simulator.core.config -> simulator.core.paged.block_manager -> simulator.core.allocator ->
     simulator.core.paged.block_pool -> simulator.core.paged.prefix_cache -> simulator.core.paged.swap ->
     simulator.timing.step_latency -> simulator.core.scheduler -> simulator.core.decode ->
-    simulator.loop.state -> simulator.output -> pagelab.table_sinks -> simulator.output.memory_rows ->
-    simulator.output.request_rows -> traces.batches -> simulator.core.sequence -> simulator.loop.step ->
-    simulator.output.tenures -> simulator.metrics -> pagelab.malloc -> pagelab.parquet_parts ->
-    pagelab.column_stats
+    simulator.loop.state -> simulator.output -> pagelab.table_sinks -> pagelab.writes ->
+    simulator.output.memory_rows -> simulator.output.request_rows -> traces.batches ->
+    simulator.core.sequence -> simulator.loop.step -> simulator.output.tenures -> simulator.metrics ->
+    pagelab.malloc -> pagelab.parquet_parts -> pagelab.column_stats
 """
 from __future__ import annotations
 

@@ -37,6 +37,7 @@ from pagelab.malloc import (
     release_free_memory,
     set_mmap_threshold,
 )
+from pagelab.writes import drop_open_files, open_out
 
 # Room for ~16 raw-event batches in the kernel's socket buffer (Linux caps it at net.core.wmem_max): the
 # simulation does not block in `send` while the child writes a row group.
@@ -184,7 +185,7 @@ class SpoolWriter:
     def add_batch(self, batch: bytes | bytearray) -> None:
         """Append one batch of packed rows to the row group's spool file."""
         if self._file is None:
-            self._file = open(self._spool_path(), "wb", buffering=0)  # noqa: SIM115 - open until end_group
+            self._file = open_out(self._spool_path())  # unbuffered; open until end_group
         self._file.write(batch)
 
     def _spool_path(self) -> str:
@@ -292,6 +293,7 @@ def _pair_and_write(conn: Connection, messages) -> None:
     except (EOFError, BrokenPipeError, ConnectionResetError):
         return  # the parent is gone (or aborted): nothing to report to
     except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
+        drop_open_files()  # the tables are thrown away: their writers write nothing more at exit
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # else nobody is left to tell
             _reply_error(conn, exc)
 

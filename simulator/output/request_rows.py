@@ -154,6 +154,10 @@ class RequestRows:
         """Whether request `row` is in flight (opened, not yet closed)."""
         return row in self._trace
 
+    def in_flight(self) -> list[int]:
+        """The rows of the requests in flight, in trace order."""
+        return sorted(self._trace)
+
     def close(self, row: int) -> None:
         """Request `row` finished or was rejected: its row is complete."""
         rid, arrival, prompt, output, n, beam = self._trace.pop(row)

@@ -53,6 +53,13 @@ class PointSpec:
         return "-".join(parts + [f"r{self.rate:g}", self.key]).replace("/", "_").replace(" ", "_")
 
 
+@dataclass(frozen=True)
+class PointFailed:
+    """A point that could not finish, and why (e.g. the worker process running it died twice)."""
+
+    cause: str
+
+
 def point_folder(out: Path, spec: PointSpec) -> Path:
     """Where a point's run folder lives inside the sweep folder."""
     return out / POINTS_DIR / spec.folder_name

@@ -35,12 +35,21 @@ def point_row(spec: PointSpec, summary: dict, kind: str, slo: Limit) -> dict:
         "capacity_tokens": summary.get("capacity_tokens"),
         "folder": point_folder(Path(), spec).as_posix(),  # relative to the sweep folder
         "point_hash": spec.key,
+        "error": None,
     })
     return row
 
 
+def failed_row(spec: PointSpec, cause: str, kind: str) -> dict:
+    """The row of a point that did not finish: no results, no folder, the cause in `error`."""
+    row = {**spec.config_dict, "rate": spec.rate}
+    row.setdefault("block_size", spec.sim.block_size)
+    row.update({"kind": kind, "met_slo": False, "folder": None, "point_hash": spec.key, "error": cause})
+    return row
+
+
 def points_table(rows: list[dict], config_columns: list[str]) -> pd.DataFrame:
-    """All points, sorted by configuration then rate."""
+    """All points, sorted by configuration then rate (a failed point's results are missing values)."""
     df = pd.DataFrame(rows)
     return df.sort_values([*config_columns, "rate"], kind="stable").reset_index(drop=True)
 

@@ -27,8 +27,8 @@ class RunTables:
     """What compare needs of one run folder's allocator."""
 
     summary: dict
-    requests: pd.DataFrame
-    memory: pd.DataFrame
+    requests: pd.DataFrame | None  # None: the table cannot be read (what needs it is not compared)
+    memory: pd.DataFrame | None
     steps: pd.DataFrame | None = None  # a replay's steps table (docs/run-format.md)
 
 
@@ -99,14 +99,19 @@ def stalls(steps: np.ndarray, predicted: np.ndarray, measured: np.ndarray) -> di
 
 
 def compare_runs(sim: RunTables, real: RunTables, latency: LatencyModel | None = None) -> dict:
-    """Every error `pagelab compare` reports (docs/calibration.md); `latency` is the simulation's model."""
-    a = sim.requests.set_index("request_id")
-    b = real.requests.set_index("request_id")
-    common = a.index.intersection(b.index)
-    a, b = a.loc[common], b.loc[common]
-    finished = {"sim": int(a["finish_s"].notna().sum()), "real": int(b["finish_s"].notna().sum())}
-    out: dict = {"num_requests": int(len(common)), "num_finished": finished}
-    out["latency"] = {m: rel_error_stats(a[m].to_numpy(), b[m].to_numpy()) for m in LATENCIES}
+    """Every error `pagelab compare` reports (docs/calibration.md); `latency` is the simulation's model.
+    What needs a table one of the runs lacks (None) is reported as not compared."""
+    if sim.requests is not None and real.requests is not None:
+        a = sim.requests.set_index("request_id")
+        b = real.requests.set_index("request_id")
+        common = a.index.intersection(b.index)
+        a, b = a.loc[common], b.loc[common]
+        finished = {"sim": int(a["finish_s"].notna().sum()), "real": int(b["finish_s"].notna().sum())}
+        out: dict = {"num_requests": int(len(common)), "num_finished": finished}
+        out["latency"] = {m: rel_error_stats(a[m].to_numpy(), b[m].to_numpy()) for m in LATENCIES}
+    else:
+        out = {"num_requests": None, "num_finished": None,
+               "latency": {m: rel_error_stats(np.empty(0), np.empty(0)) for m in LATENCIES}}
     thr_s = sim.summary.get("throughput_tokens_per_s")
     thr_r = real.summary.get("throughput_tokens_per_s")
     out["throughput"] = {"sim": thr_s, "real": thr_r,
@@ -114,6 +119,11 @@ def compare_runs(sim: RunTables, real: RunTables, latency: LatencyModel | None =
     dur_s, dur_r = sim.summary.get("sim_duration_s"), real.summary.get("sim_duration_s")
     out["duration"] = {"sim": dur_s, "real": dur_r,
                        "rel_error": (dur_s - dur_r) / dur_r if dur_s is not None and dur_r else None}
+    if sim.memory is None or real.memory is None:
+        out["step_time"] = {"num_steps_sim": None, "num_steps_real": None, "basis": "not compared",
+                            **rel_error_stats(np.empty(0), np.empty(0)), "total_rel_error": None}
+        out["memory"] = {"step_aligned": False, "reason": "a memory table cannot be read"}
+        return out
     out["step_time"] = step_time_error(sim, real, latency)
     out["memory"] = memory_difference(sim.memory, real.memory)
     return out

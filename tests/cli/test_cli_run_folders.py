@@ -121,3 +121,12 @@ def test_cli_installs_the_sigterm_handler(tmp_path):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 128 + signal.SIGTERM
     assert os.listdir(tmp_path) == []
+
+
+def test_a_run_without_events_has_an_empty_events_table(tmp_path):
+    result = pagelab(*SIM, "--no-events", "--out", "r", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    import pandas as pd
+
+    events = pd.read_parquet(tmp_path / "r" / "paged" / "events.parquet")
+    assert len(events) == 0 and str(events["request_id"].dtype) == "int32"

@@ -1,0 +1,26 @@
+"""`pagelab sweep` when a worker dies: the point's line and a warning say so, the sweep exits 1 with its
+tables written; running it again runs only that point."""
+from __future__ import annotations
+
+import pandas as pd
+from clirun import pagelab
+
+from simulator.sweep.executors import KILL_POINT_ENV
+from traces import SyntheticConfig, generate_trace, save_trace
+
+
+def test_a_killed_worker_fails_its_point_and_a_rerun_retries_it(tmp_path):
+    save_trace(generate_trace(SyntheticConfig(num_requests=40, lengths="sharegpt", rate=1.0, seed=0)),
+               tmp_path / "t.parquet")
+    args = ("sweep", "t.parquet", "-a", "paged", "--capacity-tokens", "8192", "--max-model-len", "2048",
+            "--rate", "1,2,4", "--no-search", "--jobs", "2", "--out", "s")
+    result = pagelab(*args, cwd=tmp_path, **{KILL_POINT_ENV: "-r2-"})
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "paged rate=2: failed: its worker process was killed by SIGKILL" in result.stderr
+    assert ("warning: 1 point(s) failed (their causes are in the error column of s/sweep.parquet); run the "
+            "same sweep again to retry them") in result.stderr
+    assert pd.read_parquet(tmp_path / "s" / "sweep.parquet")["error"].notna().sum() == 1
+    again = pagelab(*args, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "wrote s (1 points run, 2 reused)" in again.stderr
