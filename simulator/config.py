@@ -7,7 +7,14 @@ from simulator.core.allocator import KVAllocator
 from simulator.core.config import ALLOCATORS, CacheConfig, build_allocator
 from simulator.core.errors import ConfigError
 from simulator.core.models import ModelSpec, get_model
-from simulator.presets import GIB, get_gpu, kv_capacity_tokens
+from simulator.presets import (
+    GIB,
+    KV_CACHE_DTYPES,
+    KV_DTYPE_ALIASES,
+    KVCapacity,
+    kv_bytes_per_token,
+    kv_capacity,
+)
 
 MODES = ("fast", "step")
 
@@ -19,11 +26,13 @@ class SimConfig(CacheConfig):
     """Everything one simulated run depends on (together with the trace).
 
     Pool size: `capacity_tokens`, else `kv_memory_gb`, else `gpu_memory_utilization` of the GPU preset's
-    memory minus the model's weights.
+    memory minus the model's weights (`kv_capacity`, simulator/presets.py). `model` is a registry name, an
+    alias or Hugging Face id of one, or a local folder with a config.json.
     """
 
     model: str = "llama-3-8b"
     gpu: str = "a100-80gb"
+    kv_cache_dtype: str = "auto"  # vLLM's --kv-cache-dtype: auto (the model's dtype), fp8, bfloat16...
     swap_space_gb: float = 4.0
     latency: str = "roofline"  # or the path of a fitted profile (JSON)
     beam_alpha: float = 0.5  # Dirichlet concentration of the beam fork/prune model
@@ -38,6 +47,9 @@ class SimConfig(CacheConfig):
             out.append(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if not self.beam_alpha > 0:
             out.append(f"beam_alpha must be > 0, got {self.beam_alpha}")
+        if KV_DTYPE_ALIASES.get(self.kv_cache_dtype, self.kv_cache_dtype) not in KV_CACHE_DTYPES:
+            out.append(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                       f"got {self.kv_cache_dtype!r}")
         return out
 
     @property
@@ -50,16 +62,27 @@ class SimConfig(CacheConfig):
         """max_model_len, defaulting to the model's."""
         return self.max_model_len or self.model_spec.max_model_len
 
+    def kv_capacity(self) -> KVCapacity:
+        """The KV pool: its size in bytes, slots and blocks, and the concurrency it allows."""
+        return kv_capacity(self.model_spec, self.gpu, gpu_memory_utilization=self.gpu_memory_utilization,
+                           kv_memory_gb=self.kv_memory_gb, capacity_tokens=self.capacity_tokens,
+                           kv_cache_dtype=self.kv_cache_dtype, block_size=self.block_size,
+                           max_model_len=self.resolved_max_model_len)
+
     def capacity(self) -> int:
         """KV capacity C in token slots."""
         if self.capacity_tokens is not None:
             return self.capacity_tokens
-        return kv_capacity_tokens(self.model_spec, None if self.kv_memory_gb else get_gpu(self.gpu),
-                                  self.gpu_memory_utilization, self.kv_memory_gb)
+        return self.kv_capacity().capacity_tokens
+
+    @property
+    def bytes_per_token(self) -> int:
+        """KV bytes of one token in the KV cache dtype."""
+        return kv_bytes_per_token(self.model_spec, self.kv_cache_dtype)
 
     def cpu_tokens(self) -> int:
         """Slots of the CPU swap pool."""
-        return int(self.swap_space_gb * GIB // self.model_spec.bytes_per_token)
+        return int(self.swap_space_gb * GIB // self.bytes_per_token)
 
     def scheduler_config(self, max_model_len: int | None = None):
         """The batching limits for the scheduler (max_model_len defaults to the resolved one)."""
@@ -78,5 +101,5 @@ class SimConfig(CacheConfig):
         d = asdict(self)
         d["capacity_tokens"] = self.capacity()
         d["max_model_len"] = self.resolved_max_model_len
-        d["bytes_per_token"] = self.model_spec.bytes_per_token
+        d["bytes_per_token"] = self.bytes_per_token
         return d

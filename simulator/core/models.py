@@ -2,15 +2,19 @@
 
 One frozen `ModelSpec` per model holds the fields of its config.json plus what memory and FLOP arithmetic
 needs (the exact parameter count, a context cap); `MODELS` maps each entry's name to it and `get_model`
-also accepts an entry's aliases. The simulator sizes KV pools and prices steps from these entries
-(simulator/presets.py, simulator/timing/step_latency.py); the engine runs them as its `ModelConfig`
-(gpu_backend/model_config.py), some with seeded random weights (gpu_backend/model_presets.py). Nothing here
-imports torch or numpy.
+also accepts an entry's aliases and Hugging Face id (in any letter case), and a local checkpoint folder,
+whose config.json it reads for the shape (nothing is downloaded). The simulator sizes KV pools and prices
+steps from these entries (simulator/presets.py, simulator/timing/step_latency.py); the engine runs them as
+its `ModelConfig` (gpu_backend/model_config.py), some with seeded random weights
+(gpu_backend/model_presets.py). Nothing here imports torch or numpy.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from simulator.core.errors import ConfigError
@@ -164,7 +168,8 @@ MODELS: dict[str, ModelSpec] = {
     ),
     # MHA, untied LM head.
     "llama-2-7b": ModelSpec(
-        name="llama-2-7b", hf_id="meta-llama/Llama-2-7b-hf", architecture="LlamaForCausalLM",
+        name="llama-2-7b", aliases=("meta-llama/Llama-2-7b-chat-hf", "meta-llama/Llama-2-7b"),
+        hf_id="meta-llama/Llama-2-7b-hf", architecture="LlamaForCausalLM",
         vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
         num_attention_heads=32, num_key_value_heads=32, head_dim=128, max_position_embeddings=4096,
         rms_norm_eps=1e-5, rope_theta=10000.0, bos_token_id=1, eos_token_ids=(2,), torch_dtype="float16",
@@ -172,7 +177,8 @@ MODELS: dict[str, ModelSpec] = {
     ),
     # GQA with 8 KV heads, untied LM head.
     "llama-3-8b": ModelSpec(
-        name="llama-3-8b", hf_id="meta-llama/Meta-Llama-3-8B", architecture="LlamaForCausalLM",
+        name="llama-3-8b", aliases=("meta-llama/Meta-Llama-3-8B-Instruct",),
+        hf_id="meta-llama/Meta-Llama-3-8B", architecture="LlamaForCausalLM",
         vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
         num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=8192,
         rms_norm_eps=1e-5, rope_theta=500000.0, bos_token_id=128000, eos_token_ids=(128001,),
@@ -181,7 +187,8 @@ MODELS: dict[str, ModelSpec] = {
     # GQA with 4 KV heads, QKV biases, untied LM head. config.json allows 131,072 positions, but the model
     # card says beyond 32,768 needs YaRN scaling, so serving stops at 32,768.
     "qwen2.5-7b": ModelSpec(
-        name="qwen2.5-7b", hf_id="Qwen/Qwen2.5-7B", architecture="Qwen2ForCausalLM", vocab_size=152064,
+        name="qwen2.5-7b", aliases=("Qwen/Qwen2.5-7B-Instruct",), hf_id="Qwen/Qwen2.5-7B",
+        architecture="Qwen2ForCausalLM", vocab_size=152064,
         hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
         num_key_value_heads=4, head_dim=128, max_position_embeddings=131072, rms_norm_eps=1e-6,
         rope_theta=1000000.0, qkv_bias=True, bos_token_id=151643, eos_token_ids=(151643,),
@@ -191,7 +198,8 @@ MODELS: dict[str, ModelSpec] = {
     # engine builds it with random weights under the name llama-1b-shape (the shape, not the checkpoint),
     # which replays record, so fitted profiles and run folders name it either way.
     "llama-3.2-1b": ModelSpec(
-        name="llama-3.2-1b", aliases=("llama-1b-shape",), hf_id="meta-llama/Llama-3.2-1B",
+        name="llama-3.2-1b", aliases=("llama-1b-shape", "meta-llama/Llama-3.2-1B-Instruct"),
+        hf_id="meta-llama/Llama-3.2-1B",
         architecture="LlamaForCausalLM", vocab_size=128256, hidden_size=2048, intermediate_size=8192,
         num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
         max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
@@ -220,6 +228,9 @@ MODELS: dict[str, ModelSpec] = {
 
 # Alias -> entry, derived from the entries themselves so that an alias lives in exactly one place.
 _BY_ALIAS: dict[str, ModelSpec] = {alias: spec for spec in MODELS.values() for alias in spec.aliases}
+# Every name, alias and Hugging Face id in lower case: ids are typed as the hub spells them, or not.
+_BY_FOLDED: dict[str, ModelSpec] = {n.casefold(): spec for spec in MODELS.values()
+                                    for n in (*spec.names, *((spec.hf_id,) if spec.hf_id else ()))}
 
 
 def model_names() -> list[str]:
@@ -227,15 +238,80 @@ def model_names() -> list[str]:
     return sorted([*MODELS, *_BY_ALIAS])
 
 
+def _registered(name: str) -> ModelSpec | None:
+    """The registry entry `name` names (own name, alias or Hugging Face id, any case), or None."""
+    return MODELS.get(name) or _BY_ALIAS.get(name) or _BY_FOLDED.get(name.casefold())
+
+
 def get_model(name: str) -> ModelSpec:
-    """Look up a model by its name or one of its aliases."""
-    spec = MODELS.get(name) or _BY_ALIAS.get(name)
-    if spec is None:
-        raise ConfigError(f"unknown model {name!r}; valid models: {', '.join(model_names())}")
-    return spec
+    """Look up a model by its name, an alias or Hugging Face id, or read a local checkpoint folder."""
+    spec = _registered(name)
+    if spec is not None:
+        return spec
+    if (Path(name) / "config.json").is_file():
+        return _read_folder(str(Path(name).resolve()), name)
+    raise ConfigError(f"unknown model {name!r}; valid models: {', '.join(model_names())}, the Hugging Face "
+                      "id of one (see `pagelab presets`), or a local folder with a config.json")
 
 
 def canonical_name(name: str) -> str:
     """The registry's own name for `name` (itself, or the entry it is an alias of); other names unchanged."""
-    spec = MODELS.get(name) or _BY_ALIAS.get(name)
+    spec = _registered(name)
     return name if spec is None else spec.name
+
+
+@functools.lru_cache(maxsize=16)
+def _read_folder(path: str, shown: str) -> ModelSpec:
+    """The shape in `path`/config.json (read once per process)."""
+    file = Path(path) / "config.json"
+    try:
+        raw = json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{file}: cannot read the model's config ({exc})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{file}: expected a JSON object")
+    return spec_from_config(raw, name=shown, source=str(file))
+
+
+def spec_from_config(raw: dict[str, Any], name: str = "", source: str = "config.json") -> ModelSpec:
+    """The memory-relevant shape of a Hugging Face config.json (any decoder; `source` names it in errors).
+
+    The parameter count, which config.json does not hold, is counted from the architecture:
+    `estimate_params`.
+    """
+    def need(field: str, *others: str) -> Any:
+        for key in (field, *others):
+            if key in raw:
+                return raw[key]
+        raise ConfigError(f"{source}: required field {field!r} is missing")
+
+    hidden, heads = need("hidden_size"), need("num_attention_heads")
+    arch = (raw.get("architectures") or ["unknown"])[0]
+    sliding = raw.get("sliding_window")
+    if arch == "Qwen2ForCausalLM" and not raw.get("use_sliding_window", False):
+        sliding = None  # Qwen2 configs carry a window they do not use
+    try:
+        spec = ModelSpec(
+            name=name, architecture=arch, vocab_size=need("vocab_size"), hidden_size=hidden,
+            intermediate_size=need("intermediate_size", "ffn_dim"),
+            num_hidden_layers=need("num_hidden_layers"),
+            num_attention_heads=heads, num_key_value_heads=raw.get("num_key_value_heads") or heads,
+            head_dim=raw.get("head_dim") or (hidden // heads if isinstance(hidden, int) and heads else 0),
+            max_position_embeddings=raw.get("max_position_embeddings", 4096),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            qkv_bias=arch == "Qwen2ForCausalLM" or bool(raw.get("attention_bias", False)),
+            sliding_window=int(sliding) if sliding else None,
+            torch_dtype=raw.get("torch_dtype") or raw.get("dtype"))
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    return spec.replace(num_params=estimate_params(spec))
+
+
+def estimate_params(m: ModelSpec) -> int:
+    """Parameters of a decoder of this shape: gated MLP (Llama, Mistral, Qwen2), plain for OPT."""
+    q, kv = m.num_attention_heads * m.head_dim, m.num_key_value_heads * m.head_dim
+    h, f = m.hidden_size, m.intermediate_size
+    attn = 2 * h * q + 2 * h * kv + ((q + 2 * kv) if m.qkv_bias else 0)
+    mlp = (2 if m.architecture == "OPTForCausalLM" else 3) * h * f
+    embed = m.vocab_size * h * (1 if m.tie_word_embeddings else 2)
+    return m.num_hidden_layers * (attn + mlp + 2 * h) + embed + h

@@ -107,7 +107,8 @@ def start(trace: TraceBatches, config: SimConfig, output: RunOutput, fast: bool)
     alloc = config.build_allocator()
     fitted = config.latency != "roofline"
     latency = make_latency_model("fitted" if fitted else "roofline", config.model, config.gpu,
-                                 path=config.latency if fitted else None, block_size=config.block_size)
+                                 path=config.latency if fitted else None, block_size=config.block_size,
+                                 kv_bytes_per_token=config.bytes_per_token)
     output_len: dict[int, int] = {}  # the decode batch's, filled as requests are built
     sched = Scheduler(config.scheduler_config(), alloc, output_len if fast else None)
     return SimState(allocator=config.allocator, enable_prefix_caching=config.enable_prefix_caching,

@@ -18,6 +18,10 @@ from simulator.sweep.axes import short_name
 
 POINTS_DIR = "points"
 
+# Options added after sweep folders existed, at the value that leaves a point's result as before: left out
+# of the hash there, so the points of an existing sweep folder are still found and reused.
+UNHASHED_DEFAULTS = {"kv_cache_dtype": "auto"}
+
 
 def trace_fingerprint(trace: pd.DataFrame) -> str:
     """A content hash of the trace, so a point is never reused across different traces."""
@@ -42,7 +46,8 @@ class PointSpec:
     @property
     def key(self) -> str:
         """The point's config hash: the simulator config, the rate and the trace content."""
-        sim = {k: v for k, v in dataclasses.asdict(self.sim).items() if k != "extra"}
+        sim = {k: v for k, v in dataclasses.asdict(self.sim).items()
+               if k != "extra" and (k not in UNHASHED_DEFAULTS or UNHASHED_DEFAULTS[k] != v)}
         blob = json.dumps({"sim": sim, "rate": self.rate, "trace": self.trace_hash}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

@@ -81,10 +81,12 @@ class _SwapAndPrefill:
 
     model: ModelSpec
     gpu: GPUSpec
+    kv_bytes_per_token: int | None = None  # None: the KV cache is stored in the weights' dtype
 
     def swap_time(self, num_blocks: int, block_size: int) -> float:
         """Seconds to move num_blocks KV blocks of block_size tokens one way over PCIe."""
-        return num_blocks * block_size * self.model.bytes_per_token / self.gpu.pcie_bandwidth
+        per_token = self.kv_bytes_per_token or self.model.bytes_per_token
+        return num_blocks * block_size * per_token / self.gpu.pcie_bandwidth
 
     def prefill_time(self, num_tokens: int) -> float:
         """Seconds for a step that prefills one sequence of num_tokens alone (also the cost of recompute)."""
@@ -108,6 +110,7 @@ class RooflineLatency(_SwapAndPrefill):
 
     model: ModelSpec
     gpu: GPUSpec
+    kv_bytes_per_token: int | None = None  # KV stored in another dtype than the weights (fp8 KV cache)
 
     @cached_property
     def _coef(self) -> _RooflineCoefficients:
@@ -120,7 +123,7 @@ class RooflineLatency(_SwapAndPrefill):
             flops_per_attn_pair=4.0 * m.num_layers * m.num_heads * m.head_dim,
             flops_rate=g.peak_flops * g.flops_efficiency,
             weight_bytes=float(m.weight_bytes),
-            bytes_per_token=float(m.bytes_per_token),
+            bytes_per_token=float(self.kv_bytes_per_token or m.bytes_per_token),
             bytes_rate=g.hbm_bandwidth * g.bandwidth_efficiency,
         )
 
@@ -343,12 +346,13 @@ def load_fitted(path: str | Path, model: ModelSpec | None = None,
 
 
 def _make_roofline(model: ModelSpec, gpu: GPUSpec, path: str | Path | None,
-                   block_size: int | None = None) -> LatencyModel:
-    return RooflineLatency(model, gpu)
+                   block_size: int | None = None, kv_bytes_per_token: int | None = None) -> LatencyModel:
+    return RooflineLatency(model, gpu, kv_bytes_per_token)
 
 
 def _make_fitted(model: ModelSpec, gpu: GPUSpec, path: str | Path | None,
-                 block_size: int | None = None) -> LatencyModel:
+                 block_size: int | None = None, kv_bytes_per_token: int | None = None) -> LatencyModel:
+    # A fitted profile's coefficients already price the KV dtype its replays stored.
     if path is None:
         raise ConfigError("latency model 'fitted' needs the path of a fitted profile (JSON)")
     return load_fitted(path, model, gpu, block_size)
@@ -361,11 +365,13 @@ LATENCY_MODELS: dict[str, Callable[..., LatencyModel]] = {
 
 
 def make_latency_model(kind: str, model: ModelSpec | str, gpu: GPUSpec | str,
-                       path: str | Path | None = None, block_size: int | None = None) -> LatencyModel:
+                       path: str | Path | None = None, block_size: int | None = None,
+                       kv_bytes_per_token: int | None = None) -> LatencyModel:
     """Build a latency model by kind ('roofline' or 'fitted'); presets may be given by name. A fitted
-    profile (a path or a bundled name) must match the model, the GPU and, if given, the block size."""
+    profile (a path or a bundled name) must match the model, the GPU and, if given, the block size.
+    `kv_bytes_per_token`: the KV cache's own size per token when its dtype is not the weights'."""
     if kind not in LATENCY_MODELS:
         raise ConfigError(f"unknown latency model {kind!r}; valid: {', '.join(sorted(LATENCY_MODELS))}")
     model = get_model(model) if isinstance(model, str) else model
     gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
-    return LATENCY_MODELS[kind](model, gpu, path, block_size)
+    return LATENCY_MODELS[kind](model, gpu, path, block_size, kv_bytes_per_token)

@@ -5,7 +5,7 @@ import pytest
 
 from simulator.core.errors import ConfigError
 from simulator.core.models import get_model
-from simulator.presets import GIB, GPUS, get_gpu, kv_bytes_for, kv_capacity_tokens
+from simulator.presets import GIB, GPUS, get_gpu, kv_bytes_for, kv_capacity, kv_capacity_tokens
 
 
 def test_gqa_shrinks_the_kv_cache():
@@ -89,3 +89,39 @@ def test_weights_that_do_not_fit_are_refused():
 def test_bad_capacity_inputs(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         kv_capacity_tokens("opt-13b", **kwargs)
+
+
+def test_capacity_is_vllms_arithmetic():
+    # 0.9 x 80 GiB - 16,060,522,496 bytes of weights - 1 GiB reserve, in 128 KiB tokens, 16-token blocks.
+    cap = kv_capacity("llama-3-8b", "a100-80gb", block_size=16)
+    kv_bytes = 0.9 * 80 * GIB - 8_030_261_248 * 2 - GIB
+    assert cap.bytes_per_token == 2 * 32 * 8 * 128 * 2 == 131_072
+    assert cap.capacity_tokens == int(kv_bytes // 131_072) == kv_capacity_tokens("llama-3-8b", "a100-80gb")
+    assert cap.num_blocks == cap.capacity_tokens // 16
+    assert cap.num_tokens == cap.num_blocks * 16
+    assert cap.max_concurrency == cap.num_blocks / (8192 // 16)
+    assert cap.lines()[2] == f"GPU KV cache size: {cap.num_tokens:,} tokens ({cap.num_blocks:,} blocks of 16)"
+    assert cap.lines()[3] == f"Maximum concurrency for 8,192 tokens per request: {cap.max_concurrency:.2f}x"
+
+
+def test_fp8_kv_cache_holds_twice_the_tokens_and_utilization_scales_the_pool():
+    bf16 = kv_capacity("llama-3-8b", "h100-80gb")
+    fp8 = kv_capacity("llama-3-8b", "h100-80gb", kv_cache_dtype="fp8")
+    assert (fp8.kv_cache_dtype, bf16.kv_cache_dtype) == ("fp8", "bfloat16")
+    assert fp8.bytes_per_token * 2 == bf16.bytes_per_token
+    assert fp8.capacity_tokens in (2 * bf16.capacity_tokens, 2 * bf16.capacity_tokens + 1)
+    smaller = kv_capacity("llama-3-8b", "h100-80gb", gpu_memory_utilization=0.5)
+    assert smaller.pool_bytes == int(0.5 * 80 * GIB - 8_030_261_248 * 2 - GIB)
+    assert kv_capacity("opt-13b", kv_cache_dtype="fp16", kv_memory_gb=12).capacity_tokens == 15_728
+
+
+def test_a_partial_last_block_still_counts_for_concurrency():
+    # max_model_len 100 in 16-token blocks needs 7 blocks per request, as vLLM's cdiv.
+    cap = kv_capacity("tiny", capacity_tokens=16 * 70, max_model_len=100)
+    assert cap.max_concurrency == 10.0
+    assert cap.sized_by == "capacity_tokens" and cap.gpu is None
+
+
+def test_an_unknown_kv_dtype_is_named():
+    with pytest.raises(ConfigError, match="kv_cache_dtype must be one of auto, bfloat16"):
+        kv_capacity("tiny", kv_memory_gb=1, kv_cache_dtype="int3")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from simulator.core.errors import ConfigError
-from simulator.core.models import MODELS, ModelSpec, canonical_name, get_model, model_names
+from simulator.core.models import MODELS, ModelSpec, canonical_name, estimate_params, get_model, model_names
 
 ROOT = Path(__file__).resolve().parents[3]
 ENTRIES = pytest.mark.parametrize("model", list(MODELS.values()), ids=list(MODELS))
@@ -144,3 +145,39 @@ def test_the_registry_imports_no_numpy_or_torch():
             "print(sorted(m for m in ('numpy', 'pandas', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(("name", "entry"), [
+    ("meta-llama/Meta-Llama-3-8B-Instruct", "llama-3-8b"), ("meta-llama/meta-llama-3-8b", "llama-3-8b"),
+    ("META-LLAMA/META-LLAMA-3-8B-INSTRUCT", "llama-3-8b"), ("meta-llama/Llama-2-7b-chat-hf", "llama-2-7b"),
+    ("Qwen/Qwen2.5-7B-Instruct", "qwen2.5-7b"), ("facebook/opt-13b", "opt-13b"), ("LLAMA-3-8B", "llama-3-8b"),
+])
+def test_hugging_face_ids_and_their_instruct_variants_name_the_entry(name, entry):
+    assert get_model(name) is MODELS[entry]
+    assert canonical_name(name) == entry
+
+
+def test_a_local_folder_is_read_for_its_shape(tmp_path):
+    # A Llama-3-8B-Instruct checkpoint's config.json (fields the shape needs, as the hub writes them).
+    raw = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+           "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+           "max_position_embeddings": 8192, "torch_dtype": "bfloat16", "tie_word_embeddings": False}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    spec = get_model(str(tmp_path))
+    known = get_model("llama-3-8b")
+    assert spec.name == str(tmp_path)
+    assert (spec.bytes_per_token, spec.max_model_len) == (known.bytes_per_token, known.max_model_len)
+    assert spec.num_params == known.num_params == estimate_params(known)
+    assert canonical_name(str(tmp_path)) == str(tmp_path)
+
+
+def test_a_folder_config_missing_a_field_is_named(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 2}))
+    with pytest.raises(ConfigError, match=r"config.json: required field 'vocab_size' is missing"):
+        get_model(str(tmp_path))
+
+
+def test_the_opt_parameter_count_is_estimated_from_its_shape():
+    opt = get_model("opt-13b")
+    # Biases, LayerNorm biases and learned positions are left out: within 0.1 %.
+    assert abs(estimate_params(opt) - opt.num_params) / opt.num_params < 1e-3
