@@ -10,6 +10,7 @@ import typer
 
 from cli.bench import bench_app
 from cli.calibrate import calibrate_cmd, compare_cmd
+from cli.help import use_panels
 from cli.plot import plot_cmd
 from cli.presets import presets_cmd
 from cli.replay import replay_cmd
@@ -24,7 +25,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     context_settings=HELP,
-    rich_markup_mode=None,  # plain click help: wraps at any width instead of cutting option names with "..."
+    rich_markup_mode=None,  # help is drawn by cli/help.py: panels that never cut a name or a description
     help="pagelab: see where KV-cache memory goes in LLM serving.",
 )
 
@@ -78,7 +79,8 @@ def _one_line(exc) -> None:
 
     ctx = getattr(exc, "ctx", None)
     hint = f" (see `{ctx.command_path} -h`)" if ctx is not None else ""
-    message = " ".join(exc.format_message().split())
+    # typer words a refused choice "Value error, 'x' is not one of ...": the first two words say nothing.
+    message = " ".join(exc.format_message().replace("Value error, ", "").split())
     err_console.print(f"[bold red]error:[/] {escape(message)}{escape(hint)}", emoji=False)
 
 
@@ -111,3 +113,4 @@ app.command("replay")(replay_cmd)
 app.command("simulate")(simulate_cmd)
 app.command("sweep")(sweep_cmd)
 app.add_typer(trace_app, name="trace")
+use_panels(app)

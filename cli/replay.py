@@ -2,73 +2,121 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import typer
 
 from cli.common import UserError, console, err_console, finite_float, user_errors
+from cli.help import OUTPUT, POOL, SCHEDULER, TRACE, VLLM
 from cli.serving import (
     GOODPUT_HELP,
     Bars,
     allocators,
     cap_concurrency,
-    check_metric_options,
     load_workload,
+    print_capacity,
     report,
+    reporting,
 )
+from cli.simulate import Preemption, TableFormat
 
 DEFAULT_LIMIT = 64
+Clock = Literal["wall", "cpu"]
+
+
+def replay_capacity(config: dict):
+    """The KV pool a replay ran with, as the capacity header reports it (from its config.json)."""
+    from simulator.presets import kv_capacity
+
+    return kv_capacity(str(config["model"]), capacity_tokens=int(config["capacity_tokens"]),
+                       kv_cache_dtype=str(config["dtype"]), block_size=int(config["block_size"]),
+                       max_model_len=int(config["max_model_len"]), sized_by=str(config["capacity_source"]),
+                       device="CPU" if str(config.get("device", "")).startswith("cpu") else "GPU")
 
 
 @user_errors
 def replay_cmd(
-    trace: str = typer.Argument(None, help="Trace file or bundled name (default: azure-conv)."),
-    trace_opt: str = typer.Option(None, "--trace", help="The trace, as an option (same as the argument)."),
-    model: str = typer.Option("tiny", help="Model preset (tiny, tiny-qwen2, llama-1b-shape) or a local "
-                                           "Hugging Face directory."),
-    device: str = typer.Option("auto", help="auto, cpu or cuda."),
-    backend: str = typer.Option("auto", help="Attention backend: auto, torch or triton."),
-    dtype: str = typer.Option(None, help="float32, float16 or bfloat16 (default: fp32 on CPU)."),
-    allocator: list[str] = typer.Option(None, "--allocator", "-a",
+    trace: str = typer.Argument(None, metavar="TRACE", rich_help_panel=TRACE,
+                                help="Trace file or bundled name (default: azure-conv)."),
+    trace_opt: str = typer.Option(None, "--trace", rich_help_panel=TRACE,
+                                  help="The trace, as an option (same as the argument)."),
+    limit: int = typer.Option(None, "--limit", rich_help_panel=TRACE,
+                              help=f"Replay only the first N requests (default {DEFAULT_LIMIT})."),
+    rate: float = typer.Option(None, "--request-rate", "--rate", rich_help_panel=TRACE,
+                               help="Re-time arrivals to this mean rate (req/s); inf: all at t=0 (default: "
+                                    "the trace's own arrival times)."),
+    burstiness: float = typer.Option(None, rich_help_panel=TRACE,
+                                     help="With --request-rate: gamma gaps of this shape (vLLM; default: "
+                                          "Poisson)."),
+    time_scale: float = typer.Option(1.0, "--time-scale", rich_help_panel=TRACE,
+                                     help="Multiply arrival times (0: all at once)."),
+    seed: int = typer.Option(0, rich_help_panel=TRACE, help="Seed of prompt tokens, weights of presets and "
+                                                             "sampling."),
+    model: str = typer.Option("tiny", rich_help_panel=POOL,
+                              help="Engine preset (tiny, tiny-qwen2, llama-1b-shape) or a local Hugging Face "
+                                   "folder."),
+    device: str = typer.Option("auto", rich_help_panel=POOL, help="auto, cpu or cuda."),
+    backend: str = typer.Option("auto", rich_help_panel=POOL,
+                                help="Attention backend: auto, torch or triton."),
+    dtype: str = typer.Option(None, rich_help_panel=POOL,
+                              help="float32, float16 or bfloat16 (default: fp32 on CPU, bf16 on CUDA)."),
+    gpu_memory_utilization: float = typer.Option(0.9, rich_help_panel=POOL,
+                                                 help="Share of the GPU's memory the engine may use; the KV "
+                                                      "pool gets what weights and activations leave (CUDA)."),
+    kv_memory_gb: float = typer.Option(None, rich_help_panel=POOL,
+                                       help="KV pool size in GiB (default: measured free memory on a GPU, "
+                                            "0.25 GiB on a CPU)."),
+    num_blocks: int = typer.Option(None, rich_help_panel=POOL,
+                                   help="KV pool size in blocks (overrides --kv-memory-gb)."),
+    block_size: int = typer.Option(16, rich_help_panel=POOL, help="Paged block size in tokens."),
+    max_model_len: int = typer.Option(None, rich_help_panel=POOL,
+                                      help="Longest sequence (default: the model's); longer prompts are "
+                                           "clipped."),
+    allocator: list[str] = typer.Option(None, "--allocator", "-a", rich_help_panel=POOL,
                                         help="paged, contiguous-max, contiguous-pow2, contiguous-oracle "
                                              "(repeat or comma-separate; default: paged)."),
-    limit: int = typer.Option(None, "--limit", help=f"Replay only the first N requests (default "
-                                                    f"{DEFAULT_LIMIT})."),
-    num_prompts: int = typer.Option(None, "--num-prompts", help="Same as --limit (vLLM's name)."),
-    rate: float = typer.Option(None, "--request-rate", "--rate",
-                               help="Re-time arrivals to this mean rate (req/s); inf: all at t=0."),
-    burstiness: float = typer.Option(None, help="With --request-rate: gamma gaps of this shape (vLLM)."),
-    time_scale: float = typer.Option(1.0, "--time-scale", help="Multiply arrival times (0: all at once)."),
-    block_size: int = typer.Option(16, help="Paged block size in tokens."),
-    num_blocks: int = typer.Option(None, help="KV pool size in blocks (default: from --kv-memory-gb)."),
-    kv_memory_gb: float = typer.Option(None, help="KV pool size in GiB (default: measured free memory on "
-                                                  "a GPU, 0.25 GiB on a CPU)."),
-    max_model_len: int = typer.Option(None, help="Longest sequence (default: the model's); longer prompts "
-                                                 "are clipped."),
-    max_num_seqs: int = typer.Option(256, help="Most sequences running at once."),
-    max_concurrency: int = typer.Option(None, help="Most requests in flight (vLLM bench); a cap on "
-                                                   "--max-num-seqs, see docs/run-format.md."),
-    max_num_batched_tokens: int = typer.Option(None, help="Token budget of one step."),
-    preemption: str = typer.Option("recompute", help="recompute or swap."),
-    swap_space_gb: float = typer.Option(None, help="CPU swap pool in GiB, allocated on first use (default: "
-                                                   "4 GiB, at most the KV pool's size)."),
-    prefix_caching: bool = typer.Option(True, help="Reuse cached prefix blocks (paged)."),
-    enforce_eager: bool = typer.Option(False, "--enforce-eager",
+    prefix_caching: bool = typer.Option(True, rich_help_panel=POOL,
+                                        help="Reuse cached prefix blocks (paged)."),
+    swap_space_gb: float = typer.Option(None, rich_help_panel=POOL,
+                                        help="CPU swap pool in GiB, allocated on first use (default: 4 GiB, "
+                                             "at most the KV pool's size)."),
+    max_num_seqs: int = typer.Option(256, rich_help_panel=SCHEDULER, help="Most sequences running at once."),
+    max_num_batched_tokens: int = typer.Option(None, rich_help_panel=SCHEDULER,
+                                               help="Token budget of one step (default: max(max-model-len, "
+                                                    "2048) + max-num-seqs)."),
+    preemption: Preemption = typer.Option("recompute", rich_help_panel=SCHEDULER,
+                                          help="What a preempted request loses: recompute its KV cache, or "
+                                               "swap it to the CPU."),
+    enforce_eager: bool = typer.Option(False, "--enforce-eager", rich_help_panel=SCHEDULER,
                                        help="No CUDA graphs for decode steps (they are on by default on "
                                             "CUDA with the Triton backend)."),
-    seed: int = typer.Option(0, help="Seed of prompt tokens, weights of presets and sampling."),
-    clock: str = typer.Option("wall", help="wall, or cpu: a virtual clock of the process's CPU time that "
-                                           "jumps over idle gaps (CPU engine; steadier on a shared machine, "
-                                           "see docs/calibration.md)."),
-    out: Path = typer.Option(None, "--out", "-o", help="Write a run folder here (new, empty, or a run "
-                                                        "with --overwrite)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the pagelab run already in --out."),
-    table_format: str = typer.Option("parquet", "--table-format", help="parquet or csv."),
-    percentile_metrics: str = typer.Option(None, help="Metrics with percentiles: ttft,tpot,itl,e2el."),
-    metric_percentiles: str = typer.Option(None, help="Percentiles to report, e.g. 50,90,99 (default 99)."),
-    goodput: list[str] = typer.Option(None, help=GOODPUT_HELP),
-    save_result: bool = typer.Option(False, "--save-result", help="Save the metrics as JSON (vLLM bench)."),
-    result_dir: Path = typer.Option(None, "--result-dir", help="Folder of the result JSON (default: .)."),
-    result_filename: str = typer.Option(None, "--result-filename", help="Name of the result JSON."),
+    clock: Clock = typer.Option("wall", rich_help_panel=SCHEDULER,
+                                help="wall, or cpu: a virtual clock of the process's CPU time that jumps "
+                                     "over idle gaps (CPU engine; steadier on a shared machine, see "
+                                     "docs/calibration.md)."),
+    out: Path = typer.Option(None, "--out", "-o", rich_help_panel=OUTPUT,
+                             help="Write a run folder here (new, empty, or a run with --overwrite)."),
+    overwrite: bool = typer.Option(False, "--overwrite", rich_help_panel=OUTPUT,
+                                   help="Replace the pagelab run already in --out."),
+    table_format: TableFormat = typer.Option("parquet", "--table-format", rich_help_panel=OUTPUT,
+                                             help="File format of the run folder's tables."),
+    num_prompts: int = typer.Option(None, "--num-prompts", rich_help_panel=VLLM, help="Same as --limit."),
+    max_concurrency: int = typer.Option(None, rich_help_panel=VLLM,
+                                        help="Most requests in flight; a cap on --max-num-seqs (default: no "
+                                             "cap)."),
+    percentile_metrics: str = typer.Option(None, rich_help_panel=VLLM,
+                                           help="Metrics with percentiles: ttft,tpot,itl,e2el (default "
+                                                "ttft,tpot,itl)."),
+    metric_percentiles: str = typer.Option(None, rich_help_panel=VLLM,
+                                           help="Percentiles to report, e.g. 50,90,99 (default 99)."),
+    goodput: list[str] = typer.Option(None, rich_help_panel=VLLM, help=GOODPUT_HELP),
+    save_result: bool = typer.Option(False, "--save-result", rich_help_panel=VLLM,
+                                     help="Save the results as JSON, one vLLM-shaped file per allocator."),
+    result_dir: Path = typer.Option(None, "--result-dir", rich_help_panel=VLLM,
+                                    help="Folder of the result JSON (default: .)."),
+    result_filename: str = typer.Option(None, "--result-filename", rich_help_panel=VLLM,
+                                        help="Name of the result JSON (with several allocators: "
+                                             "NAME-ALLOCATOR.json)."),
 ) -> None:
     """Replay a trace on the real engine and measure time and memory (same run folder as simulate)."""
     from cli.runs import check_out, write_run
@@ -77,15 +125,14 @@ def replay_cmd(
     from gpu_backend.replay_run import replay_configs, replay_metadata, replay_to_dir, run_labels
 
     names = allocators(allocator, ["paged"])
-    if table_format not in ("parquet", "csv"):
-        raise UserError(f"--table-format must be parquet or csv, got {table_format!r}")
-    if clock not in ("wall", "cpu"):
-        raise UserError(f"--clock must be wall or cpu, got {clock!r}")
     finite_float(time_scale, "--time-scale", minimum=0)
+    if not 0 < gpu_memory_utilization <= 1:
+        raise UserError(f"--gpu-memory-utilization must be in (0, 1], got {gpu_memory_utilization:g}")
     finite_float(kv_memory_gb, "--kv-memory-gb")
     finite_float(swap_space_gb, "--swap-space-gb")
     max_num_seqs = cap_concurrency(max_num_seqs, max_concurrency)
-    kinds, percentiles, slos = check_metric_options(percentile_metrics, metric_percentiles, goodput)
+    how = reporting(percentile_metrics, metric_percentiles, goodput, save=save_result, result_dir=result_dir,
+                    result_filename=result_filename)
     if out is not None:
         check_out(out, overwrite)
     df, info = load_workload(trace, trace_opt, limit, num_prompts, rate, burstiness, seed,
@@ -96,14 +143,19 @@ def replay_cmd(
                           enable_prefix_caching=prefix_caching, max_model_len=max_model_len,
                           max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                           preemption_mode=preemption, swap_space_gb=swap_space_gb,
-                          enforce_eager=enforce_eager)
+                          enforce_eager=enforce_eager, gpu_memory_utilization=gpu_memory_utilization)
     configs = replay_configs(names, ReplayConfig(model=model, device=device, backend=backend, dtype=dtype,
                                                  engine=engine, time_scale=time_scale, seed=seed, clock=clock,
                                                  extra=run_labels(source, limit, max_concurrency)))
 
     def show(results: dict) -> dict:
-        metrics = report("replay", results, info, kinds, percentiles, slos, save=save_result,
-                         result_dir=result_dir, result_filename=result_filename)
+        capacities = {res.config["allocator"]: replay_capacity(res.config) for res in results.values()}
+        for capacity in dict.fromkeys(capacities.values()):  # one header per distinct pool
+            print_capacity(capacity)
+        first = next(iter(capacities.values()))
+        labels = {"model_id": model, "model": first.model, "gpu": None, "max_concurrency": max_concurrency,
+                  "kv_cache": first.to_dict()}
+        metrics = report("replay", results, info, how, labels)
         for name, res in results.items():
             m = res.summary["measured"]
             step = m["step_time_s"]

@@ -1,9 +1,12 @@
 """Result tables for simulate and replay: memory breakdown and `vllm bench serve`-style serving metrics.
 
-Both tables fit in 80 columns: allocators are shortened (contiguous-max -> max) and the serving metrics
-are rows with one column per allocator, as vLLM prints one metric per line.
+Both tables fit in 80 columns at any run length: allocators are shortened (contiguous-max -> max), the
+serving metrics are rows with one column per allocator (as vLLM prints one metric per line), numbers keep
+at most nine characters, and a latency row whose values reach 100 s is given in seconds.
 """
 from __future__ import annotations
+
+import math
 
 from rich import box
 from rich.table import Table
@@ -53,6 +56,27 @@ def parse_percentiles(text: str | None) -> tuple[float, ...]:
     return qs
 
 
+def count(value: int | None, width: int = 7) -> str:
+    """A count in at most `width` characters: exact (999,999) while it fits, else in millions (1.2M)."""
+    if value is None:
+        return "-"
+    exact = f"{value:,}"
+    return exact if len(exact) <= width else f"{value / 1e6:.1f}M"
+
+
+def number(value: float | None, digits: int = 2, size: float | None = None) -> str:
+    """A number in at most nine characters: fewer decimals as `size` (default: the value's own magnitude;
+    a table row passes its largest, so the row keeps one format) grows, then scientific notation."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    size = abs(value) if size is None else size
+    if size >= 1e7:
+        return f"{value:.3g}"
+    if size >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.{min(digits, 1) if size >= 100 else digits}f}"
+
+
 def memory_table(summaries: dict[str, dict]) -> Table:
     """Where the KV memory went (time-weighted % of capacity), batch size, preemptions, rejections."""
     t = Table(title="KV-cache memory, % of capacity (time-weighted)", box=box.SIMPLE_HEAD, pad_edge=False)
@@ -62,34 +86,48 @@ def memory_table(summaries: dict[str, dict]) -> Table:
         m = s["memory"]
         t.add_row(short(name), _pct(m["token_states"]), _pct(m["reservation"]),
                   _pct(m["internal_fragmentation"]), _pct(m["external_fragmentation"]), _pct(m["free"]),
-                  f"{s['mean_batch_size']:.1f}", f"{s['num_preemptions']:,}", f"{s['num_rejected']:,}")
+                  number(s["mean_batch_size"], 1), count(s["num_preemptions"]), count(s["num_rejected"]))
     return t
 
 
-def _fmt(value, digits: int = 2) -> str:
-    return "-" if value is None else f"{value:,.{digits}f}"
+MS_ROW_LIMIT = 100_000.0  # a latency row whose values reach this many ms is shown in seconds
 
 
-def serving_table(metrics: dict[str, dict], kinds: tuple[str, ...], percentiles: tuple[float, ...]) -> Table:
-    """One row per metric (with its unit), one column per allocator, like `vllm bench serve`'s summary."""
+def _largest(values) -> float:
+    """The largest magnitude among the defined values of a row (0 when none is)."""
+    return max((abs(v) for v in values if v is not None and not math.isnan(v)), default=0.0)
+
+
+def serving_table(metrics: dict[str, dict], kinds: tuple[str, ...], percentiles: tuple[float, ...],
+                  summaries: dict[str, dict] | None = None) -> Table:
+    """One row per metric (with its unit), one column per allocator, like `vllm bench serve`'s summary;
+    with the run summaries, the paged pool's prefix-cache hit rate as a last row."""
     t = Table(title="Serving metrics", box=box.SIMPLE_HEAD, pad_edge=False)
     t.add_column("metric", no_wrap=True)
     for name in metrics:
         t.add_column(short(name), justify="right", no_wrap=True)
     rows: list[tuple[str, str, int]] = [
-        ("Completed requests", "completed", 0), ("Rejected requests", "rejected", 0),
+        ("Completed requests", "completed", -1), ("Rejected requests", "rejected", -1),
         ("Duration (s)", "duration_s", 1), ("Request throughput (req/s)", "request_throughput", 2),
         ("Output token throughput (tok/s)", "output_throughput", 1),
         ("Total token throughput (tok/s)", "total_token_throughput", 1)]
     if any("request_goodput" in m for m in metrics.values()):
         rows.append(("Request goodput (req/s)", "request_goodput", 2))
+    for label, key, digits in rows:
+        values = [m.get(key) for m in metrics.values()]
+        size = _largest(values)
+        t.add_row(label, *(count(v, 9) if digits < 0 else number(v, digits, size) for v in values))
     for kind in kinds:
         stats = (("mean", "Mean"), ("median", "Median"),
                  *((f"p{q:g}", f"P{q:g}") for q in percentiles if q != 50))
         for stat, label in stats:
-            rows.append((f"{label} {_LABEL[kind]} (ms)", f"{stat}_{kind}_ms", 2))
-    for label, key, digits in rows:
-        t.add_row(label, *(_fmt(m.get(key), digits) for m in metrics.values()))
+            values = [m.get(f"{stat}_{kind}_ms") for m in metrics.values()]
+            unit, scale = ("s", 1e-3) if _largest(values) >= MS_ROW_LIMIT else ("ms", 1.0)
+            scaled = [None if v is None else v * scale for v in values]
+            t.add_row(f"{label} {_LABEL[kind]} ({unit})", *(number(v, 2, _largest(scaled)) for v in scaled))
+    if summaries is not None and any(s.get("prefix_cache_hit_rate") is not None for s in summaries.values()):
+        t.add_row("Prefix cache hit rate (%)",
+                  *(_pct(summaries[n].get("prefix_cache_hit_rate")) for n in metrics))
     return t
 
 
@@ -98,9 +136,21 @@ def warn_about(results: dict) -> None:
     for name, res in results.items():
         s = res.summary
         max_len = res.config.get("max_model_len") or res.config.get("engine", {}).get("max_model_len")
-        text = rejection_warning(res.request_data(), int(max_len or 0) or 2**62, s["capacity_tokens"])
+        text = rejection_warning(res.request_data(), int(max_len or 0) or 2**62, s["capacity_tokens"],
+                                 _model_limit(res.config.get("model")))
         if text:
             warn(f"{name}: {text}")
         text = overload_warning(res.request_data(), s["sim_duration_s"])
         if text:
             warn(f"{name}: {text}")
+
+
+def _model_limit(model) -> int | None:
+    """The context of the run's model, when it names one pagelab knows."""
+    from simulator.core.errors import ConfigError
+    from simulator.core.models import get_model
+
+    try:
+        return get_model(str(model)).max_model_len if model else None
+    except ConfigError:
+        return None

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,7 +17,6 @@ from cli.report import (
     serving_table,
     warn_about,
 )
-from cli.runs import save_result
 from simulator.slo import parse_goodput
 
 if TYPE_CHECKING:
@@ -140,18 +140,66 @@ class Bars:
             task.update(done)
 
 
-def report(command: str, results: dict, info: dict, kinds, percentiles, slos, *, save: bool,
-           result_dir: Path | None, result_filename: str | None, extra: dict | None = None) -> dict:
-    """Print the memory and serving tables and the warnings; save the result JSON if asked."""
-    from bench.run_tools import serving_metrics
+@dataclass(frozen=True)
+class Reporting:
+    """How simulate and replay report a run: the latency statistics, goodput limits, and where results go."""
 
-    metrics = serving_metrics(results, kinds, percentiles, slos)
-    console.print(memory_table({n: r.summary for n, r in results.items()}))
-    console.print(serving_table(metrics, kinds, percentiles))
-    if slos:  # the limits as read: a bare vLLM number is ms
-        console.print(f"Goodput limits: {', '.join(x.describe() for x in slos)}")
+    kinds: tuple[str, ...]  # --percentile-metrics
+    percentiles: tuple[float, ...]  # --metric-percentiles
+    slos: tuple = ()  # --goodput limits
+    save: bool = False  # --save-result (also implied by --result-dir / --result-filename)
+    result_dir: Path | None = None
+    result_filename: str | None = None
+    as_json: bool = False  # --json: the results on stdout instead of the tables
+
+    @property
+    def saving(self) -> bool:
+        """Whether result files are written."""
+        return self.save or self.result_dir is not None or self.result_filename is not None
+
+
+def reporting(percentile_metrics: str | None, metric_percentiles: str | None, goodput: list[str] | None, *,
+              save: bool = False, result_dir: Path | None = None, result_filename: str | None = None,
+              as_json: bool = False) -> Reporting:
+    """Parse --percentile-metrics, --metric-percentiles and --goodput before any work."""
+    kinds, percentiles, slos = check_metric_options(percentile_metrics, metric_percentiles, goodput)
+    return Reporting(kinds, percentiles, slos, save, result_dir, result_filename, as_json)
+
+
+def print_capacity(capacity, model_id: str | None = None, *, stderr: bool = False) -> None:
+    """The KV pool at the top of a run, in vLLM's start-up words (on stderr when stdout carries --json)."""
+    lines = capacity.lines()
+    if model_id and model_id != capacity.model:
+        lines.insert(0, f"{model_id}: the registry's {capacity.model}")
+    for line in lines:
+        (err_console if stderr else console).print(line, markup=False, soft_wrap=True)
+
+
+def report(command: str, results: dict, info: dict, how: Reporting, labels: dict | None = None) -> dict:
+    """Print the memory and serving tables and the warnings; save or print the vLLM-shaped results.
+
+    `labels` (model_id, model, gpu, max_concurrency, kv_cache) go into the result JSON. Returns the serving
+    metrics of every allocator (all four latency metrics, for summary.json).
+    """
+    from bench.run_tools import serving_metrics
+    from cli.results import now_stamp, print_json_lines, result_paths, save_results, vllm_result
+    from simulator.metrics import METRICS
+
+    metrics = serving_metrics(results, METRICS, how.percentiles, how.slos)
+    summaries = {n: r.summary for n, r in results.items()}
+    if not how.as_json:
+        console.print(memory_table(summaries))
+        console.print(serving_table(metrics, how.kinds, how.percentiles, summaries))
+        if how.slos:  # the limits as read: a bare vLLM number is ms
+            console.print(f"Goodput limits: {', '.join(x.describe() for x in how.slos)}")
     warn_about(results)
-    save_result(command, {"trace": info, "metrics": metrics, **(extra or {}),
-                          "summaries": {n: r.summary for n, r in results.items()}},
-                save=save, result_dir=result_dir, result_filename=result_filename)
+    if how.saving or how.as_json:
+        date = now_stamp()
+        flat = {n: vllm_result(command, n, metrics[n], summaries[n], info, labels or {}, how.percentiles,
+                               date) for n in results}
+        if how.saving:
+            paths = result_paths(command, list(results), how.result_dir, how.result_filename, date)
+            save_results(flat, paths)
+        if how.as_json:
+            print_json_lines(flat)
     return metrics

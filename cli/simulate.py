@@ -4,20 +4,30 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from pathlib import Path
+from typing import Literal
 
 import typer
 
 from cli.common import UserError, atomic_dir, err_console, finite_float, user_errors
+from cli.help import OUTPUT, POOL, SCHEDULER, TRACE, VLLM
 from cli.serving import (
     GOODPUT_HELP,
     Bars,
     allocators,
     cap_concurrency,
-    check_metric_options,
     load_workload,
+    print_capacity,
     report,
+    reporting,
 )
 from pagelab.malloc import map_large_allocations
+from simulator.core.models import get_model
+
+KvDtype = Literal["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"]
+Preemption = Literal["recompute", "swap"]
+Mode = Literal["fast", "step"]
+TableFormat = Literal["parquet", "csv"]
+Placement = Literal["buddy", "first-fit"]
 
 # A paged pool is bookkept with Python objects per block (~80 bytes each): past this many blocks a pool
 # that the trace cannot fill is refused instead of built (see pool_problem).
@@ -41,7 +51,7 @@ def pool_problem(df, config) -> str | None:
     bound = 2 * min(num, config.max_num_seqs) * config.resolved_max_model_len * width
     if blocks <= MAX_IDLE_POOL_BLOCKS or capacity <= bound:
         return None
-    gib = bound * config.model_spec.bytes_per_token / 2**30
+    gib = bound * config.bytes_per_token / 2**30
     return (f"the KV pool holds {capacity:,} token slots, but this trace can never use more than {bound:,} "
             f"(at most {min(num, config.max_num_seqs):,} requests at once x max_model_len "
             f"{config.resolved_max_model_len:,} x {width} sequence(s) x 2); give at most "
@@ -50,59 +60,102 @@ def pool_problem(df, config) -> str | None:
 
 @user_errors
 def simulate_cmd(
-    trace: str = typer.Argument(None, help="Trace file or bundled name (default: azure-conv)."),
-    trace_opt: str = typer.Option(None, "--trace", help="The trace, as an option (same as the argument)."),
-    allocator: list[str] = typer.Option(None, "--allocator", "-a",
-                                        help="paged, contiguous-max, contiguous-pow2, contiguous-oracle "
-                                             "(repeat or comma-separate; default: all four)."),
-    model: str = typer.Option(None, help="Model preset (see `pagelab presets`; default: llama-3-8b, or the "
-                                         "--profile's)."),
-    gpu: str = typer.Option(None, help="GPU preset (see `pagelab presets`; default: a100-80gb, or the "
-                                       "--profile's)."),
-    kv_memory_gb: float = typer.Option(None, help="KV-cache size in GiB (overrides the GPU arithmetic)."),
-    capacity_tokens: int = typer.Option(None, help="KV capacity in token slots (overrides everything)."),
-    block_size: int = typer.Option(16, help="Paged block size in tokens."),
-    max_model_len: int = typer.Option(None, help="Longest sequence (default: the model's)."),
-    max_num_seqs: int = typer.Option(256, help="Most requests running at once."),
-    max_concurrency: int = typer.Option(None, help="Most requests in flight (vLLM bench); simulated as a "
-                                                   "cap on --max-num-seqs, see docs/run-format.md."),
-    max_num_batched_tokens: int = typer.Option(None, help="Token budget of one step."),
-    chunked_prefill: bool = typer.Option(False, help="Split long prompts across steps."),
-    preemption: str = typer.Option("recompute", help="recompute or swap."),
-    prefix_caching: bool = typer.Option(True, help="Reuse cached prefix blocks (paged)."),
-    placement: str = typer.Option(None, help="Contiguous placement: buddy (default) or first-fit; "
-                                             "only with a contiguous allocator."),
-    latency: str = typer.Option("roofline", help="roofline, or a fitted latency profile (JSON)."),
-    rate: float = typer.Option(None, "--request-rate", "--rate",
-                               help="Re-time arrivals to this mean rate (req/s); inf: all at t=0."),
-    burstiness: float = typer.Option(None, help="With --request-rate: fresh gamma gaps of this shape "
-                                                "(1 Poisson, <1 burstier), as vLLM bench."),
-    limit: int = typer.Option(None, "--limit", help="Use only the first N requests."),
-    num_prompts: int = typer.Option(None, "--num-prompts", help="Same as --limit (vLLM's name)."),
-    seed: int = typer.Option(0, help="Random seed (beam search model, --burstiness arrivals)."),
-    mode: str = typer.Option("fast", help="fast (event-driven spans) or step (reference)."),
-    events: bool = typer.Option(True, help="Record pool tenures for block maps."),
-    out: Path = typer.Option(None, "--out", "-o", help="Write a run folder here (new, empty, or a run "
-                                                        "with --overwrite)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the pagelab run already in --out."),
-    table_format: str = typer.Option("parquet", "--table-format", help="parquet or csv."),
-    plot: bool = typer.Option(False, help="Draw the figures into OUT/figures after simulating."),
-    sharing: bool = typer.Option(False, help="Also measure the blocks saved by sharing (paged, step mode)."),
-    percentile_metrics: str = typer.Option(None, help="Metrics with percentiles: ttft,tpot,itl,e2el "
-                                                      "(default ttft,tpot,itl)."),
-    metric_percentiles: str = typer.Option(None, help="Percentiles to report, e.g. 50,90,99 (default 99)."),
-    goodput: list[str] = typer.Option(None, help=GOODPUT_HELP),
-    save_result: bool = typer.Option(False, "--save-result", help="Save the metrics as JSON (vLLM bench)."),
-    result_dir: Path = typer.Option(None, "--result-dir", help="Folder of the result JSON (default: .)."),
-    result_filename: str = typer.Option(None, "--result-filename", help="Name of the result JSON."),
-    profile: str = typer.Option(None, help="Fitted latency profile: a bundled name (cpu-tiny) or a JSON file "
-                                           "from pagelab calibrate; --model/--gpu default to its own."),
-    step_times_from: Path = typer.Option(None, "--step-times-from", metavar="REAL_RUN",
+    trace: str = typer.Argument(None, metavar="TRACE", rich_help_panel=TRACE,
+                                help="Trace file or bundled name (default: azure-conv)."),
+    trace_opt: str = typer.Option(None, "--trace", rich_help_panel=TRACE,
+                                  help="The trace, as an option (same as the argument)."),
+    limit: int = typer.Option(None, "--limit", rich_help_panel=TRACE,
+                              help="Use only the first N requests (default: all)."),
+    rate: float = typer.Option(None, "--request-rate", "--rate", rich_help_panel=TRACE,
+                               help="Re-time arrivals to this mean rate (req/s); inf: all at t=0 (default: "
+                                    "the trace's own arrival times)."),
+    burstiness: float = typer.Option(None, rich_help_panel=TRACE,
+                                     help="With --request-rate: fresh gamma gaps of this shape (1 Poisson, "
+                                          "<1 burstier), as vLLM bench (default: Poisson)."),
+    seed: int = typer.Option(0, rich_help_panel=TRACE, help="Random seed (beam search model, --burstiness "
+                                                             "arrivals)."),
+    step_times_from: Path = typer.Option(None, "--step-times-from", metavar="REAL_RUN", rich_help_panel=TRACE,
                                          help="Retrace a replay: its pool, scheduler options, trace and "
                                               "measured step times (forces --mode step)."),
-    config_from: Path = typer.Option(None, "--config-from", metavar="REAL_RUN",
+    config_from: Path = typer.Option(None, "--config-from", metavar="REAL_RUN", rich_help_panel=TRACE,
                                      help="Simulate a replay's run: its pool, scheduler options and trace as "
                                           "run (arrivals, clipped prompts), timed by the latency model."),
+    model: str = typer.Option(None, rich_help_panel=POOL,
+                              help="Registry name, Hugging Face id (meta-llama/Meta-Llama-3-8B-Instruct) or "
+                                   "local folder with a config.json; see `pagelab presets` (default: "
+                                   "llama-3-8b, or the --profile's)."),
+    gpu: str = typer.Option(None, rich_help_panel=POOL,
+                            help="GPU preset: a100-40gb, a100-80gb, h100-80gb, h200, cpu (default: "
+                                 "a100-80gb, or the --profile's)."),
+    gpu_memory_utilization: float = typer.Option(0.9, rich_help_panel=POOL,
+                                                 help="Share of the GPU's memory for weights, activations "
+                                                      "and the KV cache, as vLLM's."),
+    kv_cache_dtype: KvDtype = typer.Option("auto", rich_help_panel=POOL,
+                                           help="Dtype of the KV cache (auto: the model's; fp8 halves "
+                                                "16-bit bytes per token)."),
+    kv_memory_gb: float = typer.Option(None, rich_help_panel=POOL,
+                                       help="KV cache size in GiB, instead of what the GPU leaves (default: "
+                                            "gpu-memory-utilization x GPU memory - weights - 1 GiB)."),
+    capacity_tokens: int = typer.Option(None, rich_help_panel=POOL,
+                                        help="KV cache size in token slots (overrides --kv-memory-gb)."),
+    block_size: int = typer.Option(16, rich_help_panel=POOL, help="Paged block size in tokens."),
+    max_model_len: int = typer.Option(None, rich_help_panel=POOL,
+                                      help="Longest sequence, prompt + output (default: the model's)."),
+    allocator: list[str] = typer.Option(None, "--allocator", "-a", rich_help_panel=POOL,
+                                        help="paged, contiguous-max, contiguous-pow2, contiguous-oracle "
+                                             "(repeat or comma-separate; default: all four)."),
+    placement: Placement = typer.Option(None, rich_help_panel=POOL,
+                                        help="Contiguous placement; only with a contiguous allocator "
+                                             "(default: buddy)."),
+    prefix_caching: bool = typer.Option(True, rich_help_panel=POOL,
+                                        help="Reuse cached prefix blocks (paged)."),
+    max_num_seqs: int = typer.Option(256, rich_help_panel=SCHEDULER, help="Most requests running at once."),
+    max_num_batched_tokens: int = typer.Option(None, rich_help_panel=SCHEDULER,
+                                               help="Token budget of one step (default: max(max-model-len, "
+                                                    "2048) + max-num-seqs; 512 with chunked prefill)."),
+    chunked_prefill: bool = typer.Option(False, rich_help_panel=SCHEDULER,
+                                         help="Split long prompts across steps."),
+    preemption: Preemption = typer.Option("recompute", rich_help_panel=SCHEDULER,
+                                          help="What a preempted request loses: recompute its KV cache, or "
+                                               "swap it to the CPU."),
+    latency: str = typer.Option("roofline", rich_help_panel=SCHEDULER,
+                                help="Step-time model: roofline, or the path of a fitted profile (JSON)."),
+    profile: str = typer.Option(None, rich_help_panel=SCHEDULER,
+                                help="Fitted latency profile: a bundled name (cpu-tiny, h200-llama-1b) or a "
+                                     "JSON file from pagelab calibrate; --model/--gpu default to its own."),
+    mode: Mode = typer.Option("fast", rich_help_panel=SCHEDULER,
+                              help="fast: spans of decode steps at once; step: every step (reference)."),
+    out: Path = typer.Option(None, "--out", "-o", rich_help_panel=OUTPUT,
+                             help="Write a run folder here (new, empty, or a run with --overwrite)."),
+    overwrite: bool = typer.Option(False, "--overwrite", rich_help_panel=OUTPUT,
+                                   help="Replace the pagelab run already in --out."),
+    table_format: TableFormat = typer.Option("parquet", "--table-format", rich_help_panel=OUTPUT,
+                                             help="File format of the run folder's tables."),
+    events: bool = typer.Option(True, rich_help_panel=OUTPUT, help="Record pool tenures for block maps."),
+    plot: bool = typer.Option(False, rich_help_panel=OUTPUT,
+                              help="Draw the figures into OUT/figures after simulating."),
+    sharing: bool = typer.Option(False, rich_help_panel=OUTPUT,
+                                 help="Also measure the blocks saved by sharing (paged, step mode)."),
+    as_json: bool = typer.Option(False, "--json", rich_help_panel=OUTPUT,
+                                 help="Print the results as JSON, one vLLM-shaped object per allocator and "
+                                      "line, instead of the tables."),
+    num_prompts: int = typer.Option(None, "--num-prompts", rich_help_panel=VLLM, help="Same as --limit."),
+    max_concurrency: int = typer.Option(None, rich_help_panel=VLLM,
+                                        help="Most requests in flight; simulated as a cap on --max-num-seqs "
+                                             "(default: no cap)."),
+    percentile_metrics: str = typer.Option(None, rich_help_panel=VLLM,
+                                           help="Metrics with percentiles: ttft,tpot,itl,e2el (default "
+                                                "ttft,tpot,itl)."),
+    metric_percentiles: str = typer.Option(None, rich_help_panel=VLLM,
+                                           help="Percentiles to report, e.g. 50,90,99 (default 99)."),
+    goodput: list[str] = typer.Option(None, rich_help_panel=VLLM, help=GOODPUT_HELP),
+    save_result: bool = typer.Option(False, "--save-result", rich_help_panel=VLLM,
+                                     help="Save the results as JSON, one vLLM-shaped file per allocator."),
+    result_dir: Path = typer.Option(None, "--result-dir", rich_help_panel=VLLM,
+                                    help="Folder of the result JSON (default: .)."),
+    result_filename: str = typer.Option(None, "--result-filename", rich_help_panel=VLLM,
+                                        help="Name of the result JSON (with several allocators: "
+                                             "NAME-ALLOCATOR.json)."),
 ) -> None:
     """Replay a request trace against KV-cache allocators and compare where the memory goes."""
     from bench.run_tools import simulate_runs, simulation_labels, simulation_metadata
@@ -117,13 +170,14 @@ def simulate_cmd(
     if sharing and "paged" not in names:
         raise UserError("--sharing measures the blocks the paged allocator shares (the contiguous allocators "
                         "share none); add -a paged, or leave --sharing out")
-    if table_format not in ("parquet", "csv"):
-        raise UserError(f"--table-format must be parquet or csv, got {table_format!r}")
     if plot and out is None:
         raise UserError("--plot needs --out (the figures go to OUT/figures)")
     finite_float(kv_memory_gb, "--kv-memory-gb")
+    if not 0 < gpu_memory_utilization <= 1:
+        raise UserError(f"--gpu-memory-utilization must be in (0, 1], got {gpu_memory_utilization:g}")
     max_num_seqs = cap_concurrency(max_num_seqs, max_concurrency)
-    kinds, percentiles, slos = check_metric_options(percentile_metrics, metric_percentiles, goodput)
+    how = reporting(percentile_metrics, metric_percentiles, goodput, save=save_result, result_dir=result_dir,
+                    result_filename=result_filename, as_json=as_json)
     if out is not None:
         check_out(out, overwrite)
     if step_times_from is not None and config_from is not None:
@@ -133,13 +187,17 @@ def simulate_cmd(
     stream = step_times_from is None and config_from is None and not sharing
     map_large_allocations()  # before the trace is read: its blocks stay out of the heap (pagelab/malloc.py)
     df, info = load_workload(trace, trace_opt, limit, num_prompts, rate, burstiness, seed, stream=stream)
-    model, gpu, latency = _latency_choice(model, gpu, latency, profile)
-    base = SimConfig(model=model, gpu=gpu, kv_memory_gb=kv_memory_gb, capacity_tokens=capacity_tokens,
-                     block_size=block_size, max_model_len=max_model_len, placement=placement or "buddy",
-                     max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                     enable_chunked_prefill=chunked_prefill, preemption_mode=preemption,
-                     enable_prefix_caching=prefix_caching, latency=latency, seed=seed, mode=mode,
-                     record_events=events and out is not None,
+    typed, gpu, latency = _latency_choice(model, gpu, latency, profile)
+    spec = get_model(typed)
+    # vLLM's model_id is the checkpoint's Hugging Face id (or folder): the one typed, else the entry's.
+    model_id = typed if "/" in typed else spec.hf_id or spec.name
+    base = SimConfig(model=spec.name or typed, gpu=gpu, kv_memory_gb=kv_memory_gb,
+                     capacity_tokens=capacity_tokens, gpu_memory_utilization=gpu_memory_utilization,
+                     kv_cache_dtype=kv_cache_dtype, block_size=block_size, max_model_len=max_model_len,
+                     placement=placement or "buddy", max_num_seqs=max_num_seqs,
+                     max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=chunked_prefill,
+                     preemption_mode=preemption, enable_prefix_caching=prefix_caching, latency=latency,
+                     seed=seed, mode=mode, record_events=events and out is not None,
                      extra=simulation_labels(info, max_concurrency))
     measured = None
     if step_times_from is not None or config_from is not None:
@@ -153,7 +211,11 @@ def simulate_cmd(
         problem = pool_problem(df, dataclasses.replace(base, allocator=name))
         if problem:
             raise UserError(problem)
-    extra = {}
+    capacity = base.kv_capacity()
+    print_capacity(capacity, typed, stderr=as_json)
+    labels = {"model_id": model_id, "model": base.model, "gpu": base.gpu, "max_concurrency": max_concurrency,
+              "kv_cache": capacity.to_dict()}
+    extra = {"kv_cache": capacity.to_dict()}
     with contextlib.ExitStack() as stack:
         # The run folder is open while simulating: tenures and memory rows stream into it
         # (tmp/NAME/events.*, memory.*) and it is renamed into place only once everything is written.
@@ -173,8 +235,7 @@ def simulate_cmd(
             err_console.print(f"sharing saves {100 * r['saving']:.1f}% of blocks (paged, step average): "
                               f"{r['mean_physical_blocks']:.0f} physical vs "
                               f"{r['mean_logical_blocks']:.0f} logical blocks")
-        metrics = report("simulate", results, info, kinds, percentiles, slos, save=save_result,
-                         result_dir=result_dir, result_filename=result_filename, extra=extra)
+        metrics = report("simulate", results, info, how, labels)
         if tmp is not None:
             from cli.runs import write_run_files
             meta = simulation_metadata(base, names, info["source"])

@@ -1,16 +1,24 @@
 """`pagelab sweep`: simulate a grid of rates and configurations, and find each one's capacity."""
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
+from typing import Literal
 
 import typer
+from rich import box
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from cli.common import UserError, console, err_console, user_errors
+from cli.help import OUTPUT, POOL, SCHEDULER, TRACE
+from cli.simulate import Placement, Preemption
 from simulator.core.config import ALLOCATORS
+
+SEARCH, EXECUTION = "Capacity search", "Execution"
+Executor = Literal["local", "ray"]
 
 STATUS_TEXT = {"found": "", "above_range": " (meets the SLO at the top of the range)",
                "below_range": " (misses the SLO at the lowest rate)", "budget": " (search budget spent)",
@@ -25,12 +33,17 @@ def _list(name: str, text: str | None, kind: type) -> tuple | None:
 
 
 def max_rate_table(max_rates, slo_text: str) -> Table:
-    """The capacity table printed at the end of a sweep."""
-    t = Table(title=f"Maximum sustainable request rate under {slo_text}")
+    """The capacity table printed at the end of a sweep (axes in their short names, to fit 80 columns)."""
+    from simulator.sweep.axes import short_name
+
+    t = Table(title=f"Maximum sustainable request rate under {slo_text}", box=box.SIMPLE_HEAD,
+              pad_edge=False)
     results = ("max_rate", "first_miss_rate", "status", "monotone", "runs", "search_runs", "paged_advantage")
     config_cols = [c for c in max_rates.columns if c not in results]
-    for c in [*config_cols, "max req/s", "first miss", "paged x", "runs", "note"]:
-        t.add_column(c, justify="left" if c in config_cols or c == "note" else "right")
+    for c in config_cols:
+        t.add_column(short_name(c), justify="left")
+    for c in ("max req/s", "first miss", "paged x", "runs", "note"):
+        t.add_column(c, justify="left" if c == "note" else "right", no_wrap=c != "note")
     for _, row in max_rates.iterrows():
         def num(x, fmt=".3f"):
             return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
@@ -44,41 +57,66 @@ def max_rate_table(max_rates, slo_text: str) -> Table:
 
 @user_errors
 def sweep_cmd(
-    trace: str = typer.Argument(None, help="Trace file or bundled name (default: azure-conv)."),
-    rate: str = typer.Option(..., help="Request rates: START:STOP:STEP (grid, inclusive), START:STOP "
-                                       "(search bounds only) or R1,R2,... Each point rescales the trace's "
-                                       "arrival times to that mean rate."),
-    allocator: list[str] = typer.Option(None, "--allocator", "-a",
+    trace: str = typer.Argument(None, metavar="TRACE", rich_help_panel=TRACE,
+                                help="Trace file or bundled name (default: azure-conv)."),
+    rate: str = typer.Option(..., rich_help_panel=TRACE,
+                             help="Request rates: START:STOP:STEP (grid, inclusive), START:STOP (search "
+                                  "bounds only) or R1,R2,... Each point rescales the trace's arrival times "
+                                  "to that mean rate."),
+    limit: int = typer.Option(None, rich_help_panel=TRACE,
+                              help="Use only the first N requests (default: all)."),
+    seed: int = typer.Option(0, rich_help_panel=TRACE, help="Random seed."),
+    allocator: list[str] = typer.Option(None, "--allocator", "-a", rich_help_panel=POOL,
                                         help="Allocators (repeat or comma-separate; default: all four)."),
-    block_size: str = typer.Option("16", help="Paged block sizes, e.g. 8,16,32."),
-    kv_memory_gb: str = typer.Option(None, help="KV-cache sizes in GiB, e.g. 12,24."),
-    model: str = typer.Option("llama-3-8b", help="Model presets, e.g. opt-13b,llama-3-8b."),
-    gpu: str = typer.Option("a100-80gb", help="GPU presets."),
-    axis: list[str] = typer.Option(None, "--axis", help="Any other SimConfig field: NAME=V1,V2 (repeat)."),
-    capacity_tokens: int = typer.Option(None, help="KV capacity in token slots (overrides everything)."),
-    max_model_len: int = typer.Option(None, help="Longest sequence (default: the model's)."),
-    max_num_seqs: int = typer.Option(256, help="Most requests running at once."),
-    max_num_batched_tokens: int = typer.Option(None, help="Token budget of one step."),
-    preemption: str = typer.Option("recompute", help="recompute or swap."),
-    placement: str = typer.Option("buddy", help="Contiguous placement: buddy or first-fit."),
-    latency: str = typer.Option("roofline", help="roofline, or a fitted latency profile (JSON)."),
-    limit: int = typer.Option(None, help="Use only the first N requests."),
-    seed: int = typer.Option(0, help="Random seed."),
-    slo: str = typer.Option(None, help="The latency limit a rate must keep: METRIC_pPCT:VALUE UNIT with "
-                                       "METRIC ttft, tpot or e2el, PCT 50, 90 or 99, UNIT ms or s (e.g. "
-                                       "ttft_p99:0.2s), or norm_latency:VALUE s/token (mean end-to-end "
-                                       "latency / output tokens); default norm_latency:0.2s/token. A unit "
-                                       "is required."),
-    search: bool = typer.Option(True, help="Refine each configuration's max rate beyond the grid."),
-    tolerance: float = typer.Option(0.05, help="Relative precision of the max-rate search."),
-    search_runs: int = typer.Option(10, help="Most extra runs the search adds per configuration."),
-    executor: str = typer.Option("local", help="local (worker processes) or ray."),
-    jobs: int = typer.Option(None, "--jobs", "-j", help="Local worker processes (default: all cores)."),
-    address: str = typer.Option(None, help="Ray cluster address (HOST:PORT, ray://HOST:PORT or auto); "
-                                           "default: start a local Ray instance."),
-    events: bool = typer.Option(False, help="Record pool tenures in each point (for block maps; slower)."),
-    out: Path = typer.Option(..., "--out", "-o", help="Sweep folder (re-running reuses finished points)."),
-    plot: bool = typer.Option(False, help="Draw Fig. 12 and the max-rate bars into OUT/figures."),
+    model: str = typer.Option("llama-3-8b", rich_help_panel=POOL,
+                              help="Models (registry names or Hugging Face ids), e.g. opt-13b,llama-3-8b."),
+    gpu: str = typer.Option("a100-80gb", rich_help_panel=POOL, help="GPU presets."),
+    kv_memory_gb: str = typer.Option(None, rich_help_panel=POOL,
+                                     help="KV cache sizes in GiB, e.g. 12,24 (default: what the GPU leaves "
+                                          "at 0.9 utilization)."),
+    block_size: str = typer.Option("16", rich_help_panel=POOL, help="Paged block sizes, e.g. 8,16,32."),
+    capacity_tokens: int = typer.Option(None, rich_help_panel=POOL,
+                                        help="KV cache size in token slots (overrides everything)."),
+    max_model_len: int = typer.Option(None, rich_help_panel=POOL,
+                                      help="Longest sequence (default: the model's)."),
+    placement: Placement = typer.Option("buddy", rich_help_panel=POOL, help="Contiguous placement."),
+    axis: list[str] = typer.Option(None, "--axis", rich_help_panel=POOL,
+                                   help="Any other SimConfig field: NAME=V1,V2 (repeat), e.g. "
+                                        "kv_cache_dtype=auto,fp8 or gpu_memory_utilization=0.8,0.9."),
+    max_num_seqs: int = typer.Option(256, rich_help_panel=SCHEDULER, help="Most requests running at once."),
+    max_num_batched_tokens: int = typer.Option(None, rich_help_panel=SCHEDULER,
+                                               help="Token budget of one step (default: max(max-model-len, "
+                                                    "2048) + max-num-seqs)."),
+    preemption: Preemption = typer.Option("recompute", rich_help_panel=SCHEDULER,
+                                          help="What a preempted request loses."),
+    latency: str = typer.Option("roofline", rich_help_panel=SCHEDULER,
+                                help="Step-time model: roofline, or the path of a fitted profile (JSON)."),
+    slo: str = typer.Option(None, rich_help_panel=SEARCH,
+                            help="The latency limit a rate must keep: METRIC_pPCT:VALUE UNIT with METRIC "
+                                 "ttft, tpot or e2el, PCT 50, 90 or 99, UNIT ms or s (e.g. ttft_p99:0.2s), "
+                                 "or norm_latency:VALUE s/token (mean end-to-end latency / output tokens); "
+                                 "default norm_latency:0.2s/token. A unit is required."),
+    search: bool = typer.Option(True, rich_help_panel=SEARCH,
+                                help="Refine each configuration's max rate beyond the grid."),
+    tolerance: float = typer.Option(0.05, rich_help_panel=SEARCH,
+                                    help="Relative precision of the max-rate search."),
+    search_runs: int = typer.Option(10, rich_help_panel=SEARCH,
+                                    help="Most extra points the search adds per configuration."),
+    executor: Executor = typer.Option("local", rich_help_panel=EXECUTION,
+                                      help="local (worker processes) or ray."),
+    jobs: int = typer.Option(None, "--jobs", "-j", rich_help_panel=EXECUTION,
+                             help="Local worker processes (default: all cores)."),
+    address: str = typer.Option(None, rich_help_panel=EXECUTION,
+                                help="Ray cluster address (HOST:PORT, ray://HOST:PORT or auto); default: "
+                                     "start a local Ray instance."),
+    out: Path = typer.Option(..., "--out", "-o", rich_help_panel=OUTPUT,
+                             help="Sweep folder (re-running reuses finished points)."),
+    events: bool = typer.Option(False, rich_help_panel=OUTPUT,
+                                help="Record pool tenures in each point (for block maps; slower)."),
+    plot: bool = typer.Option(False, rich_help_panel=OUTPUT,
+                              help="Draw Fig. 12 and the max-rate bars into OUT/figures."),
+    as_json: bool = typer.Option(False, "--json", rich_help_panel=OUTPUT,
+                                 help="Print the max-rate results as JSON instead of the table."),
 ) -> None:
     """Sweep request rates and configurations; report each configuration's max sustainable rate."""
     from simulator.slo import DEFAULT_SLO, parse_slo
@@ -112,8 +150,6 @@ def sweep_cmd(
         axes = SweepAxes(rates, bounds, names, swept, base)
         axes.check()
         plan = SweepPlan(axes, parse_slo(slo or DEFAULT_SLO), search, tolerance, search_runs)
-        if executor not in ("local", "ray"):
-            raise UserError(f"--executor must be local or ray, got {executor!r}")
         if jobs is not None and jobs < 1:
             raise UserError(f"--jobs must be >= 1, got {jobs}")
         if address is not None and executor != "ray":
@@ -139,13 +175,21 @@ def sweep_cmd(
     except SweepError as exc:
         raise UserError(str(exc)) from None
     source = trace or "azure-conv"
-    err_console.print(f"sweep: {len(axes.configs())} configurations x {len(rates)} rates on {source} "
-                      f"({runner.name} executor), SLO {plan.slo.describe()}", highlight=False)
+    num_configs = len(axes.configs())
+    bound = num_configs * (len(rates) + (search_runs if search else 0))
+    searched = f", then at most {search_runs} search points each" if search else ""
+    err_console.print(f"sweep on {source} ({runner.name} executor), SLO {plan.slo.describe()}: "
+                      f"{num_configs} configurations x {len(rates)} rates{searched}; at most {bound} points",
+                      highlight=False)
     try:
-        result = _run(df, source, plan, out, runner)
+        result = _run(df, source, plan, out, runner, bound)
     finally:
         runner.close()
-    console.print(max_rate_table(result.max_rates, plan.slo.describe()))
+    if as_json:
+        typer.echo(json.dumps({"trace": source, "slo": plan.slo.format(),
+                               "configurations": json.loads(result.max_rates.to_json(orient="records"))}))
+    else:
+        console.print(max_rate_table(result.max_rates, plan.slo.describe()))
     failed = f", {result.num_failed} failed" if result.num_failed else ""
     err_console.print(f"wrote {out} ({result.num_run} points run, {result.num_reused} reused{failed})",
                       highlight=False)
@@ -163,26 +207,36 @@ def sweep_cmd(
         raise typer.Exit(code=1)
 
 
-def _run(df, source, plan, out, runner):
-    """Run the sweep with a progress bar on a terminal, one log line per point otherwise."""
+def point_line(p, slo, bound: int) -> str:
+    """One log line per finished point: which point of how many at most, its statistic against the SLO's
+    bound, and where the result came from."""
     from simulator.slo import UNITS
     from simulator.sweep.axes import config_label
-    from simulator.sweep.runner import run_sweep
 
-    def line(p) -> str:
-        head = f"[{p.done}/{p.total}] {config_label(p.spec.config_dict)} rate={p.spec.rate:g}"
-        if p.error is not None:
-            return f"{head}: failed: {p.error}"
-        value = plan.slo.summary_value(p.summary) * UNITS[plan.slo.unit]
-        verdict = "meets" if plan.slo.met(p.summary) else "misses"
-        how = "reused" if p.reused else f"{p.summary.get('wall_s', float('nan')):.1f}s"
-        return f"{head}: {plan.slo.name} {value:.4g} {plan.slo.unit} ({verdict} SLO, {how})"
+    where = f"{config_label(p.spec.config_dict)} at {p.spec.rate:g} req/s"
+    if p.error is not None:
+        return f"point {p.done} of at most {bound}: {where}: failed: {p.error}"
+    value = slo.summary_value(p.summary) * UNITS[slo.unit]
+    met = slo.met(p.summary)
+    if met or not math.isfinite(value) or value > slo.value:
+        verdict = f"{'<=' if met else '>'} {slo.value:g}: {'meets' if met else 'misses'} the SLO"
+    else:
+        verdict = "misses the SLO: requests left unfinished"
+    how = "reused from an earlier run" if p.reused else \
+        f"simulated in {p.summary.get('wall_s', float('nan')):.1f} s"
+    return f"point {p.done} of at most {bound}: {where}: {slo.name} {value:.4g} {slo.unit} ({verdict}); {how}"
+
+
+def _run(df, source, plan, out, runner, bound: int):
+    """Run the sweep with a progress bar on a terminal, one log line per point otherwise."""
+    from simulator.sweep.runner import run_sweep
 
     if not err_console.is_terminal:
         return run_sweep(df, source, plan, out, runner,
-                         progress=lambda p: err_console.print(escape(line(p)), highlight=False))
+                         progress=lambda p: err_console.print(escape(point_line(p, plan.slo, bound)),
+                                                              highlight=False))
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err_console, transient=True) as bar:
-        task = bar.add_task("sweeping", total=None)
+        task = bar.add_task(f"sweeping (at most {bound} points)", total=bound)
         return run_sweep(df, source, plan, out, runner,
-                         progress=lambda p: bar.update(task, completed=p.done, total=p.total))
+                         progress=lambda p: bar.update(task, completed=p.done))

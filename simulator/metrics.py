@@ -182,22 +182,49 @@ def bench_metrics(requests: Requests, duration_s: float, *, metrics=DEFAULT_METR
     return result
 
 
-def rejection_warning(requests: Requests, max_model_len: int, capacity_tokens: int) -> str | None:
-    """Why and how many requests were refused, or None when none was."""
+def rejection_warning(requests: Requests, max_model_len: int, capacity_tokens: int,
+                      model_limit: int | None = None) -> str | None:
+    """How many requests were refused, why, and what to change so that they are not (None when none was).
+
+    `model_limit`: the model's own context, when max_model_len was set below it.
+    """
     num_rejected = too_long = 0
+    longest = 0
     for b in _batches(requests, ("rejected", "prompt_len", "output_len")):
         rejected = b["rejected"].astype(bool, copy=False)
         num_rejected += int(rejected.sum())
-        too_long += int(((b["prompt_len"][rejected] + b["output_len"][rejected]) > max_model_len).sum())
+        total = b["prompt_len"][rejected].astype(np.int64) + b["output_len"][rejected]
+        too_long += int((total > max_model_len).sum())
+        longest = max(longest, int(total.max(initial=0)))
     if not num_rejected:
         return None
     reasons = []
     if too_long:
-        reasons.append(f"{too_long:,} longer than max_model_len {max_model_len:,} (prompt + output)")
+        reasons.append(f"{too_long:,} longer than max_model_len {max_model_len:,} (prompt + output): "
+                       f"{_longer_context(longest, max_model_len, model_limit)}")
     if too_long < num_rejected:
-        reasons.append(f"{num_rejected - too_long:,} need more KV slots than the pool's {capacity_tokens:,}")
-    return (f"{num_rejected:,} of {len(requests):,} requests were rejected ({'; '.join(reasons)}); "
-            "their latencies are not in the statistics")
+        reasons.append(f"{num_rejected - too_long:,} need more KV slots than the pool's {capacity_tokens:,}: "
+                       "give a larger pool (--kv-memory-gb, --gpu-memory-utilization or a larger --gpu)")
+    share = 100 * num_rejected / len(requests)
+    return (f"{num_rejected:,} of {len(requests):,} requests ({share:.1f}%) were rejected "
+            f"({'; '.join(reasons)}); their latencies are not in the statistics")
+
+
+def _longer_context(longest: int, max_model_len: int, model_limit: int | None) -> str:
+    """What serves a request of `longest` tokens: a longer --max-model-len where the model allows it, the
+    registry checkpoints whose context holds it, or --max-model-len beyond every model's own limit."""
+    from simulator.core.models import MODELS
+
+    if model_limit is not None and model_limit > max_model_len:
+        allowed = min(model_limit, 1 << (longest - 1).bit_length())
+        return (f"the longest needs {longest:,}; give --max-model-len {allowed} (the model allows "
+                f"{model_limit:,})")
+    fits = sorted((m.max_model_len, m.name) for m in MODELS.values()
+                  if m.max_model_len >= longest and m.hf_id is not None)
+    models = ", ".join(f"{name} ({length:,})" for length, name in fits)
+    return (f"the longest needs {longest:,}; use a model whose context holds it, {models}" if fits else
+            f"the longest needs {longest:,}, more than any registry model's context; --max-model-len "
+            f"{longest} simulates it anyway")
 
 
 def queue_lengths(requests: Requests, times: np.ndarray) -> np.ndarray:

@@ -161,6 +161,7 @@ class KVCapacity:
     block_size: int
     num_blocks: int  # whole blocks of the paged pool
     max_model_len: int
+    device: str = "GPU"  # the word vLLM's report starts with ("CPU" for a CPU pool)
 
     @property
     def num_tokens(self) -> int:
@@ -179,8 +180,8 @@ class KVCapacity:
     def lines(self) -> list[str]:
         """The start-up report: model and dtype, the pool's arithmetic, then vLLM's two lines."""
         on = f" on {self.gpu}" if self.gpu else ""
-        head = (f"Model {self.model}{on}; KV cache dtype {self.kv_cache_dtype}, "
-                f"{self.bytes_per_token / 1024:g} KiB per token")
+        head = (f"Model {self.model}{on}, KV cache in {self.kv_cache_dtype} "
+                f"({self.bytes_per_token / 1024:g} KiB per token)")
         gib = self.pool_bytes / GIB
         if self.weight_bytes is not None:
             total = self.pool_bytes + self.weight_bytes + (self.reserve_bytes or 0)
@@ -190,7 +191,7 @@ class KVCapacity:
         else:
             pool = f"KV pool: {gib:.2f} GiB, as given ({self.sized_by})"
         blocks = f"{self.num_blocks:,} blocks of {self.block_size}"
-        return [head, pool, f"GPU KV cache size: {self.num_tokens:,} tokens ({blocks})",
+        return [head, pool, f"{self.device} KV cache size: {self.num_tokens:,} tokens ({blocks})",
                 f"Maximum concurrency for {self.max_model_len:,} tokens per request: "
                 f"{self.max_concurrency:.2f}x"]
 
@@ -200,12 +201,13 @@ def kv_capacity(model: ModelSpec | str, gpu: GPUSpec | str | None = None, *,
                 capacity_tokens: int | None = None, kv_cache_dtype: str = "auto", block_size: int = 16,
                 max_model_len: int | None = None,
                 activation_reserve_bytes: int = DEFAULT_ACTIVATION_RESERVE_BYTES,
-                sized_by: str | None = None) -> KVCapacity:
+                sized_by: str | None = None, device: str | None = None) -> KVCapacity:
     """The KV pool of `model`: `capacity_tokens` slots if given, else `kv_memory_gb` GiB, else what
     `gpu_memory_utilization` of the GPU leaves after the weights and the activation reserve.
 
     Slots are floor(pool bytes / bytes per token), blocks floor(slots / block_size); max_model_len
-    defaults to the model's. `sized_by` overrides the recorded source (a replay's measured pool).
+    defaults to the model's. `sized_by` overrides the recorded source (a replay's measured pool), `device`
+    the word the report starts with (default: CPU for the cpu preset, else GPU).
     """
     model = get_model(model) if isinstance(model, str) else model
     if not (isinstance(block_size, int) and block_size > 0):
@@ -231,4 +233,5 @@ def kv_capacity(model: ModelSpec | str, gpu: GPUSpec | str | None = None, *,
                       gpu_memory_utilization=gpu_memory_utilization, weight_bytes=weights,
                       reserve_bytes=reserve, pool_bytes=int(kv_bytes), capacity_tokens=slots,
                       block_size=block_size, num_blocks=slots // block_size,
-                      max_model_len=max_model_len or model.max_model_len)
+                      max_model_len=max_model_len or model.max_model_len,
+                      device=device or ("CPU" if gpu_name == "cpu" else "GPU"))
