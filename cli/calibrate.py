@@ -1,10 +1,9 @@
-"""`pagelab calibrate` (fit a latency profile to measured replays) and `pagelab compare` (sim vs real)."""
+"""`pagelab calibrate`: fit a latency profile to measured replays (cli/compare.py judges a profile)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
 from cli.common import UserError, console, err_console, user_errors, warn
 
@@ -50,64 +49,3 @@ def calibrate_cmd(
                       f"{STALL_FACTOR:g}x the fit's price, first-use compiles or pauses; "
                       "docs/calibration.md)")
     err_console.print(f"wrote {out}")
-
-
-def _pct(x) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
-
-
-def comparison_report(result: dict) -> Table:
-    """The table `pagelab compare` prints."""
-    t = Table(title="simulated vs measured (relative error = (sim - real) / real)")
-    for c in ("metric", "median |err|", "p90 |err|", "median err", "n"):
-        t.add_column(c, justify="left" if c == "metric" else "right")
-    for metric, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "end-to-end latency")):
-        s = result["latency"][metric]
-        t.add_row(label, _pct(s["median_abs"]), _pct(s["p90_abs"]), _pct(s["median"]), str(s["count"]))
-    s = result["step_time"]
-    basis = "model" if s["basis"].startswith("latency") else "index"
-    t.add_row(f"step time (by {basis})", _pct(s["median_abs"]), _pct(s["p90_abs"]), _pct(s["median"]),
-              str(s["count"]))
-    thr = result["throughput"]
-    t.add_row("output throughput", _pct(None if thr["rel_error"] is None else abs(thr["rel_error"])), "-",
-              _pct(thr["rel_error"]), "1")
-    return t
-
-
-@user_errors
-def compare_cmd(
-    sim_run: Path = typer.Argument(..., metavar="SIM_RUN", help="Run folder from pagelab simulate."),
-    real_run: Path = typer.Argument(..., metavar="REAL_RUN", help="Run folder from pagelab replay."),
-    allocator: str = typer.Option(None, help="Allocator to compare (default: the first both runs have)."),
-    out: Path = typer.Option(None, "--out", "-o", help="Write comparison.json and the latency CDF overlay "
-                                                       "here."),
-    fmt: str = typer.Option("png", "--format", "-f", help="Figure format: png, svg or pdf."),
-) -> None:
-    """Latency, throughput, step-time and per-step memory differences of a simulation and a replay."""
-    from bench.run_tools import compare_folders, write_comparison
-    from simulator.timing.step_latency import STALL_FACTOR
-
-    result, sim_folder, real_folder = compare_folders(sim_run, real_run, allocator)
-    for message in result.get("warnings", []):
-        warn(message)
-    console.print(comparison_report(result))
-    st, mem = result["step_time"], result["memory"]
-    console.print(f"steps: {st['num_steps_sim']} simulated, {st['num_steps_real']} measured; total step "
-                  f"time error {_pct(st['total_rel_error'])}; run duration error "
-                  f"{_pct(result['duration']['rel_error'])}")
-    stalled = st.get("stalls") or {"count": 0}
-    if stalled["count"]:
-        shown = ", ".join(map(str, stalled["steps"][:8])) + (", ..." if stalled["count"] > 8 else "")
-        console.print(f"stalls: {stalled['count']} measured steps took >= {STALL_FACTOR:g}x what the model "
-                      f"prices them (+{stalled['excess_s']:.2f} s, {_pct(stalled['busy_share'])} of the "
-                      f"measured busy time; steps {shown}): first-use kernel compiles or pauses no step "
-                      "model can price (docs/calibration.md)")
-    if mem["step_aligned"]:
-        verdict = "equal at every step" if mem["equal"] else f"differs at {mem['num_steps_differing']} steps"
-        console.print(f"memory breakdown: {verdict} (largest difference "
-                      f"{max(mem['max_abs_difference'].values(), default=0):.3g})")
-    else:
-        console.print(f"memory breakdown: not compared ({mem['reason']})")
-    if out is not None:
-        path = write_comparison(out, result, sim_folder, real_folder, fmt)
-        err_console.print(f"wrote {out / 'comparison.json'}" + (f" and {path}" if path else ""))

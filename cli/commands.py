@@ -9,7 +9,8 @@ import sys
 import typer
 
 from cli.bench import bench_app
-from cli.calibrate import calibrate_cmd, compare_cmd
+from cli.calibrate import calibrate_cmd
+from cli.compare import compare_cmd
 from cli.help import use_panels
 from cli.plot import plot_cmd
 from cli.presets import presets_cmd
