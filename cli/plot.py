@@ -28,6 +28,17 @@ def _check_at(at: float, run_dirs: list[Path]) -> None:
         raise UserError(f"--at {at:g} s is after the end of the run(s) ({max(ends):,.3f} s)")
 
 
+def _window(text: str | None) -> tuple[float, float] | None:
+    """--window START:END as two numbers (checked against the run when the block map is drawn)."""
+    if text is None:
+        return None
+    try:
+        start, end = (float(x) for x in text.split(":"))
+    except ValueError:
+        raise UserError(f"--window {text!r}: expected START:END in seconds, e.g. 0:3600") from None
+    return start, end
+
+
 @user_errors
 def plot_cmd(
     run_dirs: list[Path] = typer.Argument(..., metavar="RUN_DIR...",
@@ -41,6 +52,9 @@ def plot_cmd(
                                         "memory_over_time, block_map, block_snapshot, latency_cdf, "
                                         "batch_size, sweep_latency, block_size_sweep."),
     at: float = typer.Option(None, "--at", help="Time (s) of the block snapshot (default: peak usage)."),
+    window: str = typer.Option(None, "--window", metavar="START:END",
+                               help="Seconds of the run the block map draws (default: the whole run, or its "
+                                    "first part when it holds over 2,000,000 tenures)."),
 ) -> None:
     """Draw breakdowns, memory over time, block maps, latency CDFs and sweeps from run folders."""
     from viz import plot_runs
@@ -51,7 +65,7 @@ def plot_cmd(
         out = run_dirs[0] / "figures" if len(run_dirs) == 1 else Path("figures")
     if at is not None:
         _check_at(at, run_dirs)
-    written = plot_runs(list(run_dirs), out, fmt, names, at=at, warn=warn)
+    written = plot_runs(list(run_dirs), out, fmt, names, at=at, window=_window(window), warn=warn)
     for path in written:
         err_console.print(f"wrote {path}", markup=False)
     if not written:

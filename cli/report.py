@@ -2,7 +2,8 @@
 
 Both tables fit in 80 columns at any run length: allocators are shortened (contiguous-max -> max), the
 serving metrics are rows with one column per allocator (as vLLM prints one metric per line), numbers keep
-at most nine characters, and a latency row whose values reach 100 s is given in seconds.
+at most nine characters, and a latency row whose values reach 100 s is given in seconds
+(pagelab/units.py, as the figures choose theirs).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from rich import box
 from rich.table import Table
 
 from cli.common import UserError, warn
+from pagelab.units import latency_unit
 from simulator.metrics import (
     DEFAULT_METRICS,
     DEFAULT_PERCENTILES,
@@ -90,9 +92,6 @@ def memory_table(summaries: dict[str, dict]) -> Table:
     return t
 
 
-MS_ROW_LIMIT = 100_000.0  # a latency row whose values reach this many ms is shown in seconds
-
-
 def _largest(values) -> float:
     """The largest magnitude among the defined values of a row (0 when none is)."""
     return max((abs(v) for v in values if v is not None and not math.isnan(v)), default=0.0)
@@ -122,8 +121,8 @@ def serving_table(metrics: dict[str, dict], kinds: tuple[str, ...], percentiles:
                  *((f"p{q:g}", f"P{q:g}") for q in percentiles if q != 50))
         for stat, label in stats:
             values = [m.get(f"{stat}_{kind}_ms") for m in metrics.values()]
-            unit, scale = ("s", 1e-3) if _largest(values) >= MS_ROW_LIMIT else ("ms", 1.0)
-            scaled = [None if v is None else v * scale for v in values]
+            unit, per_s = latency_unit(None if v is None else v / 1e3 for v in values)
+            scaled = [None if v is None else v / 1e3 * per_s for v in values]
             t.add_row(f"{label} {_LABEL[kind]} ({unit})", *(number(v, 2, _largest(scaled)) for v in scaled))
     if summaries is not None and any(s.get("prefix_cache_hit_rate") is not None for s in summaries.values()):
         t.add_row("Prefix cache hit rate (%)",

@@ -53,7 +53,7 @@ NO_EVENTS = "needs tenures in events.parquet (runs simulated with --no-events ha
 FIGURES: dict[str, tuple[Callable[..., Iterator[FigureResult]], Callable[[list[Run]], bool], str]] = {
     "breakdown": (_all_runs(plot_breakdown), lambda runs: True, ""),
     "memory_over_time": (_per_run(plot_memory_over_time, "memory_over_time"), lambda runs: True, ""),
-    "block_map": (_per_run(plot_block_map, "block_map"), _has_events, NO_EVENTS),
+    "block_map": (_per_run(plot_block_map, "block_map", "window"), _has_events, NO_EVENTS),
     "block_snapshot": (_per_run(plot_block_snapshot, "block_snapshot", "at"), _has_events, NO_EVENTS),
     "latency_cdf": (_all_runs(plot_latency_cdf), lambda runs: True, ""),
     "batch_size": (_all_runs(plot_batch_size), lambda runs: True, ""),
@@ -83,8 +83,10 @@ def _readable(runs: list[Run], tables: tuple[str, ...]) -> list[Run]:
 
 
 def figure_results(runs: list[Run], only: list[str] | None = None, at: float | None = None,
-                   warn: Callable[[str], None] | None = None) -> Iterator[FigureResult]:
-    """Draw the selected figures that apply, one at a time (a requested one that cannot apply is an error).
+                   warn: Callable[[str], None] | None = None, window: tuple[float, float] | None = None
+                   ) -> Iterator[FigureResult]:
+    """Draw the selected figures that apply, one at a time (a requested one that cannot apply is an error);
+    `at` is the snapshot's time, `window` the block map's (start, end) in seconds.
 
     A table that cannot be read leaves its allocator out of the figures that need it, with a `warn`ing
     naming the file (Python's warnings without `warn`); a figure left with nothing to draw is skipped.
@@ -116,7 +118,7 @@ def figure_results(runs: list[Run], only: list[str] | None = None, at: float | N
                     raise VizError(f"figure '{name}' {why}")
                 break
             try:
-                for result in draw(readable, at=at):
+                for result in draw(readable, at=at, window=window):
                     if result.name not in drawn:
                         drawn.add(result.name)
                         yield result
@@ -148,7 +150,8 @@ def _warn_incomplete(runs: list[Run], warn: Callable[[str], None]) -> None:
 
 
 def plot_runs(run_dirs: list[Path], out: Path, fmt: str = "png", only: list[str] | None = None,
-              at: float | None = None, warn: Callable[[str], None] | None = None) -> list[Path]:
+              at: float | None = None, warn: Callable[[str], None] | None = None,
+              window: tuple[float, float] | None = None) -> list[Path]:
     """Draw every figure that applies to the run folders into `out`; returns the files written. Incomplete
     runs and unreadable tables are reported through `warn` (see figure_results)."""
     if fmt not in FORMATS:
@@ -157,6 +160,6 @@ def plot_runs(run_dirs: list[Path], out: Path, fmt: str = "png", only: list[str]
     warn = warn or (lambda message: warnings.warn(message, stacklevel=2))
     _warn_incomplete(runs, warn)
     written = []
-    for result in figure_results(runs, only, at, warn):
+    for result in figure_results(runs, only, at, warn, window):
         written.append(save_figure(result.figure, Path(out) / f"{result.name}.{fmt}", fmt))
     return written

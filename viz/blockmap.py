@@ -7,8 +7,18 @@ from matplotlib.colors import to_rgb
 from matplotlib.patches import Patch
 
 from viz.common import FigureResult, hatch_shared, legend_below, new_figure, shared_legend, time_label
+from viz.errors import VizError
 from viz.load import AllocatorRun, Run
-from viz.palette import FREE_RGB, STATE_COLORS, STATE_LABELS, allocator_color, allocator_label, owner_rgb
+from viz.palette import (
+    FREE_RGB,
+    OWNER_FAMILY,
+    STATE_COLORS,
+    STATE_LABELS,
+    OwnerSwatch,
+    allocator_color,
+    allocator_label,
+    owner_rgb,
+)
 from viz.raster import OwnerRaster, rasterize_owners
 from viz.snapshot import peak_time
 from viz.titles import figure_title
@@ -153,22 +163,30 @@ def _draw_raster(ax, raster: OwnerRaster) -> dict[int, bool]:
 
 
 def plot_block_map(run: Run, num_bins: int = DEFAULT_TIME_BINS, max_rows: int = DEFAULT_MAX_ROWS,
-                   name: str = "block_map") -> FigureResult:
+                   name: str = "block_map", window: tuple[float, float] | None = None) -> FigureResult:
     """Pool position vs time per allocator on one time span, plus a zoom on the peak for long runs.
 
-    data: {"full": {allocator: OwnerRaster}, "zoom": {allocator: OwnerRaster}, "window": (t0, t1) | None}
+    The span is `window` (start, end in seconds) if given, else the whole run, or its first part when the
+    run holds more than MAX_TENURES tenures; the title says which part is drawn and how to draw another.
+
+    data: {"full": {allocator: OwnerRaster}, "zoom": {allocator: OwnerRaster}, "window": (t0, t1) | None,
+    "span": (start, end)}
     """
     allocs = list(run.allocators.values())
-    t_end = min(tenure_window(a, run_end_time(run)) for a in allocs)
-    full = {a.name: block_map_raster(a, 0.0, t_end, num_bins, max_rows) for a in allocs}
-    window = zoom_window(run, t_end)
-    zoom = {a.name: block_map_raster(a, *window, num_bins, max_rows) for a in allocs} if window else {}
-    nrows = 1 if window is None else 2
+    run_end = run_end_time(run)
+    if window is not None:
+        start, end = check_window(window, run_end)
+    else:
+        start, end = 0.0, min(tenure_window(a, run_end) for a in allocs)
+    full = {a.name: block_map_raster(a, start, end, num_bins, max_rows) for a in allocs}
+    zoom_at = zoom_window(run, end) if window is None else None
+    zoom = {a.name: block_map_raster(a, *zoom_at, num_bins, max_rows) for a in allocs} if zoom_at else {}
+    nrows = 1 if zoom_at is None else 2
     fig = new_figure(max(4.5, 3.4 * len(allocs) + 0.6), 5.0 * nrows + 0.6)
     axes = fig.subplots(nrows, len(allocs), sharey=True, squeeze=False)
     any_shared = {2: False, 3: False}
     for col, alloc in enumerate(allocs):
-        rasters = [full[alloc.name]] + ([zoom[alloc.name]] if window else [])
+        rasters = [full[alloc.name]] + ([zoom[alloc.name]] if zoom_at else [])
         for row, raster in enumerate(rasters):
             ax = axes[row, col]
             present = _draw_raster(ax, raster)
@@ -177,21 +195,42 @@ def plot_block_map(run: Run, num_bins: int = DEFAULT_TIME_BINS, max_rows: int = 
         detail = f"block size {alloc.block_size}" if alloc.is_paged else "contiguous regions"
         axes[0, col].set_title(f"{allocator_label(alloc.name)}\n{detail}", fontsize="medium",
                                color=allocator_color(alloc.name))
-        if window:
-            axes[0, col].axvspan(*window, facecolor="none", edgecolor="black", linestyle="--", linewidth=0.8)
-            zoom_title = f"zoom: {_seconds(window[0])} to {_seconds(window[1])} s"
+        if zoom_at:
+            axes[0, col].axvspan(*zoom_at, facecolor="none", edgecolor="black", linestyle="--", linewidth=0.8)
+            zoom_title = f"zoom: {_seconds(zoom_at[0])} to {_seconds(zoom_at[1])} s"
             axes[1, col].set_title(zoom_title, fontsize="small")
     for row in range(nrows):
         axes[row, 0].set_ylabel("pool position (token slot)")
-    span = "" if t_end >= run_end_time(run) else f" (first {t_end:.0f} s)"
-    fig.suptitle(figure_title(f"KV pool block map: {run.label}{span}", [run]))
-    sample = owner_rgb(np.array([0]))[0]
-    handles = [Patch(facecolor=FREE_RGB, edgecolor="0.5"), Patch(color=sample), Patch(color=UNFILLED_RGB)]
-    labels = ["free (over half the cell)", "held (colour = request holding most of the cell)",
-              STATE_LABELS["internal_fragmentation"] + " (held, never filled)"]
-    if window:
+    fig.suptitle(figure_title(f"KV pool block map: {run.label}{span_text(start, end, run_end)}", [run]))
+    handles = [Patch(facecolor=FREE_RGB, edgecolor="0.5"), OwnerSwatch(), Patch(color=UNFILLED_RGB)]
+    labels = ["free (over half the cell)", f"held ({OWNER_FAMILY}: one shade per request, the one holding "
+              "most of the cell)", STATE_LABELS["internal_fragmentation"] + " (held, never filled)"]
+    if zoom_at:
         handles.append(Patch(facecolor="none", edgecolor="black", linestyle="--"))
         labels.append("zoom window")
     more_handles, more_labels = shared_legend(any_shared)
     legend_below(fig, handles + more_handles, labels + more_labels)
-    return FigureResult(name, fig, {"full": full, "zoom": zoom, "window": window})
+    return FigureResult(name, fig, {"full": full, "zoom": zoom, "window": zoom_at, "span": (start, end)})
+
+
+WINDOW_HINT = "pagelab plot --only block_map --window START:END draws another"
+
+
+def span_text(start: float, end: float, run_end: float) -> str:
+    """'' for the whole run, else which seconds are drawn, of how many, and how to draw others."""
+    if start <= 0 and end >= run_end:
+        return ""
+    digits = 1 if run_end >= 100 else 3  # one format for the three numbers
+    shown = [f"{t:,.{digits}f}".rstrip("0").rstrip(".") if t else "0" for t in (start, end, run_end)]
+    return f" ({shown[0]} to {shown[1]} s of {shown[2]} s; {WINDOW_HINT})"
+
+
+def check_window(window: tuple[float, float], run_end: float) -> tuple[float, float]:
+    """A drawable (start, end): finite, start >= 0, end > start, start before the run's end; end is cut
+    to the run's end."""
+    start, end = (float(x) for x in window)
+    if not (np.isfinite(start) and np.isfinite(end)) or start < 0 or end <= start:
+        raise VizError(f"window {start:g}:{end:g}: expected START:END seconds with 0 <= START < END")
+    if start >= run_end:
+        raise VizError(f"window {start:g}:{end:g} starts after the end of the run ({run_end:,.3f} s)")
+    return start, min(end, run_end)

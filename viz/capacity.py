@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from pagelab.units import latency_unit
 from viz.common import FORMATS, FigureResult, legend_below, new_figure, save_figure
 from viz.errors import VizError
 from viz.palette import LINESTYLES, allocator_color, allocator_label, allocator_sort_key
@@ -54,7 +55,9 @@ def _variant_label(row: pd.Series, cols: list[str]) -> str:
 
 def plot_latency_vs_rate(points: pd.DataFrame, summary: dict | None = None,
                          metric: str = "normalized_latency_s") -> FigureResult:
-    """Normalized latency against request rate, one line per allocator (vLLM Fig. 12), SLO dashed."""
+    """Normalized latency against request rate, one line per allocator (vLLM Fig. 12), SLO dashed; latencies
+    in one unit (pagelab/units.py)."""
+    unit, per_s = latency_unit(points[metric].tolist())
     if "error" in points:
         points = points[points["error"].isna()]  # a failed point has no latency to draw
     fig = new_figure(6.5, 4.6)
@@ -68,26 +71,26 @@ def plot_latency_vs_rate(points: pd.DataFrame, summary: dict | None = None,
         name = key[0]
         style = styles.setdefault(tuple(key[1:]), LINESTYLES[len(styles) % len(LINESTYLES)])
         part = group.sort_values("rate")
-        (line,) = ax.plot(part["rate"], part[metric], marker="o", markersize=3, color=allocator_color(name),
-                          linestyle=style)
+        (line,) = ax.plot(part["rate"], part[metric] * per_s, marker="o", markersize=3,
+                          color=allocator_color(name), linestyle=style)
         handles.append(line)
         extra = _variant_label(part.iloc[0], variants)
         labels.append(allocator_label(name) + (f" ({extra})" if extra else ""))
     slo = (summary or {}).get("slo") or {}
     if slo.get("metric") == "norm_latency" and metric == "normalized_latency_s":
-        ax.axhline(slo["bound"], color="grey", linestyle="--", linewidth=1)
+        ax.axhline(slo["bound"] * per_s, color="grey", linestyle="--", linewidth=1)
         handles.append(ax.lines[-1])
-        labels.append(f"SLO {slo['bound']:g} s/token")
-    finite = points[metric].to_numpy(float)
+        labels.append(f"SLO {slo['bound'] * per_s:g} {unit}/token")
+    finite = points[metric].to_numpy(float) * per_s
     finite = finite[np.isfinite(finite) & (finite > 0)]
     if len(finite):
         # Like the paper (1 s/token), clip the exploding tail so the knees stay readable: 5x the SLO
         # bound when it is on this metric, else 20x the unloaded (smallest) latency.
         has_bound = slo.get("metric") == "norm_latency" and metric == "normalized_latency_s"
-        cap = 5 * slo["bound"] if has_bound else 20 * finite.min()
+        cap = 5 * slo["bound"] * per_s if has_bound else 20 * finite.min()
         ax.set_ylim(0, min(finite.max(), cap) * 1.05)
     ax.set_xlabel("request rate (req/s)")
-    ax.set_ylabel("normalized latency (s/token)")
+    ax.set_ylabel(f"normalized latency ({unit}/token)")
     ax.set_title(f"Normalized latency vs request rate ({(summary or {}).get('trace', 'sweep')})")
     ax.grid(alpha=0.3)
     legend_below(fig, handles, labels, ncol=2)

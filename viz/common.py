@@ -12,7 +12,7 @@ from matplotlib.patches import Patch
 
 from pagelab.atomic import atomic_write
 from pagelab.writes import open_out
-from viz.palette import SHARED_HATCH
+from viz.palette import OWNER_LEGEND, SHARED_HATCH
 
 FORMATS = ("png", "svg", "pdf")
 DPI = 130
@@ -27,9 +27,26 @@ class FigureResult:
     data: Any
 
 
+class TitledFigure(Figure):
+    """A Figure whose titles wrap at its edges when drawn, at any size it is drawn at.
+
+    A title that names the run (viz/titles.py) can be longer than a narrow figure is wide; unwrapped, it
+    would run off both edges.
+    """
+
+    def draw(self, renderer) -> None:
+        """Wrap the suptitle and every axes title, then draw (the layout sees the wrapped titles)."""
+        titles = [self._suptitle]
+        titles += [t for ax in self.axes for t in (ax.title, ax._left_title, ax._right_title)]
+        for title in titles:
+            if title is not None:
+                title.set_wrap(True)
+        super().draw(renderer)
+
+
 def new_figure(width: float, height: float) -> Figure:
     """A Figure on the Agg canvas, independent of pyplot's global state."""
-    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+    fig = TitledFigure(figsize=(width, height), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
 
@@ -53,7 +70,8 @@ def legend_below(fig: Figure, handles: list, labels: list[str], ncol: int | None
     entry_in = 0.45 + 0.062 * max(len(label) for label in labels)
     fits = max(1, int(fig.get_figwidth() / entry_in))
     ncol = min(ncol or 5, fits, len(labels))
-    fig.legend(handles, labels, loc="outside lower center", ncol=ncol, frameon=False, fontsize="small")
+    fig.legend(handles, labels, loc="outside lower center", ncol=ncol, frameon=False, fontsize="small",
+               handler_map=OWNER_LEGEND)
 
 
 def hatch_shared(ax, ref_count: np.ndarray, x_edges: np.ndarray, y_edges: np.ndarray) -> dict[int, bool]:

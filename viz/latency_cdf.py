@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+from pagelab.units import latency_unit
 from viz.common import FigureResult, legend_below, new_figure
 from viz.downsample import cdf_points
 from viz.load import Run, series_label
@@ -11,9 +12,9 @@ from viz.palette import LINESTYLES, allocator_color, allocator_label
 from viz.titles import figure_title
 
 METRICS = {
-    "ttft_s": ("TTFT", "time to first token (s)"),
-    "tpot_s": ("TPOT", "time per output token (s)"),
-    "normalized_latency_s": ("normalized latency", "end-to-end latency / output tokens (s/token)"),
+    "ttft_s": ("TTFT", "time to first token ({unit})"),
+    "tpot_s": ("TPOT", "time per output token ({unit})"),
+    "normalized_latency_s": ("normalized latency", "end-to-end latency / output tokens ({unit}/token)"),
 }
 
 
@@ -54,10 +55,13 @@ def _log_axis(ax, values: np.ndarray) -> None:
 
 
 def plot_latency_cdf(runs: list[Run]) -> FigureResult:
-    """Three panels of empirical CDFs, colour = allocator, line style = run."""
+    """Three panels of empirical CDFs, colour = allocator, line style = run; every panel in one unit (ms,
+    or s when a value reaches 100 s: pagelab/units.py, as the CLI's tables). `data` stays in seconds."""
     data = latency_cdf_data(runs)
     multi = len(runs) > 1
     scale = latency_scale(data)
+    unit, per_s = latency_unit(float(v[0][-1]) for series in data.values() for v in series.values()
+                               if len(v[0]))
     fig = new_figure(12.0, 4.2)
     axes = fig.subplots(1, len(METRICS), sharey=True)
     handles, labels = [], []
@@ -68,18 +72,18 @@ def plot_latency_cdf(runs: list[Run]) -> FigureResult:
                 x, y = data[metric][label]
                 if len(x) == 0:
                     continue
-                (line,) = ax.plot(x, y, color=allocator_color(alloc.name), linewidth=1.3,
+                (line,) = ax.plot(x * per_s, y, color=allocator_color(alloc.name), linewidth=1.3,
                                   linestyle=LINESTYLES[r % len(LINESTYLES)], drawstyle="steps-post")
                 if metric == next(iter(METRICS)):
                     handles.append(line)
                     name = allocator_label(alloc.name)
                     labels.append(f"{run.label}: {name}" if multi else name)
         if scale == "log":
-            _log_axis(ax, np.concatenate([v[0] for v in data[metric].values()] or [np.zeros(0)]))
+            _log_axis(ax, per_s * np.concatenate([v[0] for v in data[metric].values()] or [np.zeros(0)]))
         else:
             ax.ticklabel_format(axis="x", useOffset=False)
         ax.set_title(title)
-        ax.set_xlabel(xlabel)
+        ax.set_xlabel(xlabel.format(unit=unit))
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("fraction of finished requests")
     axes[0].set_ylim(0, 1.02)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 from matplotlib.colors import to_rgb
+from matplotlib.legend_handler import HandlerBase
+from matplotlib.patches import Rectangle
 
 from pagelab.run_format import MEMORY_STATES
 
@@ -45,12 +47,14 @@ QUEUE_COLORS = {"num_running": "#4477AA", "num_waiting": "#AA3377", "num_swapped
 QUEUE_LINESTYLES = {"num_running": "-", "num_waiting": "-", "num_swapped": "--"}
 QUEUE_LABELS = {"num_running": "running", "num_waiting": "waiting", "num_swapped": "swapped"}
 
-# Block maps colour thousands of requests; these only need to tell neighbours apart. Reds and
-# yellows are left out because they mean internal fragmentation and holes in the snapshot.
+# Block maps and snapshots colour thousands of requests; these only need to tell neighbours apart, and
+# must never read as a memory state: every one is a blue (hue 200-245, darker than the reservation cyan),
+# at least 35 CIELAB units from each state colour, white and grey (tests/viz/test_palette.py).
 OWNER_COLORS = (
-    "#332288", "#88CCEE", "#44AA99", "#117733", "#882255", "#AA4499",
-    "#77AADD", "#44BB99", "#004488", "#6F4E7C", "#225555", "#7A6A58",
+    "#0A0A3D", "#101065", "#17375E", "#221BA7", "#2424DB", "#4742AE",
+    "#494C88", "#39566A", "#2452DB", "#246DDB", "#5978A6", "#2489DB",
 )
+OWNER_FAMILY = "blues"  # how the legends name the request colours
 FREE_RGB = (1.0, 1.0, 1.0)
 OUTSIDE_POOL_RGB = (0.85, 0.85, 0.85)
 
@@ -88,6 +92,18 @@ def owner_rgb(request_ids: np.ndarray) -> np.ndarray:
     return table[index]
 
 
-def lighten(rgb: np.ndarray, amount: float) -> np.ndarray:
-    """Blend colours towards white by `amount` (0 keeps them, 1 gives white)."""
-    return np.asarray(rgb, dtype=float) * (1.0 - amount) + amount
+class OwnerSwatch:
+    """A legend handle standing for "one shade per request", drawn as stripes of three request shades."""
+
+
+class _OwnerStripes(HandlerBase):
+    """Draws an OwnerSwatch in a legend."""
+
+    def create_artists(self, legend, orig_handle, xdescent, ydescent, width, height, fontsize, trans):
+        """Three stripes, each a request shade, filling the legend's swatch box."""
+        third = width / 3
+        return [Rectangle((-xdescent + i * third, -ydescent), third, height, facecolor=OWNER_COLORS[k],
+                          edgecolor="none", transform=trans) for i, k in enumerate((1, 4, 10))]
+
+
+OWNER_LEGEND = {OwnerSwatch: _OwnerStripes()}  # handler_map entry of every legend that shows requests

@@ -22,10 +22,11 @@ from viz.load import AllocatorRun, Run
 from viz.palette import (
     FREE_RGB,
     OUTSIDE_POOL_RGB,
+    OWNER_FAMILY,
     STATE_COLORS,
+    OwnerSwatch,
     allocator_color,
     allocator_label,
-    lighten,
     owner_rgb,
 )
 from viz.titles import figure_title
@@ -147,7 +148,6 @@ def _mark_holes(state: np.ndarray, cap: int, bs: int, paged: bool, hole_slots: i
 
 MAX_PIXELS = 1 << 20   # larger pools show every u-th slot (documented in docs/figures.md)
 GRID_ASPECT = 1.6      # slots per row / rows
-RESERVED_LIGHTEN = 0.6
 
 
 def grid_width(num_cells: int, block_size: int) -> int:
@@ -163,9 +163,8 @@ def snapshot_image(snap: PoolSnapshot, width: int, stride: int = 1) -> np.ndarra
     rgb = np.empty((len(idx), 3))
     rgb[...] = FREE_RGB
     held = owner >= 0
-    colours = owner_rgb(owner[held])
-    reserved = (state[held] == SLOT_RESERVED)[:, None]
-    rgb[held] = np.where(reserved, lighten(colours, RESERVED_LIGHTEN), colours)
+    rgb[held] = owner_rgb(owner[held])
+    rgb[state == SLOT_RESERVED] = to_rgb(STATE_COLORS["reservation"])
     rgb[state == SLOT_INTERNAL] = to_rgb(STATE_COLORS["internal_fragmentation"])
     rgb[state == SLOT_HOLE] = to_rgb(STATE_COLORS["external_fragmentation"])
     rows = -(-len(idx) // width)
@@ -218,13 +217,12 @@ def plot_block_snapshot(run: Run, at: float | None = None, name: str = "block_sn
         ax.set_xlabel(f"slot offset within row ({per})")
         ax.set_ylabel("first slot of row")
     fig.suptitle(figure_title(f"KV pool snapshot: {run.label}", [run]))
-    sample = owner_rgb(np.array([0]))[0]
-    handles = [Patch(color=sample), Patch(color=lighten(sample, RESERVED_LIGHTEN)),
+    handles = [OwnerSwatch(), Patch(color=STATE_COLORS["reservation"]),
                Patch(color=STATE_COLORS["internal_fragmentation"]),
                Patch(color=STATE_COLORS["external_fragmentation"]),
                Patch(facecolor=FREE_RGB, edgecolor="0.5")]
-    labels = ["tokens (colour = request)", "reserved, not yet filled", "internal fragmentation",
-              "hole (external fragmentation)", "free"]
+    labels = [f"tokens ({OWNER_FAMILY}: one shade per request)", "reserved, not yet filled",
+              "internal fragmentation", "hole (external fragmentation)", "free"]
     more_handles, more_labels = shared_legend(shared)
     handles, labels = handles + more_handles, labels + more_labels
     legend_below(fig, handles, labels, ncol=3)

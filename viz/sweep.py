@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.lines import Line2D
 
+from pagelab.units import latency_unit
 from viz.common import FigureResult, legend_below, new_figure, use_log_scale
 from viz.load import AllocatorRun, Run
 from viz.palette import LINESTYLES, allocator_color, allocator_label
@@ -90,14 +91,21 @@ def _lines(ax, data: pd.DataFrame, x: str, y: str, other: str) -> tuple[list, li
     return handles, labels
 
 
+def _in_latency_unit(data: pd.DataFrame) -> tuple[str, pd.DataFrame]:
+    """The latency unit of the figure (pagelab/units.py) and the data with the latencies in it."""
+    unit, per_s = latency_unit(data["normalized_latency_s"].tolist())
+    return unit, data.assign(normalized_latency_s=data["normalized_latency_s"] * per_s)
+
+
 def plot_sweep_latency(runs: list[Run]) -> FigureResult:
     """Normalized latency against request rate, one line per allocator (vLLM Fig. 12 shape)."""
     data = sweep_data(runs)
+    unit, shown = _in_latency_unit(data)
     fig = new_figure(6.5, 4.6)
     ax = fig.subplots()
-    handles, labels = _lines(ax, data, "rate", "normalized_latency_s", "block_size")
+    handles, labels = _lines(ax, shown, "rate", "normalized_latency_s", "block_size")
     ax.set_xlabel("request rate (req/s)")
-    ax.set_ylabel("normalized latency (s/token)")
+    ax.set_ylabel(f"normalized latency ({unit}/token)")
     ax.set_title("Normalized latency vs request rate")
     legend_below(fig, handles, labels, ncol=2)
     return FigureResult("sweep_latency", fig, data)
@@ -106,9 +114,10 @@ def plot_sweep_latency(runs: list[Run]) -> FigureResult:
 def plot_block_size_sweep(runs: list[Run]) -> FigureResult:
     """Normalized latency and wasted memory share against block size, one line per allocator."""
     data = sweep_data(runs)
+    unit, shown = _in_latency_unit(data)
     fig = new_figure(10.0, 4.4)
     ax_lat, ax_waste = fig.subplots(1, 2)
-    handles, labels = _lines(ax_lat, data, "block_size", "normalized_latency_s", "rate")
+    handles, labels = _lines(ax_lat, shown, "block_size", "normalized_latency_s", "rate")
     data_pct = data.assign(waste=data["waste"] * 100)
     _lines(ax_waste, data_pct, "block_size", "waste", "rate")
     sizes = sorted(int(b) for b in data["block_size"].unique())
@@ -116,7 +125,7 @@ def plot_block_size_sweep(runs: list[Run]) -> FigureResult:
         ax.set_xscale("log", base=2)
         ax.set_xticks(sizes, [str(b) for b in sizes])
         ax.set_xlabel("block size (tokens)")
-    ax_lat.set_ylabel("normalized latency (s/token)")
+    ax_lat.set_ylabel(f"normalized latency ({unit}/token)")
     ax_lat.set_title("Normalized latency vs block size")
     ax_waste.set_ylabel("reserved + fragmented (% of capacity)")
     ax_waste.set_title("Wasted KV memory vs block size")
