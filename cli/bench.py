@@ -126,17 +126,50 @@ def _print_table(result, on_gpu: bool) -> None:
         console.print("No CUDA device: Triton rows are skipped (the interpreter only checks correctness).")
 
 
+def _cell(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _fits(table: Table) -> bool:
+    """Whether the table's natural width fits the console (so no cell is cut or folded)."""
+    from rich.measure import Measurement
+
+    unlimited = console.options.update_width(10**6)  # measured at the console's width, it would always fit
+    return Measurement.get(console, unlimited, table).maximum <= console.width
+
+
 def _emit(rows: list[dict], title: str, as_json: bool) -> None:
-    """Print benchmark rows as a rich table, or as JSON for machines."""
+    """Print benchmark rows as a table (fields as columns), or, when that is wider than the console,
+    as tables with the fields as rows and as many results side by side as fit; as JSON for machines."""
     if as_json:
         console.print_json(json.dumps(rows))
         return
-    table = Table(title=title, box=box.SIMPLE_HEAVY)
-    for key in rows[0]:  # spaced headers wrap on words when the terminal is narrow
-        table.add_column(key.replace("_", " "), justify="right", overflow="fold")
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    for key in rows[0]:
+        table.add_column(key.replace("_", " "), justify="right", no_wrap=True)
     for row in rows:
-        table.add_row(*(f"{v:.4g}" if isinstance(v, float) else str(v) for v in row.values()))
-    console.print(table)
+        table.add_row(*(_cell(v) for v in row.values()))
+    if _fits(table):
+        console.print(table)
+        return
+    per_table = len(rows)
+    while per_table > 1:
+        if _fits(_fields_as_rows(rows[:per_table], title, 0)):
+            break
+        per_table -= 1
+    for start in range(0, len(rows), per_table):
+        console.print(_fields_as_rows(rows[start:start + per_table], title, start))
+
+
+def _fields_as_rows(rows: list[dict], title: str, first: int) -> Table:
+    """One row per field, one column per result (numbered from `first` + 1)."""
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("result", no_wrap=True)
+    for i in range(len(rows)):
+        table.add_column(f"#{first + i + 1}", justify="right", no_wrap=True)
+    for key in rows[0]:
+        table.add_row(key.replace("_", " "), *(_cell(row.get(key)) for row in rows))
+    return table
 
 
 @bench_app.command("core")
