@@ -102,28 +102,38 @@ _SHORT_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
 
 def _print_table(result, on_gpu: bool) -> None:
-    """Rich table of the records, one row per implementation and shape."""
+    """The machine line, the table of records and what the columns mean."""
     machine = result.machine
     dtypes = sorted({_SHORT_DTYPES.get(r.dtype, r.dtype) for r in result.records})
     console.print(f"decode attention, {'/'.join(dtypes)}, on {machine['name']} ({machine['device']}, torch "
                   f"{machine['torch']}, {machine['threads']} threads); measured copy bandwidth "
                   f"{machine['copy_gb_per_s']} GB/s")
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    for name in ("impl", "B", "ctx", "Hq:Hkv*D", "ms", "GB/s", "%copy", "xSDPA", "err"):
-        table.add_column(name, justify="left" if name == "impl" else "right", no_wrap=True)
-    for r in result.records:
-        table.add_row(
-            r.impl.removeprefix("paged-"), str(r.batch), str(r.context),
-            f"{r.num_heads}:{r.num_kv_heads}*{r.head_dim}", f"{r.time_ms:.3f}", f"{r.gb_per_s:.1f}",
-            f"{100 * r.copy_bw_fraction:.0f}" if r.copy_bw_fraction is not None else "-",
-            f"{r.vs_sdpa:.2f}" if r.vs_sdpa is not None else "-",
-            f"{r.rel_err_vs_sdpa:.1e}" if r.rel_err_vs_sdpa is not None else "-",
-        )
-    console.print(table)
+    console.print(attention_table(result.records))
     console.print("GB/s: K+V read + q + out per call / median time; %copy: of the measured copy bandwidth; "
                   "xSDPA: time / contiguous SDPA; err: ||out - SDPA|| / ||SDPA||.")
     if not on_gpu:
         console.print("No CUDA device: Triton rows are skipped (the interpreter only checks correctness).")
+
+
+def _short(value: float) -> str:
+    """Four significant digits, or a whole number with separators from 1,000 up (no exponent)."""
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+
+
+def attention_table(records) -> Table:
+    """One row per implementation and shape; numbers to four significant digits, so it fits 80 columns."""
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for name in ("impl", "B", "ctx", "Hq:Hkv*D", "ms", "GB/s", "%copy", "xSDPA", "err"):
+        table.add_column(name, justify="left" if name == "impl" else "right", no_wrap=True)
+    for r in records:
+        table.add_row(
+            r.impl.removeprefix("paged-"), str(r.batch), str(r.context),
+            f"{r.num_heads}:{r.num_kv_heads}*{r.head_dim}", _short(r.time_ms), _short(r.gb_per_s),
+            f"{100 * r.copy_bw_fraction:.0f}" if r.copy_bw_fraction is not None else "-",
+            f"{r.vs_sdpa:.3g}" if r.vs_sdpa is not None else "-",
+            f"{r.rel_err_vs_sdpa:.1e}" if r.rel_err_vs_sdpa is not None else "-",
+        )
+    return table
 
 
 def _cell(value) -> str:
@@ -144,7 +154,7 @@ def _emit(rows: list[dict], title: str, as_json: bool) -> None:
     if as_json:
         console.print_json(json.dumps(rows))
         return
-    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     for key in rows[0]:
         table.add_column(key.replace("_", " "), justify="right", no_wrap=True)
     for row in rows:
@@ -163,7 +173,7 @@ def _emit(rows: list[dict], title: str, as_json: bool) -> None:
 
 def _fields_as_rows(rows: list[dict], title: str, first: int) -> Table:
     """One row per field, one column per result (numbered from `first` + 1)."""
-    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     table.add_column("result", no_wrap=True)
     for i in range(len(rows)):
         table.add_column(f"#{first + i + 1}", justify="right", no_wrap=True)

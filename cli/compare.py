@@ -3,7 +3,7 @@ two runs of one kind side by side (configuration, memory, batch, throughput, lat
 from __future__ import annotations
 
 import math
-from pathlib import Path
+from pathlib import Path, PurePath
 
 import typer
 from rich import box
@@ -76,7 +76,9 @@ def _scaled(value, factor: float):
 def _cell(value) -> str:
     if value is None:
         return "-"
-    if isinstance(value, (bool, str)):
+    if isinstance(value, str):
+        return PurePath(value).name if "/" in value else value  # a path by its last part: cells stay short
+    if isinstance(value, bool):
         return str(value)
     if isinstance(value, int):
         return f"{value:,}"
@@ -98,19 +100,27 @@ def _change(va, vb) -> tuple[str, str]:
     return shown, (f"{100 * (ratio - 1):+.1f}%" if 0.1 < ratio < 10 else f"{ratio:.3g}x")
 
 
-def side_by_side_table(rows, title: str, a_label: str, b_label: str) -> Table:
-    """The side-by-side table: one row per quantity, A, B, their difference and the relative change."""
-    t = Table(title=Text(title), box=box.SIMPLE_HEAD, pad_edge=False)
-    t.add_column("", no_wrap=True)
-    for head in (a_label, b_label, "B - A", "change"):
-        t.add_column(head, justify="right", overflow="fold")
+def side_by_side_tables(rows, title: str) -> tuple[Table, Table]:
+    """The configuration of A and B (values whole, however long), then one row per measured quantity:
+    A, B, their difference and the relative change."""
+    config = Table(title=Text(title), box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    config.add_column("configuration", no_wrap=True)
+    for head in ("A", "B"):
+        config.add_column(head, justify="right", no_wrap=True)
+    numbers = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    numbers.add_column("", no_wrap=True)
+    for head in ("A", "B", "B - A", "change"):
+        numbers.add_column(head, justify="right", no_wrap=True)
     section = None
     for sec, label, va, vb in rows:
+        if sec == "configuration":
+            config.add_row(f"  {label}", _cell(va), _cell(vb))
+            continue
         if sec != section:
-            t.add_row(Text(sec, style="bold"), "", "", "", "")
+            numbers.add_row(Text(sec, style="bold"), "", "", "", "")
             section = sec
-        t.add_row(f"  {label}", _cell(va), _cell(vb), *_change(va, vb))
-    return t
+        numbers.add_row(f"  {label}", _cell(va), _cell(vb), *_change(va, vb))
+    return config, numbers
 
 
 def comparison_report(result: dict) -> Table:
@@ -178,7 +188,8 @@ def _side_by_side(run_a: Path, run_b: Path, kind: str, allocator: str | None, ou
     a, b = load_allocator(folder_a), load_allocator(folder_b)
     rows = side_by_side((read_config(folder_a), a.summary), (read_config(folder_b), b.summary))
     title = f"{kind} vs {kind}: A = {run_a} ({name_a}), B = {run_b} ({name_b})"
-    console.print(side_by_side_table(rows, title, "A", "B"))
+    for table in side_by_side_tables(rows, title):
+        console.print(table)
     if out is None:
         return
     from pagelab.run_folder import write_json

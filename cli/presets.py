@@ -39,7 +39,7 @@ _HIDDEN = ("aliases", "replay")  # in --json; the table's footer says them in wo
 
 
 def _table(rows: list[dict], title: str, units: dict[str, str]) -> Table:
-    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     keys = [k for k in rows[0] if k not in _HIDDEN]
     for key in keys:
         table.add_column(units.get(key, key), justify="left" if key in ("model", "gpu") else "right")

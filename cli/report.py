@@ -81,7 +81,8 @@ def number(value: float | None, digits: int = 2, size: float | None = None) -> s
 
 def memory_table(summaries: dict[str, dict]) -> Table:
     """Where the KV memory went (time-weighted % of capacity), batch size, preemptions, rejections."""
-    t = Table(title="KV-cache memory, % of capacity (time-weighted)", box=box.SIMPLE_HEAD, pad_edge=False)
+    t = Table(title="KV-cache memory, % of capacity (time-weighted)", box=box.SIMPLE_HEAD, pad_edge=False,
+              collapse_padding=True)
     for c in ("allocator", "token", "resv", "intern", "extern", "free", "batch", "preempt", "reject"):
         t.add_column(c, justify="left" if c == "allocator" else "right", no_wrap=True)
     for name, s in summaries.items():
@@ -101,7 +102,7 @@ def serving_table(metrics: dict[str, dict], kinds: tuple[str, ...], percentiles:
                   summaries: dict[str, dict] | None = None) -> Table:
     """One row per metric (with its unit), one column per allocator, like `vllm bench serve`'s summary;
     with the run summaries, the paged pool's prefix-cache hit rate as a last row."""
-    t = Table(title="Serving metrics", box=box.SIMPLE_HEAD, pad_edge=False)
+    t = Table(title="Serving metrics", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     t.add_column("metric", no_wrap=True)
     for name in metrics:
         t.add_column(short(name), justify="right", no_wrap=True)

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from cli.common import UserError, console, err_console, user_errors
 from cli.help import OUTPUT, POOL, SCHEDULER, TRACE
+from cli.report import short
 from cli.simulate import Placement, Preemption
 from simulator.core.config import ALLOCATORS
 
@@ -37,11 +38,11 @@ def max_rate_table(max_rates, slo_text: str) -> Table:
     from simulator.sweep.axes import short_name
 
     t = Table(title=f"Maximum sustainable request rate under {slo_text}", box=box.SIMPLE_HEAD,
-              pad_edge=False)
+              pad_edge=False, collapse_padding=True)
     results = ("max_rate", "first_miss_rate", "status", "monotone", "runs", "search_runs", "paged_advantage")
     config_cols = [c for c in max_rates.columns if c not in results]
-    for c in config_cols:
-        t.add_column(short_name(c), justify="left")
+    for c in config_cols:  # spaced names wrap on words in a narrow console
+        t.add_column(short_name(c).replace("_", " "), justify="left")
     for c in ("max req/s", "first miss", "paged x", "runs", "note"):
         t.add_column(c, justify="left" if c == "note" else "right", no_wrap=c != "note")
     for _, row in max_rates.iterrows():
@@ -50,7 +51,8 @@ def max_rate_table(max_rates, slo_text: str) -> Table:
         note = STATUS_TEXT.get(row["status"], row["status"]).strip(" ()")
         if not row["monotone"]:
             note = (note + "; " if note else "") + "not monotone"
-        t.add_row(*[str(row[c]) for c in config_cols], num(row["max_rate"]), num(row["first_miss_rate"]),
+        t.add_row(*[short(str(row[c])) if c == "allocator" else str(row[c]) for c in config_cols],
+                  num(row["max_rate"]), num(row["first_miss_rate"]),
                   num(row["paged_advantage"], ".2f"), str(row["runs"]), note)
     return t
 

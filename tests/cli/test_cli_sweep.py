@@ -83,8 +83,8 @@ def test_an_slo_no_point_meets_is_reported_with_exit_0(tmp_path, trace_file):
     assert result.returncode == 0, result.stderr
     assert "no point meets the SLO ttft_p99 <= 0.1 ms" in result.stderr
     assert "Maximum sustainable request rate under ttft_p99 <= 0.1 ms" in result.stdout
-    points = [ln for ln in result.stderr.splitlines() if ln.startswith("[")]
-    assert points and all(" ms (misses SLO" in ln for ln in points)
+    points = [ln for ln in result.stderr.splitlines() if ln.startswith("point ")]
+    assert len(points) == 2 and all(" ms (> 0.1: misses the SLO); simulated in " in ln for ln in points)
     saved = json.loads((out / "summary.json").read_text())["slo"]
     assert saved == {"metric": "ttft_p99", "bound": 0.0001, "text": "ttft_p99 <= 0.1 ms",
                      "spec": "ttft_p99:0.1ms"}
@@ -99,11 +99,23 @@ def test_small_sweep_writes_tables_logs_each_point_and_resumes(tmp_path, trace_f
     first = pagelab(*args)
     assert first.returncode == 0, first.stderr
     table = pd.read_parquet(out / "sweep.parquet")
-    point_lines = [ln for ln in first.stderr.splitlines() if ln.startswith("[")]
-    assert len(point_lines) == len(table) and all("rate=" in ln for ln in point_lines)
+    point_lines = [ln for ln in first.stderr.splitlines() if ln.startswith("point ")]
+    assert len(point_lines) == len(table) and all(" req/s: norm_latency " in ln for ln in point_lines)
+    # The total is stated as the bound it is: 2 configurations x (4 grid rates + at most 10 search points).
+    assert "at most 28 points" in first.stderr
+    assert [int(ln.split()[1]) for ln in point_lines] == list(range(1, len(table) + 1))
+    assert all(ln.split()[2:5] == ["of", "at", "most"] and int(ln.split()[5].rstrip(":")) == 28
+               for ln in point_lines)
+    assert all(ln.endswith(" s") and "simulated in" in ln for ln in point_lines)  # wall time, said so
     assert "Maximum sustainable request rate" in first.stdout
     assert sorted(p.name for p in (out / "figures").iterdir()) == ["sweep_fig12.png", "sweep_max_rates.png"]
-    again = pagelab(*args)
+    again = pagelab(*args, "--json")
     assert again.returncode == 0
     assert f"(0 points run, {len(table)} reused)" in again.stderr
+    assert sum(ln.endswith("reused from an earlier run") for ln in again.stderr.splitlines()) == len(table)
+    result = json.loads(again.stdout)  # --json: the max-rate results alone on stdout
+    assert result["slo"] == "norm_latency:0.2s/token"
+    max_rates = pd.read_parquet(out / "max_rates.parquet")
+    assert [c["allocator"] for c in result["configurations"]] == list(max_rates["allocator"])
+    assert [c["max_rate"] for c in result["configurations"]] == pytest.approx(list(max_rates["max_rate"]))
     assert json.loads((out / "summary.json").read_text())["points"]["reused"] == len(table)

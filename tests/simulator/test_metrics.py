@@ -76,10 +76,22 @@ def test_goodput_limits_with_units_count_the_same_requests():
 
 def test_rejection_warning_gives_reasons_and_counts():
     text = rejection_warning(REQS, max_model_len=2048, capacity_tokens=100_000)
-    assert text.startswith("1 of 4 requests were rejected (1 longer than max_model_len 2,048")
+    assert text.startswith("1 of 4 requests (25.0%) were rejected (1 longer than max_model_len 2,048")
     assert rejection_warning(REQS, max_model_len=10_000, capacity_tokens=100).startswith(
-        "1 of 4 requests were rejected (1 need more KV slots than the pool's 100)")
+        "1 of 4 requests (25.0%) were rejected (1 need more KV slots than the pool's 100: give a larger "
+        "pool (--kv-memory-gb, --gpu-memory-utilization or a larger --gpu)")
     assert rejection_warning(REQS.iloc[:3], 2048, 100) is None
+
+
+def test_rejection_warning_names_the_fix():
+    longest = int((REQS["prompt_len"] + REQS["output_len"]).max())
+    # The model allows more than the run's max_model_len: raise it, to a power of two that holds the longest.
+    text = rejection_warning(REQS, max_model_len=2048, capacity_tokens=100_000, model_limit=32_768)
+    assert f"the longest needs {longest:,}; give --max-model-len 16384 (the model allows 32,768)" in text
+    # It does not: the registry checkpoints whose context holds the longest request, shortest context first.
+    text = rejection_warning(REQS, max_model_len=2048, capacity_tokens=100_000, model_limit=2048)
+    assert "use a model whose context holds it, qwen2.5-7b (32,768), llama-3.2-1b (131,072)" in text
+    assert "tiny" not in text  # engine test models are no advice
 
 
 def test_overload_warning_only_when_the_queue_keeps_growing():

@@ -113,8 +113,11 @@ def test_latency_cdf_figure_overlays_runs(tmp_path):
     result = plot_latency_cdf(runs)
     axes = result.figure.axes
     assert [ax.get_title() for ax in axes] == ["TTFT", "TPOT", "normalized latency"]
-    assert axes[0].get_xlabel() == "time to first token (s)"
-    assert axes[2].get_xlabel() == "end-to-end latency / output tokens (s/token)"
+    # Latencies under 100 s are drawn in ms, the unit of the CLI's tables; the data stays in seconds.
+    assert axes[0].get_xlabel() == "time to first token (ms)"
+    assert axes[2].get_xlabel() == "end-to-end latency / output tokens (ms/token)"
+    seconds = result.data["ttft_s"]["r1/paged"][0]
+    np.testing.assert_allclose(axes[0].lines[0].get_xdata(), 1e3 * seconds)
     assert axes[0].get_ylabel() == "fraction of finished requests"
     assert all(len(ax.lines) == 4 for ax in axes)
     styles = [(line.get_color(), line.get_linestyle()) for line in axes[0].lines]

@@ -41,8 +41,8 @@ def test_sweep_latency_lines_per_allocator(rate_runs):
     assert line.get_color() == ALLOCATOR_COLORS["paged"]
     assert line.get_xdata().tolist() == [1.0, 2.0, 4.0]    # sorted by rate
     expected = data[data["allocator"] == "paged"].sort_values("rate")["normalized_latency_s"]
-    assert line.get_ydata().tolist() == pytest.approx(expected.tolist())
-    assert ax.get_xlabel() == "request rate (req/s)" and ax.get_ylabel() == "normalized latency (s/token)"
+    assert line.get_ydata().tolist() == pytest.approx((1e3 * expected).tolist())  # drawn in ms
+    assert ax.get_xlabel() == "request rate (req/s)" and ax.get_ylabel() == "normalized latency (ms/token)"
 
 
 def test_block_size_sweep(tmp_path):
