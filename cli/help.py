@@ -124,7 +124,7 @@ def panels(command, ctx) -> dict[str, list[tuple[str, str]]]:
         out.setdefault(title, []).append((option_name(param), option_help(param)))
     if help_option is not None:
         title = HELP_PANEL if HELP_PANEL in out else OPTIONS_PANEL
-        out.setdefault(title, []).append((", ".join(sorted(help_option.opts)), "Show this help and exit."))
+        out.setdefault(title, []).append((option_name(help_option), "Show this help and exit."))
     return out
 
 

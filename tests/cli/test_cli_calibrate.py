@@ -92,6 +92,11 @@ def test_calibrate_simulate_compare_loop(replayed):
     assert comparison["latency"]["e2e_s"]["count"] == 10
     assert comparison["throughput"]["sim"] > 0 and comparison["throughput"]["real"] > 0
     assert (report / "latency_overlay.png").stat().st_size > 0
+    # The replay named first: still the simulation judged against the measurement, the same numbers.
+    result = run("compare", real, sim, "--out", tmp / "reversed")
+    assert result.exit_code == 0, result.output
+    assert "simulated vs measured" in result.output
+    assert json.loads((tmp / "reversed" / "comparison.json").read_text()) == comparison
 
     # --config-from: the replay's pool and trace as run, timed by the profile; the per-step time error
     # is the profile's on the measured steps (what calibrate printed as its fit quality).
