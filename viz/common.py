@@ -31,7 +31,8 @@ class TitledFigure(Figure):
     """A Figure whose titles wrap at its edges when drawn, at any size it is drawn at.
 
     A title that names the run (viz/titles.py) can be longer than a narrow figure is wide; unwrapped, it
-    would run off both edges.
+    would run off both edges. Words wrap at spaces; a word longer than a line (a long trace file name) is
+    broken after a '-', '_', '.' or '/' near the end of the line.
     """
 
     def draw(self, renderer) -> None:
@@ -39,9 +40,27 @@ class TitledFigure(Figure):
         titles = [self._suptitle]
         titles += [t for ax in self.axes for t in (ax.title, ax._left_title, ax._right_title)]
         for title in titles:
-            if title is not None:
-                title.set_wrap(True)
+            if title is None or not title.get_text():
+                continue
+            char_px = 0.62 * title.get_fontsize() * self.dpi / 72
+            title.set_text(break_long_words(title.get_text(), max(12, int(0.9 * self.bbox.width / char_px))))
+            title.set_wrap(True)
         super().draw(renderer)
+
+
+def break_long_words(text: str, width: int) -> str:
+    """`text` with every word longer than `width` characters split over lines, after a separator when one
+    falls in the last third of the piece."""
+    def pieces(word: str):
+        while len(word) > width:
+            window = word[:width]
+            cut = max((window.rfind(c) + 1 for c in "-_./"), default=0)
+            cut = cut if cut > width * 2 // 3 else width
+            yield word[:cut]
+            word = word[cut:]
+        yield word
+
+    return "\n".join(" ".join("\n".join(pieces(w)) for w in line.split(" ")) for line in text.split("\n"))
 
 
 def new_figure(width: float, height: float) -> Figure:

@@ -49,7 +49,7 @@ QUEUE_LABELS = {"num_running": "running", "num_waiting": "waiting", "num_swapped
 
 # Block maps and snapshots colour thousands of requests; these only need to tell neighbours apart, and
 # must never read as a memory state: every one is a blue (hue 200-245, darker than the reservation cyan),
-# at least 35 CIELAB units from each state colour, white and grey (tests/viz/test_palette.py).
+# at least 35 CIELAB units from each state colour, white and grey (tests/viz/test_viz_palette.py).
 OWNER_COLORS = (
     "#0A0A3D", "#101065", "#17375E", "#221BA7", "#2424DB", "#4742AE",
     "#494C88", "#39566A", "#2452DB", "#246DDB", "#5978A6", "#2489DB",

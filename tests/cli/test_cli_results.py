@@ -145,3 +145,15 @@ def test_compare_two_simulations_side_by_side(tmp_path):
     r = pagelab("compare", "bs16/paged", "bs16/contiguous-pow2", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert re.search(r"allocator +paged +contiguous-pow2", r.stdout)
+
+
+def test_plot_window_draws_the_block_map_of_those_seconds(tmp_path):
+    r = pagelab(*SIM, "-a", "paged", "--out", "run", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = pagelab("plot", "run", "--only", "block_map", "--window", "5:10", "--out", "figs", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "figs" / "block_map.png").stat().st_size > 0
+    for window, message in (("5", "--window '5': expected START:END in seconds"),
+                            ("9e9:1e10", "starts after the end of the run")):
+        bad = pagelab("plot", "run", "--only", "block_map", "--window", window, cwd=tmp_path)
+        assert bad.returncode == 2 and message in bad.stderr and "Traceback" not in bad.stderr
