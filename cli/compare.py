@@ -12,6 +12,7 @@ from rich.text import Text
 
 from cli.common import UserError, console, err_console, user_errors, warn
 from cli.report import number
+from pagelab.units import latency_unit
 
 CONFIG_KEYS = ("model", "gpu", "kv_cache_dtype", "allocator", "block_size", "capacity_tokens",
                "max_model_len", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
@@ -64,8 +65,9 @@ def side_by_side(a: tuple[dict, dict], b: tuple[dict, dict]) -> list[tuple[str, 
         rows.append(("throughput", label, sa.get(key), sb.get(key)))
     for key, label in LATENCIES:
         for stat in ("mean", "p50", "p90", "p99"):
-            rows.append(("latency (ms)", f"{label} {stat}", _scaled((sa.get(key) or {}).get(stat), 1e3),
-                         _scaled((sb.get(key) or {}).get(stat), 1e3)))
+            va, vb = (sa.get(key) or {}).get(stat), (sb.get(key) or {}).get(stat)
+            unit, per_s = latency_unit((va, vb))  # ms, or s from 100 s on, as the serving table
+            rows.append(("latency", f"{label} {stat} ({unit})", _scaled(va, per_s), _scaled(vb, per_s)))
     return rows
 
 
@@ -100,10 +102,10 @@ def _change(va, vb) -> tuple[str, str]:
     return shown, (f"{100 * (ratio - 1):+.1f}%" if 0.1 < ratio < 10 else f"{ratio:.3g}x")
 
 
-def side_by_side_tables(rows, title: str) -> tuple[Table, Table]:
+def side_by_side_tables(rows) -> tuple[Table, Table]:
     """The configuration of A and B (values whole, however long), then one row per measured quantity:
     A, B, their difference and the relative change."""
-    config = Table(title=Text(title), box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    config = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     config.add_column("configuration", no_wrap=True)
     for head in ("A", "B"):
         config.add_column(head, justify="right", no_wrap=True)
@@ -187,8 +189,8 @@ def _side_by_side(run_a: Path, run_b: Path, kind: str, allocator: str | None, ou
     name_b, folder_b = _pick(run_b, allocator, run_a)
     a, b = load_allocator(folder_a), load_allocator(folder_b)
     rows = side_by_side((read_config(folder_a), a.summary), (read_config(folder_b), b.summary))
-    title = f"{kind} vs {kind}: A = {run_a} ({name_a}), B = {run_b} ({name_b})"
-    for table in side_by_side_tables(rows, title):
+    console.print(f"{kind} vs {kind}: A = {run_a} ({name_a}), B = {run_b} ({name_b})", markup=False)
+    for table in side_by_side_tables(rows):
         console.print(table)
     if out is None:
         return

@@ -137,7 +137,7 @@ def test_compare_two_simulations_side_by_side(tmp_path):
     assert by_name[("configuration", "block_size")] == (16, 32)
     assert by_name[("configuration", "allocator")] == ("paged", "paged")
     summary = json.loads((tmp_path / "bs32" / "paged" / "summary.json").read_text())
-    assert by_name[("latency (ms)", "TTFT p99")][1] == summary["ttft_s"]["p99"] * 1e3
+    assert by_name[("latency", "TTFT p99 (ms)")][1] == summary["ttft_s"]["p99"] * 1e3
     assert by_name[("memory (% of capacity)", "free")][1] == 100 * summary["memory"]["free"]
     assert {p.name for p in (tmp_path / "cmp").iterdir()} == {"comparison.json", "breakdown.png",
                                                             "latency_cdf.png"}

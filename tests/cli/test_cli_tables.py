@@ -112,11 +112,11 @@ def test_the_side_by_side_comparison_fits_with_long_config_values():
     other = ({**config, "block_size": 32, "allocator": "contiguous-oracle"},
              {**summary, "capacity_tokens": 7})
     rows = side_by_side((config, summary), other)
-    title = "simulated vs simulated: A = runs/a (paged), B = runs/b (paged)"
-    config, numbers = side_by_side_tables(rows, title)
+    config, numbers = side_by_side_tables(rows)
     assert_fits(config)
     assert_fits(numbers)
     assert "Meta-Llama-3-8B-Instruct" in render(config)  # a path shows its last part
+    assert "TTFT mean (s)" in render(numbers) and "376.8" in render(numbers)  # 376,780 ms, in seconds
 
 
 def test_the_attention_benchmark_table_fits():

@@ -19,6 +19,7 @@ ACTIVATE = ". .venv/bin/activate"  # the tour's first line; the test runs the CL
 SLOW_PREFIX = "slow:"
 RUN_SLOW = os.environ.get("PAGELAB_TOUR_SLOW") == "1"
 TIMEOUT_S = 600
+MAX_REJECTED_PCT = 5.0  # a tour line that refuses more of its requests gives no meaningful result
 
 
 def tour_commands(readme: str) -> list[tuple[list[str], bool]]:
@@ -65,6 +66,19 @@ def expected_outputs(argv: list[str]) -> list[str]:
     return paths
 
 
+def rejected_shares(stderr: str) -> list[float]:
+    """The rejected share (%) of every allocator a command warned about ("N of M requests (X%) were
+    rejected")."""
+    return [float(x) for x in re.findall(r"requests \(([\d.]+)%\) were rejected", stderr)]
+
+
+def test_rejected_shares_are_read_from_the_warnings():
+    stderr = ("warning: paged: 519 of 1,000 requests (51.9%) were rejected (519 longer than ...)\n"
+              "warning: contiguous-max: 3 of 1,000 requests (0.3%) were rejected (3 need more ...)\n")
+    assert rejected_shares(stderr) == [51.9, 0.3]
+    assert rejected_shares("simulating paged: 1,000/1,000 (100%)") == []
+
+
 def test_parser_joins_continuations_and_reads_slow_marks():
     readme = ("intro\n## Quick tour\n\n```bash\n" + ACTIVATE + "\n"
               "pagelab simulate --limit 5   # a comment\n"
@@ -106,6 +120,7 @@ def test_quick_tour_runs_as_written(tmp_path):
         output = proc.stdout[-2000:] + proc.stderr[-2000:]
         assert proc.returncode == 0, f"{shown}: exit {proc.returncode}\n{output}"
         assert (proc.stdout + proc.stderr).strip(), f"{shown}: printed nothing"
+        assert all(share < MAX_REJECTED_PCT for share in rejected_shares(proc.stderr)), f"{shown}:\n{output}"
         for path in expected_outputs(argv):
             target = tmp_path / path
             assert target.exists(), f"{shown}: did not write {path}"
