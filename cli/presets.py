@@ -25,7 +25,8 @@ def preset_rows() -> dict[str, list[dict]]:
         preset = next((n for n in m.names if n in ENGINE_PRESETS), None)
         return preset or ("checkpoint" if m.architecture in SUPPORTED_ARCHITECTURES else None)
 
-    models = [{"model": m.name, "aliases": list(m.aliases), "params_b": round(m.num_params / 1e9, 2),
+    models = [{"model": m.name, "hf_id": m.hf_id, "aliases": list(m.aliases),
+               "params_b": round(m.num_params / 1e9, 2),
                "layers": m.num_hidden_layers, "kv_heads": f"{m.num_key_value_heads}/{m.num_attention_heads}",
                "head_dim": m.head_dim, "kv_kib_per_token": m.bytes_per_token / 1024,
                "max_model_len": m.max_model_len, "weights_gib": round(m.weight_bytes / GIB, 1),
@@ -35,7 +36,7 @@ def preset_rows() -> dict[str, list[dict]]:
     return {"models": models, "gpus": gpus}
 
 
-_HIDDEN = ("aliases", "replay")  # in --json; the table's footer says them in words
+_HIDDEN = ("hf_id", "aliases", "replay")  # in --json; the table's footer says them in words
 
 
 def _table(rows: list[dict], title: str, units: dict[str, str]) -> Table:
@@ -46,6 +47,13 @@ def _table(rows: list[dict], title: str, units: dict[str, str]) -> Table:
     for row in rows:
         table.add_row(*(f"{row[k]:g}" if isinstance(row[k], float) else str(row[k]) for k in keys))
     return table
+
+
+def hf_line(models: list[dict]) -> str:
+    """Which Hugging Face ids --model accepts, in one sentence."""
+    ids = [f"{r['hf_id']} ({r['model']})" for r in models if r["hf_id"]]
+    return (f"simulate --model also takes a Hugging Face id, in any case, and its Instruct or chat variant: "
+            f"{', '.join(ids)}; or a local folder with a config.json.")
 
 
 def replay_line(models: list[dict]) -> str:
@@ -73,4 +81,5 @@ def presets_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON i
     console.print(_table(rows["gpus"], "GPUs (simulate --gpu)",
                          {"memory_gib": "GiB", "hbm_tb_s": "HBM TB/s", "tflops_bf16": "TFLOP/s",
                           "pcie_gb_s": "PCIe GB/s"}))
+    console.print(hf_line(rows["models"]))
     console.print(replay_line(rows["models"]))

@@ -164,7 +164,7 @@ def replay_cmd(
                           f"step time p50 {1e3 * (step['p50'] or 0):.1f} ms, "
                           f"KV pool {m['kv_pool_bytes'] / 2**20:.0f} MiB"
                           + (f", {clipped} prompts clipped to max_model_len" if clipped else ""))
-        return {"serving_metrics": metrics}
+        return {"serving_metrics": metrics, "kv_cache": first.to_dict()}
 
     meta = replay_metadata(configs, source)
     with Bars("replaying") as bars:

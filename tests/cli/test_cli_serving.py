@@ -147,3 +147,5 @@ def test_presets_say_what_replays_each_registry_model():
     assert by_name["llama-3-8b"]["replay"] == "checkpoint" and by_name["opt-13b"]["replay"] is None
     table = " ".join(pagelab("presets").stdout.split())  # the footer wraps at the console width
     assert "llama-1b-shape (= llama-3.2-1b)" in table and "cannot run opt-13b" in table
+    assert by_name["llama-3-8b"]["hf_id"] == "meta-llama/Meta-Llama-3-8B"
+    assert "meta-llama/Meta-Llama-3-8B (llama-3-8b)" in table and "Instruct or chat variant" in table
