@@ -30,9 +30,11 @@ INLINE_CHOICES = 30  # name + choices up to this many characters show the choice
 _METAVARS = {int: "INT", float: "FLOAT", str: "TEXT", Path: "PATH", bool: ""}
 
 
-def _width() -> int:
-    """The terminal's width (COLUMNS when set), at most MAX_WIDTH."""
-    return min(shutil.get_terminal_size((80, 24)).columns, MAX_WIDTH)
+def _width(ctx) -> int:
+    """The width click was asked for (a generated reference sets one), else the terminal's (COLUMNS when
+    set), at most MAX_WIDTH or the context's max_content_width."""
+    width = ctx.terminal_width or shutil.get_terminal_size((80, 24)).columns
+    return min(width, ctx.max_content_width or MAX_WIDTH)
 
 
 def _annotation(param):
@@ -151,7 +153,7 @@ def _rows_panel(title: str, rows: list[tuple[str, str]], width: int) -> Panel:
 
 def render(command, ctx) -> str:
     """The whole help page of a command or group."""
-    width = _width()
+    width = _width(ctx)
     buffer = io.StringIO()
     console = Console(file=buffer, width=width, no_color=True, highlight=False, emoji=False,
                       force_terminal=False, legacy_windows=False, markup=False)

@@ -17,7 +17,7 @@ from rich.markup import escape
 
 from cli.common import UserError, err_console
 from pagelab.atomic import atomic_write_bytes
-from pagelab.run_folder import clean_json, versions
+from pagelab.run_folder import clean_json, run_metadata, versions
 from simulator.metrics import METRICS
 
 STATS = ("mean", "median", "std")  # then the percentiles, as p99
@@ -66,7 +66,7 @@ def vllm_result(command: str, name: str, metrics: dict, summary: dict, info: dic
         "kv_cache": labels.get("kv_cache"), "memory": summary.get("memory"),
         "mean_batch_size": summary.get("mean_batch_size"), "num_preemptions": summary.get("num_preemptions"),
         "prefix_cache_hit_rate": summary.get("prefix_cache_hit_rate"),
-        "pagelab_version": versions()["pagelab"],
+        "pagelab_version": versions()["pagelab"], "argv": run_metadata(command)["argv"],
     })
     return clean_json(out)
 

@@ -134,7 +134,7 @@ def kv_dtype_name(kv_cache_dtype: str, model: ModelSpec) -> str:
     if name not in KV_CACHE_DTYPES:
         raise ConfigError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)} (or bf16, fp16), got "
                           f"{kv_cache_dtype!r}")
-    return model.torch_dtype or DEFAULT_DTYPE if name == "auto" else name
+    return (model.torch_dtype or DEFAULT_DTYPE) if name == "auto" else name
 
 
 def kv_bytes_per_token(model: ModelSpec, kv_cache_dtype: str = "auto") -> int:
@@ -210,6 +210,7 @@ def kv_capacity(model: ModelSpec | str, gpu: GPUSpec | str | None = None, *,
     the word the report starts with (default: CPU for the cpu preset, else GPU).
     """
     model = get_model(model) if isinstance(model, str) else model
+    gpu_label = gpu.name if isinstance(gpu, GPUSpec) else gpu
     if not (isinstance(block_size, int) and block_size > 0):
         raise ConfigError(f"block_size must be a positive integer, got {block_size!r}")
     per_token = kv_bytes_per_token(model, kv_cache_dtype)
@@ -234,4 +235,4 @@ def kv_capacity(model: ModelSpec | str, gpu: GPUSpec | str | None = None, *,
                       reserve_bytes=reserve, pool_bytes=int(kv_bytes), capacity_tokens=slots,
                       block_size=block_size, num_blocks=slots // block_size,
                       max_model_len=max_model_len or model.max_model_len,
-                      device=device or ("CPU" if gpu_name == "cpu" else "GPU"))
+                      device=device or ("CPU" if gpu_label == "cpu" else "GPU"))

@@ -64,6 +64,7 @@ def test_save_result_json_matches_the_run_folder(tmp_path):
     assert m["completed"] + m["rejected"] == 30 and saved["goodput_slos_ms"] == {"e2el": 5000.0}
     assert 0 < saved["request_goodput"] <= saved["request_throughput"]
     assert saved["backend"] == "pagelab-simulate" and saved["allocator"] == saved["label"] == "paged"
+    assert saved["argv"][1] == "simulate"  # the command line that made it
     assert saved["kv_cache"] == summary["kv_cache"]
     bench = pagelab("bench", "core", "--num-tokens", "2000", "--repeat", "1", "--save-result", cwd=tmp_path)
     assert bench.returncode == 0, bench.stderr
@@ -97,7 +98,8 @@ def test_aliases_give_the_same_run(tmp_path):
                 cwd=tmp_path)
     assert a.returncode == b.returncode == 0, a.stderr + b.stderr
     ma, mb = (json.loads((tmp_path / f).read_text()) for f in ("a.json", "b.json"))
-    assert ma.pop("date") and mb.pop("date")
+    for key in ("date", "argv"):  # when and how it was asked: the rest is the run
+        assert ma.pop(key) and mb.pop(key)
     assert ma == mb
 
 
