@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import shutil
+import types
 import typing
 from pathlib import Path
 
@@ -61,7 +62,7 @@ def _metavar(param) -> str:
         return ""
     annotation = _annotation(param)
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    inner = args[0] if typing.get_origin(annotation) in (list, typing.Union, type(int | None)) and args \
+    inner = args[0] if typing.get_origin(annotation) in (list, typing.Union, types.UnionType) and args \
         else annotation
     return _METAVARS.get(inner, "VALUE")
 
