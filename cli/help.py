@@ -3,18 +3,21 @@
 Typer's own rich help cuts option names and descriptions with "..." on an 80-column terminal, and click's
 plain help lists forty options in one run. Here every option keeps its whole name, and its description
 wraps; when the terminal is too narrow for two columns the description goes under the name. A group's
-page lists each command with its whole first paragraph.
+page lists each command with its whole first paragraph. On a terminal each panel is a box; piped, or
+rendered at a given width (docs/gen_cli.py), it is a `Title:` line over its rows.
 """
 from __future__ import annotations
 
 import io
 import shutil
+import sys
 import types
 import typing
 from pathlib import Path
 
 from rich import box
 from rich.console import Console, Group
+from rich.padding import Padding
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -136,10 +139,12 @@ def first_paragraph(text: str | None) -> str:
     return " ".join((text or "").strip().split("\n\n")[0].split())
 
 
-def _rows_panel(title: str, rows: list[tuple[str, str]], width: int) -> Panel:
-    """One panel: names and descriptions side by side, or stacked when the terminal is narrow."""
+def _rows_panel(title: str, rows: list[tuple[str, str]], width: int, boxed: bool):
+    """One panel: names and descriptions side by side, or stacked when the terminal is narrow; in a box on
+    a terminal, else under a `Title:` line (pipes and generated references stay plain and small)."""
     name_width = max(len(name) for name, _ in rows)
-    if width - 4 - name_width - 2 >= MIN_HELP_WIDTH:
+    inner = width - (4 if boxed else 2)
+    if inner - name_width - 2 >= MIN_HELP_WIDTH:
         grid = Table.grid(padding=(0, 2))
         grid.add_column(no_wrap=True, min_width=name_width)
         grid.add_column(overflow="fold")
@@ -148,13 +153,18 @@ def _rows_panel(title: str, rows: list[tuple[str, str]], width: int) -> Panel:
         body = grid
     else:
         body = Group(*(part for name, text in rows
-                       for part in (Text(name, style="bold"), Text("    " + text) if text else Text(""))))
-    return Panel(body, title=title, title_align="left", box=box.ROUNDED, padding=(0, 1))
+                       for part in (Text(name, style="bold"), Padding(Text(text), (0, 0, 0, 4)))))
+    if boxed:
+        return Panel(body, title=title, title_align="left", box=box.ROUNDED, padding=(0, 1))
+    return Group(Text(f"{title}:", style="bold"), Padding(body, (0, 0, 0, 2)), Text(""))
 
 
-def render(command, ctx) -> str:
-    """The whole help page of a command or group."""
+def render(command, ctx, boxed: bool | None = None) -> str:
+    """The whole help page of a command or group (`boxed`: panels in boxes; default: when stdout is a
+    terminal and no width was imposed)."""
     width = _width(ctx)
+    if boxed is None:
+        boxed = sys.stdout.isatty() and ctx.terminal_width is None
     buffer = io.StringIO()
     console = Console(file=buffer, width=width, no_color=True, highlight=False, emoji=False,
                       force_terminal=False, legacy_windows=False, markup=False)
@@ -167,14 +177,14 @@ def render(command, ctx) -> str:
             console.print(" ".join(paragraph.split()))
     console.print()
     for title, rows in panels(command, ctx).items():
-        console.print(_rows_panel(title, rows, width))
+        console.print(_rows_panel(title, rows, width, boxed))
     if isinstance(command, TyperGroup):
         listed = [(name, command.get_command(ctx, name)) for name in command.list_commands(ctx)]
         rows = [(name, first_paragraph(cmd.help)) for name, cmd in listed
                 if cmd is not None and not cmd.hidden]
         if rows:
-            console.print(_rows_panel("Commands", rows, width))
-    return buffer.getvalue()
+            console.print(_rows_panel("Commands", rows, width, boxed))
+    return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
 
 
 class PanelCommand(TyperCommand):

@@ -8,7 +8,7 @@ import typer
 from clirun import pagelab
 
 from cli.commands import app
-from cli.help import OPTIONS_PANEL, first_paragraph, option_name, panels
+from cli.help import OPTIONS_PANEL, first_paragraph, option_name, panels, render
 
 SIMULATE_PANELS = ["Trace", "Model and pool", "Scheduler and timing", "Output", "vLLM compatibility"]
 
@@ -25,12 +25,24 @@ def _command(*path: str):
 
 
 def _panel_titles(text: str) -> list[str]:
-    return re.findall(r"^╭─ (.+?) ─", text, re.M)
+    """Panel titles of a help page: box titles on a terminal, `Title:` lines when piped."""
+    return re.findall(r"^╭─ (.+?) ─", text, re.M) or re.findall(r"^(\S[^\n:]*):$", text, re.M)
 
 
 def _flat(page: str) -> str:
     """The help page as one line of words: panel borders out, wrapped descriptions joined."""
     return " ".join(re.sub(r"[│╭╮╰╯─]", " ", page).split())
+
+
+def test_on_a_terminal_each_panel_is_a_box():
+    command, ctx = _command("simulate")
+    boxed, plain = render(command, ctx, boxed=True), render(command, ctx, boxed=False)
+    assert _panel_titles(boxed) == _panel_titles(plain) == SIMULATE_PANELS
+    assert boxed.count("╭─") == len(SIMULATE_PANELS) and "╭" not in plain
+    names = [name for rows in panels(command, ctx).values() for name, _ in rows]
+    for page in (_flat(boxed), _flat(plain)):  # every option in both, in the same order
+        positions = [page.index(name) for name in names]
+        assert positions == sorted(positions)
 
 
 def test_every_simulate_option_sits_in_a_named_panel():
