@@ -17,7 +17,7 @@ def test_a_killed_worker_fails_its_point_and_a_rerun_retries_it(tmp_path):
     result = pagelab(*args, cwd=tmp_path, **{KILL_POINT_ENV: "-r2-"})
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
-    assert "paged rate=2: failed: its worker process was killed by SIGKILL" in result.stderr
+    assert "of at most 3: paged at 2 req/s: failed: its worker process was killed by SIGKILL" in result.stderr
     assert ("warning: 1 point(s) failed (their causes are in the error column of s/sweep.parquet); run the "
             "same sweep again to retry them") in result.stderr
     assert pd.read_parquet(tmp_path / "s" / "sweep.parquet")["error"].notna().sum() == 1
