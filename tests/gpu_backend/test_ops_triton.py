@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from gpu_backend.ops.cases import make_paged_case, make_region_case
+from gpu_backend.ops.cases import hide_out_of_window, make_paged_case, make_region_case
 from gpu_backend.ops.checks import KernelInputError
 from gpu_backend.ops.reference import reference_decode, reference_prefill, relative_error
 
@@ -301,3 +301,31 @@ def test_gpu_int64_addressing(kernels, record_property):
     q_pre = torch.randn((28, 32, head_dim), generator=gen, device="cuda").half()
     args = (q_pre, k_cache, v_cache, tables, cu, context_lens, scale)
     _check(backend.prefill(*args), reference_prefill(*args), torch.float16, record_property)
+
+
+# -- sliding window and logit soft-capping ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("window,softcap,splits", [(8, None, 1), (13, None, 3), (1, None, 1), (9, 5.0, 1),
+                                                   (None, 2.0, 2)])
+def test_window_and_softcap_decode_match_reference(kernels, record_property, window, softcap, splits):
+    """Blocks wholly before the window point at NaN: a kernel that reads them instead of skipping fails."""
+    rng = np.random.default_rng(7000 + (window or 0))
+    contexts = [1, 37, 64, 5, 45]
+    case = make_paged_case(rng, contexts, 4, 2, 64, 4, device=DEVICE)
+    tables = hide_out_of_window(case, window) if window else case.block_tables
+    args = (case.q, case.k_cache, case.v_cache, tables, case.context_lens, case.scale)
+    out = _backend(kernels, block_n=16).decode(*args, num_splits=splits, max_context_len=max(contexts),
+                                               window=window, softcap=softcap)
+    _check(out, reference_decode(*args, window=window, softcap=softcap), torch.float32, record_property)
+
+
+@pytest.mark.parametrize("window,softcap", [(8, None), (5, 3.0)])
+def test_window_and_softcap_prefill_match_reference(kernels, record_property, window, softcap):
+    rng = np.random.default_rng(8000 + window)
+    q_lens = [1, 20, 10, 0, 23]
+    case = make_paged_case(rng, [1, 37, 30, 8, 45], 4, 2, 64, 4, device=DEVICE, q_lens=q_lens)
+    tables = hide_out_of_window(case, window, q_lens)
+    args = (case.q, case.k_cache, case.v_cache, tables, case.cu_seqlens_q, case.context_lens, case.scale)
+    out = _backend(kernels, block_m=16, block_n=16).prefill(*args, window=window, softcap=softcap)
+    _check(out, reference_prefill(*args, window=window, softcap=softcap), torch.float32, record_property)
