@@ -28,7 +28,7 @@ TINY_HYBRID = ModelConfig(
     tie_word_embeddings=False, sliding_window=32,
     layer_types=("sliding_attention", "full_attention") * 2, hidden_act="gelu_pytorch_tanh",
     query_pre_attn_scalar=64.0, final_logit_softcapping=30.0, bos_token_id=2, eos_token_ids=(1,),
-    torch_dtype="float32",
+    torch_dtype="float32", num_params=3_429_120,
 )
 
 PRESETS: dict[str, ModelConfig] = {name: ModelConfig.from_spec(get_model(name)) for name in ENGINE_PRESETS}

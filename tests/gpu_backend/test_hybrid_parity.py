@@ -169,3 +169,22 @@ def test_triton_engine_under_interpreter_equals_transformers(checkpoints, name):
     got = json.loads(proc.stdout.split("tokens ", 1)[1])
     want = [tokens[:16] for tokens in _hf_greedy(hf, prompts)]
     assert got == want
+
+
+def test_tiny_hybrid_preset_runs_in_the_engine_past_its_window():
+    """tiny-hybrid alternates 32-token windows with full layers; the engine's batched, paged steps give
+    the tokens of the engine-independent reference loop, and attending fully would give others."""
+    from gpu_backend.model_presets import build_preset
+    from gpu_backend.testing import generate_simple
+
+    model = build_preset("tiny-hybrid", backend=get_backend("torch", "cpu"))
+    assert [model.config.layer_window(i) for i in range(4)] == [32, None, 32, None]
+    prompts = np.random.default_rng(4).integers(0, 1024, (2, 40)).tolist() + [[7, 8, 9]]
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    engine = LLMEngine(model, backend="torch", block_size=16, num_blocks=64)
+    got = [o.outputs[0].token_ids for o in engine.generate(prompts, params)]
+    assert got == generate_simple(model, prompts, 40, block_size=16)
+    full = CausalLM(dataclasses.replace(model.config, sliding_window=None, layer_types=None),
+                    backend=model.attn_backend)
+    full.load_state_dict(model.state_dict())
+    assert generate_simple(full, prompts, 40, block_size=16) != got
