@@ -141,7 +141,8 @@ class TorchBackend:
             keys, values = gather.gather(rows, valid if ragged else None)  # [n, Hkv, L, D]
             # Empty contexts keep position 0 (zeroed K/V) so their softmax stays finite: output 0.
             mask = (valid | (torch.arange(max_ctx, device=q.device) == 0)) if ragged else None
-            if window:  # relative positions (shift_to_window): the window is [ctx - window, ctx)
+            if window and max(ctx_list[i] for i in tile_rows) > window:  # else no position is outside
+                # Relative positions (shift_to_window): the window is [ctx - window, ctx).
                 pos = torch.arange(max_ctx, device=q.device)
                 in_window = pos[None, :] >= ctx_sorted[start:end, None] - window
                 mask = in_window if mask is None else mask & in_window
