@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpu_backend.ops import KernelInputError, TorchBackend, TorchBackendConfig, get_backend
-from gpu_backend.ops.cases import hide_out_of_window, make_paged_case
+from gpu_backend.ops.cases import hide_out_of_window, make_paged_case, make_region_case
 from gpu_backend.ops.reference import reference_decode, reference_prefill, relative_error
 from gpu_backend.ops.torch_gather import tiles_by_bytes
 
@@ -274,3 +274,23 @@ def test_window_and_softcap_refuse_bad_values():
         TorchBackend().decode(*args, window=-1)
     with pytest.raises(KernelInputError, match="soft-cap"):
         TorchBackend().decode(*args, softcap=-2.0)
+
+
+@pytest.mark.parametrize("window", [1, 8, 13])
+def test_window_over_contiguous_regions_matches_reference(window, record_property):
+    rng = np.random.default_rng(500 + window)
+    contexts, q_lens = [1, 37, 8, 64, 5], [1, 20, 8, 3, 5]
+    for lens in (None, q_lens):
+        case, per_slot = make_region_case(rng, contexts, 8, 2, 64, q_lens=lens)
+        k_ref = case.k_cache.view(-1, 1, *case.k_cache.shape[2:])
+        v_ref = case.v_cache.view(-1, 1, *case.v_cache.shape[2:])
+        if lens is None:
+            out = TorchBackend().decode(case.q, case.k_cache, case.v_cache, case.block_tables,
+                                        case.context_lens, case.scale, contiguous=True, window=window)
+            ref = reference_decode(case.q, k_ref, v_ref, per_slot, case.context_lens, case.scale, window)
+        else:
+            args = (case.cu_seqlens_q, case.context_lens, case.scale)
+            out = TorchBackend().prefill(case.q, case.k_cache, case.v_cache, case.block_tables, *args,
+                                         contiguous=True, window=window)
+            ref = reference_prefill(case.q, k_ref, v_ref, per_slot, *args, window)
+        _check(out, ref, torch.float32, record_property)

@@ -329,3 +329,44 @@ def test_window_and_softcap_prefill_match_reference(kernels, record_property, wi
     args = (case.q, case.k_cache, case.v_cache, tables, case.cu_seqlens_q, case.context_lens, case.scale)
     out = _backend(kernels, block_m=16, block_n=16).prefill(*args, window=window, softcap=softcap)
     _check(out, reference_prefill(*args, window=window, softcap=softcap), torch.float32, record_property)
+
+
+@pytest.mark.parametrize("window", [1, 13])
+def test_window_over_contiguous_regions_matches_reference(kernels, record_property, window):
+    rng = np.random.default_rng(9000 + window)
+    contexts = [1, 37, 8, 64, 5]
+    case, per_slot = make_region_case(rng, contexts, 4, 2, 64, device=DEVICE)
+    k_ref = case.k_cache.view(-1, 1, *case.k_cache.shape[2:])
+    v_ref = case.v_cache.view(-1, 1, *case.v_cache.shape[2:])
+    ref = reference_decode(case.q, k_ref, v_ref, per_slot, case.context_lens, case.scale, window)
+    for splits in (1, 2):
+        out = _backend(kernels, block_n=16).decode(case.q, case.k_cache, case.v_cache, case.block_tables,
+                                                   case.context_lens, case.scale, num_splits=splits,
+                                                   max_context_len=max(contexts), contiguous=True,
+                                                   window=window)
+        _check(out, ref, torch.float32, record_property)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("block_size", [16, 128])
+def test_gpu_sliding_window_full_size(kernels, record_property, dtype, block_size):
+    """Long contexts (split-K), a window off block boundaries, out-of-window blocks poisoned."""
+    rng = np.random.default_rng(9100 + block_size)
+    window = 1000
+    contexts = [1, block_size, 999, 1001, 4096, 32768] + rng.integers(1, 8192, size=10).tolist()
+    case = make_paged_case(rng, contexts, 32, 8, 128, block_size, dtype=dtype, device=DEVICE)
+    tables = hide_out_of_window(case, window)
+    args = (case.q, case.k_cache, case.v_cache, tables, case.context_lens, case.scale)
+    ref = reference_decode(*args, window=window)
+    for splits in (None, 1):
+        out = _backend(kernels).decode(*args, num_splits=splits, max_context_len=max(contexts), window=window)
+        _check(out, ref, dtype, record_property)
+    q_lens = [min(c, int(n)) for c, n in zip(contexts[:8], rng.integers(1, 1500, size=8), strict=False)]
+    case = make_paged_case(rng, contexts[:8], 32, 8, 128, block_size, dtype=dtype, device=DEVICE,
+                           q_lens=q_lens)
+    tables = hide_out_of_window(case, window, q_lens)
+    args = (case.q, case.k_cache, case.v_cache, tables, case.cu_seqlens_q, case.context_lens, case.scale)
+    _check(_backend(kernels).prefill(*args, window=window, softcap=30.0),
+           reference_prefill(*args, window=window, softcap=30.0), dtype, record_property)
