@@ -188,3 +188,21 @@ def test_tiny_hybrid_preset_runs_in_the_engine_past_its_window():
                     backend=model.attn_backend)
     full.load_state_dict(model.state_dict())
     assert generate_simple(full, prompts, 40, block_size=16) != got
+
+
+@pytest.mark.parametrize("options", [
+    {"allocator": "contiguous-oracle", "num_blocks": 400, "block_size": 1},
+    # 16 blocks of 4 slots hold 64 tokens: the requests (up to 57 tokens) take turns, preempted mid-way.
+    {"num_blocks": 16, "block_size": 4, "preemption_mode": "recompute", "watermark": 0.0},
+    {"num_blocks": 16, "block_size": 4, "preemption_mode": "swap", "swap_space_gb": 0.001, "watermark": 0.0},
+], ids=["contiguous", "recompute", "swap"])
+@pytest.mark.parametrize("name", ["mistral", "gemma2"])
+def test_engine_pools_and_preemption_with_windows_equal_transformers(checkpoints, name, options):
+    path, hf = checkpoints[name]
+    ours = load_model(path, dtype="float32")
+    prompts = _prompts([5, 19, 33, 1], seed=1)
+    engine = LLMEngine(ours, backend="torch", enable_prefix_caching=False, **options)
+    got = [o.outputs[0].token_ids for o in engine.generate(prompts, GREEDY)]
+    assert got == _hf_greedy(hf, prompts)
+    if "preemption_mode" in options:
+        assert engine.scheduler.num_preemptions > 0
