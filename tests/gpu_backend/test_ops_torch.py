@@ -210,8 +210,6 @@ def test_bad_shapes_raise_typed_errors():
 @pytest.mark.parametrize("block_size", [1, 4])
 def test_contiguous_regions_match_reference(block_size, record_property):
     """Regions (start, length) read exactly their slots; NaN everywhere else never leaks in."""
-    from gpu_backend.ops.cases import make_region_case
-
     rng = np.random.default_rng(70 + block_size)
     contexts, q_lens = [1, 37, 8, 64, 5], [1, 20, 8, 3, 5]
     for lens in (None, q_lens):
