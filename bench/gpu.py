@@ -3,7 +3,8 @@
 On a machine whose image has torch, Triton and transformers, after `pip install --no-deps
 --no-build-isolation -e .`, it measures in one process, part by part, within a time budget (a device is
 lent 15 minutes in all, start-up included): the GPU tests (`pytest -m gpu`); `bench attention` at
-B1x32k, B16x1k, B64x1k and B64x32k against SDPA and the copy bandwidth; decode step p50 at batch 64 and
+B1x32k, B16x1k, B64x1k and B64x32k against SDPA and the copy bandwidth; sliding-window decode against
+full attention at the same number of KV blocks read (bench.window_attention); decode step p50 at batch 64 and
 256 (llama-1b-shape, bf16, CUDA graphs and eager) on 256 azure-conv requests arriving at once, with their
 context lengths and each step's weights+KV read time; the memory-bound four-allocator replay (2 GiB of
 KV); contiguous-max against paged replay wall at the same batch limit; the held-out calibration replays
@@ -82,6 +83,13 @@ def part_attention(check: Check) -> dict:
     result = parts.attention(check.setup)
     check.copy_gbps = result["copy_gb_per_s"]
     return result
+
+
+def part_window_attention(check: Check) -> dict:
+    """Sliding-window decode against full attention at the same blocks read (bench.window_attention)."""
+    from bench.window_attention import default_config, run_window_bench
+
+    return run_window_bench(default_config(check.setup.device))
 
 
 def part_decode(check: Check) -> dict:
@@ -194,6 +202,7 @@ def part_engine(check: Check) -> dict:
 PARTS: dict[str, tuple[Callable[[Check], dict], float]] = {
     "tests": (part_tests, 45.0),
     "attention": (part_attention, 25.0),
+    "window_attention": (part_window_attention, 20.0),
     "decode": (part_decode, 40.0),
     "memory_bound": (part_memory_bound, 45.0),
     "contiguous_vs_paged": (part_contiguous, 25.0),

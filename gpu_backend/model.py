@@ -1,9 +1,13 @@
-"""A Llama-family decoder (Llama, Mistral, Qwen2) that reads and writes a paged KV cache.
+"""A Llama- or Gemma-family decoder (Llama, Mistral, Qwen2, Gemma 2, Gemma 3 text) over a paged KV cache.
 
 One forward takes a packed batch of tokens from many sequences (prefills, prefill chunks and decodes
 together, no padding) and returns logits only for the rows the caller asked for. Attention goes through
-the kernels of `gpu_backend.ops`; everything else is plain torch. Parameters are created uninitialized:
-the loader or a preset fills them.
+the kernels of `gpu_backend.ops`, each layer with its own sliding window (None: full attention) and
+logit soft-cap; everything else is plain torch. All layers share one block table per sequence: a
+sliding layer's kernels skip the blocks before its window, a full layer reads them all. Gemma adds
+(1 + w) RMSNorms around attention and MLP, a GELU MLP, embeddings scaled by sqrt(hidden_size), and
+(Gemma 3) per-head q/k norms and a separate RoPE base for sliding layers. Parameters are created
+uninitialized: the loader or a preset fills them.
 """
 from __future__ import annotations
 
@@ -50,73 +54,108 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(x.dtype)
 
 
-class Attention(nn.Module):
-    """Grouped-query self-attention with q/k/v fused into one projection."""
+class GemmaRMSNorm(RMSNorm):
+    """Gemma's RMSNorm: the weight is stored as w - 1 and applied as (1 + w), in fp32 before the cast."""
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalize the last dimension."""
+        x32 = x.to(torch.float32)
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x32 * (1.0 + self.weight.to(torch.float32))).to(x.dtype)
+
+
+def _norm(config: ModelConfig, size: int, dtype: torch.dtype, device: torch.device | str) -> RMSNorm:
+    """The architecture's RMSNorm over `size` features."""
+    cls = GemmaRMSNorm if config.is_gemma else RMSNorm
+    return cls(size, config.rms_norm_eps, dtype, device)
+
+
+class Attention(nn.Module):
+    """Grouped-query self-attention with q/k/v fused into one projection; one layer's window and soft-cap."""
+
+    def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype, device: torch.device | str):
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.scale = self.head_dim ** -0.5
+        self.scale = config.attention_scale
+        self.window = config.layer_window(layer)  # None: full attention
+        self.softcap = config.attn_logit_softcapping
         self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, config.qkv_bias,
                                dtype, device)
         self.o_proj = Linear(self.q_size, config.hidden_size, config.o_bias, dtype, device)
+        self.q_norm = _norm(config, self.head_dim, dtype, device) if config.qk_norm else None
+        self.k_norm = _norm(config, self.head_dim, dtype, device) if config.qk_norm else None
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, meta: AttentionMetadata, backend) -> torch.Tensor:
         """Project, rotate, write this step's K/V into the cache, attend over the cache, project back."""
         num_tokens = hidden.shape[0]
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = RotaryEmbedding.apply(q.view(num_tokens, self.num_heads, self.head_dim), cos, sin)
-        k = RotaryEmbedding.apply(k.view(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = RotaryEmbedding.apply(q, cos, sin)
+        k = RotaryEmbedding.apply(k, cos, sin)
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         backend.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         # The host-side maxima go down with the call, so no kernel needs a device sync to size itself.
         if meta.is_decode_only:
             out = backend.decode(q, k_cache, v_cache, meta.block_tables, meta.context_lens, self.scale,
-                                 max_context_len=meta.max_context_len, contiguous=meta.contiguous)
+                                 max_context_len=meta.max_context_len, contiguous=meta.contiguous,
+                                 window=self.window, softcap=self.softcap)
         else:
             out = backend.prefill(q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q,
                                   meta.context_lens, self.scale, max_query_len=meta.max_q_len,
-                                  contiguous=meta.contiguous)
+                                  contiguous=meta.contiguous, window=self.window, softcap=self.softcap)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 
 class MLP(nn.Module):
-    """SwiGLU feed-forward with gate and up fused into one projection."""
+    """Gated feed-forward (SwiGLU, or GELU-tanh for Gemma) with gate and up fused into one projection."""
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str):
         super().__init__()
         self.intermediate_size = config.intermediate_size
+        self.gelu = config.hidden_act == "gelu_pytorch_tanh"
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, config.mlp_bias,
                                    dtype, device)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, config.mlp_bias, dtype, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """down(silu(gate(x)) * up(x))."""
+        """down(act(gate(x)) * up(x))."""
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        act = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
+        return self.down_proj(act * up)
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm attention block followed by a pre-norm MLP block, each with a residual."""
+    """Pre-norm attention block followed by a pre-norm MLP block, each with a residual; Gemma also
+    normalizes each block's output before its residual add (sandwich norms)."""
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str):
+    def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype, device: torch.device | str):
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
-        self.self_attn = Attention(config, dtype, device)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+        h = config.hidden_size
+        self.input_layernorm = _norm(config, h, dtype, device)
+        self.self_attn = Attention(config, layer, dtype, device)
+        self.post_attention_layernorm = _norm(config, h, dtype, device)
         self.mlp = MLP(config, dtype, device)
+        # Gemma: post_attention_layernorm closes the attention block, these open and close the MLP block.
+        self.pre_feedforward_layernorm = _norm(config, h, dtype, device) if config.is_gemma else None
+        self.post_feedforward_layernorm = _norm(config, h, dtype, device) if config.is_gemma else None
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, meta: AttentionMetadata, backend) -> torch.Tensor:
         """One transformer layer over the packed tokens."""
         attn_out = self.self_attn(self.input_layernorm(hidden), cos, sin, k_cache, v_cache, meta, backend)
-        hidden = hidden + attn_out
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        if self.pre_feedforward_layernorm is None:
+            hidden = hidden + attn_out
+            return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        hidden = hidden + self.post_attention_layernorm(attn_out)
+        return hidden + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(hidden)))
 
 
 class CausalLM(nn.Module):
@@ -128,12 +167,15 @@ class CausalLM(nn.Module):
         self.config = config
         dtype = resolve_dtype(dtype)
         self.embed_tokens = _empty((config.vocab_size, config.hidden_size), dtype, device)
-        self.layers = nn.ModuleList(DecoderLayer(config, dtype, device)
-                                    for _ in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+        self.layers = nn.ModuleList(DecoderLayer(config, i, dtype, device)
+                                    for i in range(config.num_hidden_layers))
+        self.norm = _norm(config, config.hidden_size, dtype, device)
         self.lm_head = None if config.tie_word_embeddings else _empty((config.vocab_size, config.hidden_size),
                                                                         dtype, device)
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling, device)
+        # Gemma 3's sliding layers rotate with their own base and no scaling.
+        self.local_rotary = (RotaryEmbedding(config.head_dim, config.rope_local_theta, None, device)
+                             if config.rope_local_theta is not None else None)
         self.attn_backend = backend
 
     @property
@@ -161,14 +203,20 @@ class CausalLM(nn.Module):
         if self.attn_backend is None:
             raise RuntimeError("CausalLM has no attention backend; call set_backend(get_backend(...)) first")
         hidden = F.embedding(input_ids, self.embed_tokens)
-        cos, sin = self.rotary.cos_sin(positions, hidden.dtype)
+        if self.config.is_gemma:  # the scale is rounded to the weights' dtype first, as transformers does
+            hidden = hidden * torch.tensor(self.config.hidden_size ** 0.5, dtype=hidden.dtype)
+        rope = self.rotary.cos_sin(positions, hidden.dtype)
+        local = rope if self.local_rotary is None else self.local_rotary.cos_sin(positions, hidden.dtype)
         for layer_idx, layer in enumerate(self.layers):
+            cos, sin = local if layer.self_attn.window is not None else rope
             hidden = layer(hidden, cos, sin, kv_cache.k[layer_idx], kv_cache.v[layer_idx], attn_metadata,
                            self.attn_backend)
         # The final norm is per token, so normalizing only the sampled rows is exact and cheaper.
         hidden = self.norm(hidden.index_select(0, attn_metadata.logits_indices))
         head = self.embed_tokens if self.lm_head is None else self.lm_head
-        return F.linear(hidden, head).float()
+        logits = F.linear(hidden, head).float()
+        cap = self.config.final_logit_softcapping
+        return logits if cap is None else cap * torch.tanh(logits / cap)
 
     def hf_weight_sources(self) -> dict[str, list[tuple[str, int]]]:
         """For each parameter, the Hugging Face tensors stacked along dim 0 to fill it: (name, rows)."""
@@ -181,8 +229,14 @@ class CausalLM(nn.Module):
             sources["lm_head"] = [("lm_head.weight", cfg.vocab_size)]
         for i in range(cfg.num_hidden_layers):
             ours, hf = f"layers.{i}.", f"model.layers.{i}."
-            sources[ours + "input_layernorm.weight"] = [(hf + "input_layernorm.weight", h)]
-            sources[ours + "post_attention_layernorm.weight"] = [(hf + "post_attention_layernorm.weight", h)]
+            norms = ["input_layernorm", "post_attention_layernorm"]
+            norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"] if cfg.is_gemma else []
+            for norm in norms:
+                sources[ours + f"{norm}.weight"] = [(hf + f"{norm}.weight", h)]
+            if cfg.qk_norm:
+                for norm in ("q_norm", "k_norm"):
+                    sources[ours + f"self_attn.{norm}.weight"] = [(hf + f"self_attn.{norm}.weight",
+                                                                   cfg.head_dim)]
             for kind in ["weight"] + (["bias"] if cfg.qkv_bias else []):
                 sources[ours + f"self_attn.qkv_proj.{kind}"] = [
                     (hf + f"self_attn.q_proj.{kind}", q_rows), (hf + f"self_attn.k_proj.{kind}", kv_rows),

@@ -15,7 +15,24 @@ from simulator.core.models import get_model
 # tiny-qwen2 for a 2-core CPU, llama-1b-shape (the registry's llama-3.2-1b, named for its shape because the
 # weights are not Meta's) for GPU benchmarks.
 ENGINE_PRESETS = ("tiny", "tiny-qwen2", "llama-1b-shape")
+
+# tiny's hybrid flavour, Gemma 3's layout at tiny's size: sliding-window layers (32 tokens, two blocks
+# of 16) alternating with full-attention ones, q/k norms, a local RoPE base for the sliding layers and a
+# final logit soft-cap. Its LM head is untied: with random weights, a tied head scaled by Gemma's
+# sqrt(hidden) embedding mostly repeats the input token. The engine builds it by itself: the shared
+# registry has no per-layer attention types yet, so the simulator does not know it.
+TINY_HYBRID = ModelConfig(
+    name="tiny-hybrid", architecture="Gemma3ForCausalLM", vocab_size=1024, hidden_size=256,
+    intermediate_size=688, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+    max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=1000000.0, rope_local_theta=10000.0,
+    tie_word_embeddings=False, sliding_window=32,
+    layer_types=("sliding_attention", "full_attention") * 2, hidden_act="gelu_pytorch_tanh",
+    query_pre_attn_scalar=64.0, final_logit_softcapping=30.0, bos_token_id=2, eos_token_ids=(1,),
+    torch_dtype="float32", num_params=3_429_120,
+)
+
 PRESETS: dict[str, ModelConfig] = {name: ModelConfig.from_spec(get_model(name)) for name in ENGINE_PRESETS}
+PRESETS[TINY_HYBRID.name] = TINY_HYBRID
 
 
 def build_preset(name: str, dtype: str | torch.dtype | None = None, device: torch.device | str = "cpu",
@@ -33,13 +50,15 @@ def init_random_weights(model: CausalLM, seed: int) -> None:
     """Fill all parameters from a generator on the model's device (so a 1B preset builds quickly on a GPU).
 
     Matrices get std 1/sqrt(fan_in): unit gain keeps activations in half-precision range at any width,
-    and logits spread enough that greedy choices are rarely near-ties. Norm weights are near 1.
+    and logits spread enough that greedy choices are rarely near-ties. Norm gains are near 1 (Gemma stores
+    a gain as w - 1, so its weights are near 0).
     """
     generator = torch.Generator(device=model.device).manual_seed(int(seed))
+    gain = 0.0 if model.config.is_gemma else 1.0
     with torch.no_grad():
         for name, param in sorted(model.named_parameters()):
-            if name.endswith("layernorm.weight") or name == "norm.weight":
-                param.normal_(1.0, 0.1, generator=generator)
+            if name.endswith("norm.weight"):
+                param.normal_(gain, 0.1, generator=generator)
             elif name.endswith(".bias"):
                 param.normal_(0.0, 0.1, generator=generator)
             else:

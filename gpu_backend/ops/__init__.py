@@ -23,13 +23,18 @@ class AttentionBackend(Protocol):
         """key/value [T, Hkv, D] -> pool slots slot_mapping [T] (int64; -1 skips the token)."""
 
     def decode(self, q, k_cache, v_cache, block_tables, context_lens, scale: float, *,
-               max_context_len: int | None = None, contiguous: bool = False) -> torch.Tensor:
+               max_context_len: int | None = None, contiguous: bool = False, window: int | None = None,
+               softcap: float | None = None) -> torch.Tensor:
         """q [B, Hq, D], block_tables [B, max_blocks] int32/64 (or [B, 1] region starts when
-        contiguous), context_lens [B] -> [B, Hq, D]; max_context_len >= every context (host int)."""
+        contiguous), context_lens [B] -> [B, Hq, D]; max_context_len >= every context (host int).
+        window: the layer's sliding window in tokens (None/0: full attention; blocks wholly before it
+        are skipped); softcap: cap * tanh(logit / cap) on the scores (None/0: none)."""
 
     def prefill(self, q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale: float,
-                max_query_len: int | None = None, *, contiguous: bool = False) -> torch.Tensor:
-        """Packed q [T, Hq, D], cu_seqlens_q [B+1], context_lens [B] incl. new tokens -> [T, Hq, D]."""
+                max_query_len: int | None = None, *, contiguous: bool = False, window: int | None = None,
+                softcap: float | None = None) -> torch.Tensor:
+        """Packed q [T, Hq, D], cu_seqlens_q [B+1], context_lens [B] incl. new tokens -> [T, Hq, D];
+        window and softcap as in decode."""
 
 
 BACKEND_NAMES = ("auto", "torch", "triton")

@@ -121,3 +121,17 @@ def make_region_case(rng: np.random.Generator, context_lens: list[int], num_head
     for i, (start, ctx) in enumerate(zip(starts, context_lens, strict=True)):
         per_slot[i, :ctx] = np.arange(start, start + ctx)
     return case, torch.from_numpy(per_slot).to(device)
+
+
+def hide_out_of_window(case: PagedCase, window: int, q_lens: list[int] | None = None) -> torch.Tensor:
+    """The case's block tables with every block wholly before each sequence's first window pointed at an
+    all-NaN block: a kernel that reads (rather than skips) such a block returns NaN."""
+    tables = case.block_tables.clone()
+    lens = case.context_lens.tolist()
+    q_lens = [1] * len(lens) if q_lens is None else q_lens
+    block_size = case.k_cache.shape[1]
+    poison = int(tables[0, -1])  # the padding column points at the poison block
+    for i, (ctx, n) in enumerate(zip(lens, q_lens, strict=True)):
+        hidden = max(0, ctx - n - window + 1) // block_size
+        tables[i, :hidden] = poison
+    return tables

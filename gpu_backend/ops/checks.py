@@ -71,6 +71,18 @@ def check_store(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
         raise KernelInputError(f"store_kv slot_mapping must be int32/int64, got {slot_mapping.dtype}")
 
 
+def check_window(window: int | None, softcap: float | None) -> tuple[int, float]:
+    """Normalize a layer's sliding window (None/0: full attention) and logit soft-cap (None/0: none)."""
+    window = 0 if window is None else window
+    softcap = 0.0 if softcap is None else float(softcap)
+    if not isinstance(window, int) or isinstance(window, bool) or window < 0:
+        raise KernelInputError(
+            f"sliding window must be a non-negative int (0 = full attention), got {window!r}")
+    if softcap < 0:
+        raise KernelInputError(f"logit soft-cap must be >= 0 (0 = none), got {softcap}")
+    return window, softcap
+
+
 def block_mapping_tensor(block_mapping, device=None) -> torch.Tensor:
     """Normalize a (src, dst) mapping — dict, list of pairs or [N, 2] tensor — to an int64 [N, 2] tensor."""
     if isinstance(block_mapping, dict):

@@ -22,8 +22,10 @@ from gpu_backend.ops.checks import (
     check_query,
     check_store,
     check_tables,
+    check_window,
 )
 from gpu_backend.ops.torch_gather import ROW_PAD_BYTES, Gatherer, tiles_by_bytes
+from gpu_backend.ops.torch_window import capped_attention, shift_to_window
 
 
 @dataclass(frozen=True)
@@ -85,11 +87,15 @@ class TorchBackend:
 
     # -- decode ---------------------------------------------------------------------------------
     def decode(self, q, k_cache, v_cache, block_tables, context_lens, scale: float, *,
-               max_context_len: int | None = None, contiguous: bool = False) -> torch.Tensor:
+               max_context_len: int | None = None, contiguous: bool = False, window: int | None = None,
+               softcap: float | None = None) -> torch.Tensor:
         """One query per sequence: q [B, Hq, D] over its whole paged context -> out [B, Hq, D].
 
-        contiguous: block_tables [B, 1] holds region starts (see `region_tables`).
+        contiguous: block_tables [B, 1] holds region starts (see `region_tables`). window: sliding window
+        in tokens (None/0: full attention; whole blocks before it are never gathered); softcap: logit
+        soft-cap (None/0: none).
         """
+        window, softcap = check_window(window, softcap)
         if contiguous:
             k_cache, v_cache, block_tables = region_tables(k_cache, v_cache, block_tables, context_lens,
                                                            max_context_len)
@@ -102,6 +108,10 @@ class TorchBackend:
             return out
         ctx_list = [int(c) for c in context_lens.tolist()]
         _check_fits(ctx_list, block_tables, block_size, "decode")
+        if window:
+            block_tables, ctx_list = shift_to_window(block_tables, ctx_list, [1] * num_seqs, block_size,
+                                                     window)
+            context_lens = torch.tensor(ctx_list, dtype=torch.int64, device=context_lens.device)
         token_bytes = 2 * num_kv_heads * head_dim * k_cache.element_size()
         tiles = tiles_by_bytes(ctx_list, [1] * num_seqs, token_bytes, self.config.tile_bytes,
                                self.config.solo_bytes, self.config.decode_max_pad)
@@ -120,9 +130,9 @@ class TorchBackend:
             end = start + len(tile_rows)
             if end - start == 1:  # one long sequence fills the tile: exact slots, strided BLAS
                 ctx = ctx_list[tile_rows[0]]
-                pos = torch.arange(ctx, device=q.device)
+                pos = torch.arange(max(0, ctx - window) if window else 0, ctx, device=q.device)
                 slots = tables_sorted[start, pos // block_size] * block_size + pos % block_size
-                _single_decode(q_sorted[start], gather, slots, scale, out=out_sorted[start])
+                _single_decode(q_sorted[start], gather, slots, scale, out=out_sorted[start], softcap=softcap)
                 start = end
                 continue
             rows, valid = gather.rows(tables_sorted[start:end], ctx_sorted[start:end], max_ctx)
@@ -131,7 +141,12 @@ class TorchBackend:
             keys, values = gather.gather(rows, valid if ragged else None)  # [n, Hkv, L, D]
             # Empty contexts keep position 0 (zeroed K/V) so their softmax stays finite: output 0.
             mask = (valid | (torch.arange(max_ctx, device=q.device) == 0)) if ragged else None
-            out_sorted[start:end] = _decode_attention(q_sorted[start:end], keys, values, mask, scale)
+            if window and max(ctx_list[i] for i in tile_rows) > window:  # else no position is outside
+                # Relative positions (shift_to_window): the window is [ctx - window, ctx).
+                pos = torch.arange(max_ctx, device=q.device)
+                in_window = pos[None, :] >= ctx_sorted[start:end, None] - window
+                mask = in_window if mask is None else mask & in_window
+            out_sorted[start:end] = _decode_attention(q_sorted[start:end], keys, values, mask, scale, softcap)
             start = end
         out_sorted = out_sorted.view(num_seqs, num_heads, head_dim)
         if in_order:
@@ -141,8 +156,13 @@ class TorchBackend:
 
     # -- prefill --------------------------------------------------------------------------------
     def prefill(self, q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale: float,
-                max_query_len: int | None = None, *, contiguous: bool = False) -> torch.Tensor:
-        """Packed queries q [T, Hq, D]: each sequence's last q_len positions attend causally -> [T, Hq, D]."""
+                max_query_len: int | None = None, *, contiguous: bool = False, window: int | None = None,
+                softcap: float | None = None) -> torch.Tensor:
+        """Packed queries q [T, Hq, D]: each sequence's last q_len positions attend causally -> [T, Hq, D].
+
+        window and softcap as in `decode`.
+        """
+        window, softcap = check_window(window, softcap)
         if contiguous:
             k_cache, v_cache, block_tables = region_tables(k_cache, v_cache, block_tables, context_lens)
         _, block_size, num_kv_heads, head_dim = check_cache_pair(k_cache, v_cache)
@@ -161,6 +181,10 @@ class TorchBackend:
             raise KernelInputError(f"prefill sequence {bad[0]}: query length {q_lens[bad[0]]} is negative or "
                                    f"exceeds its context length {ctx_list[bad[0]]}")
         _check_fits(ctx_list, block_tables, block_size, "prefill")
+        full_tables, full_lens = block_tables, context_lens  # the decode rows shift their own tables
+        if window:
+            block_tables, ctx_list = shift_to_window(block_tables, ctx_list, q_lens, block_size, window)
+            context_lens = torch.tensor(ctx_list, dtype=torch.int64, device=context_lens.device)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         seqs = list(range(num_seqs))
         decoding = [i for i in seqs if q_lens[i] == 1]
@@ -171,8 +195,9 @@ class TorchBackend:
             rows_t = torch.tensor(decoding, dtype=torch.int64, device=q.device)
             tok_t = torch.tensor([cu[i] for i in decoding], dtype=torch.int64, device=q.device)
             out.index_copy_(0, tok_t, self.decode(q.index_select(0, tok_t), k_cache, v_cache,
-                                                  block_tables.index_select(0, rows_t),
-                                                  context_lens.index_select(0, rows_t), scale))
+                                                  full_tables.index_select(0, rows_t),
+                                                  full_lens.index_select(0, rows_t), scale,
+                                                  window=window, softcap=softcap))
             seqs = [i for i in seqs if q_lens[i] != 1]
         token_bytes = 2 * num_kv_heads * head_dim * k_cache.element_size()
         tiles = [([seqs[r] for r in rows], max_ctx, max_q) for rows, max_ctx, max_q in
@@ -192,14 +217,23 @@ class TorchBackend:
             real = j[None, :] < q_len[:, None]  # [n, Qmax]
             q_idx = torch.where(real, start[:, None] + j[None, :], num_tokens)
             q_pos = ctx[:, None] - q_len[:, None] + j[None, :]  # absolute position of each query
+            if window:  # padding rows copy the last real one, so none is wholly outside its window
+                last = (q_len - 1).clamp(min=0)
+                q_pos = ctx[:, None] - q_len[:, None] + torch.minimum(j[None, :], last[:, None])
             rows, valid = gather.rows(block_tables.index_select(0, idx), ctx, max_ctx)
             keys, values = gather.gather(rows, valid)  # [n, Hkv, L, D]
             pos = torch.arange(max_ctx, device=q.device)
             # Causal over cached + new positions; every row keeps position 0 so no row is fully masked.
             mask = (pos[None, None, :] <= q_pos.clamp(min=0)[:, :, None])[:, None]  # [n, 1, Qmax, L]
+            if window:
+                mask = mask & (pos[None, None, :] > q_pos[:, :, None] - window)[:, None]
             q_tile = q_ext[q_idx].transpose(1, 2)  # [n, Hq, Qmax, D]
-            kwargs = {"enable_gqa": True} if group > 1 else {}
-            o = F.scaled_dot_product_attention(q_tile, keys, values, attn_mask=mask, scale=scale, **kwargs)
+            if softcap:
+                o = capped_attention(q_tile, keys, values, mask, scale, softcap)
+            else:
+                kwargs = {"enable_gqa": True} if group > 1 else {}
+                o = F.scaled_dot_product_attention(q_tile, keys, values, attn_mask=mask, scale=scale,
+                                                   **kwargs)
             o = o.transpose(1, 2)  # [n, Qmax, Hq, D]
             out.index_copy_(0, q_idx[real], o[real].to(q.dtype))
         return out
@@ -233,7 +267,8 @@ def _check_fits(ctx_list: list[int], block_tables: torch.Tensor, block_size: int
                                f"or exceeds block_tables capacity {capacity} tokens")
 
 
-def _single_decode(q, gather: Gatherer, slots: torch.Tensor, scale: float, out: torch.Tensor) -> None:
+def _single_decode(q, gather: Gatherer, slots: torch.Tensor, scale: float, out: torch.Tensor,
+                   softcap: float = 0.0) -> None:
     """One sequence: q [Hkv, G, D] over its context's slots [L] -> out [Hkv, G, D] (written in place).
 
     K/V are copied slot by slot into slot-major [L, Hkv, D] (exactly the context: no padding, no
@@ -244,6 +279,11 @@ def _single_decode(q, gather: Gatherer, slots: torch.Tensor, scale: float, out: 
         out.zero_()
         return
     keys = gather.gather_slots(slots, "k")
+    if softcap:
+        values = gather.gather_slots(slots, "v")
+        out.copy_(capped_attention(q[:, None], keys.transpose(0, 1)[:, None], values.transpose(0, 1)[:, None],
+                                   None, scale, softcap)[:, 0])
+        return
     if q.dtype == torch.float32:
         probs = torch.softmax(torch.bmm(q * scale, keys.permute(1, 2, 0)), dim=-1)  # [Hkv, G, L]
         values = gather.gather_slots(slots, "v", into="k")
@@ -254,12 +294,15 @@ def _single_decode(q, gather: Gatherer, slots: torch.Tensor, scale: float, out: 
                                              values.transpose(0, 1)[None], scale=scale)[0])
 
 
-def _decode_attention(q, keys, values, mask, scale: float) -> torch.Tensor:
+def _decode_attention(q, keys, values, mask, scale: float, softcap: float = 0.0) -> torch.Tensor:
     """q [n, Hkv, G, D] (GQA group folded into the query axis) over K/V [n, Hkv, L, D] -> [n, Hkv, G, D].
 
     fp32 uses matmul-softmax-matmul, measured faster than CPU SDPA for these skinny (G-row) products;
     fp16/bf16 go through SDPA, which accumulates in fp32. mask [n, L] (True = attend) or None.
     """
+    if softcap:
+        return capped_attention(q, keys, values, None if mask is None else mask[:, None, None, :], scale,
+                                softcap)
     if q.dtype == torch.float32:
         scores = torch.matmul(q * scale, keys.transpose(-1, -2))  # [n, Hkv, G, L]
         if mask is not None:

@@ -14,6 +14,7 @@ from gpu_backend.ops.checks import (
     check_query,
     check_store,
     check_tables,
+    check_window,
 )
 from gpu_backend.ops.triton_decode import SplitPolicy, choose_num_splits
 from gpu_backend.ops.triton_tile import interpreting
@@ -53,13 +54,17 @@ class TritonBackend:
 
     def decode(self, q, k_cache, v_cache, block_tables, context_lens, scale: float,
                num_splits: int | None = None, *, max_context_len: int | None = None,
-               contiguous: bool = False) -> torch.Tensor:
+               contiguous: bool = False, window: int | None = None, softcap: float | None = None
+               ) -> torch.Tensor:
         """q [B, Hq, D] over paged contexts -> [B, Hq, D]; num_splits=None lets the heuristic choose.
 
         max_context_len: the longest context (the engine knows it on the host); without it the table's
         capacity bounds it (paged) or one device sync finds it (contiguous). contiguous: block_tables
         [B, 1] holds each sequence's region start and its context is slots [start, start + len).
+        window: sliding-window size in tokens (None or 0: full attention); softcap: logit cap (None or 0:
+        none).
         """
+        window, softcap = check_window(window, softcap)
         _, block_size, num_kv_heads, head_dim = check_cache_pair(k_cache, v_cache)
         check_query(q, num_kv_heads, head_dim, "decode")
         check_tables(block_tables, context_lens, q.shape[0], "decode")
@@ -69,17 +74,21 @@ class TritonBackend:
             max_context_len = (int(context_lens.max()) if contiguous and len(context_lens)
                                else block_tables.shape[1] * block_size)
         if num_splits is None:
-            num_splits = choose_num_splits(q.shape[0], num_kv_heads, max_context_len, _num_sms(q.device),
+            span = triton_decode.decode_span(max_context_len, window, block_size)
+            num_splits = choose_num_splits(q.shape[0], num_kv_heads, span, _num_sms(q.device),
                                            self.config.split_policy)
         if num_splits < 1:
             raise KernelInputError(f"decode num_splits must be >= 1, got {num_splits}")
         return triton_decode.paged_decode(
             q, k_cache, v_cache, block_tables, context_lens, scale, num_splits, max_context_len,
-            block_n=self._block_n(head_dim), num_warps=self.config.num_warps, contiguous=contiguous)
+            block_n=self._block_n(head_dim), num_warps=self.config.num_warps, contiguous=contiguous,
+            window=window, softcap=softcap)
 
     def prefill(self, q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale: float,
-                max_query_len: int | None = None, *, contiguous: bool = False) -> torch.Tensor:
+                max_query_len: int | None = None, *, contiguous: bool = False, window: int | None = None,
+                softcap: float | None = None) -> torch.Tensor:
         """Packed q [T, Hq, D]; each sequence's last q_len positions attend causally -> [T, Hq, D]."""
+        window, softcap = check_window(window, softcap)
         _, block_size, num_kv_heads, head_dim = check_cache_pair(k_cache, v_cache)
         check_query(q, num_kv_heads, head_dim, "prefill")
         check_tables(block_tables, context_lens, context_lens.shape[0], "prefill")
@@ -93,7 +102,7 @@ class TritonBackend:
         return triton_prefill.paged_prefill(
             q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, max_query_len,
             block_m=self.config.block_m, block_n=self._block_n(head_dim), num_warps=self.config.num_warps,
-            contiguous=contiguous)
+            contiguous=contiguous, window=window, softcap=softcap)
 
     def _block_n(self, head_dim: int) -> int:
         """KV tile length; halved for head_dim 256 to bound registers per program."""

@@ -6,6 +6,11 @@ With S > 1 (split-K) each program covers `tokens_per_split` positions and writes
 (unnormalized acc, running max m, sum l); `_split_reduce_kernel` merges them. Softmax is online, fp32,
 in the log2 domain. Tiles of BLOCK_N tokens may span several KV blocks: each token looks up its own
 physical block, so any block size works. All pool offsets are int64.
+
+Sliding window (window > 0, a per-layer argument): the query at position ctx - 1 sees positions
+[ctx - window, ctx). The loop starts at the first KV block holding one of them, so blocks wholly before
+the window are never read (nor their block-table entries); only that first block's head is masked.
+Splits then cover [that block's start, ctx) rather than [0, ctx).
 """
 from __future__ import annotations
 
@@ -33,19 +38,30 @@ def _paged_decode_kernel(
     block_tables_ptr,  # [B, max_blocks] int32/int64; [B, 1] region starts if CONTIGUOUS
     context_lens_ptr,  # [B] int32
     scale_log2,  # softmax scale * log2(e)
+    softcap_log2,  # logit soft-cap * log2(e) (SOFTCAP)
+    window,  # sliding window in tokens (SLIDING)
     tokens_per_split, num_heads, num_splits,
     stride_qb, stride_qh, stride_ob, stride_oh,
     stride_cb, stride_cs, stride_ch, stride_bt,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr,
-    CONTIGUOUS: tl.constexpr, WHILE_LOOP: tl.constexpr,
+    CONTIGUOUS: tl.constexpr, SLIDING: tl.constexpr, SOFTCAP: tl.constexpr, WHILE_LOOP: tl.constexpr,
 ):
-    """Online-softmax attention of G query heads over positions [split*tps, min((split+1)*tps, ctx))."""
+    """Online-softmax attention of G query heads over positions [lo + split*tps, min(.. + tps, ctx)).
+
+    lo is 0, or with SLIDING the first position of the KV block that holds position ctx - window.
+    """
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2)
     ctx = tl.load(context_lens_ptr + b)
-    start = split * tokens_per_split
+    if SLIDING:
+        win_start = tl.maximum(ctx - window, 0)
+        lo = (win_start // BLOCK_SIZE) * BLOCK_SIZE
+    else:
+        win_start = 0
+        lo = 0
+    start = lo + split * tokens_per_split
     end = tl.minimum(start + tokens_per_split, ctx)
 
     offs_g = tl.arange(0, G_PAD)
@@ -64,18 +80,21 @@ def _paged_decode_kernel(
     bt_row = block_tables_ptr + b * stride_bt
     region_start = tl.load(bt_row).to(tl.int64)  # CONTIGUOUS: first slot of the region (else unused)
     q_pos = offs_g  # unused by the non-causal tile (every row sees every key)
+    q_lo = tl.zeros([G_PAD], tl.int32) + win_start  # [G_PAD] (SLIDING only)
     if WHILE_LOOP:  # the interpreter (see triton_tile)
         n0 = start
         while n0 < end:
-            m_i, l_i, acc = attend_tile(n0, end, q, m_i, l_i, acc, q_pos, k_cache_ptr, v_cache_ptr, bt_row,
-                                        region_start, kvh, stride_cb, stride_cs, stride_ch, scale_log2,
-                                        offs_n, offs_d, d_mask, BLOCK_SIZE, CONTIGUOUS, False, DOT_PREC)
+            m_i, l_i, acc = attend_tile(n0, end, q, m_i, l_i, acc, q_pos, q_lo, k_cache_ptr, v_cache_ptr,
+                                        bt_row, region_start, kvh, stride_cb, stride_cs, stride_ch,
+                                        scale_log2, softcap_log2, offs_n, offs_d, d_mask, BLOCK_SIZE,
+                                        CONTIGUOUS, False, SLIDING, SOFTCAP, DOT_PREC)
             n0 += BLOCK_N
     else:
         for n0 in range(start, end, BLOCK_N):
-            m_i, l_i, acc = attend_tile(n0, end, q, m_i, l_i, acc, q_pos, k_cache_ptr, v_cache_ptr, bt_row,
-                                        region_start, kvh, stride_cb, stride_cs, stride_ch, scale_log2,
-                                        offs_n, offs_d, d_mask, BLOCK_SIZE, CONTIGUOUS, False, DOT_PREC)
+            m_i, l_i, acc = attend_tile(n0, end, q, m_i, l_i, acc, q_pos, q_lo, k_cache_ptr, v_cache_ptr,
+                                        bt_row, region_start, kvh, stride_cb, stride_cs, stride_ch,
+                                        scale_log2, softcap_log2, offs_n, offs_d, d_mask, BLOCK_SIZE,
+                                        CONTIGUOUS, False, SLIDING, SOFTCAP, DOT_PREC)
 
     if SPLIT:
         row = (b * num_heads + heads) * num_splits + split  # [G_PAD]
@@ -93,14 +112,19 @@ def _split_reduce_kernel(
     out_ptr,  # [B, Hq, D]
     part_acc_ptr, part_m_ptr, part_l_ptr,  # [B, Hq, S, D_PAD], [B, Hq, S], [B, Hq, S] fp32
     context_lens_ptr,  # [B] int32
-    tokens_per_split, num_heads, num_splits, stride_ob, stride_oh,
-    D: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr,
+    window, tokens_per_split, num_heads, num_splits, stride_ob, stride_oh,
+    D: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    SLIDING: tl.constexpr,
 ):
     """Merge the split-K partials of one (sequence, query head): rescale by exp2(m_s - max m)."""
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     ctx = tl.load(context_lens_ptr + b)
-    used = tl.minimum(tl.cdiv(ctx, tokens_per_split), num_splits)  # later splits never ran a tile
+    if SLIDING:  # noqa: SIM108 - the splits started at the window's first block (see the decode kernel)
+        span = ctx - (tl.maximum(ctx - window, 0) // BLOCK_SIZE) * BLOCK_SIZE
+    else:
+        span = ctx
+    used = tl.minimum(tl.cdiv(span, tokens_per_split), num_splits)  # later splits never ran a tile
     offs_s = tl.arange(0, S_PAD)
     offs_d = tl.arange(0, D_PAD)
     s_mask = offs_s < used
@@ -143,6 +167,12 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sm
     return max(1, min(triton.cdiv(target, max(programs, 1)), by_length, policy.max_splits))
 
 
+def decode_span(max_context: int, window: int, block_size: int) -> int:
+    """The most positions one decode query reads: its context, or at most window + block_size - 1 (the
+    window plus the head of the first block it reaches into)."""
+    return max_context if window <= 0 else min(max_context, window + block_size - 1)
+
+
 def split_plan(max_context: int, num_splits: int, block_n: int) -> tuple[int, int]:
     """(tokens_per_split, effective num_splits): splits hold whole BLOCK_N tiles and none is empty."""
     tokens_per_split = triton.cdiv(triton.cdiv(max(max_context, 1), num_splits), block_n) * block_n
@@ -151,11 +181,12 @@ def split_plan(max_context: int, num_splits: int, block_n: int) -> tuple[int, in
 
 def paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale: float, num_splits: int,
                  max_context: int, block_n: int = 64, num_warps: int = 4,
-                 contiguous: bool = False) -> torch.Tensor:
+                 contiguous: bool = False, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
     """Launch decode (1-pass when num_splits == 1, else split-K + reduce); returns [B, Hq, D].
 
     max_context: an upper bound of context_lens (the engine knows the exact longest context on the
-    host); splits cover [0, max_context). contiguous: block_tables [B, 1] holds region starts.
+    host); splits cover [0, max_context), or the window's span (decode_span). contiguous: block_tables
+    [B, 1] holds region starts. window > 0: sliding-window attention; softcap > 0: logit soft-capping.
     """
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -164,7 +195,8 @@ def paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale: float, 
     if num_seqs == 0:
         return out
     d_pad = triton.next_power_of_2(head_dim)
-    tokens_per_split, num_splits = split_plan(max_context, num_splits, block_n)
+    span = decode_span(max_context, window, block_size)
+    tokens_per_split, num_splits = split_plan(span, num_splits, block_n)
     split = num_splits > 1
     if split:
         part_acc = torch.empty((num_seqs, num_heads, num_splits, d_pad), dtype=torch.float32, device=q.device)
@@ -174,18 +206,20 @@ def paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale: float, 
         part_acc = part_m = part_l = out  # unused by the 1-pass specialization
     _paged_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         out, part_acc, part_m, part_l, q, k_cache, v_cache, block_tables, context_lens,
-        scale * LOG2E, tokens_per_split, num_heads, num_splits,
+        scale * LOG2E, softcap * LOG2E, window, tokens_per_split, num_heads, num_splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         G=group, G_PAD=max(16, triton.next_power_of_2(group)), D=head_dim, D_PAD=d_pad,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, SPLIT=split,
         DOT_PREC="ieee" if k_cache.dtype == torch.float32 else "tf32",
-        CONTIGUOUS=contiguous, WHILE_LOOP=interpreting(), num_warps=num_warps,
+        CONTIGUOUS=contiguous, SLIDING=window > 0, SOFTCAP=softcap > 0, WHILE_LOOP=interpreting(),
+        num_warps=num_warps,
     )
     if split:
         _split_reduce_kernel[(num_seqs, num_heads)](
-            out, part_acc, part_m, part_l, context_lens, tokens_per_split, num_heads, num_splits,
+            out, part_acc, part_m, part_l, context_lens, window, tokens_per_split, num_heads, num_splits,
             out.stride(0), out.stride(1),
             D=head_dim, D_PAD=d_pad, S_PAD=max(SPLITS_PAD, triton.next_power_of_2(num_splits)),
+            BLOCK_SIZE=block_size, SLIDING=window > 0,
         )
     return out

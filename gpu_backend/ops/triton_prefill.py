@@ -5,6 +5,9 @@ stored in the pool; every key (cached prefix and new tokens alike) is read throu
 Grid (B, Hkv, ceil(max_q_len / BLOCK_Q)): a program takes BLOCK_Q tokens x the G query heads of one KV
 head as BLOCK_M = BLOCK_Q * G_PAD rows (row r: token r // G_PAD, head r % G_PAD), so each K/V tile
 load serves all of them. Covers prefix-cache hits, chunked prefill, recompute and q_len = 1 rows.
+With a sliding window (window > 0) the query at position p sees [p - window + 1, p]: a program's loop
+starts at the KV block holding its first query's first visible position, so blocks wholly before every
+window of the tile are never read.
 """
 from __future__ import annotations
 
@@ -24,11 +27,13 @@ def _paged_prefill_kernel(
     cu_seqlens_ptr,  # [B + 1] int32
     context_lens_ptr,  # [B] int32, including the new tokens
     scale_log2,
+    softcap_log2,  # logit soft-cap * log2(e) (SOFTCAP)
+    window,  # sliding window in tokens (SLIDING)
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cb, stride_cs, stride_ch, stride_bt,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
-    CONTIGUOUS: tl.constexpr, WHILE_LOOP: tl.constexpr,
+    CONTIGUOUS: tl.constexpr, SLIDING: tl.constexpr, SOFTCAP: tl.constexpr, WHILE_LOOP: tl.constexpr,
 ):
     """Causal online-softmax attention for BLOCK_Q new tokens x G heads of one sequence."""
     b = tl.program_id(0).to(tl.int64)
@@ -61,20 +66,30 @@ def _paged_prefill_kernel(
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
     # The tile's last query sits at ctx - q_len + min((q_tile+1)*BLOCK_Q, q_len) - 1.
     kv_end = ctx - q_len + tl.minimum((q_tile + 1) * BLOCK_Q, q_len)
+    if SLIDING:
+        q_lo = q_pos - window + 1  # [BLOCK_M]
+        # The tile's first query sits at ctx - q_len + q_tile * BLOCK_Q; its window starts earliest.
+        first_visible = tl.maximum(ctx - q_len + q_tile * BLOCK_Q - window + 1, 0)
+        kv_start = (first_visible // BLOCK_SIZE) * BLOCK_SIZE
+    else:
+        q_lo = q_pos
+        kv_start = 0
     bt_row = block_tables_ptr + b * stride_bt
     region_start = tl.load(bt_row).to(tl.int64)  # CONTIGUOUS: first slot of the region (else unused)
     if WHILE_LOOP:  # the interpreter (see triton_tile)
-        n0 = tl.zeros([], tl.int32)
+        n0 = tl.zeros([], tl.int32) + kv_start
         while n0 < kv_end:
-            m_i, l_i, acc = attend_tile(n0, kv_end, q, m_i, l_i, acc, q_pos, k_cache_ptr, v_cache_ptr, bt_row,
-                                        region_start, kvh, stride_cb, stride_cs, stride_ch, scale_log2,
-                                        offs_n, offs_d, d_mask, BLOCK_SIZE, CONTIGUOUS, True, DOT_PREC)
+            m_i, l_i, acc = attend_tile(n0, kv_end, q, m_i, l_i, acc, q_pos, q_lo, k_cache_ptr, v_cache_ptr,
+                                        bt_row, region_start, kvh, stride_cb, stride_cs, stride_ch,
+                                        scale_log2, softcap_log2, offs_n, offs_d, d_mask, BLOCK_SIZE,
+                                        CONTIGUOUS, True, SLIDING, SOFTCAP, DOT_PREC)
             n0 += BLOCK_N
     else:
-        for n0 in range(0, kv_end, BLOCK_N):
-            m_i, l_i, acc = attend_tile(n0, kv_end, q, m_i, l_i, acc, q_pos, k_cache_ptr, v_cache_ptr, bt_row,
-                                        region_start, kvh, stride_cb, stride_cs, stride_ch, scale_log2,
-                                        offs_n, offs_d, d_mask, BLOCK_SIZE, CONTIGUOUS, True, DOT_PREC)
+        for n0 in range(kv_start, kv_end, BLOCK_N):
+            m_i, l_i, acc = attend_tile(n0, kv_end, q, m_i, l_i, acc, q_pos, q_lo, k_cache_ptr, v_cache_ptr,
+                                        bt_row, region_start, kvh, stride_cb, stride_cs, stride_ch,
+                                        scale_log2, softcap_log2, offs_n, offs_d, d_mask, BLOCK_SIZE,
+                                        CONTIGUOUS, True, SLIDING, SOFTCAP, DOT_PREC)
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(out_ptr + q_rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
@@ -83,10 +98,12 @@ def _paged_prefill_kernel(
 
 def paged_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale: float,
                   max_query_len: int, block_m: int = 64, block_n: int = 64,
-                  num_warps: int = 4, contiguous: bool = False) -> torch.Tensor:
+                  num_warps: int = 4, contiguous: bool = False, window: int = 0,
+                  softcap: float = 0.0) -> torch.Tensor:
     """Launch the prefill kernel over (B, Hkv, query tiles); returns [T, Hq, D].
 
     contiguous: block_tables [B, 1] holds each sequence's region start (slot) in the pool.
+    window > 0: sliding-window attention; softcap > 0: logit soft-capping.
     """
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -99,12 +116,14 @@ def paged_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens,
     block_q = max(1, block_m // g_pad)
     grid = (num_seqs, num_kv_heads, triton.cdiv(max_query_len, block_q))
     _paged_prefill_kernel[grid](
-        out, q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale * LOG2E,
+        out, q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale * LOG2E, softcap * LOG2E,
+        window,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         G=group, G_PAD=g_pad, D=head_dim, D_PAD=triton.next_power_of_2(head_dim),
         BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_N=block_n,
         DOT_PREC="ieee" if k_cache.dtype == torch.float32 else "tf32",
-        CONTIGUOUS=contiguous, WHILE_LOOP=interpreting(), num_warps=num_warps,
+        CONTIGUOUS=contiguous, SLIDING=window > 0, SOFTCAP=softcap > 0, WHILE_LOOP=interpreting(),
+        num_warps=num_warps,
     )
     return out

@@ -30,16 +30,32 @@ def jit_unspecialized(*names: str):
 
 
 @triton.jit
+def tanh(x):
+    """tanh from exp2 of a non-positive argument: no overflow, and the interpreter runs it too."""
+    e = tl.exp2(-2.8853900817779268 * tl.abs(x))  # exp(-2|x|); 2 log2(e)
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
 def attend_tile(
     n0, end,  # tile start; exclusive end of the visible keys
     q, m_i, l_i, acc,  # q [M, D_PAD]; online-softmax state [M], [M], [M, D_PAD] fp32
     q_pos,  # [M] absolute query positions (CAUSAL only)
+    q_lo,  # [M] first position each row may see (SLIDING only: q_pos - window + 1)
     k_cache_ptr, v_cache_ptr,  # [num_blocks, BLOCK_SIZE, Hkv, D]
     bt_row, region_start, kvh, stride_cb, stride_cs, stride_ch, scale_log2,
+    softcap_log2,  # SOFTCAP: the logit cap times log2(e)
     offs_n, offs_d, d_mask,  # [BLOCK_N], [D_PAD], [D_PAD]
-    BLOCK_SIZE: tl.constexpr, CONTIGUOUS: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, CONTIGUOUS: tl.constexpr, CAUSAL: tl.constexpr, SLIDING: tl.constexpr,
+    SOFTCAP: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
-    """Online-softmax update of (m_i, l_i, acc) with keys/values at positions [n0, n0 + BLOCK_N) < end."""
+    """Online-softmax update of (m_i, l_i, acc) with keys/values at positions [n0, n0 + BLOCK_N) < end.
+
+    SLIDING masks the positions of this tile before a row's window (the callers start their loops at
+    the first block that holds a visible position, so only that block's head is masked); SOFTCAP maps
+    each logit s to cap * tanh(s / cap) before the mask, as Gemma 2 does.
+    """
     pos = n0 + offs_n  # [BLOCK_N]
     n_mask = pos < end
     if CONTIGUOUS:  # a region: slot = start + pos
@@ -54,10 +70,14 @@ def attend_tile(
     # K tile [BLOCK_N, D_PAD]; masked lanes (past the context, padded dims) read as 0.
     k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * scale_log2  # [M, BLOCK_N]
+    if SOFTCAP:  # (cap log2e) tanh(s / (cap log2e)) is cap tanh(logit / cap) in the log2 domain
+        s = softcap_log2 * tanh(s / softcap_log2)
     if CAUSAL:
         allowed = n_mask[None, :] & (pos[None, :] <= q_pos[:, None])
     else:
         allowed = n_mask[None, :] & (q_pos[:, None] >= 0)
+    if SLIDING:
+        allowed = allowed & (pos[None, :] >= q_lo[:, None])
     s = tl.where(allowed, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet stay at 0

@@ -27,6 +27,8 @@ def test_the_dry_run_measures_every_part_and_writes_one_json_one_table_and_the_r
     results = {name: p["result"] for name, p in report["parts"].items()}
     assert results["tests"]["skipped"] > 0 and results["tests"]["failed"] == 0  # no CUDA: all skipped
     assert [s["shape"] for s in results["attention"]["shapes"]] == ["B1x256", "B2x128"]
+    window = results["window_attention"]["rows"]  # sliding and full read the same blocks: same outputs
+    assert len(window) == 4 and all(r["rel_err"] < 1e-6 and r["ratio"] > 0 for r in window)
     decode = results["decode"]["b2-eager"]
     assert decode["num_steps"] > 0 and decode["p50_ms"] > 0 and decode["over_read_floor"] > 0
     assert set(results["memory_bound"]["allocators"]) == set(gpu_parts.ALLOCATORS)

@@ -15,6 +15,7 @@ from gpu_backend.model import CausalLM
 from gpu_backend.model_config import ModelConfig, ModelLoadError, resolve_dtype
 from gpu_backend.model_presets import PRESETS
 from pagelab.errors import PagelabError
+from simulator.core.models import ModelSpec
 
 # Llama-3.2-1B's config.json as transformers 4.x writes it (rope_theta + rope_scaling at top level).
 LLAMA_32_1B_CONFIG = {
@@ -189,11 +190,40 @@ def test_llama_1b_shape_is_llama_3_2_1b_as_config_json_says():
     assert real.name == "" and real.num_params is None  # config.json says neither
 
 
-def test_mistral_sliding_window_caps_max_model_len():
+def test_mistral_sliding_window_is_run_not_a_length_cap():
     raw = dict(LLAMA_32_1B_CONFIG, architectures=["MistralForCausalLM"], sliding_window=4096,
                rope_scaling=None)
     config = ModelConfig.from_hf_dict(raw)
-    assert config.sliding_window == 4096 and config.max_model_len == 4096
+    assert config.sliding_window == 4096 and config.layer_window(0) == config.layer_window(15) == 4096
+    # The engine attends through the window; the registry's shape, priced as full attention, stops there.
+    assert config.max_model_len == raw["max_position_embeddings"]
+    spec = ModelSpec(**{f.name: getattr(config, f.name) for f in dataclasses.fields(ModelSpec)})
+    assert spec.max_model_len == 4096
+
+
+@pytest.mark.parametrize("edit,match", [
+    ({"layer_types": ["sliding_attention"] * 3}, "layer_types names 3 layers, but num_hidden_layers is 16"),
+    ({"layer_types": ["local"] * 16}, "layer_types holds 'local'"),
+    ({"sliding_window": None, "layer_types": ["sliding_attention"] * 16}, None),
+    ({"hidden_activation": "relu"}, "hidden_act 'relu'"),
+])
+def test_bad_hybrid_fields(edit, match):
+    raw = {**LLAMA_32_1B_CONFIG, "architectures": ["Gemma3ForCausalLM"], "sliding_window": 512, **edit}
+    if match is None:  # no window: layer types are moot, every layer attends fully
+        assert ModelConfig.from_hf_dict(raw).layer_window(0) is None
+        return
+    with pytest.raises(ModelLoadError, match=r"^x/config\.json: .*" + match):
+        ModelConfig.from_hf_dict(raw, source="x/config.json")
+
+
+def test_gemma3_legacy_fields_give_the_same_layout():
+    """transformers 4.x Gemma 3 files: rope_local_base_freq and sliding_window_pattern, no layer_types."""
+    raw = dict(LLAMA_32_1B_CONFIG, architectures=["Gemma3ForCausalLM"], sliding_window=512,
+               sliding_window_pattern=4, rope_local_base_freq=10000.0, rope_theta=1e6, rope_scaling=None,
+               hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=64)
+    config = ModelConfig.from_hf_dict(raw)
+    assert [config.layer_window(i) for i in range(8)] == [512, 512, 512, None] * 2
+    assert (config.rope_theta, config.rope_local_theta, config.query_pre_attn_scalar) == (1e6, 1e4, 64.0)
 
 
 def test_qwen2_bias_and_disabled_sliding_window():

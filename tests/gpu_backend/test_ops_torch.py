@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpu_backend.ops import KernelInputError, TorchBackend, TorchBackendConfig, get_backend
-from gpu_backend.ops.cases import make_paged_case
+from gpu_backend.ops.cases import hide_out_of_window, make_paged_case, make_region_case
 from gpu_backend.ops.reference import reference_decode, reference_prefill, relative_error
 from gpu_backend.ops.torch_gather import tiles_by_bytes
 
@@ -210,8 +210,6 @@ def test_bad_shapes_raise_typed_errors():
 @pytest.mark.parametrize("block_size", [1, 4])
 def test_contiguous_regions_match_reference(block_size, record_property):
     """Regions (start, length) read exactly their slots; NaN everywhere else never leaks in."""
-    from gpu_backend.ops.cases import make_region_case
-
     rng = np.random.default_rng(70 + block_size)
     contexts, q_lens = [1, 37, 8, 64, 5], [1, 20, 8, 3, 5]
     for lens in (None, q_lens):
@@ -231,3 +229,66 @@ def test_contiguous_regions_match_reference(block_size, record_property):
         err = relative_error(out, ref)
         record_property("rel_err", err)
         assert err <= 1e-5
+
+
+# -- sliding window and logit soft-capping ------------------------------------------------------------
+WINDOW_CONTEXTS = [1, 16, 37, 8, 64, 5, 23, 45]
+
+
+@pytest.mark.parametrize("tiling", TILINGS)
+@pytest.mark.parametrize("window,softcap", [(8, None), (13, None), (1, None), (100, None), (9, 5.0),
+                                            (None, 2.0)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_window_and_softcap_decode_match_reference(tiling, window, softcap, dtype, record_property):
+    """Blocks wholly before the window point at NaN: reading one instead of skipping it shows up."""
+    rng = np.random.default_rng(300 + (window or 0))
+    case = make_paged_case(rng, WINDOW_CONTEXTS, 8, 2, 64, 4, dtype=dtype)
+    tables = hide_out_of_window(case, window) if window else case.block_tables
+    args = (case.q, case.k_cache, case.v_cache, tables, case.context_lens, case.scale)
+    out = TorchBackend(TILINGS[tiling]).decode(*args, window=window, softcap=softcap)
+    ref = reference_decode(*args, window=window, softcap=softcap)
+    _check(out, ref, dtype, record_property)
+    if window and window < 37:  # the window changes the answer
+        assert relative_error(reference_decode(*args[:3], case.block_tables, *args[4:]), ref) > 1e-2
+
+
+@pytest.mark.parametrize("window,softcap", [(8, None), (13, None), (1, None), (6, 3.0), (None, 2.0)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_window_and_softcap_prefill_match_reference(window, softcap, dtype, record_property):
+    rng = np.random.default_rng(400 + (window or 0))
+    q_lens = [1, 16, 10, 1, 30, 0, 23, 20]
+    case = make_paged_case(rng, WINDOW_CONTEXTS[:5] + [30, 23, 45], 8, 2, 64, 4, dtype=dtype, q_lens=q_lens)
+    tables = hide_out_of_window(case, window, q_lens) if window else case.block_tables
+    args = (case.q, case.k_cache, case.v_cache, tables, case.cu_seqlens_q, case.context_lens, case.scale)
+    for config in (TorchBackendConfig(), TorchBackendConfig(tile_bytes=4096)):
+        out = TorchBackend(config).prefill(*args, window=window, softcap=softcap)
+        _check(out, reference_prefill(*args, window=window, softcap=softcap), dtype, record_property)
+
+
+def test_window_and_softcap_refuse_bad_values():
+    case = make_paged_case(np.random.default_rng(7), [3, 9], 4, 2, 64, 8)
+    args = (case.q, case.k_cache, case.v_cache, case.block_tables, case.context_lens, case.scale)
+    with pytest.raises(KernelInputError, match="sliding window"):
+        TorchBackend().decode(*args, window=-1)
+    with pytest.raises(KernelInputError, match="soft-cap"):
+        TorchBackend().decode(*args, softcap=-2.0)
+
+
+@pytest.mark.parametrize("window", [1, 8, 13])
+def test_window_over_contiguous_regions_matches_reference(window, record_property):
+    rng = np.random.default_rng(500 + window)
+    contexts, q_lens = [1, 37, 8, 64, 5], [1, 20, 8, 3, 5]
+    for lens in (None, q_lens):
+        case, per_slot = make_region_case(rng, contexts, 8, 2, 64, q_lens=lens)
+        k_ref = case.k_cache.view(-1, 1, *case.k_cache.shape[2:])
+        v_ref = case.v_cache.view(-1, 1, *case.v_cache.shape[2:])
+        if lens is None:
+            out = TorchBackend().decode(case.q, case.k_cache, case.v_cache, case.block_tables,
+                                        case.context_lens, case.scale, contiguous=True, window=window)
+            ref = reference_decode(case.q, k_ref, v_ref, per_slot, case.context_lens, case.scale, window)
+        else:
+            args = (case.cu_seqlens_q, case.context_lens, case.scale)
+            out = TorchBackend().prefill(case.q, case.k_cache, case.v_cache, case.block_tables, *args,
+                                         contiguous=True, window=window)
+            ref = reference_prefill(case.q, k_ref, v_ref, per_slot, *args, window)
+        _check(out, ref, torch.float32, record_property)

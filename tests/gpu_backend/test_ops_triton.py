@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from gpu_backend.ops.cases import make_paged_case, make_region_case
+from gpu_backend.ops.cases import hide_out_of_window, make_paged_case, make_region_case
 from gpu_backend.ops.checks import KernelInputError
 from gpu_backend.ops.reference import reference_decode, reference_prefill, relative_error
 
@@ -301,3 +301,72 @@ def test_gpu_int64_addressing(kernels, record_property):
     q_pre = torch.randn((28, 32, head_dim), generator=gen, device="cuda").half()
     args = (q_pre, k_cache, v_cache, tables, cu, context_lens, scale)
     _check(backend.prefill(*args), reference_prefill(*args), torch.float16, record_property)
+
+
+# -- sliding window and logit soft-capping ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("window,softcap,splits", [(8, None, 1), (13, None, 3), (1, None, 1), (9, 5.0, 1),
+                                                   (None, 2.0, 2)])
+def test_window_and_softcap_decode_match_reference(kernels, record_property, window, softcap, splits):
+    """Blocks wholly before the window point at NaN: a kernel that reads them instead of skipping fails."""
+    rng = np.random.default_rng(7000 + (window or 0))
+    contexts = [1, 37, 64, 5, 45]
+    case = make_paged_case(rng, contexts, 4, 2, 64, 4, device=DEVICE)
+    tables = hide_out_of_window(case, window) if window else case.block_tables
+    args = (case.q, case.k_cache, case.v_cache, tables, case.context_lens, case.scale)
+    out = _backend(kernels, block_n=16).decode(*args, num_splits=splits, max_context_len=max(contexts),
+                                               window=window, softcap=softcap)
+    _check(out, reference_decode(*args, window=window, softcap=softcap), torch.float32, record_property)
+
+
+@pytest.mark.parametrize("window,softcap", [(8, None), (5, 3.0)])
+def test_window_and_softcap_prefill_match_reference(kernels, record_property, window, softcap):
+    rng = np.random.default_rng(8000 + window)
+    q_lens = [1, 20, 10, 0, 23]
+    case = make_paged_case(rng, [1, 37, 30, 8, 45], 4, 2, 64, 4, device=DEVICE, q_lens=q_lens)
+    tables = hide_out_of_window(case, window, q_lens)
+    args = (case.q, case.k_cache, case.v_cache, tables, case.cu_seqlens_q, case.context_lens, case.scale)
+    out = _backend(kernels, block_m=16, block_n=16).prefill(*args, window=window, softcap=softcap)
+    _check(out, reference_prefill(*args, window=window, softcap=softcap), torch.float32, record_property)
+
+
+@pytest.mark.parametrize("window", [1, 13])
+def test_window_over_contiguous_regions_matches_reference(kernels, record_property, window):
+    rng = np.random.default_rng(9000 + window)
+    contexts = [1, 37, 8, 64, 5]
+    case, per_slot = make_region_case(rng, contexts, 4, 2, 64, device=DEVICE)
+    k_ref = case.k_cache.view(-1, 1, *case.k_cache.shape[2:])
+    v_ref = case.v_cache.view(-1, 1, *case.v_cache.shape[2:])
+    ref = reference_decode(case.q, k_ref, v_ref, per_slot, case.context_lens, case.scale, window)
+    for splits in (1, 2):
+        out = _backend(kernels, block_n=16).decode(case.q, case.k_cache, case.v_cache, case.block_tables,
+                                                   case.context_lens, case.scale, num_splits=splits,
+                                                   max_context_len=max(contexts), contiguous=True,
+                                                   window=window)
+        _check(out, ref, torch.float32, record_property)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("block_size", [16, 128])
+def test_gpu_sliding_window_full_size(kernels, record_property, dtype, block_size):
+    """Long contexts (split-K), a window off block boundaries, out-of-window blocks poisoned."""
+    rng = np.random.default_rng(9100 + block_size)
+    window = 1000
+    contexts = [1, block_size, 999, 1001, 4096, 32768] + rng.integers(1, 8192, size=10).tolist()
+    case = make_paged_case(rng, contexts, 32, 8, 128, block_size, dtype=dtype, device=DEVICE)
+    tables = hide_out_of_window(case, window)
+    args = (case.q, case.k_cache, case.v_cache, tables, case.context_lens, case.scale)
+    ref = reference_decode(*args, window=window)
+    for splits in (None, 1):
+        out = _backend(kernels).decode(*args, num_splits=splits, max_context_len=max(contexts), window=window)
+        _check(out, ref, dtype, record_property)
+    q_lens = [min(c, int(n)) for c, n in zip(contexts[:8], rng.integers(1, 1500, size=8), strict=False)]
+    case = make_paged_case(rng, contexts[:8], 32, 8, 128, block_size, dtype=dtype, device=DEVICE,
+                           q_lens=q_lens)
+    tables = hide_out_of_window(case, window, q_lens)
+    args = (case.q, case.k_cache, case.v_cache, tables, case.cu_seqlens_q, case.context_lens, case.scale)
+    _check(_backend(kernels).prefill(*args, window=window, softcap=30.0),
+           reference_prefill(*args, window=window, softcap=30.0), dtype, record_property)
