@@ -33,3 +33,9 @@ EVENT_COLUMNS: dict[str, str] = {
     "request_id": "int32", "start": "int32", "size": "int32", "t_start_s": "float64", "t_end_s": "float64",
     "max_ref_count": "int32", "filled": "int32",
 }
+
+# One row per change of a request's place that the request table only counts: preemptions (its blocks
+# freed, to be recomputed) and swaps out to and in from the CPU pool, in time order. `kind` indexes
+# TRANSITION_KINDS.
+TRANSITION_KINDS = ("preempted", "swapped_out", "swapped_in")
+TRANSITION_COLUMNS: dict[str, str] = {"request_id": "int32", "t_s": "float64", "kind": "int8"}
