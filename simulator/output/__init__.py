@@ -31,7 +31,15 @@ from typing import TYPE_CHECKING
 
 from pagelab.table_sinks import FrameSink, arrow_schema, open_table_sink
 from simulator.output.memory_rows import MEMORY_DTYPES, MemoryFrame, MemoryRows, MemoryTable
-from simulator.output.request_rows import REQUEST_DTYPES, RequestColumns, RequestRows, RequestTable
+from simulator.output.request_rows import (
+    REQUEST_DTYPES,
+    TRANSITION_DTYPES,
+    TRANSITION_SCHEMA,
+    RequestColumns,
+    RequestRows,
+    RequestTable,
+    TransitionRows,
+)
 from simulator.output.tenures import EVENT_DTYPES, EVENT_ENCODING, EVENT_SCHEMA, TenurePairer
 
 if TYPE_CHECKING:
@@ -70,6 +78,7 @@ class Kept:
     requests: RequestColumns
     events: pd.DataFrame | None
     num_events: int
+    transitions: pd.DataFrame | None = None
 
 
 class RunOutput(abc.ABC):
@@ -80,6 +89,7 @@ class RunOutput(abc.ABC):
     def __init__(self) -> None:
         self._memory: MemoryRows | None = None
         self._requests: RequestRows | None = None
+        self._transitions: TransitionRows | None = None
 
     def memory_rows(self) -> MemoryRows:
         """The memory table's rows (made on the first call)."""
@@ -92,6 +102,16 @@ class RunOutput(abc.ABC):
         if self._requests is None:
             self._requests = self._open_requests()
         return self._requests
+
+    def transition_rows(self) -> TransitionRows:
+        """The transitions table's rows (made on the first call)."""
+        if self._transitions is None:
+            self._transitions = self._open_transitions()
+        return self._transitions
+
+    def _open_transitions(self) -> TransitionRows:
+        """The transitions table's rows, kept in memory (a run folder writes them)."""
+        return TransitionRows(FrameSink(TRANSITION_DTYPES), self.sizes.batch_rows)
 
     @abc.abstractmethod
     def _open_memory(self) -> MemoryRows:
@@ -146,8 +166,10 @@ class InMemory(RunOutput):
         frame = requests.writer.sink.frame()
         memory = self.memory_rows()
         memory.end()
+        transitions = self.transition_rows()
+        transitions.end()
         return Kept(memory.writer.frame(), None, RequestColumns(requests.totals, frame=frame),
-                    self._events.frame(), self._events.num_rows)
+                    self._events.frame(), self._events.num_rows, transitions.sink.frame())
 
 
 def _memory_sink(folder: Path, table_format: str, sizes: Sizes):
@@ -165,6 +187,12 @@ def _request_sink(folder: Path, table_format: str, sizes: Sizes):
 def _events_sink(folder: Path, table_format: str, sizes: Sizes):
     return open_table_sink(folder / "events", EVENT_SCHEMA, table_format, group_rows=sizes.event_group_rows,
                            part_groups=sizes.event_part_groups, exact_groups=True, **EVENT_ENCODING)
+
+
+def _transitions_sink(folder: Path, table_format: str, sizes: Sizes):
+    return open_table_sink(folder / "transitions", TRANSITION_SCHEMA, table_format,
+                           group_rows=sizes.request_group_rows, part_groups=sizes.table_part_groups,
+                           use_dictionary=["kind"])
 
 
 class RunFolder(RunOutput):
@@ -211,6 +239,11 @@ class RunFolder(RunOutput):
         return RequestRows(RequestTable(_request_sink(*args)), sizes.batch_rows, sizes.request_group_rows,
                            trim=release_free_memory)
 
+    def _open_transitions(self) -> TransitionRows:
+        # Written by this process even when a child writes the other tables: transitions are few.
+        sink = _transitions_sink(self.folder, self.table_format, self.sizes)
+        return TransitionRows(sink, self.sizes.batch_rows)
+
     def tenures(self, raw: RawEvents, first_row: int, before: float | None, end_s: float = 0.0) -> None:
         """Pair the batch here, or send it to the child."""
         if self._child is not None:
@@ -225,6 +258,7 @@ class RunFolder(RunOutput):
         path = requests.writer.path if self._child is not None else requests.writer.sink.path
         memory = self.memory_rows()
         sums = memory.end()
+        self.transition_rows().end()
         num_events = 0
         if self._child is not None:
             self._child.close()

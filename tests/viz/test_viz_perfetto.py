@@ -103,3 +103,19 @@ def test_unknown_format_and_missing_folder_are_one_line_errors(tmp_path):
     line = one_line_error(pagelab("export", tmp_path / "nope"))
     assert "nope" in line and "not found" in line
     assert not (tmp_path / "nope").exists()
+
+
+def test_preemptions_and_swaps_are_instants_at_their_times(tmp_path):
+    run = tmp_path / "run"
+    result = pagelab("simulate", "azure-conv", "--limit", "600", "-a", "paged", "--kv-memory-gb", "0.3",
+                     "--preemption", "swap", "--out", run)
+    assert result.returncode == 0, result.stderr
+    out = tmp_path / "trace.json"
+    assert pagelab("export", run, "--out", out).returncode == 0
+    tr = pd.read_parquet(run / "paged" / "transitions.parquet")
+    assert len(tr) > 10
+    instants = sorted((e["tid"], e["ts"], e["name"]) for e in json.loads(out.read_text())["traceEvents"]
+                      if e["ph"] == "i" and e["name"] != "rejected")
+    kinds = ("preempted", "swapped_out", "swapped_in")
+    expected = sorted((r.request_id, round(r.t_s * 1e6, 3), kinds[r.kind]) for r in tr.itertuples())
+    assert instants == expected
