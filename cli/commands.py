@@ -19,6 +19,7 @@ from cli.replay import replay_cmd
 from cli.simulate import simulate_cmd
 from cli.sweep import sweep_cmd
 from cli.trace import trace_app
+from cli.view import view_cmd
 
 HELP = {"help_option_names": ["-h", "--help"]}
 
@@ -115,5 +116,6 @@ app.command("presets")(presets_cmd)
 app.command("replay")(replay_cmd)
 app.command("simulate")(simulate_cmd)
 app.command("sweep")(sweep_cmd)
+app.command("view")(view_cmd)
 app.add_typer(trace_app, name="trace")
 use_panels(app)

@@ -1,0 +1,90 @@
+"""`pagelab view`'s page data and HTML, checked without a browser (tests/viz/test_viz_explorer_browser.py
+drives the page)."""
+from __future__ import annotations
+
+import base64
+import json
+import re
+
+import numpy as np
+import pytest
+
+from tests.cli.clirun import one_line_error, pagelab
+from tests.viz.viz_fixtures import write_small_run
+from viz.errors import VizError
+from viz.explorer import Window, check_windows, default_window, page_data
+from viz.explorer_page import ASSETS, UPLOT_VERSION, render_page
+from viz.load import load_run
+from viz.palette import OWNER_COLORS, STATE_COLORS
+from viz.snapshot import peak_time
+
+
+def decode(column: dict) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(column["b"]), {"f8": "<f8", "i4": "<i4"}[column["t"]])
+
+
+@pytest.fixture
+def run(tmp_path):
+    return load_run(write_small_run(tmp_path / "run"))
+
+
+def test_a_small_runs_page_holds_every_tenure_sorted_by_start(run):
+    data = page_data(run)
+    assert data["windows"] == [[0.0, 4.0]]  # small: the whole run in full detail
+    for alloc in data["allocators"]:
+        ev = run.allocators[alloc["name"]].events.sort_values("t_start_s", kind="stable")
+        got = alloc["windows"][0]["tenures"]
+        assert got["count"] == len(ev)
+        for col in ("request_id", "start", "size", "t_start_s", "t_end_s", "max_ref_count", "filled"):
+            np.testing.assert_array_equal(decode(got[col]), ev[col].to_numpy())
+
+
+def test_the_page_uses_the_figures_palette(run):
+    pal = page_data(run)["palette"]
+    assert pal["state_colors"] == STATE_COLORS and pal["owner_colors"] == list(OWNER_COLORS)
+
+
+def test_a_window_holds_the_tenures_held_inside_it(run):
+    data = page_data(run, [Window(2.5, 3.5)])
+    tenures = data["allocators"][0]["windows"][0]["tenures"]
+    start, end = decode(tenures["t_start_s"]), decode(tenures["t_end_s"])
+    assert ((start <= 3.5) & (end > 2.5)).all()
+    assert sorted(decode(tenures["request_id"])) == [2, 2, 3, 4]  # req 1 left at 2.0
+
+
+def test_the_default_window_keeps_to_its_budget_around_the_peak(run):
+    total = sum(a.num_events for a in run.allocators.values())
+    w = default_window(run, budget=total - 2)  # the budget can never be below what the peak holds
+    assert w.end - w.start < 4.0 and w.start <= peak_time(run.allocators["paged"]) <= w.end
+    counts = sum(len(a.events_between(w.start, w.end)) for a in run.allocators.values())
+    assert counts <= total - 2
+
+
+def test_the_page_is_self_contained(run):
+    html = render_page(page_data(run))
+    assert not re.search(r"<script[^>]*\bsrc=|<link\b|@import|https?://(?!github\.com/leeoniya)", html)
+    data = re.search(r'<script id="pagelab-data" type="application/json">(.*?)</script>', html, re.S)
+    assert json.loads(data.group(1))["label"] == "run"
+
+
+def test_the_vendored_uplot_is_the_pinned_version_with_its_license():
+    assert (ASSETS / "uPlot.iife.min.js").read_text().startswith(f"/*! https://github.com/leeoniya/uPlot "
+                                                                 f"(v{UPLOT_VERSION}) */")
+    assert "MIT License" in (ASSETS / "uPlot-LICENSE").read_text()
+
+
+@pytest.mark.parametrize("text, message", [("5", "expected START:END"), ("3:1", "0 <= START < END"),
+                                           ("9:10", "starts after the end")])
+def test_bad_windows_are_named(text, message):
+    with pytest.raises(VizError, match=message):
+        check_windows([text], 4.0)
+
+
+def test_view_writes_the_page_and_refuses_a_bad_window(tmp_path):
+    root = write_small_run(tmp_path / "run")
+    result = pagelab("view", root, "--window", "1:2", "--window", "2.5:9")
+    assert result.returncode == 0, result.stderr
+    html = (root / "view.html").read_text()
+    assert '"windows":[[1.0,2.0],[2.5,4.0]]' in html
+    line = one_line_error(pagelab("view", root, "--window", "x"))
+    assert "--window 'x'" in line
