@@ -109,7 +109,8 @@ def _window_tenures(alloc: AllocatorRun, w: Window) -> dict:
     return {"request_id": packed(ev["request_id"], "i4"), "start": packed(ev["start"], "i4"),
             "size": packed(ev["size"], "i4"), "t_start_s": packed(ev["t_start_s"], "f8"),
             "t_end_s": packed(ev["t_end_s"], "f8"), "max_ref_count": packed(ev["max_ref_count"], "i4"),
-            "filled": packed(ev["filled"], "i4"), "count": len(ev)}
+            "filled": packed(ev["filled"], "i4"), "count": len(ev),
+            **({"prefix_key": packed(ev["prefix_key"], "i8")} if "prefix_key" in ev.columns else {})}
 
 
 def window_detail(alloc: AllocatorRun, w: Window) -> dict:

@@ -139,12 +139,13 @@ class RawEvents:
     Every event names a key (a block id, or a region's first slot for unit 1); `e_*` hold the keys in
     the order the events happened and, per run (one log call), its length, kind and unit. Acquisition runs
     carry a region size, a request id and a time (or, flagged in `a_flags`, one of each per event in
-    `a_rids` / `a_times`); release runs a time and one filled count per event; shares a new ref count each.
+    `a_rids` / `a_times`); release runs a time and one filled count per event (and, flagged in `r_flags`,
+    one prefix-cache content key per event in `r_keys`); shares a new ref count each.
     Lists, not typed arrays: `list.extend` copies pointers, where `array.extend` converts every element.
     """
 
     __slots__ = ("e_keys", "e_n", "e_kind", "e_unit", "a_size", "a_rid", "a_t", "a_flags", "a_rids",
-                 "a_times", "r_t", "r_filled", "s_ref")
+                 "a_times", "r_t", "r_filled", "r_flags", "r_keys", "s_ref")
 
     def __init__(self) -> None:
         for name in self.__slots__:
@@ -171,6 +172,7 @@ class EventLog:
         self._a_size, self._a_rid, self._a_t, self._a_flags = raw.a_size, raw.a_rid, raw.a_t, raw.a_flags
         self._a_rids, self._a_times = raw.a_rids, raw.a_times
         self._r_t, self._r_filled, self._s_ref = raw.r_t, raw.r_filled, raw.s_ref
+        self._r_flags, self._r_keys = raw.r_flags, raw.r_keys
 
     def take(self) -> tuple[RawEvents, int]:
         """The events logged since the last call, and the number of their first acquisition."""
@@ -206,8 +208,10 @@ class EventLog:
         self._a_flags.append(flags)
         self.num_acquired += n
 
-    def release_blocks(self, block_ids: SeqLike[int], block_size: int, filled: SeqLike[int]) -> None:
-        """Blocks were given back now, holding `filled` tokens each."""
+    def release_blocks(self, block_ids: SeqLike[int], block_size: int, filled: SeqLike[int],
+                       prefix_keys: SeqLike[int] | None = None) -> None:
+        """Blocks were given back now, holding `filled` tokens each; `prefix_keys` gives each one's content
+        key in the prefix cache (0: none) when any has one."""
         n = len(block_ids)
         if not n:
             return
@@ -217,6 +221,11 @@ class EventLog:
         self._e_unit.append(block_size)
         self._r_t.append(self.now)
         self._r_filled.extend(filled)
+        if prefix_keys is None:
+            self._r_flags.append(0)
+        else:
+            self._r_flags.append(1)
+            self._r_keys.extend(prefix_keys)
 
     def share_block(self, block_id: int, block_size: int, ref_count: int) -> None:
         """A block (a region, with block size 1) gained another owner."""
@@ -246,3 +255,4 @@ class EventLog:
         self._e_unit.append(1)
         self._r_t.append(self.now)
         self._r_filled.append(filled)
+        self._r_flags.append(0)

@@ -11,6 +11,7 @@ import shutil
 import time
 
 import numpy as np
+import pandas as pd
 import pytest
 from matplotlib.colors import to_rgb
 
@@ -95,6 +96,9 @@ def _expected(name: str, t: float, slots_per_cell: int, num_cells: int) -> np.nd
 @pytest.fixture(scope="module")
 def small_page(tmp_path_factory):
     root = write_small_run(tmp_path_factory.mktemp("view") / "run")
+    events = pd.read_parquet(root / "paged" / "events.parquet")  # the shared block gets a prefix key
+    events["prefix_key"] = np.where(events["max_ref_count"] > 1, 1 << 40, 0).astype(np.int64)
+    events.to_parquet(root / "paged" / "events.parquet")
     result = pagelab("view", root)
     assert result.returncode == 0, result.stderr
     return root / "view.html"
@@ -134,6 +138,7 @@ def test_hovering_a_block_names_its_request(browser, small_page):
         tip = page.locator(".tip").first
         assert tip.get_attribute("data-request") == str(rid)
         assert tip.inner_text().startswith(f"request {rid} ")
+        assert (f"prefix key {1 << 40}" in tip.inner_text()) == (rid == 3)  # request 3's block is shared
     page.close()
 
 

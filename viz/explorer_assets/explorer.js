@@ -8,7 +8,8 @@ const LANES = 40;         // request lanes drawn around the moment
 function unpack(c) {
   const bin = atob(c.b), bytes = new Uint8Array(bin.length);
   for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
-  return c.t === "f8" ? new Float64Array(bytes.buffer) : new Int32Array(bytes.buffer);
+  return c.t === "f8" ? new Float64Array(bytes.buffer) : c.t === "i8" ? new BigInt64Array(bytes.buffer)
+    : new Int32Array(bytes.buffer);
 }
 function unpackAll(obj) {
   const out = {};
@@ -163,7 +164,8 @@ class Column {
     const req = q === undefined ? "" : ` · prompt ${R.prompt_len[q]}, output ${R.output_len[q]}, ` +
       `arrived ${fmt(R.arrival_s[q])} s, ${R.num_preemptions[q]} preemption(s)`;
     this.tip.textContent = `request ${rid} · ${what} at slot ${T.start[i]} · filled ${T.filled[i]} of ${T.size[i]} · ` +
-      `ref count up to ${T.max_ref_count[i]} · held ${fmt(T.t_start_s[i])}–${fmt(T.t_end_s[i])} s${req}`;
+      `ref count up to ${T.max_ref_count[i]}${T.prefix_key && T.prefix_key[i] ? ` · prefix key ${T.prefix_key[i]}` : ""} · ` +
+      `held ${fmt(T.t_start_s[i])}–${fmt(T.t_end_s[i])} s${req}`;
     this.tip.dataset.request = rid;
   }
   drawLanes(t, w) {
