@@ -17,10 +17,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
+from pagelab.parquet_parts import PartedFile, table_exists
 from viz.downsample import downsample_chunks, downsample_steps
 from viz.errors import VizError
-from viz.load import AllocatorRun, Run
+from viz.load import WINDOW_READ_ROWS, AllocatorRun, Run
 from viz.palette import (
     ALLOCATOR_LABELS,
     FREE_RGB,
@@ -40,6 +42,10 @@ SUMMARY_BINS = 1500
 TENURE_BUDGET = 300_000  # tenures per window, all allocators together: most of the page's bytes
 DETAIL_MEMORY_ROWS = 20_000  # memory rows of one window, at most (more are binned)
 COUNT_COLUMNS = ("num_running", "num_waiting", "num_swapped")
+EVENT_FIELDS = ("request_id", "start", "size", "t_start_s", "t_end_s", "max_ref_count", "filled",
+                "prefix_key")
+WAITING_ROWS = 2_000  # requests still waiting at a window's end that the page carries (the earliest)
+ZOOM_LIFETIMES = 8  # the default window's first width, in median service times
 REQUEST_FIELDS = ("request_id", "arrival_s", "admitted_s", "first_token_s", "finish_s", "prompt_len",
                   "output_len", "num_preemptions")
 _TYPED = {"f8": "<f8", "i4": "<i4", "i8": "<i8"}
@@ -87,12 +93,18 @@ def _window_memory(alloc: AllocatorRun, w: Window) -> dict:
 
 
 def _window_requests(alloc: AllocatorRun, w: Window) -> dict:
-    req = alloc.request_columns(REQUEST_FIELDS)
-    end = req["finish_s"].to_numpy(float)
-    keep = (req["arrival_s"].to_numpy(float) <= w.end) & ~(end < w.start)
-    req = req[keep & ~alloc.request_columns(("rejected",))["rejected"].to_numpy(bool)]
-    kinds = {c: "i4" if c in ("request_id", "num_preemptions") else "f8" for c in REQUEST_FIELDS}
-    kinds.update(prompt_len="i4", output_len="i4")
+    """The requests admitted before the window ends and not finished before it starts (they hold its
+    tenures), plus the WAITING_ROWS earliest still waiting at its end (an overloaded run's queue holds
+    most of the trace: the lanes show the earliest requests in the server, never the queue's tail)."""
+    req = alloc.request_columns((*REQUEST_FIELDS, "rejected"))
+    arrival, admitted = req["arrival_s"].to_numpy(float), req["admitted_s"].to_numpy(float)
+    live = (arrival <= w.end) & ~(req["finish_s"].to_numpy(float) < w.start) & ~req["rejected"].to_numpy(bool)
+    served = live & (admitted <= w.end)
+    waiting = np.flatnonzero(live & ~served)[:WAITING_ROWS]  # trace order is arrival order
+    keep = np.sort(np.concatenate([np.flatnonzero(served), waiting]))
+    req = req.iloc[keep]
+    kinds = {c: "i4" if c in ("request_id", "num_preemptions", "prompt_len", "output_len") else "f8"
+             for c in REQUEST_FIELDS}
     return {c: packed(req[c].to_numpy(), kinds[c]) for c in REQUEST_FIELDS}
 
 
@@ -103,14 +115,35 @@ def _window_transitions(alloc: AllocatorRun, w: Window) -> dict:
             "kind": packed(df["kind"], "i4")}
 
 
+def events_in(alloc: AllocatorRun, w: Window, columns: tuple[str, ...]) -> pd.DataFrame:
+    """`columns` of the tenures held at some time of `w`. A big Parquet table is scanned a row group at a
+    time (its time columns first, the rest only where a group has rows in the window), skipping the groups
+    released before the window: memory holds the result and one group, whatever the table's length."""
+    path = alloc.path / "events.parquet"
+    if alloc.num_events <= WINDOW_READ_ROWS or not table_exists(path):
+        ev = alloc.events_between(w.start, w.end)
+        return ev[[c for c in columns if c in ev.columns]]
+    parts = []
+    with PartedFile(path) as f:
+        names = f.schema_arrow.names
+        wanted = [c for c in columns if c in names]
+        t_end_col = names.index("t_end_s")
+        for g in range(f.metadata.num_row_groups):
+            stats = f.metadata.row_group(g).column(t_end_col).statistics
+            if stats is not None and stats.has_min_max and stats.max <= w.start:
+                continue  # released before the window (rows are in release order)
+            times = f.read_row_group(g, columns=["t_start_s", "t_end_s"])
+            mask = ((times.column(0).to_numpy() <= w.end) & (times.column(1).to_numpy() > w.start))
+            if mask.any():
+                parts.append(f.read_row_group(g, columns=wanted).filter(pa.array(mask)).to_pandas())
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame({c: [] for c in wanted})
+
+
 def _window_tenures(alloc: AllocatorRun, w: Window) -> dict:
-    ev = alloc.events_between(w.start, w.end)
+    ev = events_in(alloc, w, EVENT_FIELDS)
     ev = ev.sort_values("t_start_s", kind="stable")  # the page finds a moment's tenures by start time
-    return {"request_id": packed(ev["request_id"], "i4"), "start": packed(ev["start"], "i4"),
-            "size": packed(ev["size"], "i4"), "t_start_s": packed(ev["t_start_s"], "f8"),
-            "t_end_s": packed(ev["t_end_s"], "f8"), "max_ref_count": packed(ev["max_ref_count"], "i4"),
-            "filled": packed(ev["filled"], "i4"), "count": len(ev),
-            **({"prefix_key": packed(ev["prefix_key"], "i8")} if "prefix_key" in ev.columns else {})}
+    kinds = {c: "f8" if c.startswith("t_") else "i8" if c == "prefix_key" else "i4" for c in ev.columns}
+    return {**{c: packed(ev[c], kinds[c]) for c in ev.columns}, "count": len(ev)}
 
 
 def window_detail(alloc: AllocatorRun, w: Window) -> dict:
@@ -120,11 +153,18 @@ def window_detail(alloc: AllocatorRun, w: Window) -> dict:
             "transitions": _window_transitions(alloc, w)}
 
 
-def _median_lifetime(alloc: AllocatorRun) -> float:
-    req = alloc.request_columns(("arrival_s", "finish_s"))
-    life = (req["finish_s"] - req["arrival_s"]).to_numpy(float)
+def _median_service(alloc: AllocatorRun) -> float:
+    """Median time from admission to finish (what a request holds memory for; queueing left out)."""
+    req = alloc.request_columns(("admitted_s", "finish_s"))
+    life = (req["finish_s"] - req["admitted_s"]).to_numpy(float)
     life = life[np.isfinite(life) & (life > 0)]
     return float(np.median(life)) if len(life) else 1.0
+
+
+def _centred(centre: float, width: float, end: float) -> Window:
+    """A window of `width` around `centre`, moved inside [0, end]; a narrower one nests inside a wider."""
+    lo = float(np.clip(centre - width / 2, 0.0, max(0.0, end - width)))
+    return Window(lo, lo + width)
 
 
 def default_window(run: Run, budget: int = TENURE_BUDGET) -> Window:
@@ -135,14 +175,16 @@ def default_window(run: Run, budget: int = TENURE_BUDGET) -> Window:
     if sum(a.num_events for a in allocs) <= budget:
         return Window(0.0, end)
     centre = peak_time(allocs[0])
-    width = min(end, 8 * max(_median_lifetime(a) for a in allocs))
-    for _ in range(8):  # tenures grow about linearly with the width: shrink until within the budget
-        lo = float(np.clip(centre - width / 2, 0.0, max(0.0, end - width)))
-        count = sum(len(a.events_between(lo, lo + width)) for a in allocs)
-        if count <= budget or width <= end * 1e-6:
-            return Window(lo, lo + width)
-        width *= 0.9 * budget / count
-    return Window(lo, lo + width)
+    w = _centred(centre, min(end, ZOOM_LIFETIMES * max(_median_service(a) for a in allocs)), end)
+    # Tenures grow about linearly with the width: shrink until within the budget, counting on the time
+    # columns of the widest window read once (narrower windows nest inside it).
+    times = [events_in(a, w, ("t_start_s", "t_end_s")) for a in allocs]
+    for _ in range(12):
+        count = sum(int(((t["t_start_s"] <= w.end) & (t["t_end_s"] > w.start)).sum()) for t in times)
+        if count <= budget or w.end - w.start <= end * 1e-6:
+            break
+        w = _centred(centre, (w.end - w.start) * 0.9 * budget / count, end)
+    return w
 
 
 def check_windows(texts: list[str], run_end_s: float) -> list[Window]:
@@ -174,7 +216,7 @@ def page_data(run: Run, windows: list[Window] | None = None) -> dict:
     windows = windows or [default_window(run)]
     return {
         "label": run.label, "palette": palette(), "end": max(run_end(a) for a in allocs),
-        "windows": [[w.start, w.end] for w in windows], "lane_span": _median_lifetime(allocs[0]),
+        "windows": [[w.start, w.end] for w in windows], "lane_span": _median_service(allocs[0]),
         "allocators": [{
             "name": a.name, "label": ALLOCATOR_LABELS.get(a.name, a.name), "color": allocator_color(a.name),
             "capacity": a.capacity_tokens, "block_size": a.block_size if a.is_paged else 1,

@@ -88,3 +88,53 @@ def test_view_writes_the_page_and_refuses_a_bad_window(tmp_path):
     assert '"windows":[[1.0,2.0],[2.5,4.0]]' in html
     line = one_line_error(pagelab("view", root, "--window", "x"))
     assert "--window 'x'" in line
+
+
+@pytest.fixture(scope="module")
+def parted_run(tmp_path_factory):
+    """A simulated run whose events table has many row groups in several part files."""
+    from simulator.config import SimConfig
+    from simulator.loop import simulate
+    from simulator.output import RunFolder, Sizes
+    from traces import SyntheticConfig, generate_trace
+
+    root = tmp_path_factory.mktemp("parted") / "run"
+    folder = root / "paged"
+    folder.mkdir(parents=True)
+    trace = generate_trace(SyntheticConfig(num_requests=300, rate=40.0, lengths="sharegpt", seed=3))
+    res = simulate(trace, SimConfig(capacity_tokens=6000),
+                   RunFolder(folder, num_requests=len(trace), sizes=Sizes(event_group_rows=500,
+                                                                          event_part_groups=3)))
+    (folder / "config.json").write_text(json.dumps(res.config))
+    (folder / "summary.json").write_text(json.dumps(res.summary))
+    return load_run(folder)
+
+
+@pytest.mark.parametrize("span", [(0.0, 1.0), (3.0, 3.5), (5.0, 100.0)])
+def test_a_big_tables_window_is_scanned_a_row_group_at_a_time(parted_run, monkeypatch, span):
+    import viz.explorer as explorer
+
+    alloc = parted_run.allocators["paged"]
+    assert alloc.num_events > 5 * 500  # several row groups and parts
+    whole = alloc.events_between(*span)
+    monkeypatch.setattr(explorer, "WINDOW_READ_ROWS", 0)
+    got = explorer.events_in(alloc, Window(*span), explorer.EVENT_FIELDS)
+    key = ["t_end_s", "start", "t_start_s"]
+    assert len(got) == len(whole) > 0
+    np.testing.assert_array_equal(got.sort_values(key)[list(whole.columns)].to_numpy(),
+                                  whole.sort_values(key).to_numpy())
+
+
+def test_a_window_carries_the_served_requests_and_the_earliest_waiting(parted_run, monkeypatch):
+    import viz.explorer as explorer
+
+    monkeypatch.setattr(explorer, "WAITING_ROWS", 3)
+    alloc = parted_run.allocators["paged"]
+    w = Window(2.0, 2.5)
+    got = decode(explorer.window_detail(alloc, w)["requests"]["request_id"])
+    req = alloc.requests
+    alive = (req["arrival_s"] <= w.end) & ~(req["finish_s"] < w.start)
+    served = req[alive & (req["admitted_s"] <= w.end)]["request_id"]
+    waiting = req[alive & ~(req["admitted_s"] <= w.end)]["request_id"]
+    assert len(waiting) > 3
+    assert sorted(got) == sorted([*served, *waiting.iloc[:3]])

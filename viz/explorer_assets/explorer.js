@@ -174,10 +174,9 @@ class Column {
     if (!w) return;
     const R = w.requests, span = D.lane_span, x = v => (v - (t - span)) / (2 * span) * W, ph = P.phase_colors;
     const live = [];
-    let total = 0;
-    for (let i = 0; i < R.request_id.length; i++) {
+    for (let i = 0; i < R.request_id.length && live.length < LANES; i++) {
       const end = isNaN(R.finish_s[i]) ? w.end : R.finish_s[i];
-      if (R.arrival_s[i] <= t && end > t && total++ < LANES) live.push(i);
+      if (R.arrival_s[i] <= t && end > t) live.push(i);
     }
     const lane = new Map();
     live.forEach((i, k) => {
@@ -200,7 +199,7 @@ class Column {
     ctx.fillStyle = "#000";
     ctx.fillRect(W / 2, 0, 1, H);
     ctx.font = "10px sans-serif";
-    ctx.fillText(`${total} requests in the server, the ${live.length} earliest shown; ±${fmt(span)} s`, 2, 9);
+    ctx.fillText(`the ${live.length} earliest requests in the server; ±${fmt(span)} s`, 2, 9);
   }
 }
 
