@@ -138,3 +138,28 @@ def test_a_window_carries_the_served_requests_and_the_earliest_waiting(parted_ru
     waiting = req[alive & ~(req["admitted_s"] <= w.end)]["request_id"]
     assert len(waiting) > 3
     assert sorted(got) == sorted([*served, *waiting.iloc[:3]])
+
+
+def test_the_server_sends_the_page_and_any_windows_detail(run, tmp_path):
+    import threading
+    import urllib.request
+
+    from viz.explorer_page import make_server, write_page
+
+    page = tmp_path / "view.html"
+    write_page(run, page, [Window(0.0, 1.0)], serve=True)
+    server = make_server(run, page.read_bytes())
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_port}"
+    try:
+        assert urllib.request.urlopen(f"{base}/").read() == page.read_bytes()
+        got = json.loads(urllib.request.urlopen(f"{base}/window?t=3.0").read())
+        paged = got["allocators"][0]
+        assert paged["start"] <= 3.0 <= paged["end"]
+        ev = run.allocators["paged"].events_between(paged["start"], paged["end"])
+        assert sorted(decode(paged["tenures"]["request_id"])) == sorted(ev["request_id"])
+        with pytest.raises(urllib.error.HTTPError, match="400"):
+            urllib.request.urlopen(f"{base}/window?t=x")
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -168,3 +168,32 @@ def test_the_default_run_opens_and_scrubs(browser, tmp_path):
           f"{fps:.0f} frames/s (median draw {draw_ms:.1f} ms)")
     assert fps > 0 and draw_ms > 0
     page.close()
+
+
+def test_a_served_page_loads_a_moment_outside_its_windows(browser, tmp_path):
+    import threading
+
+    from viz.explorer import Window
+    from viz.explorer_page import make_server, write_page
+    from viz.load import load_run
+
+    run = load_run(write_small_run(tmp_path / "run"))
+    page_path = tmp_path / "view.html"
+    write_page(run, page_path, [Window(0.0, 1.0)], serve=True)
+    server = make_server(run, page_path.read_bytes())
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        page = browser.new_page()
+        errors = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(f"http://127.0.0.1:{server.server_port}/")
+        page.wait_for_function("window.pagelabView && window.pagelabView.frames.length > 0")
+        _scrub_to(page, 3.5)
+        page.wait_for_function("!!pagelabView.columns[0].current")  # the window around 3.5 s arrived
+        spc, cells = page.evaluate("[pagelabView.columns[0].spc, pagelabView.columns[0].cells]")
+        np.testing.assert_array_equal(_cells(page, 0), _expected("paged", 3.5, spc, cells))
+        assert errors == []
+        page.close()
+    finally:
+        server.shutdown()
+        server.server_close()
