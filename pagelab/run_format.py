@@ -42,3 +42,7 @@ EVENT_OPTIONAL = ("prefix_key",)
 # TRANSITION_KINDS.
 TRANSITION_KINDS = ("preempted", "swapped_out", "swapped_in")
 TRANSITION_COLUMNS: dict[str, str] = {"request_id": "int32", "t_s": "float64", "kind": "int8"}
+
+# One row per change of a held block's (or region's) reference count between owners, in time order: the
+# block at slot `start` has `ref_count` owners from `t_s` on (acquisitions and releases are the tenures).
+REFCOUNT_COLUMNS: dict[str, str] = {"start": "int32", "t_s": "float64", "ref_count": "int32"}

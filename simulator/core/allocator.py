@@ -165,6 +165,11 @@ class EventLog:
         self.num_acquired = 0
         self.first_unread = 0  # number of the first acquisition in the batch not yet taken
         self._start_batch()
+        # Reference-count changes of held blocks (first slot, time, new count): a table of their own,
+        # written by the run's own process (`take_ref_changes`); they need no pairing.
+        self.rc_start: list[int] = []
+        self.rc_t: list[float] = []
+        self.rc_ref: list[int] = []
 
     def _start_batch(self) -> None:
         self._raw = raw = RawEvents()
@@ -234,6 +239,19 @@ class EventLog:
         self._e_kind.append(SHARE)
         self._e_unit.append(block_size)
         self._s_ref.append(ref_count)
+        self.ref_change(block_id, block_size, ref_count)
+
+    def ref_change(self, block_id: int, block_size: int, ref_count: int) -> None:
+        """A held block's (a region's, block size 1) owner count became `ref_count` (>= 1) now."""
+        self.rc_start.append(block_id * block_size)
+        self.rc_t.append(self.now)
+        self.rc_ref.append(ref_count)
+
+    def take_ref_changes(self) -> tuple[list[int], list[float], list[int]]:
+        """The reference-count changes logged since the last call: first slots, times, new counts."""
+        out = (self.rc_start, self.rc_t, self.rc_ref)
+        self.rc_start, self.rc_t, self.rc_ref = [], [], []
+        return out
 
     def acquire_region(self, start: int, size: int, request_id: int) -> None:
         """A region of `size` slots starting at slot `start` was taken."""

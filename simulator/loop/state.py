@@ -55,6 +55,7 @@ class RunState:
         self.admitted, self.first_token, self.finish = log.admitted, log.first_token, log.finish
         self.preemptions, self.rejected, self.hit_tokens = log.preemptions, log.rejected, log.hit_tokens
         self.transitions = self.output.transition_rows()
+        self.refcounts = self.output.ref_count_rows()
         self.events = self.alloc.events
         self._event_batch = self.output.sizes.tenure_batch
 
@@ -86,6 +87,8 @@ class RunState:
         """Hand the output the allocation events logged so far once there are enough of them (all of them,
         those still held ending now, when `final`)."""
         events = self.events
+        if events is not None and events.rc_t:
+            self.refcounts.extend(*events.take_ref_changes())
         if events is not None and (final or events.num_acquired - events.first_unread >= self._event_batch):
             raw, first = events.take()
             self.output.tenures(raw, first, None if final else self.now, self.now)

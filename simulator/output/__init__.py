@@ -17,8 +17,8 @@ them (tests/test_shape.py traces it and compares):
     simulator.core.paged.block_pool -> simulator.core.paged.prefix_cache -> simulator.core.paged.swap ->
     simulator.timing.step_latency -> simulator.core.scheduler -> simulator.core.decode ->
     simulator.loop.state -> simulator.output -> pagelab.table_sinks -> pagelab.writes ->
-    simulator.output.memory_rows -> simulator.output.request_rows -> traces.batches ->
-    simulator.core.sequence -> simulator.loop.step -> simulator.output.tenures -> simulator.metrics ->
+    simulator.output.memory_rows -> simulator.output.request_rows -> simulator.output.tenures ->
+    traces.batches -> simulator.core.sequence -> simulator.loop.step -> simulator.metrics ->
     pagelab.malloc -> pagelab.parquet_parts -> pagelab.column_stats
 """
 from __future__ import annotations
@@ -40,7 +40,15 @@ from simulator.output.request_rows import (
     RequestTable,
     TransitionRows,
 )
-from simulator.output.tenures import EVENT_DTYPES, EVENT_ENCODING, EVENT_SCHEMA, TenurePairer
+from simulator.output.tenures import (
+    EVENT_DTYPES,
+    EVENT_ENCODING,
+    EVENT_SCHEMA,
+    REFCOUNT_DTYPES,
+    REFCOUNT_SCHEMA,
+    RefCountRows,
+    TenurePairer,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -79,6 +87,7 @@ class Kept:
     events: pd.DataFrame | None
     num_events: int
     transitions: pd.DataFrame | None = None
+    refcounts: pd.DataFrame | None = None
 
 
 class RunOutput(abc.ABC):
@@ -90,6 +99,7 @@ class RunOutput(abc.ABC):
         self._memory: MemoryRows | None = None
         self._requests: RequestRows | None = None
         self._transitions: TransitionRows | None = None
+        self._refcounts: RefCountRows | None = None
 
     def memory_rows(self) -> MemoryRows:
         """The memory table's rows (made on the first call)."""
@@ -112,6 +122,16 @@ class RunOutput(abc.ABC):
     def _open_transitions(self) -> TransitionRows:
         """The transitions table's rows, kept in memory (a run folder writes them)."""
         return TransitionRows(FrameSink(TRANSITION_DTYPES), self.sizes.batch_rows)
+
+    def ref_count_rows(self) -> RefCountRows:
+        """The reference-count changes' rows (made on the first call)."""
+        if self._refcounts is None:
+            self._refcounts = self._open_refcounts()
+        return self._refcounts
+
+    def _open_refcounts(self) -> RefCountRows:
+        """The reference-count changes, kept in memory (a run folder writes them)."""
+        return RefCountRows(FrameSink(REFCOUNT_DTYPES), self.sizes.batch_rows)
 
     @abc.abstractmethod
     def _open_memory(self) -> MemoryRows:
@@ -166,10 +186,12 @@ class InMemory(RunOutput):
         frame = requests.writer.sink.frame()
         memory = self.memory_rows()
         memory.end()
-        transitions = self.transition_rows()
+        transitions, refcounts = self.transition_rows(), self.ref_count_rows()
         transitions.end()
+        refcounts.end()
         return Kept(memory.writer.frame(), None, RequestColumns(requests.totals, frame=frame),
-                    self._events.frame(), self._events.num_rows, transitions.sink.frame())
+                    self._events.frame(), self._events.num_rows, transitions.sink.frame(),
+                    refcounts.sink.frame())
 
 
 def _memory_sink(folder: Path, table_format: str, sizes: Sizes):
@@ -193,6 +215,12 @@ def _transitions_sink(folder: Path, table_format: str, sizes: Sizes):
     return open_table_sink(folder / "transitions", TRANSITION_SCHEMA, table_format,
                            group_rows=sizes.request_group_rows, part_groups=sizes.table_part_groups,
                            use_dictionary=["kind"])
+
+
+def _refcounts_sink(folder: Path, table_format: str, sizes: Sizes):
+    return open_table_sink(folder / "refcounts", REFCOUNT_SCHEMA, table_format,
+                           group_rows=sizes.request_group_rows, part_groups=sizes.table_part_groups,
+                           use_dictionary=["ref_count"])
 
 
 class RunFolder(RunOutput):
@@ -244,6 +272,11 @@ class RunFolder(RunOutput):
         sink = _transitions_sink(self.folder, self.table_format, self.sizes)
         return TransitionRows(sink, self.sizes.batch_rows)
 
+    def _open_refcounts(self) -> RefCountRows:
+        # Written by this process, like the transitions: they need no pairing.
+        sink = _refcounts_sink(self.folder, self.table_format, self.sizes)
+        return RefCountRows(sink, self.sizes.batch_rows)
+
     def tenures(self, raw: RawEvents, first_row: int, before: float | None, end_s: float = 0.0) -> None:
         """Pair the batch here, or send it to the child."""
         if self._child is not None:
@@ -259,6 +292,7 @@ class RunFolder(RunOutput):
         memory = self.memory_rows()
         sums = memory.end()
         self.transition_rows().end()
+        self.ref_count_rows().end()
         num_events = 0
         if self._child is not None:
             self._child.close()

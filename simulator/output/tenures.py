@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from pagelab.run_format import EVENT_COLUMNS
+from pagelab.run_format import EVENT_COLUMNS, REFCOUNT_COLUMNS
 from pagelab.table_sinks import TableSink, numpy_dtypes
 from simulator.core.allocator import ACQUIRE, PER_EVENT_RID, PER_EVENT_TIME, RELEASE, SHARE, RawEvents
 
@@ -232,3 +232,36 @@ class OpenRows:
         by_key = np.argsort(keys_new, kind="stable")
         self.keys, self.rows = keys_new[by_key], rows_new[by_key]
         return rows
+
+
+REFCOUNT_SCHEMA = pa.schema([(c, pa.type_for_alias(t)) for c, t in REFCOUNT_COLUMNS.items()])
+REFCOUNT_DTYPES = numpy_dtypes(REFCOUNT_SCHEMA)
+
+
+class RefCountRows:
+    """The reference-count changes of held blocks (EventLog.take_ref_changes), handed to `sink` every
+    `batch_rows` rows; `end` closes the table."""
+
+    def __init__(self, sink: TableSink, batch_rows: int) -> None:
+        self.sink = sink
+        self.batch_rows = batch_rows
+        self._cols: tuple[list, list, list] = ([], [], [])
+
+    def extend(self, starts: list[int], times: list[float], ref_counts: list[int]) -> None:
+        """Add changes: the block at slot starts[i] has ref_counts[i] owners from times[i] on."""
+        for held, new in zip(self._cols, (starts, times, ref_counts), strict=True):
+            held.extend(new)
+        if len(self._cols[0]) >= self.batch_rows:
+            self.flush()
+
+    def flush(self) -> None:
+        """Hand the rows collected so far to the sink."""
+        if self._cols[0]:
+            pairs = zip(REFCOUNT_COLUMNS, self._cols, strict=True)
+            self.sink.write({c: np.asarray(v, REFCOUNT_DTYPES[c]) for c, v in pairs})
+            self._cols = ([], [], [])
+
+    def end(self) -> None:
+        """Write what is left and close the table."""
+        self.flush()
+        self.sink.close()

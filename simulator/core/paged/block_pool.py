@@ -126,6 +126,8 @@ class BlockPool:
         ref = self.ref[bid] - 1
         self.ref[bid] = ref
         if ref:
+            if self.events is not None:
+                self.events.ref_change(bid, self.block_size, ref)
             return
         filled = self.filled[bid]
         self.total_filled -= filled
@@ -168,6 +170,8 @@ class BlockPool:
             r = ref[bid] - 1
             ref[bid] = r
             if r:
+                if logging:
+                    self.events.ref_change(bid, self.block_size, r)
                 continue
             f = filled[bid]
             total -= f
