@@ -20,6 +20,7 @@ import pandas as pd
 import pyarrow as pa
 
 from pagelab.parquet_parts import PartedFile, table_exists
+from pagelab.run_format import REFCOUNT_COLUMNS
 from viz.downsample import downsample_chunks, downsample_steps
 from viz.errors import VizError
 from viz.load import WINDOW_READ_ROWS, AllocatorRun, Run
@@ -36,7 +37,7 @@ from viz.palette import (
 )
 from viz.perfetto import run_end
 from viz.snapshot import peak_time
-from viz.transitions import read_transitions
+from viz.transitions import has_table, read_batches, read_transitions
 
 SUMMARY_BINS = 1500
 TENURE_BUDGET = 300_000  # tenures per window, all allocators together: most of the page's bytes
@@ -141,9 +142,31 @@ def events_in(alloc: AllocatorRun, w: Window, columns: tuple[str, ...]) -> pd.Da
 
 def _window_tenures(alloc: AllocatorRun, w: Window) -> dict:
     ev = events_in(alloc, w, EVENT_FIELDS)
-    ev = ev.sort_values("t_start_s", kind="stable")  # the page finds a moment's tenures by start time
+    ev = ev.sort_values("t_start_s", kind="stable", ignore_index=True)  # the page bisects start times
     kinds = {c: "f8" if c.startswith("t_") else "i8" if c == "prefix_key" else "i4" for c in ev.columns}
-    return {**{c: packed(ev[c], kinds[c]) for c in ev.columns}, "count": len(ev)}
+    return {**{c: packed(ev[c], kinds[c]) for c in ev.columns}, "count": len(ev),
+            "refcounts": tenure_refcounts(alloc, ev, w)}
+
+
+def tenure_refcounts(alloc: AllocatorRun, ev: pd.DataFrame, w: Window) -> dict | None:
+    """The owner-count changes of the window's shared tenures (`ev` rows, by position), sorted by tenure
+    then time, so the page reads a block's count at any moment; None when the run lacks the table."""
+    if not has_table(alloc, "refcounts"):
+        return None
+    shared = ev.loc[ev["max_ref_count"] > 1, ["start", "t_start_s", "t_end_s"]]
+    rows = pd.DataFrame({"start": [], "t_s": [], "ref_count": []})
+    if len(shared):
+        starts, t0 = shared["start"].unique(), float(shared["t_start_s"].min())
+        parts = [df[(df["t_s"] >= t0) & (df["t_s"] <= w.end) & df["start"].isin(starts)]
+                 for df in read_batches(alloc, "refcounts", tuple(REFCOUNT_COLUMNS))]
+        rows = pd.concat([rows, *parts]) if parts else rows
+    shared = shared.assign(tenure=shared.index).sort_values("t_start_s", kind="stable")
+    rows = rows.astype({"start": shared["start"].dtype, "t_s": float}).sort_values("t_s", kind="stable")
+    # Each change belongs to the latest tenure of its block that started at or before it.
+    m = pd.merge_asof(rows, shared, left_on="t_s", right_on="t_start_s", by="start", direction="backward")
+    m = m[m["t_s"] <= m["t_end_s"]].sort_values(["tenure", "t_s"], kind="stable")
+    return {"tenure": packed(m["tenure"], "i4"), "t_s": packed(m["t_s"], "f8"),
+            "ref_count": packed(m["ref_count"], "i4")}
 
 
 def window_detail(alloc: AllocatorRun, w: Window) -> dict:

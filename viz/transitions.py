@@ -1,4 +1,5 @@
-"""Reading a run's transitions table (preemptions and swaps at their times), which older runs lack."""
+"""Reading a run's transitions and refcounts tables (preemptions and swaps, and shared blocks' owner
+counts, at their times), which older runs lack."""
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -14,24 +15,30 @@ from viz.load import AllocatorRun, check_columns, read_table
 READ_ROWS = 262_144
 
 
-def has_transitions(alloc: AllocatorRun) -> bool:
-    """Whether the allocator folder records the times of preemptions and swaps."""
-    return table_exists(alloc.path / "transitions.parquet") or (alloc.path / "transitions.csv").is_file()
+def has_table(alloc: AllocatorRun, name: str) -> bool:
+    """Whether the allocator folder holds table `name` (Parquet or CSV)."""
+    return table_exists(alloc.path / f"{name}.parquet") or (alloc.path / f"{name}.csv").is_file()
+
+
+def read_batches(alloc: AllocatorRun, name: str, columns: tuple[str, ...]) -> Iterator[pd.DataFrame]:
+    """Table `name` in batches of rows (nothing when the run lacks it)."""
+    if not has_table(alloc, name):
+        return
+    path = alloc.path / f"{name}.parquet"
+    if table_exists(path):
+        for batch in iter_batches(path, list(columns), READ_ROWS):
+            df = batch.to_pandas()
+            check_columns(df, columns, str(path))
+            yield df
+    else:
+        yield read_table(alloc.path, name, columns)
 
 
 def read_transitions(alloc: AllocatorRun) -> Iterator[pd.DataFrame]:
     """The transitions table in batches of rows, with `kind_name` added; nothing when the run lacks it."""
-    if not has_transitions(alloc):
-        return
-    cols = list(TRANSITION_COLUMNS)
-    path = alloc.path / "transitions.parquet"
-    if table_exists(path):
-        frames = (b.to_pandas() for b in iter_batches(path, cols, READ_ROWS))
-    else:
-        frames = iter([read_table(alloc.path, "transitions", tuple(cols))])
     names = np.array(TRANSITION_KINDS)
-    for df in frames:
-        check_columns(df, tuple(cols), str(path))
+    path = alloc.path / "transitions.parquet"
+    for df in read_batches(alloc, "transitions", tuple(TRANSITION_COLUMNS)):
         kind = df["kind"].to_numpy(np.int64)
         if len(kind) and (kind.min() < 0 or kind.max() >= len(names)):
             raise VizError(f"{path}: column 'kind' must be 0 to {len(names) - 1}")

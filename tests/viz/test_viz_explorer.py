@@ -7,6 +7,7 @@ import json
 import re
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from tests.cli.clirun import one_line_error, pagelab
@@ -163,3 +164,29 @@ def test_the_server_sends_the_page_and_any_windows_detail(run, tmp_path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_shared_tenures_carry_their_owner_counts(tmp_path):
+    from simulator.config import SimConfig
+    from simulator.loop import simulate
+    from simulator.output import RunFolder
+    from traces import load_trace
+    from viz.explorer import tenure_refcounts
+
+    folder = tmp_path / "paged"
+    folder.mkdir()
+    trace = load_trace("mooncake-conv").iloc[:60].reset_index(drop=True)
+    res = simulate(trace, SimConfig(enable_prefix_caching=True, capacity_tokens=40_000),
+                   RunFolder(folder, num_requests=len(trace)))
+    (folder / "config.json").write_text(json.dumps(res.config))
+    (folder / "summary.json").write_text(json.dumps(res.summary))
+    alloc = load_run(folder).allocators["paged"]
+    ev = alloc.events.sort_values("t_start_s", kind="stable", ignore_index=True)
+    end = float(ev["t_end_s"].max())
+    rc = {k: decode(v) for k, v in tenure_refcounts(alloc, ev, Window(0.0, end)).items()}
+    assert len(rc["tenure"]) > 0 and (np.diff(rc["tenure"]) >= 0).all()
+    peaks = pd.Series(rc["ref_count"]).groupby(rc["tenure"]).max()
+    shared = ev["max_ref_count"][ev["max_ref_count"] > 1]
+    assert peaks[peaks > 1].to_dict() == shared.to_dict()  # each shared tenure's changes reach its peak
+    starts = ev["t_start_s"].to_numpy()[rc["tenure"]]
+    assert (rc["t_s"] >= starts).all() and (rc["t_s"] <= ev["t_end_s"].to_numpy()[rc["tenure"]]).all()

@@ -39,7 +39,21 @@ function prepWindow(w) {
                requests: unpackAll(w.requests), transitions: unpackAll(w.transitions)};
   out.byRequest = new Map();
   out.requests.request_id.forEach((rid, i) => out.byRequest.set(rid, i));
+  const rc = w.tenures.refcounts && unpackAll(w.tenures.refcounts);  // absent in older runs
+  if (rc) {
+    out.refs = {rc, span: new Map()};  // tenure -> [first, end) of its changes (sorted by tenure, time)
+    rc.tenure.forEach((k, j) => { const s = out.refs.span.get(k); if (s) s[1] = j + 1; else out.refs.span.set(k, [j, j + 1]); });
+  }
   return out;
+}
+
+// A tenure's owner count at t: its last change at or before t (1 before any); the peak without the table.
+function refAt(w, i, t) {
+  if (!w.refs) return w.tenures.max_ref_count[i];
+  const s = w.refs.span.get(i);
+  let ref = 1;
+  if (s) for (let j = s[0]; j < s[1] && w.refs.rc.t_s[j] <= t; j++) ref = w.refs.rc.ref_count[j];
+  return ref;
 }
 
 // The chart series: the whole-run summary, with each window's full-detail rows in place of its bins.
@@ -139,7 +153,7 @@ class Column {
     for (let i = 0; i < n; i++) {
       if (T.t_end_s[i] <= t) continue;
       const s = T.start[i], f = T.filled[i], end = s + T.size[i], color = ownerColor(T.request_id[i]);
-      const shared = T.max_ref_count[i] > 1, c0 = Math.floor(s / spc), cf = f > 0 ? Math.floor((s + f - 1) / spc) : c0 - 1;
+      const shared = T.max_ref_count[i] > 1 && refAt(w, i, t) > 1, c0 = Math.floor(s / spc), cf = f > 0 ? Math.floor((s + f - 1) / spc) : c0 - 1;
       const c1 = Math.min(Math.floor((end - 1) / spc), this.cells - 1);
       for (let c = c0; c <= c1; c++) {
         this.paintCell(c, c <= cf ? color : UNFILLED, shared);
@@ -151,6 +165,7 @@ class Column {
     this.note.textContent = `${held.toLocaleString()} ${this.a.paged ? "blocks" : "regions"} held; ` +
       `cell = ${this.spc} slot${this.spc > 1 ? "s" : ""}`;
     this.map.dataset.time = t;
+    this.t = t;
     this.drawLanes(t, w);
   }
   hover(e) {
@@ -164,7 +179,7 @@ class Column {
     const req = q === undefined ? "" : ` · prompt ${R.prompt_len[q]}, output ${R.output_len[q]}, ` +
       `arrived ${fmt(R.arrival_s[q])} s, ${R.num_preemptions[q]} preemption(s)`;
     this.tip.textContent = `request ${rid} · ${what} at slot ${T.start[i]} · filled ${T.filled[i]} of ${T.size[i]} · ` +
-      `ref count up to ${T.max_ref_count[i]}${T.prefix_key && T.prefix_key[i] ? ` · prefix key ${T.prefix_key[i]}` : ""} · ` +
+      `ref count ${refAt(w, i, this.t)} (up to ${T.max_ref_count[i]})${T.prefix_key && T.prefix_key[i] ? ` · prefix key ${T.prefix_key[i]}` : ""} · ` +
       `held ${fmt(T.t_start_s[i])}–${fmt(T.t_end_s[i])} s${req}`;
     this.tip.dataset.request = rid;
   }
