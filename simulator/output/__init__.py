@@ -7,6 +7,8 @@ run goes (`RunFolder`). The loop sees one interface, `RunOutput`:
                                                        paired and written here, or by
                                                        a child process for long runs   (child.py)
 
+`transition_rows()` (preemptions and swaps, request_rows.py) and `ref_count_rows()` (shared blocks' owner
+counts, tenures.py) need no pairing: this process writes them even when a child writes the rest.
 `close` returns what was kept (`Kept`).
 
 The modules one paged `simulate(trace, config, output=RunFolder(...))` runs, in the order it first enters
