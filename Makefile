@@ -13,7 +13,7 @@ TORCH_SPEC ?= torch==2.13.0
 endif
 TORCH_PIP_ARGS ?=
 
-.PHONY: run test lint bench paper profile docs env clean gpu-check
+.PHONY: run test lint bench paper profile docs env clean gpu-check chromium
 
 env: $(VENV)/.installed
 
@@ -22,7 +22,16 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
 	$(PIP) install -q -e ".[dev,docs]"
+	$(MAKE) --no-print-directory chromium
 	touch $@
+
+# Headless Chromium for the run explorer's browser tests (tests/viz/test_viz_explorer_browser.py): Debian's
+# package, installed when missing and this user can; without it those tests are skipped (fail under CI=true).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  { if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	    else echo "chromium is not installed (apt-get install chromium): the browser tests will be skipped"; fi; }
 
 run: env
 	$(VENV)/bin/pagelab simulate --plot --out runs/azure-conv --overwrite

@@ -11,6 +11,7 @@ import typer
 from cli.bench import bench_app
 from cli.calibrate import calibrate_cmd
 from cli.compare import compare_cmd
+from cli.export import export_cmd
 from cli.help import use_panels
 from cli.plot import plot_cmd
 from cli.presets import presets_cmd
@@ -18,6 +19,7 @@ from cli.replay import replay_cmd
 from cli.simulate import simulate_cmd
 from cli.sweep import sweep_cmd
 from cli.trace import trace_app
+from cli.view import view_cmd
 
 HELP = {"help_option_names": ["-h", "--help"]}
 
@@ -108,10 +110,12 @@ def main() -> None:
 app.add_typer(bench_app, name="bench")
 app.command("calibrate")(calibrate_cmd)
 app.command("compare")(compare_cmd)
+app.command("export")(export_cmd)
 app.command("plot")(plot_cmd)
 app.command("presets")(presets_cmd)
 app.command("replay")(replay_cmd)
 app.command("simulate")(simulate_cmd)
 app.command("sweep")(sweep_cmd)
+app.command("view")(view_cmd)
 app.add_typer(trace_app, name="trace")
 use_panels(app)

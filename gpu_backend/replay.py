@@ -295,7 +295,8 @@ def _replay(trace: pd.DataFrame, config: ReplayConfig, engine: LLMEngine, clock:
            "time_scale": config.time_scale, "seed": config.seed, "num_clipped_prompts": num_clipped,
            "clock": config.clock}
     return RunResult(cfg, summary, kept.requests.frame, kept.memory, kept.events, kept.num_events,
-                     kept.requests, steps=steps_frame(run.step_rows))
+                     kept.requests, steps=steps_frame(run.step_rows), transitions=kept.transitions,
+                     refcounts=kept.refcounts)
 
 
 def _stop(run: ReplayState, exc: BaseException) -> dict:

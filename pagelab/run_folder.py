@@ -111,6 +111,10 @@ def write_run_files(tmp: Path, trace_info: dict, results: dict, table_format: st
                 write_table(_empty(run_format.EVENT_COLUMNS), d / table, table_format)
             else:
                 raise FileNotFoundError(f"{d}: the streamed {table} table is missing")
+        for table in ("transitions", "refcounts"):  # None: streamed already, or not recorded
+            df = getattr(res, table, None)
+            if df is not None:
+                write_table(df, d / table, table_format)
         steps = getattr(res, "steps", None)  # replays: one row per engine step (pagelab calibrate)
         if steps is not None:
             write_table(steps, d / "steps", table_format)

@@ -233,7 +233,7 @@ class ParquetSink(TableSink):
             self._close_part()
         if self._num_parts == 1:
             single = self.path.with_name(f".{self.path.name}.part")
-            (self.path / part_name(0)).rename(single)
+            os.rename(os.path.join(self.path, part_name(0)), single)  # a str: see _open_part
             self.path.rmdir()
             single.rename(self.path)
         self._num_parts = 0

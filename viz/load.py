@@ -19,7 +19,7 @@ from viz.palette import STATE_ORDER, allocator_sort_key
 # The run format's columns, as the simulation and the replay write them.
 REQUEST_COLUMNS = tuple(run_format.REQUEST_COLUMNS)
 MEMORY_COLUMNS = tuple(run_format.MEMORY_COLUMNS)
-EVENT_COLUMNS = tuple(run_format.EVENT_COLUMNS)
+EVENT_COLUMNS = tuple(c for c in run_format.EVENT_COLUMNS if c not in run_format.EVENT_OPTIONAL)
 WINDOW_READ_ROWS = 2_000_000  # events tables larger than this are read by time window, not whole
 TABLE_COLUMNS = {"requests": REQUEST_COLUMNS, "memory": MEMORY_COLUMNS, "events": EVENT_COLUMNS}
 

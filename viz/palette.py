@@ -60,6 +60,13 @@ OUTSIDE_POOL_RGB = (0.85, 0.85, 0.85)
 
 LINESTYLES = ("-", "--", ":", "-.")
 _OWNER_STRIDE = 5
+OWNER_STRIDE = _OWNER_STRIDE  # the run explorer's page colours owners with the same formula as owner_rgb
+
+# A request's phases (the run explorer's lanes): waiting and decoding in the queue lines' colours, prefill a
+# lighter blue between them; preemptions and swaps are black and orange marks (never a state's colour).
+PHASE_COLORS = {"waiting": QUEUE_COLORS["num_waiting"], "prefill": "#77AADD",
+                "decode": QUEUE_COLORS["num_running"], "preempted": "#000000", "swapped_out": "#EE7733",
+                "swapped_in": "#EE7733"}
 # Shared blocks are hatched: pattern for ref count 2 and for 3 or more.
 SHARED_HATCH = {2: "////", 3: "xxxx"}
 

@@ -139,12 +139,13 @@ class RawEvents:
     Every event names a key (a block id, or a region's first slot for unit 1); `e_*` hold the keys in
     the order the events happened and, per run (one log call), its length, kind and unit. Acquisition runs
     carry a region size, a request id and a time (or, flagged in `a_flags`, one of each per event in
-    `a_rids` / `a_times`); release runs a time and one filled count per event; shares a new ref count each.
+    `a_rids` / `a_times`); release runs a time and one filled count per event (and, flagged in `r_flags`,
+    one prefix-cache content key per event in `r_keys`); shares a new ref count each.
     Lists, not typed arrays: `list.extend` copies pointers, where `array.extend` converts every element.
     """
 
     __slots__ = ("e_keys", "e_n", "e_kind", "e_unit", "a_size", "a_rid", "a_t", "a_flags", "a_rids",
-                 "a_times", "r_t", "r_filled", "s_ref")
+                 "a_times", "r_t", "r_filled", "r_flags", "r_keys", "s_ref")
 
     def __init__(self) -> None:
         for name in self.__slots__:
@@ -164,6 +165,11 @@ class EventLog:
         self.num_acquired = 0
         self.first_unread = 0  # number of the first acquisition in the batch not yet taken
         self._start_batch()
+        # Reference-count changes of held blocks (first slot, time, new count): a table of their own,
+        # written by the run's own process (`take_ref_changes`); they need no pairing.
+        self.rc_start: list[int] = []
+        self.rc_t: list[float] = []
+        self.rc_ref: list[int] = []
 
     def _start_batch(self) -> None:
         self._raw = raw = RawEvents()
@@ -171,6 +177,7 @@ class EventLog:
         self._a_size, self._a_rid, self._a_t, self._a_flags = raw.a_size, raw.a_rid, raw.a_t, raw.a_flags
         self._a_rids, self._a_times = raw.a_rids, raw.a_times
         self._r_t, self._r_filled, self._s_ref = raw.r_t, raw.r_filled, raw.s_ref
+        self._r_flags, self._r_keys = raw.r_flags, raw.r_keys
 
     def take(self) -> tuple[RawEvents, int]:
         """The events logged since the last call, and the number of their first acquisition."""
@@ -206,8 +213,10 @@ class EventLog:
         self._a_flags.append(flags)
         self.num_acquired += n
 
-    def release_blocks(self, block_ids: SeqLike[int], block_size: int, filled: SeqLike[int]) -> None:
-        """Blocks were given back now, holding `filled` tokens each."""
+    def release_blocks(self, block_ids: SeqLike[int], block_size: int, filled: SeqLike[int],
+                       prefix_keys: SeqLike[int] | None = None) -> None:
+        """Blocks were given back now, holding `filled` tokens each; `prefix_keys` gives each one's content
+        key in the prefix cache (0: none) when any has one."""
         n = len(block_ids)
         if not n:
             return
@@ -217,6 +226,11 @@ class EventLog:
         self._e_unit.append(block_size)
         self._r_t.append(self.now)
         self._r_filled.extend(filled)
+        if prefix_keys is None:
+            self._r_flags.append(0)
+        else:
+            self._r_flags.append(1)
+            self._r_keys.extend(prefix_keys)
 
     def share_block(self, block_id: int, block_size: int, ref_count: int) -> None:
         """A block (a region, with block size 1) gained another owner."""
@@ -225,6 +239,19 @@ class EventLog:
         self._e_kind.append(SHARE)
         self._e_unit.append(block_size)
         self._s_ref.append(ref_count)
+        self.ref_change(block_id, block_size, ref_count)
+
+    def ref_change(self, block_id: int, block_size: int, ref_count: int) -> None:
+        """A held block's (a region's, block size 1) owner count became `ref_count` (>= 1) now."""
+        self.rc_start.append(block_id * block_size)
+        self.rc_t.append(self.now)
+        self.rc_ref.append(ref_count)
+
+    def take_ref_changes(self) -> tuple[list[int], list[float], list[int]]:
+        """The reference-count changes logged since the last call: first slots, times, new counts."""
+        out = (self.rc_start, self.rc_t, self.rc_ref)
+        self.rc_start, self.rc_t, self.rc_ref = [], [], []
+        return out
 
     def acquire_region(self, start: int, size: int, request_id: int) -> None:
         """A region of `size` slots starting at slot `start` was taken."""
@@ -246,3 +273,4 @@ class EventLog:
         self._e_unit.append(1)
         self._r_t.append(self.now)
         self._r_filled.append(filled)
+        self._r_flags.append(0)

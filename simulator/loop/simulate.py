@@ -47,6 +47,8 @@ class RunResult:
     num_events: int = 0
     request_columns: RequestColumns | None = None
     steps: pd.DataFrame | None = None
+    transitions: pd.DataFrame | None = None  # None: written to the run folder (or not recorded)
+    refcounts: pd.DataFrame | None = None  # likewise
 
     def request_data(self) -> pd.DataFrame | RequestColumns:
         """The request table: in memory, or read from its file a column at a time."""
@@ -160,4 +162,4 @@ def simulate(trace: pd.DataFrame | TraceBatches, config: SimConfig, output: RunO
     add_latencies(summary, kept.requests)
     return RunResult(config=config.to_dict(), summary=summary, requests=kept.requests.frame,
                      memory=kept.memory, events=kept.events, num_events=kept.num_events,
-                     request_columns=kept.requests)
+                     request_columns=kept.requests, transitions=kept.transitions, refcounts=kept.refcounts)

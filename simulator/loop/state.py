@@ -12,10 +12,10 @@ import numpy as np
 
 from simulator.core.allocator import KVAllocator, MemoryBreakdown
 from simulator.core.scheduler import Scheduler, SchedulerOutput
-from simulator.core.sequence import Sequence, SequenceGroup
+from simulator.core.sequence import Sequence, SequenceGroup, SequenceStatus
 from simulator.output import RunOutput
 from simulator.output.memory_rows import MemoryRows
-from simulator.output.request_rows import RequestRows
+from simulator.output.request_rows import PREEMPTED, SWAPPED_IN, SWAPPED_OUT, RequestRows
 from traces.batches import TraceBatches
 from traces.prefix import block_keys
 from traces.schema import PREFIX_COLUMNS
@@ -54,6 +54,8 @@ class RunState:
         log.midway = self.mem.flush
         self.admitted, self.first_token, self.finish = log.admitted, log.first_token, log.finish
         self.preemptions, self.rejected, self.hit_tokens = log.preemptions, log.rejected, log.hit_tokens
+        self.transitions = self.output.transition_rows()
+        self.refcounts = self.output.ref_count_rows()
         self.events = self.alloc.events
         self._event_batch = self.output.sizes.tenure_batch
 
@@ -85,6 +87,8 @@ class RunState:
         """Hand the output the allocation events logged so far once there are enough of them (all of them,
         those still held ending now, when `final`)."""
         events = self.events
+        if events is not None and events.rc_t:
+            self.refcounts.extend(*events.take_ref_changes())
         if events is not None and (final or events.num_acquired - events.first_unread >= self._event_batch):
             raw, first = events.take()
             self.output.tenures(raw, first, None if final else self.now, self.now)
@@ -105,6 +109,10 @@ class RunState:
                 self.hit_tokens[i] = g.prefix_hit_tokens or 0
         for g in out.preempted:
             self.preemptions[g.request_id] += 1
+            swapped = any(s.status is SequenceStatus.SWAPPED for s in g.seqs)
+            self.transitions.add(g.request_id, now, SWAPPED_OUT if swapped else PREEMPTED)
+        for g in out.swapped_in:
+            self.transitions.add(g.request_id, now, SWAPPED_IN)
         for g in out.rejected:
             self.retire(g.request_id)
 

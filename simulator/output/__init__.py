@@ -7,6 +7,8 @@ run goes (`RunFolder`). The loop sees one interface, `RunOutput`:
                                                        paired and written here, or by
                                                        a child process for long runs   (child.py)
 
+`transition_rows()` (preemptions and swaps, request_rows.py) and `ref_count_rows()` (shared blocks' owner
+counts, tenures.py) need no pairing: this process writes them even when a child writes the rest.
 `close` returns what was kept (`Kept`).
 
 The modules one paged `simulate(trace, config, output=RunFolder(...))` runs, in the order it first enters
@@ -17,8 +19,8 @@ them (tests/test_shape.py traces it and compares):
     simulator.core.paged.block_pool -> simulator.core.paged.prefix_cache -> simulator.core.paged.swap ->
     simulator.timing.step_latency -> simulator.core.scheduler -> simulator.core.decode ->
     simulator.loop.state -> simulator.output -> pagelab.table_sinks -> pagelab.writes ->
-    simulator.output.memory_rows -> simulator.output.request_rows -> traces.batches ->
-    simulator.core.sequence -> simulator.loop.step -> simulator.output.tenures -> simulator.metrics ->
+    simulator.output.memory_rows -> simulator.output.request_rows -> simulator.output.tenures ->
+    traces.batches -> simulator.core.sequence -> simulator.loop.step -> simulator.metrics ->
     pagelab.malloc -> pagelab.parquet_parts -> pagelab.column_stats
 """
 from __future__ import annotations
@@ -31,8 +33,24 @@ from typing import TYPE_CHECKING
 
 from pagelab.table_sinks import FrameSink, arrow_schema, open_table_sink
 from simulator.output.memory_rows import MEMORY_DTYPES, MemoryFrame, MemoryRows, MemoryTable
-from simulator.output.request_rows import REQUEST_DTYPES, RequestColumns, RequestRows, RequestTable
-from simulator.output.tenures import EVENT_DTYPES, EVENT_ENCODING, EVENT_SCHEMA, TenurePairer
+from simulator.output.request_rows import (
+    REQUEST_DTYPES,
+    TRANSITION_DTYPES,
+    TRANSITION_SCHEMA,
+    RequestColumns,
+    RequestRows,
+    RequestTable,
+    TransitionRows,
+)
+from simulator.output.tenures import (
+    EVENT_DTYPES,
+    EVENT_ENCODING,
+    EVENT_SCHEMA,
+    REFCOUNT_DTYPES,
+    REFCOUNT_SCHEMA,
+    RefCountRows,
+    TenurePairer,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -70,6 +88,8 @@ class Kept:
     requests: RequestColumns
     events: pd.DataFrame | None
     num_events: int
+    transitions: pd.DataFrame | None = None
+    refcounts: pd.DataFrame | None = None
 
 
 class RunOutput(abc.ABC):
@@ -80,6 +100,8 @@ class RunOutput(abc.ABC):
     def __init__(self) -> None:
         self._memory: MemoryRows | None = None
         self._requests: RequestRows | None = None
+        self._transitions: TransitionRows | None = None
+        self._refcounts: RefCountRows | None = None
 
     def memory_rows(self) -> MemoryRows:
         """The memory table's rows (made on the first call)."""
@@ -92,6 +114,26 @@ class RunOutput(abc.ABC):
         if self._requests is None:
             self._requests = self._open_requests()
         return self._requests
+
+    def transition_rows(self) -> TransitionRows:
+        """The transitions table's rows (made on the first call)."""
+        if self._transitions is None:
+            self._transitions = self._open_transitions()
+        return self._transitions
+
+    def _open_transitions(self) -> TransitionRows:
+        """The transitions table's rows, kept in memory (a run folder writes them)."""
+        return TransitionRows(FrameSink(TRANSITION_DTYPES), self.sizes.batch_rows)
+
+    def ref_count_rows(self) -> RefCountRows:
+        """The reference-count changes' rows (made on the first call)."""
+        if self._refcounts is None:
+            self._refcounts = self._open_refcounts()
+        return self._refcounts
+
+    def _open_refcounts(self) -> RefCountRows:
+        """The reference-count changes, kept in memory (a run folder writes them)."""
+        return RefCountRows(FrameSink(REFCOUNT_DTYPES), self.sizes.batch_rows)
 
     @abc.abstractmethod
     def _open_memory(self) -> MemoryRows:
@@ -146,8 +188,12 @@ class InMemory(RunOutput):
         frame = requests.writer.sink.frame()
         memory = self.memory_rows()
         memory.end()
+        transitions, refcounts = self.transition_rows(), self.ref_count_rows()
+        transitions.end()
+        refcounts.end()
         return Kept(memory.writer.frame(), None, RequestColumns(requests.totals, frame=frame),
-                    self._events.frame(), self._events.num_rows)
+                    self._events.frame(), self._events.num_rows, transitions.sink.frame(),
+                    refcounts.sink.frame())
 
 
 def _memory_sink(folder: Path, table_format: str, sizes: Sizes):
@@ -165,6 +211,18 @@ def _request_sink(folder: Path, table_format: str, sizes: Sizes):
 def _events_sink(folder: Path, table_format: str, sizes: Sizes):
     return open_table_sink(folder / "events", EVENT_SCHEMA, table_format, group_rows=sizes.event_group_rows,
                            part_groups=sizes.event_part_groups, exact_groups=True, **EVENT_ENCODING)
+
+
+def _transitions_sink(folder: Path, table_format: str, sizes: Sizes):
+    return open_table_sink(folder / "transitions", TRANSITION_SCHEMA, table_format,
+                           group_rows=sizes.request_group_rows, part_groups=sizes.table_part_groups,
+                           use_dictionary=["kind"])
+
+
+def _refcounts_sink(folder: Path, table_format: str, sizes: Sizes):
+    return open_table_sink(folder / "refcounts", REFCOUNT_SCHEMA, table_format,
+                           group_rows=sizes.request_group_rows, part_groups=sizes.table_part_groups,
+                           use_dictionary=["ref_count"])
 
 
 class RunFolder(RunOutput):
@@ -211,6 +269,16 @@ class RunFolder(RunOutput):
         return RequestRows(RequestTable(_request_sink(*args)), sizes.batch_rows, sizes.request_group_rows,
                            trim=release_free_memory)
 
+    def _open_transitions(self) -> TransitionRows:
+        # Written by this process even when a child writes the other tables: transitions are few.
+        sink = _transitions_sink(self.folder, self.table_format, self.sizes)
+        return TransitionRows(sink, self.sizes.batch_rows)
+
+    def _open_refcounts(self) -> RefCountRows:
+        # Written by this process, like the transitions: they need no pairing.
+        sink = _refcounts_sink(self.folder, self.table_format, self.sizes)
+        return RefCountRows(sink, self.sizes.batch_rows)
+
     def tenures(self, raw: RawEvents, first_row: int, before: float | None, end_s: float = 0.0) -> None:
         """Pair the batch here, or send it to the child."""
         if self._child is not None:
@@ -225,6 +293,8 @@ class RunFolder(RunOutput):
         path = requests.writer.path if self._child is not None else requests.writer.sink.path
         memory = self.memory_rows()
         sums = memory.end()
+        self.transition_rows().end()
+        self.ref_count_rows().end()
         num_events = 0
         if self._child is not None:
             self._child.close()

@@ -5,6 +5,10 @@ and hands the rows on in trace order, packed, as soon as every earlier request h
 rejected: a run's memory does not grow with its number of requests. Its writer (`RequestTable`) turns
 each row group into columns, adds the derived latencies, and sums what the summary needs as they go.
 `RequestColumns` reads a finished table a column at a time, from memory or from its file.
+
+The transitions table gives the times of what the request table counts (`TransitionRows`): when a request
+was preempted, swapped out or swapped back in, one row each in time order. Its rows wait in plain lists
+and go to the sink a batch at a time: a run preempts rarely, and when it thrashes its memory stays flat.
 """
 from __future__ import annotations
 
@@ -12,10 +16,11 @@ import struct
 from collections.abc import Callable, Iterator
 
 import numpy as np
+import pyarrow as pa
 
 from pagelab.column_stats import BATCH_ROWS
-from pagelab.run_format import REQUEST_COLUMNS, TRACE_COLUMNS
-from pagelab.table_sinks import TableSink
+from pagelab.run_format import REQUEST_COLUMNS, TRACE_COLUMNS, TRANSITION_COLUMNS, TRANSITION_KINDS
+from pagelab.table_sinks import TableSink, numpy_dtypes
 from simulator.output.memory_rows import columns_of_batches
 
 REQUEST_DTYPES = {c: np.dtype(t) for c, t in REQUEST_COLUMNS.items()}
@@ -280,3 +285,41 @@ def _rebatch(batches: Iterator[dict[str, np.ndarray]], rows: int) -> Iterator[di
             held, num_held = [{c: v[rows:] for c, v in merged.items()}], num_held - rows
     if num_held:
         yield {c: np.concatenate([h[c] for h in held]) for c in held[0]}
+
+
+TRANSITION_SCHEMA = pa.schema([(c, pa.type_for_alias(t)) for c, t in TRANSITION_COLUMNS.items()])
+TRANSITION_DTYPES = numpy_dtypes(TRANSITION_SCHEMA)
+PREEMPTED, SWAPPED_OUT, SWAPPED_IN = (TRANSITION_KINDS.index(k) for k in ("preempted", "swapped_out",
+                                                                          "swapped_in"))
+
+
+class TransitionRows:
+    """Collects transitions and hands them to `sink` every `batch_rows` rows; `end` closes the table."""
+
+    def __init__(self, sink: TableSink, batch_rows: int) -> None:
+        self.sink = sink
+        self.batch_rows = batch_rows
+        self._rid: list[int] = []
+        self._t: list[float] = []
+        self._kind: list[int] = []
+
+    def add(self, request_id: int, t_s: float, kind: int) -> None:
+        """Request `request_id` changed place at `t_s` (`kind`: PREEMPTED, SWAPPED_OUT or SWAPPED_IN)."""
+        self._rid.append(request_id)
+        self._t.append(t_s)
+        self._kind.append(kind)
+        if len(self._rid) >= self.batch_rows:
+            self.flush()
+
+    def flush(self) -> None:
+        """Hand the rows collected so far to the sink."""
+        if self._rid:
+            self.sink.write({"request_id": np.asarray(self._rid, TRANSITION_DTYPES["request_id"]),
+                             "t_s": np.asarray(self._t, TRANSITION_DTYPES["t_s"]),
+                             "kind": np.asarray(self._kind, TRANSITION_DTYPES["kind"])})
+            self._rid, self._t, self._kind = [], [], []
+
+    def end(self) -> None:
+        """Write what is left and close the table."""
+        self.flush()
+        self.sink.close()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from pagelab.run_format import EVENT_COLUMNS
+from pagelab.run_format import EVENT_COLUMNS, REFCOUNT_COLUMNS
 from pagelab.table_sinks import TableSink, numpy_dtypes
 from simulator.core.allocator import ACQUIRE, PER_EVENT_RID, PER_EVENT_TIME, RELEASE, SHARE, RawEvents
 
@@ -27,7 +27,7 @@ EVENT_DTYPES = numpy_dtypes(EVENT_SCHEMA)
 # Dictionaries on the block offsets, sizes, reference counts and fills (few distinct values a row
 # group), plain + zstd for request ids and times: the smallest file of the encodings tried, and a time's
 # dictionary costs more than it saves.
-EVENT_ENCODING: dict = {"use_dictionary": ["start", "size", "max_ref_count", "filled"]}
+EVENT_ENCODING: dict = {"use_dictionary": ["start", "size", "max_ref_count", "filled", "prefix_key"]}
 _INT32_MAX = np.iinfo(np.int32).max
 _COLUMNS = tuple(EVENT_COLUMNS)
 
@@ -51,17 +51,22 @@ class OpenTenures:
         if start.max() + size.max() > _INT32_MAX or request_id.max() > _INT32_MAX:
             raise ValueError("pool offsets and request ids must fit in int32 for the events table")
         new = {"request_id": request_id, "start": start, "size": size, "t_start_s": t_start,
-               "t_end_s": np.full(n, np.nan), "max_ref_count": np.ones(n), "filled": np.zeros(n)}
+               "t_end_s": np.full(n, np.nan), "max_ref_count": np.ones(n), "filled": np.zeros(n),
+               "prefix_key": np.zeros(n)}
         self.row = np.concatenate([self.row, np.arange(first_row, first_row + n, dtype=np.int64)])
         self.cols = {c: np.concatenate([self.cols[c], new[c].astype(EVENT_DTYPES[c], copy=False)])
                      for c in _COLUMNS}
 
-    def release(self, rows: np.ndarray, t_end: np.ndarray, filled: np.ndarray) -> None:
-        """Mark the tenures of acquisition numbers `rows` released at `t_end` holding `filled` tokens."""
+    def release(self, rows: np.ndarray, t_end: np.ndarray, filled: np.ndarray,
+                prefix_keys: np.ndarray | None = None) -> None:
+        """Mark the tenures of acquisition numbers `rows` released at `t_end` holding `filled` tokens (and
+        `prefix_keys`, when given)."""
         if len(rows):
             pos = np.searchsorted(self.row, rows)
             self.cols["t_end_s"][pos] = t_end
             self.cols["filled"][pos] = filled
+            if prefix_keys is not None:
+                self.cols["prefix_key"][pos] = prefix_keys
 
     def share(self, rows: np.ndarray, ref_counts: np.ndarray) -> None:
         """Raise the peak owner count of the tenures `rows`."""
@@ -130,8 +135,13 @@ class TenurePairer:
                                  _per_event(np.asarray(raw.a_t, np.float64), a_counts,
                                             (flags & PER_EVENT_TIME) != 0, raw.a_times, np.float64))
             if len(raw.r_t):
-                t_end = np.repeat(np.asarray(raw.r_t, np.float64), counts[run_kind == RELEASE])
-                self.tenures.release(rows[kinds == RELEASE], t_end, np.asarray(raw.r_filled, np.int64))
+                r_counts = counts[run_kind == RELEASE]
+                t_end = np.repeat(np.asarray(raw.r_t, np.float64), r_counts)
+                keys = None
+                if len(raw.r_keys):
+                    keys = _per_event(np.zeros(len(r_counts), np.int64), r_counts,
+                                      np.asarray(raw.r_flags, np.int8) != 0, raw.r_keys, np.int64)
+                self.tenures.release(rows[kinds == RELEASE], t_end, np.asarray(raw.r_filled, np.int64), keys)
             if len(raw.s_ref):
                 self.tenures.share(rows[kinds == SHARE], np.asarray(raw.s_ref, np.int64))
         self.tenures.flush(self.sink, before, end_s)
@@ -222,3 +232,36 @@ class OpenRows:
         by_key = np.argsort(keys_new, kind="stable")
         self.keys, self.rows = keys_new[by_key], rows_new[by_key]
         return rows
+
+
+REFCOUNT_SCHEMA = pa.schema([(c, pa.type_for_alias(t)) for c, t in REFCOUNT_COLUMNS.items()])
+REFCOUNT_DTYPES = numpy_dtypes(REFCOUNT_SCHEMA)
+
+
+class RefCountRows:
+    """The reference-count changes of held blocks (EventLog.take_ref_changes), handed to `sink` every
+    `batch_rows` rows; `end` closes the table."""
+
+    def __init__(self, sink: TableSink, batch_rows: int) -> None:
+        self.sink = sink
+        self.batch_rows = batch_rows
+        self._cols: tuple[list, list, list] = ([], [], [])
+
+    def extend(self, starts: list[int], times: list[float], ref_counts: list[int]) -> None:
+        """Add changes: the block at slot starts[i] has ref_counts[i] owners from times[i] on."""
+        for held, new in zip(self._cols, (starts, times, ref_counts), strict=True):
+            held.extend(new)
+        if len(self._cols[0]) >= self.batch_rows:
+            self.flush()
+
+    def flush(self) -> None:
+        """Hand the rows collected so far to the sink."""
+        if self._cols[0]:
+            pairs = zip(REFCOUNT_COLUMNS, self._cols, strict=True)
+            self.sink.write({c: np.asarray(v, REFCOUNT_DTYPES[c]) for c, v in pairs})
+            self._cols = ([], [], [])
+
+    def end(self) -> None:
+        """Write what is left and close the table."""
+        self.flush()
+        self.sink.close()

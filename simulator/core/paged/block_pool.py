@@ -126,12 +126,14 @@ class BlockPool:
         ref = self.ref[bid] - 1
         self.ref[bid] = ref
         if ref:
+            if self.events is not None:
+                self.events.ref_change(bid, self.block_size, ref)
             return
         filled = self.filled[bid]
         self.total_filled -= filled
-        if self.events is not None:
-            self.events.release_blocks((bid,), self.block_size, (filled,))
         h = self.hash[bid]
+        if self.events is not None:
+            self.events.release_blocks((bid,), self.block_size, (filled,), None if h is None else (h,))
         if h is not None and self.cached.get(h) == bid:
             self.free_cached[bid] = None  # most recently used end
         else:
@@ -162,18 +164,22 @@ class BlockPool:
         logging = self.events is not None
         released: list[int] = []
         released_filled: list[int] = []
+        released_keys: list[int] = []  # content keys (0: none), logged when any released block has one
         total = self.total_filled
         for bid in reversed(table):
             r = ref[bid] - 1
             ref[bid] = r
             if r:
+                if logging:
+                    self.events.ref_change(bid, self.block_size, r)
                 continue
             f = filled[bid]
             total -= f
+            h = hashes[bid]
             if logging:
                 released.append(bid)
                 released_filled.append(f)
-            h = hashes[bid]
+                released_keys.append(h or 0)
             if h is not None and cached.get(h) == bid:
                 free_cached[bid] = None  # most recently used end
             else:
@@ -182,4 +188,5 @@ class BlockPool:
                 free.append(bid)
         self.total_filled = total
         if released:
-            self.events.release_blocks(released, self.block_size, released_filled)
+            keys = released_keys if any(released_keys) else None
+            self.events.release_blocks(released, self.block_size, released_filled, keys)

@@ -57,7 +57,8 @@ def test_the_child_writes_the_files_this_process_writes(tmp_path, fmt):
     (here_out, here), (child_out, child) = runs["here"], runs["child"]
     assert child_out.in_child and not here_out.in_child
     here_files, child_files = _files(tmp_path / "here"), _files(tmp_path / "child")
-    assert sorted(here_files) == [f"{t}.{fmt}" for t in ("events", "memory", "requests")]
+    tables = ("events", "memory", "refcounts", "requests", "transitions")
+    assert sorted(here_files) == [f"{t}.{fmt}" for t in tables]
     assert child_files == here_files
     assert sorted(os.listdir(tmp_path / "child")) == sorted(os.listdir(tmp_path / "here"))  # no spools left
     assert child.num_events == here.num_events > 1000

@@ -12,18 +12,18 @@ from simulator.output.tenures import EVENT_DTYPES, TenurePairer
 
 
 def _reference_tenures(log: list[tuple]) -> list[tuple]:
-    """Tenures from a plain replay of the event log with a dict."""
+    """Tenures from a plain replay of the event log with a dict (a release's last field: its prefix key)."""
     rows, open_rows = [], {}
     for kind, start, value, t, rid in log:
         if kind == "acquire":
             open_rows[start] = len(rows)
-            rows.append([rid, start, value, t, None, 1, 0])
+            rows.append([rid, start, value, t, None, 1, 0, 0])
         elif kind == "share":
             row = rows[open_rows[start]]
             row[5] = max(row[5], value)
         else:
             row = rows[open_rows.pop(start)]
-            row[4], row[6] = t, value
+            row[4], row[6], row[7] = t, value, rid
     return [tuple(r) for r in rows]
 
 
@@ -69,18 +69,20 @@ def test_paired_tenures_are_those_of_a_plain_replay_of_the_events(ops, block_siz
             log.append(("share", start, refs[key], float(step), None))
         elif kind == "release" and key in held:
             held.discard(key)
+            prefix_key = key * 7 + 1 if bulk and extra % 2 else 0  # some releases carry a content key
             if bulk:
-                rec.release_blocks([key], block_size, (extra,))
+                rec.release_blocks([key], block_size, (extra,), (prefix_key,) if prefix_key else None)
             else:
                 rec.release_region(start, extra)
-            log.append(("release", start, extra, float(step), None))
+            log.append(("release", start, extra, float(step), prefix_key))
     pairer.process(*rec.take(), None, 999.0)
     got = sink.frame()
-    want = [(rid, start, size, t0, 999.0 if t1 is None else t1, ref, filled)
-            for rid, start, size, t0, t1, ref, filled in _reference_tenures(log)]
+    want = [(rid, start, size, t0, 999.0 if t1 is None else t1, ref, filled, key)
+            for rid, start, size, t0, t1, ref, filled, key in _reference_tenures(log)]
     want = [w for _, w in sorted(enumerate(want), key=lambda iw: (iw[1][4], iw[0]))]
     assert [tuple(r) for r in got.itertuples(index=False)] == want
-    assert list(got.dtypes) == [np.int32, np.int32, np.int32, np.float64, np.float64, np.int32, np.int32]
+    assert list(got.dtypes) == [np.int32, np.int32, np.int32, np.float64, np.float64, np.int32, np.int32,
+                                np.int64]
 
 
 def test_pairing_reports_a_release_of_a_free_block():

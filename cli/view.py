@@ -1,0 +1,43 @@
+"""`pagelab view`: a run as one HTML page to scrub through (block maps, memory curve, request lanes)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from cli.common import err_console, user_errors
+
+
+@user_errors
+def view_cmd(
+    run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="Run folder from simulate or replay."),
+    window: list[str] = typer.Option(None, "--window", metavar="START:END",
+                                     help="Seconds of the run shown in full detail (repeatable; default: "
+                                          "around the peak, or the whole run when it is small)."),
+    out: Path = typer.Option(None, "--out", "-o", help="HTML file to write (default: RUN_DIR/view.html)."),
+    serve: bool = typer.Option(False, "--serve",
+                               help="Also serve the page on localhost; it loads any moment's detail."),
+    port: int = typer.Option(0, "--port", help="Port for --serve (default: any free one)."),
+) -> None:
+    """Write one self-contained HTML page that scrubs through a run: pool block map, memory, requests."""
+    from viz.explorer import check_windows
+    from viz.explorer_page import make_server, write_page
+    from viz.load import load_run
+    from viz.perfetto import run_end
+
+    run = load_run(run_dir)
+    end = max(run_end(a) for a in run.allocators.values())
+    windows = check_windows(list(window or []), end) or None
+    path = out if out is not None else run_dir / "view.html"
+    size = write_page(run, path, windows, serve=serve)
+    err_console.print(f"wrote {path} ({size / 1e6:.1f} MB)", markup=False, highlight=False)
+    if serve:
+        server = make_server(run, path.read_bytes(), port)
+        err_console.print(f"serving http://127.0.0.1:{server.server_port}/ (Ctrl-C stops)", markup=False,
+                          highlight=False)
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            server.server_close()

@@ -1,0 +1,163 @@
+"""A run folder as Chrome trace-event JSON, the format Perfetto (ui.perfetto.dev) and chrome://tracing open.
+
+One process per allocator, one thread per request whose phases (waiting, prefill, decode) are slices, with
+its preemptions and swaps as instants (when the run folder records their times); counter tracks for every
+memory state (share of the pool), the running batch, the waiting and swapped queues and the batched tokens.
+
+The file is written as the tables are read, a row group at a time, so a run of a million requests never
+holds its whole JSON (or its whole request table) in memory. Times are in microseconds, as the format wants.
+"""
+from __future__ import annotations
+
+import io
+import json
+import math
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+from pagelab.atomic import atomic_write
+from pagelab.parquet_parts import iter_batches, table_exists
+from pagelab.writes import open_out
+from viz.load import AllocatorRun, Run, load_run, read_table
+from viz.palette import STATE_ORDER
+
+PHASES = ("waiting", "prefill", "decode")  # a request's slices, in the order they happen
+QUEUE_COUNTERS = {"num_running": "running", "num_waiting": "waiting", "num_swapped": "swapped",
+                  "num_batched_tokens": "batched tokens"}
+REQUEST_READ_ROWS = 65_536
+_US = 1e6
+_WRITE_BUFFER = 1 << 20
+
+
+def _us(t: float) -> str:
+    """Seconds as microseconds with nanosecond precision (the JSON number of `ts` and `dur`)."""
+    return f"{t * _US:.3f}"
+
+
+def _meta(pid: int, tid: int | None, kind: str, value) -> str:
+    key = "name" if kind.endswith("_name") else "sort_index"
+    tid_part = "" if tid is None else f',"tid":{tid}'
+    return f'{{"ph":"M","pid":{pid}{tid_part},"name":"{kind}","args":{{"{key}":{json.dumps(value)}}}}}'
+
+
+def request_phases(arrival: float, admitted: float, first_token: float, finish: float, end_s: float
+                   ) -> list[tuple[str, float, float]]:
+    """(phase, start, end) of one request: waiting until first admitted, prefill until its first token,
+    decode until its last; a phase still under way at the end of the run ends there."""
+    edges = [arrival, admitted, first_token, finish]
+    out = []
+    for i, phase in enumerate(PHASES):
+        start, end = edges[i], edges[i + 1]
+        if math.isnan(start):
+            break
+        if math.isnan(end):
+            out.append((phase, start, max(start, end_s)))
+            break
+        out.append((phase, start, end))
+    return out
+
+
+def _request_batches(alloc: AllocatorRun) -> Iterator[dict[str, np.ndarray]]:
+    """The request table's columns the trace needs, a batch of rows at a time."""
+    cols = ["request_id", "arrival_s", "admitted_s", "first_token_s", "finish_s", "rejected"]
+    path = alloc.path / "requests.parquet"
+    if table_exists(path):
+        for batch in iter_batches(path, cols, REQUEST_READ_ROWS):
+            yield {c: batch.column(i).to_numpy(zero_copy_only=False) for i, c in enumerate(cols)}
+    else:
+        df = read_table(alloc.path, "requests", tuple(cols))
+        yield {c: df[c].to_numpy() for c in cols}
+
+
+def _request_events(pid: int, alloc: AllocatorRun, end_s: float) -> Iterator[str]:
+    for b in _request_batches(alloc):
+        columns = (b[c].tolist() for c in ("request_id", "arrival_s", "admitted_s", "first_token_s",
+                                           "finish_s", "rejected"))
+        for rid, arr, adm, first, fin, rej in zip(*columns, strict=True):
+            yield _meta(pid, rid, "thread_name", f"request {rid}")
+            if rej:
+                yield (f'{{"ph":"i","s":"t","pid":{pid},"tid":{rid},"name":"rejected",'
+                       f'"ts":{_us(arr)}}}')
+                continue
+            for phase, start, end in request_phases(arr, adm, first, fin, end_s):
+                yield (f'{{"ph":"X","pid":{pid},"tid":{rid},"name":"{phase}","cat":"request",'
+                       f'"ts":{_us(start)},"dur":{_us(end - start)}}}')
+
+
+def _instant_events(pid: int, alloc: AllocatorRun) -> Iterator[str]:
+    """Preemptions and swaps at their times, from the transitions table when the run folder has one."""
+    from viz.transitions import read_transitions  # the table is optional: older runs lack it
+
+    for df in read_transitions(alloc):
+        for rid, t, kind in zip(df["request_id"].tolist(), df["t_s"].tolist(), df["kind_name"].tolist(),
+                                strict=True):
+            yield f'{{"ph":"i","s":"t","pid":{pid},"tid":{rid},"name":"{kind}","ts":{_us(t)}}}'
+
+
+def _counter_events(pid: int, alloc: AllocatorRun) -> Iterator[str]:
+    """Each counter at the rows where its value changes (a counter track holds its value until the next)."""
+    columns = ("t_s", *STATE_ORDER, *QUEUE_COUNTERS)
+    names = {**{s: (s, "share") for s in STATE_ORDER}, **{c: (n, "count") for c, n in QUEUE_COUNTERS.items()}}
+    last: dict[str, object] = {}
+    for df in alloc.memory_chunks(columns):
+        t = df["t_s"].to_numpy(float).tolist()
+        values = {c: df[c].to_numpy().tolist() for c in columns[1:]}
+        for i, ts in enumerate(t):
+            stamp = _us(ts)
+            for col, (name, unit) in names.items():
+                value = values[col][i]
+                if last.get(col) != value:
+                    last[col] = value
+                    shown = f"{value:.6g}" if unit == "share" else value
+                    yield f'{{"ph":"C","pid":{pid},"name":"{name}","ts":{stamp},"args":{{"{unit}":{shown}}}}}'
+
+
+def run_end(alloc: AllocatorRun) -> float:
+    """End of an allocator's run: its summary's duration, else the end of its last memory row."""
+    value = alloc.summary.get("sim_duration_s")
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return float(value)
+    return alloc.memory_span()[1]
+
+
+def trace_events(run: Run) -> Iterator[str]:
+    """Every trace event of a run, as JSON text, one allocator (process) after another."""
+    for pid, alloc in enumerate(run.allocators.values(), start=1):
+        yield _meta(pid, None, "process_name", alloc.name)
+        yield _meta(pid, None, "process_sort_index", pid)
+        yield from _counter_events(pid, alloc)
+        yield from _request_events(pid, alloc, run_end(alloc))
+        yield from _instant_events(pid, alloc)
+
+
+def write_events(out: io.BufferedWriter, events: Iterable[str]) -> int:
+    """Write a trace-event JSON object holding `events`; return how many were written."""
+    out.write(b'{"displayTimeUnit":"ms","traceEvents":[\n')
+    count, pending = 0, []
+    for event in events:
+        pending.append(event)
+        if len(pending) >= 4096:
+            out.write(((",\n" if count else "") + ",\n".join(pending)).encode())
+            count += len(pending)
+            pending.clear()
+    if pending:
+        out.write(((",\n" if count else "") + ",\n".join(pending)).encode())
+        count += len(pending)
+    out.write(b"\n]}\n")
+    return count
+
+
+def export_perfetto(run_dir: Path, out_path: Path) -> int:
+    """Write run folder `run_dir` as trace-event JSON at `out_path` (via a temporary name); return the
+    number of events."""
+    run = load_run(Path(run_dir))
+    counted = []
+
+    def write(tmp: Path) -> None:
+        with open_out(tmp) as raw, io.BufferedWriter(raw, _WRITE_BUFFER) as out:
+            counted.append(write_events(out, trace_events(run)))
+
+    atomic_write(out_path, write, suffix=".json")
+    return counted[0]
