@@ -56,6 +56,16 @@ class EvictionPolicy:
             evicted.append(victim)
         return evicted
 
+    def resize(self, capacity: int) -> list[Hashable]:
+        """Take a new capacity; the keys evicted to fit it, in eviction order."""
+        self.capacity = capacity
+        evicted: list[Hashable] = []
+        while self.used > capacity:
+            victim = self._victim()
+            self.used -= self.size.pop(victim)
+            evicted.append(victim)
+        return evicted
+
     def remove(self, key: Hashable) -> None:
         """Drop `key` (loaded back to the GPU, or discarded) without counting it as an eviction."""
         size = self.size.pop(key)

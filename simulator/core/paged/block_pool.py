@@ -10,6 +10,7 @@ holds the map from content hash to the block published under it (`cached`); the 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from operator import itemgetter
 
@@ -57,6 +58,10 @@ class BlockPool:
         # then unshared and uncached, and a release needs no per-block check (`release_table`). Cleared
         # where shares and keys originate (`incref`, the prefix cache's publish).
         self.plain = True
+        # KV tiers below the GPU (tiers.py) when configured: told of each published block the pool evicts
+        # (`on_evict(hash, key)`) and, storing eagerly, of each one its last holder releases (`on_release`).
+        self.on_evict: Callable[[int, tuple], None] | None = None
+        self.on_release: Callable[[int, tuple], None] | None = None
 
     @property
     def num_free(self) -> int:
@@ -92,6 +97,8 @@ class BlockPool:
                 bid = free.pop()
             else:
                 bid, _ = self.free_cached.popitem(last=False)
+                if self.on_evict is not None:
+                    self.on_evict(self.hash[bid], self.key[bid])
                 del self.cached[self.hash[bid]]
                 self.key[bid] = self.hash[bid] = None
                 self.filled[bid] = 0
@@ -134,6 +141,8 @@ class BlockPool:
         h = self.hash[bid]
         if h is not None and self.cached.get(h) == bid:
             self.free_cached[bid] = None  # most recently used end
+            if self.on_release is not None:
+                self.on_release(h, self.key[bid])
         else:
             self.key[bid] = self.hash[bid] = None
             self.filled[bid] = 0
@@ -176,6 +185,8 @@ class BlockPool:
             h = hashes[bid]
             if h is not None and cached.get(h) == bid:
                 free_cached[bid] = None  # most recently used end
+                if self.on_release is not None:
+                    self.on_release(h, keys[bid])
             else:
                 keys[bid] = hashes[bid] = None
                 filled[bid] = 0
