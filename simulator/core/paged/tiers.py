@@ -88,14 +88,17 @@ class Tiers:
         self.top = self.tiers[0] if self.tiers else None
 
     # ----------------------------------------------------------------- queries
-    def find(self, h: int, key: tuple) -> Tier | None:
-        """The tier holding the block of hash `h` and key `key`, if any (the key guards collisions)."""
+    def find(self, h: int, content: object, extra: object) -> Tier | None:
+        """The tier holding the block of hash `h` with this content, if any. The hash chains the whole
+        prefix; comparing the block's own content too guards against collisions without walking the chain
+        of parent keys (thousands deep for a long prompt)."""
         for tier in self.tiers:
-            if tier.keys.get(h) == key:
+            key = tier.keys.get(h)
+            if key is not None and key[1] == content and key[2] == extra:
                 return tier
         return None
 
-    def match(self, seq, start: int, parent_key: tuple | None, parent_hash: int | None,
+    def match(self, seq, start: int, parent_hash: int | None,
               hash_fn: Callable[[object], int]) -> list[tuple[Tier, int, tuple]]:
         """The blocks from index `start` of `seq` found in the tiers, as a leading run of (tier, hash,
         key), cut to whole tier blocks; nothing is loaded yet."""
@@ -105,13 +108,13 @@ class Tiers:
             content = seq.block_content(i, bs)
             if content is None:
                 break
-            key = (parent_key, content, seq.extra_key)
             h = hash_fn((parent_hash, content, seq.extra_key))
-            tier = self.find(h, key)
+            tier = self.find(h, content, seq.extra_key)
             if tier is None:
                 break
+            key = tier.keys[h]
             found.append((tier, h, key))
-            parent_key, parent_hash = key, h
+            parent_hash = h
         # A tier block is hit only as a whole: drop the blocks past the last complete one of each tier.
         while found:
             tier = found[-1][0]
@@ -211,7 +214,7 @@ def tier_hits(bm, seq, hits: list[int]) -> list:
         return []
     pool = bm.pool
     parent = hits[-1] if hits else None
-    found = bm.tiers.match(seq, len(hits), None if parent is None else pool.key[parent],
-                           None if parent is None else pool.hash[parent], bm.prefix_cache.hash_fn)
+    found = bm.tiers.match(seq, len(hits), None if parent is None else pool.hash[parent],
+                           bm.prefix_cache.hash_fn)
     bm.tiers.load(found)
     return found
