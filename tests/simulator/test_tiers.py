@@ -29,9 +29,9 @@ def _manager(gpu_blocks: int, cpu: int, disk: int = 0, store: str = "lazy", per_
     hook = "on_release" if store == "eager" else "on_evict"
     inner = getattr(bm.pool, hook)
 
-    def recording(h, key):
-        handed.add(h)
-        inner(h, key)
+    def recording(pair):
+        handed.add(pair[0])
+        inner(pair)
 
     setattr(bm.pool, hook, recording)
     return bm, tiers, handed
@@ -39,6 +39,7 @@ def _manager(gpu_blocks: int, cpu: int, disk: int = 0, store: str = "lazy", per_
 
 def _check(tiers: Tiers, handed: set[int], swap_used: int = 0) -> None:
     """Capacities hold, a block is in one tier at most, tiers hold only blocks the GPU let go."""
+    tiers.flush()
     assert tiers.cpu.cache.used + swap_used <= tiers.cpu.spec.num_blocks
     seen: set[int] = set()
     for tier in tiers.tiers:
@@ -88,6 +89,7 @@ def test_blocks_the_gpu_evicts_come_back_from_the_cpu_tier_and_cost_a_load():
     b = _group(1, conv=2, nblocks=4)  # evicts a's four cached blocks into the CPU tier
     bm.allocate(b)
     bm.free(b.seqs[0])
+    tiers.flush()
     assert len(tiers.cpu.keys) == 4
     again = _group(2, conv=1, nblocks=4)
     assert bm.allocate(again) == 4 * BS

@@ -58,10 +58,10 @@ class BlockPool:
         # then unshared and uncached, and a release needs no per-block check (`release_table`). Cleared
         # where shares and keys originate (`incref`, the prefix cache's publish).
         self.plain = True
-        # KV tiers below the GPU (tiers.py) when configured: told of each published block the pool evicts
-        # (`on_evict(hash, key)`) and, storing eagerly, of each one its last holder releases (`on_release`).
-        self.on_evict: Callable[[int, tuple], None] | None = None
-        self.on_release: Callable[[int, tuple], None] | None = None
+        # KV tiers below the GPU (tiers.py) when configured: handed (hash, key) of each published block the
+        # pool evicts (`on_evict`) and, storing eagerly, of each one its last holder releases (`on_release`).
+        self.on_evict: Callable[[tuple[int, tuple]], None] | None = None
+        self.on_release: Callable[[tuple[int, tuple]], None] | None = None
 
     @property
     def num_free(self) -> int:
@@ -98,7 +98,7 @@ class BlockPool:
             else:
                 bid, _ = self.free_cached.popitem(last=False)
                 if self.on_evict is not None:
-                    self.on_evict(self.hash[bid], self.key[bid])
+                    self.on_evict((self.hash[bid], self.key[bid]))
                 del self.cached[self.hash[bid]]
                 self.key[bid] = self.hash[bid] = None
                 self.filled[bid] = 0
@@ -142,7 +142,7 @@ class BlockPool:
         if h is not None and self.cached.get(h) == bid:
             self.free_cached[bid] = None  # most recently used end
             if self.on_release is not None:
-                self.on_release(h, self.key[bid])
+                self.on_release((h, self.key[bid]))
         else:
             self.key[bid] = self.hash[bid] = None
             self.filled[bid] = 0
@@ -186,7 +186,7 @@ class BlockPool:
             if h is not None and cached.get(h) == bid:
                 free_cached[bid] = None  # most recently used end
                 if self.on_release is not None:
-                    self.on_release(h, keys[bid])
+                    self.on_release((h, keys[bid]))
             else:
                 keys[bid] = hashes[bid] = None
                 filled[bid] = 0

@@ -18,8 +18,9 @@ what is left (`fit`).
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 from pagelab.eviction import EvictionPolicy, make_policy
 from simulator.core.errors import ConfigError
@@ -54,15 +55,95 @@ class TierStats:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-@dataclass
-class Tier:
-    """A tier's state: the eviction policy over content hashes, the keys stored under them."""
+class _KeyLRU:
+    """LRU over a tier's own OrderedDict of keys (oldest first): the default policy without a second
+    structure to keep in step, since every block stored into a tier below the GPU passes here."""
 
-    spec: TierSpec
-    cache: EvictionPolicy
-    keys: dict[int, tuple] = field(default_factory=dict)  # content hash -> the block's full key
-    stats: TierStats = field(default_factory=TierStats)
-    pending: int = 0  # blocks loaded from this tier since the step time last took them
+    name = "lru"
+
+    def __init__(self, keys: OrderedDict, capacity: int) -> None:
+        self.keys, self.capacity = keys, capacity
+
+    @property
+    def used(self) -> int:
+        """Blocks held."""
+        return len(self.keys)
+
+    @property
+    def size(self) -> OrderedDict:
+        """The held blocks (each of size one)."""
+        return self.keys
+
+
+class Tier:
+    """A tier's state: its keys by content hash, the eviction policy over them, counters."""
+
+    def __init__(self, spec: TierSpec) -> None:
+        self.spec = spec
+        self.lru = spec.policy == "lru"
+        self.keys: dict[int, tuple] = OrderedDict() if self.lru else {}  # content hash -> the block's key
+        self.cache: EvictionPolicy | _KeyLRU = _KeyLRU(self.keys, spec.num_blocks) if self.lru \
+            else make_policy(spec.policy, spec.num_blocks)
+        self.stats = TierStats()
+        self.pending = 0  # blocks loaded from this tier since the step time last took them
+        self.below: list[Tier] = []  # the tiers under this one, nearest first
+
+    def put(self, h: int, key: tuple) -> list[tuple[int, tuple]]:
+        """Store (or refresh) a block; the (hash, key) pairs evicted to make room."""
+        keys = self.keys
+        if h in keys:
+            self.touch(h)
+        else:
+            self.stats.stored_blocks += 1
+        keys[h] = key
+        if not self.lru:
+            return [(v, keys.pop(v)) for v in self.cache.admit(h)]
+        cap = self.cache.capacity
+        out = []
+        while len(keys) > cap:
+            out.append(keys.popitem(last=False))
+        return out
+
+    def put_many(self, pairs: list[tuple[int, tuple]]) -> list[tuple[int, tuple]]:
+        """`put` each pair in order; every pair evicted on the way (for LRU the same as one `put` at a time:
+        the oldest leave, and none of them is still held)."""
+        if not self.lru:
+            return [e for h, key in pairs for e in self.put(h, key)]
+        keys = self.keys
+        before = len(keys)
+        if any([h in keys for h, _ in pairs]):
+            for h, key in pairs:
+                if h in keys:
+                    keys.move_to_end(h)
+                keys[h] = key
+        else:  # all new (the common case): appended in order at C speed
+            keys.update(pairs)
+        self.stats.stored_blocks += len(keys) - before
+        over = len(keys) - self.cache.capacity
+        return [keys.popitem(last=False) for _ in range(over)] if over > 0 else []
+
+    def touch(self, h: int) -> None:
+        """A block of this tier was used again."""
+        if self.lru:
+            self.keys.move_to_end(h)
+        else:
+            self.cache.admit(h)
+
+    def discard(self, h: int) -> None:
+        """Drop a block without counting an eviction."""
+        del self.keys[h]
+        if not self.lru:
+            self.cache.remove(h)
+
+    def resize(self, capacity: int) -> list[tuple[int, tuple]]:
+        """Take a new capacity; the (hash, key) pairs evicted to fit it."""
+        if not self.lru:
+            return [(v, self.keys.pop(v)) for v in self.cache.resize(capacity)]
+        self.cache.capacity = capacity
+        out = []
+        while len(self.keys) > capacity:
+            out.append(self.keys.popitem(last=False))
+        return out
 
 
 class Tiers:
@@ -78,12 +159,15 @@ class Tiers:
                                   f"block (got {spec.num_blocks}, {spec.blocks_per_tier_block})")
             if not (spec.bandwidth > 0 and spec.latency_s >= 0):
                 raise ConfigError(f"{spec.name} tier: bandwidth must be > 0 and latency >= 0")
-        self.tiers = [Tier(s, make_policy(s.policy, s.num_blocks)) for s in specs]
+        self.tiers = [Tier(s) for s in specs]
+        for i, tier in enumerate(self.tiers):
+            tier.below = self.tiers[i + 1:]
         self.store_mode = store
         self.eager = store == "eager"
         self.block_size = block_size
         self.block_bytes = block_size * bytes_per_token
         self.swap_used = swap_used
+        self.queue: list[tuple[int, tuple]] = []  # (hash, key) of blocks handed down, not yet stored
         self.cpu = next((t for t in self.tiers if t.spec.name == "cpu"), None)
         self.top = self.tiers[0] if self.tiers else None
 
@@ -102,6 +186,7 @@ class Tiers:
               hash_fn: Callable[[object], int]) -> list[tuple[Tier, int, tuple]]:
         """The blocks from index `start` of `seq` found in the tiers, as a leading run of (tier, hash,
         key), cut to whole tier blocks; nothing is loaded yet."""
+        self.flush()
         found: list[tuple[Tier, int, tuple]] = []
         bs = self.block_size
         for i in range(start, (seq.length - 1) // bs):
@@ -129,51 +214,62 @@ class Tiers:
     def load(self, found: list[tuple[Tier, int, tuple]]) -> None:
         """Count the blocks of `match` as loaded into the GPU (they stay in their tier, touched)."""
         for tier, h, _ in found:
-            tier.cache.admit(h)
+            tier.touch(h)
             tier.pending += 1
             tier.stats.hit_blocks += 1
             tier.stats.hit_tokens += self.block_size
 
-    def store(self, h: int, key: tuple, tier: Tier | None = None) -> None:
-        """Keep a block's content in `tier` (default: the top tier); what it evicts goes one tier down."""
-        tier = tier or self.top
-        if tier is None:
-            return
-        if tier is self.cpu:
-            self.fit()
-        below = self.tiers.index(tier) + 1
-        for other in self.tiers[below:]:  # a block lives in one tier at a time
-            if h in other.keys:
-                other.cache.remove(h)
-                del other.keys[h]
-        if h not in tier.keys:
-            tier.stats.stored_blocks += 1
-        tier.keys[h] = key
-        self._spill(tier, tier.cache.admit(h), below)
+    def store(self, h: int, key: tuple) -> None:
+        """Keep a block's content in the top tier (queued: applied, in order, before the next query)."""
+        self.queue.append((h, key))
 
-    def _spill(self, tier: Tier, evicted: list[int], below: int) -> None:
-        """Hand `tier`'s evicted blocks to the tier below it (or drop them)."""
-        if not evicted:
+    def flush(self) -> None:
+        """Apply the queued stores: the top tier takes them, what it evicts goes one tier down."""
+        if self.queue and self.top is not None:
+            batch = self.queue[:]
+            self.queue.clear()
+            self._store_many(batch, self.top)
+
+    def _store_many(self, pairs: list[tuple[int, tuple]], tier: Tier) -> None:
+        if not tier.lru and len(pairs) > 1:  # other policies may evict a block stored earlier in the batch
+            for pair in pairs:
+                self._store_many([pair], tier)
             return
+        if tier is self.cpu and tier.cache.capacity != tier.spec.num_blocks:
+            self._fit()  # swapped blocks came back since the budget last shrank: the cache may grow
+        for other in tier.below:  # a block lives in one tier at a time
+            held = other.keys
+            for h in [h for h, _ in pairs if h in held]:
+                other.discard(h)
+        evicted = tier.put_many(pairs)
+        if evicted:
+            self._spill(tier, evicted)
+
+    def _spill(self, tier: Tier, evicted: list[tuple[int, tuple]]) -> None:
+        """Hand `tier`'s evicted blocks to the tier below it (or drop them)."""
         tier.stats.evicted_blocks += len(evicted)
-        nxt = self.tiers[below] if below < len(self.tiers) else None
-        for victim in evicted:
-            key = tier.keys.pop(victim)
-            if nxt is not None:
-                self.store(victim, key, nxt)
+        if tier.below:
+            self._store_many(evicted, tier.below[0])
 
     def fit(self) -> None:
         """Shrink or grow the CPU tier's cache to the budget that swapped-out blocks leave it."""
+        self.flush()
+        self._fit()
+
+    def _fit(self) -> None:
         cpu = self.cpu
         if cpu is None:
             return
         room = max(0, cpu.spec.num_blocks - self.swap_used())
         if cpu.cache.capacity != room:
-            self._spill(cpu, cpu.cache.resize(room), self.tiers.index(cpu) + 1)
+            evicted = cpu.resize(room)
+            if evicted:
+                self._spill(cpu, evicted)
 
     def take_load_seconds(self, load_time: Callable[[int, float, float], float]) -> float:
         """Seconds the blocks loaded since the last call take, from the latency model's `load_time`
         (tokens, bandwidth, latency) of each tier that loaded any."""
+        self.flush()
         total = 0.0
         for tier in self.tiers:
             if tier.pending:
@@ -185,6 +281,7 @@ class Tiers:
 
     def summary(self, query_tokens: int, gpu_hit_tokens: int) -> dict:
         """Prompt tokens by source (computed, GPU hit, each tier's hit) and each tier's counters."""
+        self.flush()
         out: dict = {"tokens_by_source": {"computed": query_tokens - gpu_hit_tokens
                                           - sum(t.stats.hit_tokens for t in self.tiers),
                                           "gpu_hit": gpu_hit_tokens}}
@@ -203,9 +300,9 @@ def attach(bm, tiers: Tiers) -> None:
     swap = bm.swap
     tiers.swap_used = lambda: swap.num_blocks - len(swap.free)
     if tiers.eager:
-        bm.pool.on_release = tiers.store
+        bm.pool.on_release = tiers.queue.append
     else:
-        bm.pool.on_evict = tiers.store
+        bm.pool.on_evict = tiers.queue.append
 
 
 def tier_hits(bm, seq, hits: list[int]) -> list:
