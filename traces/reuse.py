@@ -219,41 +219,38 @@ def lru_curve(refs: Refs) -> LRUCurve:
     has = prev_req >= 0
     # A request's units are a chain: an earlier unit was used whenever a later one was, so along a
     # request the previous use never increases and the next use never decreases, and the units sharing
-    # a (request, previous use) or (request, next use) pair are consecutive. Sorting restores that order
-    # for traces where it does not hold.
+    # a (request, previous use) or (request, next use) pair are consecutive (chain_ids makes it so).
     same_req = req[1:] == req[:-1]
-    chained = bool(((prev_req[1:] <= prev_req[:-1]) | ~same_req).all()
-                   and ((next_req[1:] >= next_req[:-1]) | ~same_req).all())
+    if not (((prev_req[1:] <= prev_req[:-1]) | ~same_req).all()
+            and ((next_req[1:] >= next_req[:-1]) | ~same_req).all()):
+        raise RuntimeError("lru_curve needs each request's units to be one chain of prefix blocks")
     del same_req
     # S(r', r): distinct blocks of the requests strictly between r' and r, at their last coverage, is
     # their blocks minus those used again before r (nested reuses: `_nested`).
     per_req = np.bincount(req, weights=w, minlength=refs.num_requests).astype(np.int64)
     cum = np.concatenate(([0], np.cumsum(per_req)))
     pkey = req * (span + 1) + next_req
-    porder = np.arange(n) if chained else np.argsort(pkey, kind="stable")
-    pstart = _run_starts(pkey[porder])
-    pweight = np.add.reduceat(w[porder], pstart) if n else np.zeros(0, np.int64)
-    pa, pb = req[porder[pstart]], next_req[porder[pstart]]
+    pstart = _run_starts(pkey)
+    pweight = np.add.reduceat(w, pstart) if n else np.zeros(0, np.int64)
+    pa, pb = req[pstart], next_req[pstart]
     keep = pb < span
     pa, pb, pweight = pa[keep], pb[keep], pweight[keep]
-    del pkey, porder, pstart
+    del pkey, pstart
     group = np.where(has, req * span + prev_req, -1 - np.arange(n))
-    gorder = np.arange(n) if chained else np.argsort(group, kind="stable")
-    gstart = _run_starts(group[gorder])
+    gstart = _run_starts(group)
     del group
-    qr, qrp = req[gorder[gstart]], prev_req[gorder[gstart]]
+    qr, qrp = req[gstart], prev_req[gstart]
     between = cum[np.maximum(qr, 0)] - cum[qrp + 1]
     q = qrp >= 0
     between[q] -= _nested(pa, pb, pweight, qrp[q], qr[q])
     run_len = np.diff(np.append(gstart, n))
-    base = np.empty(n, np.int64)
-    base[gorder] = np.repeat(between, run_len)
+    base = np.repeat(between, run_len)
     # Blocks of r' used after this one (its chain ancestors, released after it) and untouched since:
     # the earlier units of this request whose previous use is r' too.
-    gw = prev_w[gorder]
+    gw = prev_w
     gcum = np.cumsum(gw) - gw
-    base[gorder] += gcum - np.repeat(gcum[gstart], run_len)
-    del gorder, gw, gcum
+    base += gcum - np.repeat(gcum[gstart], run_len)
+    del gw, gcum
     length = np.minimum(qw, prev_w)
     end = base + length
     broken = (~has & (qw > 0)) | (qw > prev_w)  # a miss: every later block of the request misses too
