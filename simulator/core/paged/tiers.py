@@ -81,7 +81,7 @@ class Tier:
     def __init__(self, spec: TierSpec) -> None:
         self.spec = spec
         self.lru = spec.policy == "lru"
-        self.keys: dict[int, tuple] = OrderedDict() if self.lru else {}  # content hash -> the block's key
+        self.keys: dict[int, tuple] = OrderedDict() if self.lru else {}  # hash -> (content, extra key)
         self.cache: EvictionPolicy | _KeyLRU = _KeyLRU(self.keys, spec.num_blocks) if self.lru \
             else make_policy(spec.policy, spec.num_blocks)
         self.stats = TierStats()
@@ -177,8 +177,8 @@ class Tiers:
         prefix; comparing the block's own content too guards against collisions without walking the chain
         of parent keys (thousands deep for a long prompt)."""
         for tier in self.tiers:
-            key = tier.keys.get(h)
-            if key is not None and key[1] == content and key[2] == extra:
+            held = tier.keys.get(h)
+            if held is not None and held[0] == content and held[1] == extra:
                 return tier
         return None
 
@@ -226,7 +226,9 @@ class Tiers:
     def flush(self) -> None:
         """Apply the queued stores: the top tier takes them, what it evicts goes one tier down."""
         if self.queue and self.top is not None:
-            batch = self.queue[:]
+            # A tier keeps a block's own (content, extra key), not its key: that chains every parent key,
+            # and millions of kept chains would slow each pass of Python's cyclic garbage collector.
+            batch = [(h, key[1:]) for h, key in self.queue]
             self.queue.clear()
             self._store_many(batch, self.top)
 
