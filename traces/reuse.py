@@ -22,6 +22,7 @@ last use.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -173,24 +174,32 @@ class LRUCurve:
     length: np.ndarray
     end: np.ndarray
 
+    @cached_property
+    def _sorted(self) -> tuple[np.ndarray, ...]:
+        """Sorted views `hits` searches: starts with cumulative lengths, and for the units that ramp
+        (start <= end) their ends with suffix sums, their starts with suffix sums of their ends."""
+        start, length, end = self.start, self.length, self.end
+        order = np.argsort(start, kind="stable")
+        starts, lengths = start[order], np.concatenate(([0], np.cumsum(length[order])))
+        ramp = start <= end
+        r_start, r_end = start[ramp], end[ramp]
+        ends = np.sort(r_end)
+        end_suffix = np.concatenate((np.cumsum(ends[::-1])[::-1], [0]))
+        order = np.argsort(r_start, kind="stable")
+        ramp_starts = r_start[order]
+        ramp_suffix = np.concatenate((np.cumsum(r_end[order][::-1])[::-1], [0]))
+        return starts, lengths, ends, end_suffix, ramp_starts, ramp_suffix
+
     def hits(self, capacity_blocks) -> np.ndarray:
         """Blocks hit at each capacity (in blocks)."""
         c = np.asarray(capacity_blocks, np.int64)
-        start, length, end = self.start, self.length, self.end
-        order = np.argsort(start, kind="stable")
-        total = np.concatenate(([0], np.cumsum(length[order])))[np.searchsorted(start[order], c, "right")]
+        starts, lengths, ends, end_suffix, ramp_starts, ramp_suffix = self._sorted
+        total = lengths[np.searchsorted(starts, c, "right")]
         # Units that ramp (start <= end) lose end - C while start <= C < end; the others hit all at once.
-        ramp = start <= end
-        r_start, r_end = start[ramp], end[ramp]
-        e_sorted = np.sort(r_end)
-        e_suffix = np.concatenate((np.cumsum(e_sorted[::-1])[::-1], [0]))
-        k = np.searchsorted(e_sorted, c, "right")
-        over_end = e_suffix[k] - (len(e_sorted) - k) * c
-        s_order = np.argsort(r_start, kind="stable")
-        s_sorted = r_start[s_order]
-        s_suffix = np.concatenate((np.cumsum(r_end[s_order][::-1])[::-1], [0]))
-        j = np.searchsorted(s_sorted, c, "right")
-        not_started = s_suffix[j] - (len(s_sorted) - j) * c
+        k = np.searchsorted(ends, c, "right")
+        over_end = end_suffix[k] - (len(ends) - k) * c
+        j = np.searchsorted(ramp_starts, c, "right")
+        not_started = ramp_suffix[j] - (len(ramp_starts) - j) * c
         return total - (over_end - not_started)
 
 

@@ -43,8 +43,11 @@ def unique_blocks(refs: Refs) -> int:
     """Distinct blocks at the block size: each distinct unit at the largest coverage it was used with."""
     if not len(refs.unit):
         return 0
-    widest = np.zeros(int(refs.unit.max()) + 1, np.int64)
-    np.maximum.at(widest, refs.unit, refs.weight)
+    unit, weight = refs.unit, refs.weight
+    widest = np.zeros(int(unit.max()) + 1, np.int64)
+    widest[unit] = weight  # one coverage per unit; then the few used wider elsewhere
+    wider = weight > widest[unit]
+    np.maximum.at(widest, unit[wider], weight[wider])
     return int(widest.sum())
 
 

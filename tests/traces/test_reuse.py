@@ -13,7 +13,7 @@ from simulator.loop.simulate import simulate
 from traces import load_trace
 from traces.multiturn import MultiTurnConfig, generate_multiturn
 from traces.reuse import build_refs, chain_ids, lru_curve
-from traces.reuse_report import reuse_report, simulate_policy
+from traces.reuse_report import reuse_report, simulate_policy, unique_blocks
 from traces.stats import prefix_reuse
 
 BS = 16
@@ -85,6 +85,7 @@ def test_lru_curve_equals_a_direct_lru_cache(recorded, block_size):
     direct = [simulate_policy(_one_block_units(refs), "lru", c) for c in caps]
     assert curve.hits(np.array(caps)).tolist() == direct
     assert direct[0] < direct[-1] == curve.infinite_hits
+    assert unique_blocks(refs) == len(set(_one_block_units(refs).unit.tolist()))
 
 
 def test_chains_tell_equal_keys_after_different_prefixes_apart():
