@@ -16,7 +16,7 @@ from simulator.presets import (
     kv_bytes_per_token,
     kv_capacity,
 )
-from simulator.tier_config import TIER_FIELDS, build_tiers, has_tiers, tier_problems
+from simulator.tier_config import TIER_FIELDS, build_tiers, tier_problems
 
 MODES = ("fast", "step")
 
@@ -57,11 +57,17 @@ class SimConfig(CacheConfig):
             out.append(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if not self.beam_alpha > 0:
             out.append(f"beam_alpha must be > 0, got {self.beam_alpha}")
-        out += tier_problems(self)
+        if self.has_tiers:
+            out += tier_problems(self)
         if KV_DTYPE_ALIASES.get(self.kv_cache_dtype, self.kv_cache_dtype) not in KV_CACHE_DTYPES:
             out.append(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
                        f"got {self.kv_cache_dtype!r}")
         return out
+
+    @property
+    def has_tiers(self) -> bool:
+        """Whether a CPU or a disk tier backs the GPU pool."""
+        return self.kv_offloading_size is not None or self.kv_offloading_disk_size is not None
 
     @property
     def model_spec(self) -> ModelSpec:
@@ -107,14 +113,14 @@ class SimConfig(CacheConfig):
             raise ConfigError(f"the KV pool holds {self.capacity()} token slots; give a larger pool")
         alloc = build_allocator(self, self.capacity(), cpu_tokens=self.cpu_tokens(),
                                 max_model_len=self.resolved_max_model_len, record_events=self.record_events)
-        if has_tiers(self):
+        if self.has_tiers:
             attach(alloc, build_tiers(self))
         return alloc
 
     def to_dict(self) -> dict:
         """Plain-JSON view, with the derived values a reader needs."""
         d = asdict(self)
-        if not has_tiers(self):  # a run without tiers keeps the configuration it always had
+        if not self.has_tiers:  # a run without tiers keeps the configuration it always had
             for name in TIER_FIELDS:
                 del d[name]
         d["capacity_tokens"] = self.capacity()

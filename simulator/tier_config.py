@@ -12,15 +12,8 @@ CPU_LATENCY_S = 1e-5  # one pinned-memory copy launched on a side stream
 DISK_LATENCY_S = 1e-4  # one NVMe read
 
 
-def has_tiers(config) -> bool:
-    """Whether the configuration puts a CPU or a disk tier behind the GPU pool."""
-    return config.kv_offloading_size is not None or config.kv_offloading_disk_size is not None
-
-
 def tier_problems(config) -> list[str]:
-    """What is wrong with the tier fields (nothing when no tier is configured)."""
-    if not has_tiers(config):
-        return []
+    """What is wrong with the tier fields of a configuration that has tiers."""
     out = []
     for name in ("kv_offloading_size", "kv_offloading_disk_size"):
         value = getattr(config, name)
