@@ -128,7 +128,25 @@ def serving_table(metrics: dict[str, dict], kinds: tuple[str, ...], percentiles:
     if summaries is not None and any(s.get("prefix_cache_hit_rate") is not None for s in summaries.values()):
         t.add_row("Prefix cache hit rate (%)",
                   *(_pct(summaries[n].get("prefix_cache_hit_rate")) for n in metrics))
+    if summaries is not None and any("kv_tiers" in s for s in summaries.values()):
+        _tier_rows(t, [summaries[n].get("kv_tiers") for n in metrics])
     return t
+
+
+def _tier_rows(t: Table, tiers: list[dict | None]) -> None:
+    """Prompt tokens by source (computed, GPU hit, CPU hit, disk hit) as shares of the tokens looked up."""
+    sources = ("computed", "gpu_hit", "cpu_hit", "disk_hit")
+    labels = ("Prompt tokens computed (%)", "Prompt tokens from GPU cache (%)",
+              "Prompt tokens from CPU tier (%)", "Prompt tokens from disk tier (%)")
+    for source, label in zip(sources, labels, strict=True):
+        if not any(x and source in x["tokens_by_source"] for x in tiers):
+            continue
+        shares = []
+        for x in tiers:
+            by = x["tokens_by_source"] if x else {}
+            total = sum(by.values())
+            shares.append(by[source] / total if by and source in by and total else None)
+        t.add_row(label, *(_pct(v) for v in shares))
 
 
 def warn_about(results: dict) -> None:

@@ -109,6 +109,23 @@ def simulate_cmd(
                                              "(default: buddy)."),
     prefix_caching: bool = typer.Option(True, rich_help_panel=POOL,
                                         help="Reuse cached prefix blocks (paged)."),
+    kv_offloading_size: float = typer.Option(None, rich_help_panel=POOL,
+                                             help="GiB of CPU memory for a CPU tier of prefix blocks (vLLM's "
+                                                  "name); swap uses its budget (default: no tier)."),
+    kv_offloading_disk_size: float = typer.Option(None, rich_help_panel=POOL,
+                                                  help="GiB of local disk for a disk tier below the CPU's."),
+    kv_offloading_block_size: int = typer.Option(None, rich_help_panel=POOL,
+                                                 help="Tokens per tier block, a multiple of --block-size "
+                                                      "(default: --block-size)."),
+    kv_offloading_policy: str = typer.Option("lru", rich_help_panel=POOL,
+                                             help="Eviction in each tier: lru, lfu or s3fifo."),
+    kv_offloading_store: str = typer.Option("lazy", rich_help_panel=POOL,
+                                            help="lazy: store the blocks the GPU evicts; eager: store "
+                                                 "blocks when their request releases them."),
+    cpu_offload_bandwidth_gbps: float = typer.Option(None, rich_help_panel=POOL,
+                                                     help="CPU tier -> GPU GB/s (default: the GPU's PCIe)."),
+    disk_offload_bandwidth_gbps: float = typer.Option(6.0, rich_help_panel=POOL,
+                                                      help="Disk tier -> GPU GB/s."),
     max_num_seqs: int = typer.Option(256, rich_help_panel=SCHEDULER, help="Most requests running at once."),
     max_num_batched_tokens: int = typer.Option(None, rich_help_panel=SCHEDULER,
                                                help="Token budget of one step (default: max(max-model-len, "
@@ -163,7 +180,8 @@ def simulate_cmd(
     from simulator.config import SimConfig
     from simulator.core.config import ALLOCATORS
 
-    names = allocators(allocator, list(ALLOCATORS))
+    tiered = kv_offloading_size is not None or kv_offloading_disk_size is not None
+    names = allocators(allocator, ["paged"] if tiered else list(ALLOCATORS))
     if placement is not None and all(ALLOCATORS[n] is None for n in names):
         raise UserError("--placement only applies to contiguous allocators (-a contiguous-max, ...); "
                         "the paged allocator places blocks anywhere")
@@ -198,7 +216,12 @@ def simulate_cmd(
                      max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=chunked_prefill,
                      preemption_mode=preemption, enable_prefix_caching=prefix_caching, latency=latency,
                      seed=seed, mode=mode, record_events=events and out is not None,
-                     extra=simulation_labels(info, max_concurrency))
+                     extra=simulation_labels(info, max_concurrency), kv_offloading_size=kv_offloading_size,
+                     kv_offloading_disk_size=kv_offloading_disk_size,
+                     kv_offloading_block_size=kv_offloading_block_size,
+                     kv_offloading_policy=kv_offloading_policy, kv_offloading_store=kv_offloading_store,
+                     cpu_offload_bandwidth_gbps=cpu_offload_bandwidth_gbps,
+                     disk_offload_bandwidth_gbps=disk_offload_bandwidth_gbps)
     measured = None
     if step_times_from is not None or config_from is not None:
         from bench.run_tools import replay_twin

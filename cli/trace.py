@@ -72,10 +72,21 @@ def gen(
     output_len: int = typer.Option(128, help="Output length for --lengths fixed."),
     prompt_range: str = typer.Option("1:1024", help="LO:HI prompt lengths for --lengths uniform."),
     output_range: str = typer.Option("1:1024", help="LO:HI output lengths for --lengths uniform."),
-    max_model_len: int = typer.Option(2048, help="prompt + output never exceed this."),
+    max_model_len: int = typer.Option(None, help="prompt + output never exceed this (default 2048; "
+                                                 "131072 with --multi-turn)."),
     shared_prefix: str = typer.Option(None, help="K:L:F: K system prompts of L tokens, each request "
                                                  "uses one with probability F."),
-    prefix_block_size: int = typer.Option(16, help="Block size the shared-prefix keys are recorded at."),
+    prefix_block_size: int = typer.Option(None, help="Block size the prefix keys are recorded at (default "
+                                                     "16; 512 with --multi-turn, as the Mooncake traces)."),
+    multi_turn: bool = typer.Option(False, "--multi-turn", help="Conversations: each turn's prompt extends "
+                                    "the last prompt plus answer (defaults match the Mooncake conversation "
+                                    "trace; --lengths and --shared-prefix do not apply)."),
+    turns: float = typer.Option(1.55, "--turns", help="--multi-turn: mean turns per conversation "
+                                                       "(geometric)."),
+    think_time: float = typer.Option(60.0, "--think-time", help="--multi-turn: mean seconds from a turn's "
+                                                                "arrival to the next turn's."),
+    think_dist: str = typer.Option("exponential", "--think-dist", help="--multi-turn: exponential, "
+                                                                      "lognormal (cv 1) or fixed."),
     n: int = typer.Option(1, "--n", help="Parallel samples per request."),
     beam_width: int = typer.Option(1, help="Beam width per request."),
     seed: int = typer.Option(0, help="Random seed."),
@@ -99,13 +110,18 @@ def gen(
         raise UserError("--request-rate must be > 0 requests/s, or inf (all at t=0)")
     if math.isinf(rate) and rate > 0:
         arrival = "burst"
+    if multi_turn:
+        _gen_multi_turn(out, num, rate, turns, think_time, think_dist, max_model_len, prefix_block_size, seed)
+        return
     config = SyntheticConfig(
         num_requests=num, arrival=arrival, rate=rate, cv=1.0 if cv is None else cv, lengths=kind,
         prompt_len=prompt_len, output_len=output_len,
         prompt_range=_range(prompt_range, "--prompt-range"),
         output_range=_range(output_range, "--output-range"),
-        lengths_from=None if kind != "resample" else lengths, max_model_len=max_model_len,
-        prefix_block_size=prefix_block_size, n=n, beam_width=beam_width, seed=seed,
+        lengths_from=None if kind != "resample" else lengths,
+        max_model_len=2048 if max_model_len is None else max_model_len,
+        prefix_block_size=16 if prefix_block_size is None else prefix_block_size,
+        n=n, beam_width=beam_width, seed=seed,
         **_shared_prefix(shared_prefix),
     )
     with _printing_warnings() as warnings:
@@ -115,6 +131,26 @@ def gen(
     console.print(f"wrote {info['num_requests']} requests to {escape(str(out))} (mean prompt "
                   f"{info['prompt_len']['mean']:.1f}, mean output {info['output_len']['mean']:.1f} tokens)",
                   highlight=False)
+
+
+def _gen_multi_turn(out: Path, num: int, rate: float, turns: float, think_time: float, think_dist: str,
+                    max_model_len: int | None, prefix_block_size: int | None, seed: int) -> None:
+    """`trace gen --multi-turn`: write a conversation trace."""
+    from traces import save_trace
+    from traces.multiturn import MultiTurnConfig, generate_multiturn
+    from traces.stats import trace_info
+
+    given = {"max_model_len": max_model_len, "prefix_block_size": prefix_block_size}
+    config = MultiTurnConfig(num_requests=num, rate=rate, mean_turns=turns, think_time_s=think_time,
+                             think_time=think_dist, seed=seed,
+                             **{k: v for k, v in given.items() if v is not None})
+    with _printing_warnings() as warnings:
+        trace = generate_multiturn(config, warnings=warnings)
+        save_trace(trace, out, warnings=warnings)
+    info = trace_info(trace)
+    console.print(f"wrote {info['num_requests']} requests to {escape(str(out))} (mean prompt "
+                  f"{info['prompt_len']['mean']:.1f}, mean output {info['output_len']['mean']:.1f} tokens, "
+                  f"{100 * info['prefix']['repeat_fraction']:.1f}% of prefix blocks repeat)", highlight=False)
 
 
 def _fmt(value: float | None, digits: int = 1) -> str:
@@ -194,3 +230,8 @@ def convert(
         trace = load_trace(src, format, warnings=warnings)
         save_trace(trace, dst, warnings=warnings)
     console.print(f"converted {len(trace)} requests: {escape(src)} -> {escape(str(dst))}", highlight=False)
+
+
+from cli.trace_reuse import reuse_cmd  # noqa: E402 - registered after the commands above
+
+trace_app.command("reuse")(user_errors(reuse_cmd))

@@ -7,6 +7,7 @@ from simulator.core.allocator import KVAllocator
 from simulator.core.config import ALLOCATORS, CacheConfig, build_allocator
 from simulator.core.errors import ConfigError
 from simulator.core.models import ModelSpec, get_model
+from simulator.core.paged.tiers import attach
 from simulator.presets import (
     GIB,
     KV_CACHE_DTYPES,
@@ -15,6 +16,7 @@ from simulator.presets import (
     kv_bytes_per_token,
     kv_capacity,
 )
+from simulator.tier_config import TIER_FIELDS, build_tiers, tier_problems
 
 MODES = ("fast", "step")
 
@@ -39,6 +41,14 @@ class SimConfig(CacheConfig):
     mode: str = "fast"
     record_events: bool = True
     extra: dict = field(default_factory=dict, compare=False)  # free-form labels (e.g. the trace rate)
+    # KV tiers below the GPU (simulator/core/paged/tiers.py); none unless a size is given.
+    kv_offloading_size: float | None = None  # GiB of CPU memory (vLLM's --kv-offloading-size); swap uses it
+    kv_offloading_disk_size: float | None = None  # GiB of local disk
+    kv_offloading_block_size: int | None = None  # tokens per tier block, a multiple of block_size
+    kv_offloading_policy: str = "lru"  # eviction in each tier: lru, lfu or s3fifo
+    kv_offloading_store: str = "lazy"  # lazy: store blocks the GPU evicts; eager: blocks as they are released
+    cpu_offload_bandwidth_gbps: float | None = None  # CPU -> GPU GB/s (default: the GPU preset's PCIe)
+    disk_offload_bandwidth_gbps: float = 6.0  # disk -> GPU GB/s (an NVMe SSD)
 
     def problems(self) -> list[str]:
         """The shared checks plus the simulator's own."""
@@ -47,10 +57,17 @@ class SimConfig(CacheConfig):
             out.append(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if not self.beam_alpha > 0:
             out.append(f"beam_alpha must be > 0, got {self.beam_alpha}")
+        if self.has_tiers:
+            out += tier_problems(self)
         if KV_DTYPE_ALIASES.get(self.kv_cache_dtype, self.kv_cache_dtype) not in KV_CACHE_DTYPES:
             out.append(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
                        f"got {self.kv_cache_dtype!r}")
         return out
+
+    @property
+    def has_tiers(self) -> bool:
+        """Whether a CPU or a disk tier backs the GPU pool."""
+        return self.kv_offloading_size is not None or self.kv_offloading_disk_size is not None
 
     @property
     def model_spec(self) -> ModelSpec:
@@ -81,8 +98,9 @@ class SimConfig(CacheConfig):
         return kv_bytes_per_token(self.model_spec, self.kv_cache_dtype)
 
     def cpu_tokens(self) -> int:
-        """Slots of the CPU swap pool."""
-        return int(self.swap_space_gb * GIB // self.bytes_per_token)
+        """Slots of the CPU swap pool (the CPU tier's budget when there is one)."""
+        gb = self.swap_space_gb if self.kv_offloading_size is None else self.kv_offloading_size
+        return int(gb * GIB // self.bytes_per_token)
 
     def scheduler_config(self, max_model_len: int | None = None):
         """The batching limits for the scheduler (max_model_len defaults to the resolved one)."""
@@ -93,12 +111,18 @@ class SimConfig(CacheConfig):
         `record_events`)."""
         if self.capacity() < 1:
             raise ConfigError(f"the KV pool holds {self.capacity()} token slots; give a larger pool")
-        return build_allocator(self, self.capacity(), cpu_tokens=self.cpu_tokens(),
-                               max_model_len=self.resolved_max_model_len, record_events=self.record_events)
+        alloc = build_allocator(self, self.capacity(), cpu_tokens=self.cpu_tokens(),
+                                max_model_len=self.resolved_max_model_len, record_events=self.record_events)
+        if self.has_tiers:
+            attach(alloc, build_tiers(self))
+        return alloc
 
     def to_dict(self) -> dict:
         """Plain-JSON view, with the derived values a reader needs."""
         d = asdict(self)
+        if not self.has_tiers:  # a run without tiers keeps the configuration it always had
+            for name in TIER_FIELDS:
+                del d[name]
         d["capacity_tokens"] = self.capacity()
         d["max_model_len"] = self.resolved_max_model_len
         d["bytes_per_token"] = self.bytes_per_token

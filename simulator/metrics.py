@@ -274,7 +274,7 @@ def run_summary(run, kept: Kept, wall_s: float) -> dict:
     hit_rate = None
     if stats is not None and run.enable_prefix_caching and stats.prefix_queries:
         hit_rate = stats.prefix_hits / stats.prefix_queries
-    return {
+    summary = {
         "allocator": run.allocator,
         "capacity_tokens": int(run.alloc.capacity_tokens),
         "block_size": int(run.block_size),
@@ -297,6 +297,10 @@ def run_summary(run, kept: Kept, wall_s: float) -> dict:
         "prefix_cache_hit_rate": hit_rate,
         "allocator_stats": stats.as_dict() if stats is not None else {},
     }
+    tiers = getattr(run.alloc, "tiers", None)
+    if tiers is not None:  # tokens by source and each tier's counters, only for runs with tiers
+        summary["kv_tiers"] = tiers.summary(stats.prefix_query_tokens, stats.prefix_hit_tokens)
+    return summary
 
 
 def add_latencies(summary: dict, requests: RequestColumns) -> dict:

@@ -15,6 +15,7 @@ _WHERE = {
                     "traces.schema"),
     **dict.fromkeys(("SyntheticConfig", "generate_trace", "rescale_rate", "respace_arrivals"),
                     "traces.synthetic"),
+    **dict.fromkeys(("MultiTurnConfig", "generate_multiturn"), "traces.multiturn"),
 }
 
 

@@ -73,6 +73,9 @@ def step_time(run: SimState, out: SchedulerOutput) -> float:
     if swapped:
         slots = sum(c[2] if len(c) == 3 else run.block_size for c in swapped)
         dt += run.latency.swap_time(slots, 1)
+    tiers = getattr(run.alloc, "tiers", None)
+    if tiers is not None:  # prefix blocks loaded from the CPU or disk tier
+        dt += tiers.take_load_seconds(run.latency.load_time)
     return dt
 
 
@@ -148,6 +151,9 @@ def fast_step(run: SimState) -> bool:
         pairs += chunk * ctx
         kv += ctx
     dt = run.latency.step_time(num_tokens, pairs, kv, b)
+    tiers = getattr(run.alloc, "tiers", None)
+    if tiers is not None:
+        dt += tiers.take_load_seconds(run.latency.load_time)
     run.mem.add_breakdown(run.step, 1, run.now, dt, run.alloc.breakdown(run.head()), run.counts(), num_tokens,
                           run.block_size)
     run.add_busy(dt, len(sched.running), 1)

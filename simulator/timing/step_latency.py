@@ -73,6 +73,8 @@ class LatencyModel(Protocol):
 
     def swap_time(self, num_blocks: int, block_size: int) -> float: ...
 
+    def load_time(self, num_tokens: int, bandwidth: float, latency_s: float) -> float: ...
+
     def prefill_time(self, num_tokens: int) -> float: ...
 
 
@@ -87,6 +89,11 @@ class _SwapAndPrefill:
         """Seconds to move num_blocks KV blocks of block_size tokens one way over PCIe."""
         per_token = self.kv_bytes_per_token or self.model.bytes_per_token
         return num_blocks * block_size * per_token / self.gpu.pcie_bandwidth
+
+    def load_time(self, num_tokens: int, bandwidth: float, latency_s: float) -> float:
+        """Seconds to load num_tokens of KV from a tier below the GPU (CPU, disk) at `bandwidth` bytes/s."""
+        per_token = self.kv_bytes_per_token or self.model.bytes_per_token
+        return latency_s + num_tokens * per_token / bandwidth
 
     def prefill_time(self, num_tokens: int) -> float:
         """Seconds for a step that prefills one sequence of num_tokens alone (also the cost of recompute)."""

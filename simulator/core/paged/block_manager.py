@@ -14,6 +14,7 @@ from simulator.core.errors import AllocationError, ConfigError
 from simulator.core.paged.block_pool import BlockManagerStats, BlockPool
 from simulator.core.paged.prefix_cache import PrefixCache
 from simulator.core.paged.swap import SwapSpace
+from simulator.core.paged.tiers import tier_hits
 from simulator.core.sequence import Sequence, SequenceGroup, SequenceStatus, shares_allocation
 
 _NO_COPIES: list = []
@@ -51,6 +52,7 @@ class BlockManager(KVAllocator):
         self.swap = SwapSpace(num_cpu_blocks, self.pool, self.seqs, self.watermark_blocks,
                               self.release_device, self._adopt)
         self.num_internal_slots = 0  # slots of final blocks that their sequences will never fill
+        self.tiers = None  # the CPU and disk tiers behind the pool, when attached (tiers.py)
 
     @classmethod
     def from_capacity(cls, capacity_tokens: int, block_size: int, **kwargs) -> BlockManager:
@@ -209,6 +211,7 @@ class BlockManager(KVAllocator):
         """Blocks for every token of `seq`; publish the full ones within `budget` tokens past the hit."""
         pool, stats, bs, n = self.pool, self.stats, self.block_size, seq.length
         hits = self.prefix_cache.lookup(seq)
+        loaded = tier_hits(self, seq, hits) if self.tiers is not None else ()
         if self.enable_prefix_caching:
             stats.prefix_queries += (n - 1) // bs
             stats.prefix_query_tokens += n
@@ -222,7 +225,7 @@ class BlockManager(KVAllocator):
         first = len(hits)
         count = -(-n // bs) - first
         # Only computed blocks with known content are published (simulated decode tokens have none).
-        num_full = min(n, first * bs + budget) // bs if self.enable_prefix_caching else 0
+        num_full = min(n, (first + len(loaded)) * bs + budget) // bs if self.enable_prefix_caching else 0
         if seq.token_ids is None:
             num_full = min(num_full, len(seq.prefix_keys))
         publish = self.prefix_cache.publish
@@ -248,7 +251,7 @@ class BlockManager(KVAllocator):
         seq.num_tokens = n
         self.seqs[seq.seq_id] = seq
         self.count_internal(seq)
-        seq.num_cached_tokens = len(hits) * bs
+        seq.num_cached_tokens = (len(hits) + len(loaded)) * bs
         return seq.num_cached_tokens
 
     def cache_blocks(self, group: SequenceGroup, num_left: int) -> None:
@@ -376,6 +379,8 @@ class BlockManager(KVAllocator):
     def swap_out(self, group: SequenceGroup) -> list[tuple[int, int]]:
         """Move the group's device blocks to the CPU pool; blocks shared inside the group stay shared."""
         copies = self.swap.swap_out(group)
+        if self.tiers is not None:  # the swapped blocks take their room from the CPU tier's cache
+            self.tiers.fit()
         self._check()
         return copies
 

@@ -10,6 +10,7 @@ holds the map from content hash to the block published under it (`cached`); the 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from operator import itemgetter
 
@@ -57,6 +58,10 @@ class BlockPool:
         # then unshared and uncached, and a release needs no per-block check (`release_table`). Cleared
         # where shares and keys originate (`incref`, the prefix cache's publish).
         self.plain = True
+        # KV tiers below the GPU (tiers.py) when configured: handed (hash, key) of each published block the
+        # pool evicts (`on_evict`) and, storing eagerly, of each one its last holder releases (`on_release`).
+        self.on_evict: Callable[[tuple[int, tuple]], None] | None = None
+        self.on_release: Callable[[tuple[int, tuple]], None] | None = None
 
     @property
     def num_free(self) -> int:
@@ -92,6 +97,8 @@ class BlockPool:
                 bid = free.pop()
             else:
                 bid, _ = self.free_cached.popitem(last=False)
+                if self.on_evict is not None:
+                    self.on_evict((self.hash[bid], self.key[bid]))
                 del self.cached[self.hash[bid]]
                 self.key[bid] = self.hash[bid] = None
                 self.filled[bid] = 0
@@ -136,6 +143,8 @@ class BlockPool:
             self.events.release_blocks((bid,), self.block_size, (filled,), None if h is None else (h,))
         if h is not None and self.cached.get(h) == bid:
             self.free_cached[bid] = None  # most recently used end
+            if self.on_release is not None:
+                self.on_release((h, self.key[bid]))
         else:
             self.key[bid] = self.hash[bid] = None
             self.filled[bid] = 0
@@ -182,6 +191,8 @@ class BlockPool:
                 released_keys.append(h or 0)
             if h is not None and cached.get(h) == bid:
                 free_cached[bid] = None  # most recently used end
+                if self.on_release is not None:
+                    self.on_release((h, keys[bid]))
             else:
                 keys[bid] = hashes[bid] = None
                 filled[bid] = 0

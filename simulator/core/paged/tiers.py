@@ -1,0 +1,319 @@
+"""KV tiers below the GPU: a CPU tier and a disk tier that keep prefix blocks the GPU pool let go.
+
+As vLLM's offloading connector (and LMCache, SGLang's HiCache), a tier holds the content of published
+blocks under their chained content hash. Blocks enter the CPU tier when the GPU evicts them (`lazy`) or
+when the sequence holding them releases them (`eager`, on finish or preemption); the CPU tier's evictions
+go down to the disk tier, the disk tier's are dropped. A block is in at most one of the two tiers (a
+block stored into the CPU tier leaves the disk tier). When a prompt's leading run of GPU prefix hits ends,
+the run goes on in the tiers: each following block found in the CPU or the disk tier is loaded into a new
+GPU block instead of being computed; the step that loads it pays each tier's latency plus the bytes over
+its bandwidth (`load_seconds`, charged by simulator/loop/step.py).
+
+A tier's block may hold several GPU blocks (its block size a multiple of the GPU's, as the connector's
+`block_size`): a tier hit then counts whole tier blocks, aligned from the prompt's start. Content is kept
+per GPU block either way, so the capacity is the tier's bytes over the GPU block's bytes.
+
+Swap preemption uses the CPU tier's budget: the blocks swapped out are taken from it, and the cache keeps
+what is left (`fit`).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+from pagelab.eviction import EvictionPolicy, make_policy
+from simulator.core.errors import ConfigError
+
+STORE_MODES = ("lazy", "eager")
+
+
+@dataclass(frozen=True)
+class TierSpec:
+    """One tier: how many GPU blocks it holds, its block in GPU blocks, its policy, how fast it loads."""
+
+    name: str  # cpu | disk
+    num_blocks: int  # capacity in GPU blocks
+    blocks_per_tier_block: int = 1
+    policy: str = "lru"
+    bandwidth: float = 25e9  # bytes/s, tier -> GPU
+    latency_s: float = 1e-5  # per load that touches the tier in a step
+
+
+@dataclass
+class TierStats:
+    """Counters of one tier, in GPU blocks and tokens."""
+
+    stored_blocks: int = 0
+    hit_blocks: int = 0
+    hit_tokens: int = 0  # prompt tokens loaded from the tier instead of computed
+    evicted_blocks: int = 0  # left the tier for want of room (to the tier below, or dropped)
+    load_seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, int | float]:
+        """The counters as a plain dict."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+class _KeyLRU:
+    """LRU over a tier's own OrderedDict of keys (oldest first): the default policy without a second
+    structure to keep in step, since every block stored into a tier below the GPU passes here."""
+
+    name = "lru"
+
+    def __init__(self, keys: OrderedDict, capacity: int) -> None:
+        self.keys, self.capacity = keys, capacity
+
+    @property
+    def used(self) -> int:
+        """Blocks held."""
+        return len(self.keys)
+
+    @property
+    def size(self) -> OrderedDict:
+        """The held blocks (each of size one)."""
+        return self.keys
+
+
+class Tier:
+    """A tier's state: its keys by content hash, the eviction policy over them, counters."""
+
+    def __init__(self, spec: TierSpec) -> None:
+        self.spec = spec
+        self.lru = spec.policy == "lru"
+        self.keys: dict[int, tuple] = OrderedDict() if self.lru else {}  # hash -> (content, extra key)
+        self.cache: EvictionPolicy | _KeyLRU = _KeyLRU(self.keys, spec.num_blocks) if self.lru \
+            else make_policy(spec.policy, spec.num_blocks)
+        self.stats = TierStats()
+        self.pending = 0  # blocks loaded from this tier since the step time last took them
+        self.below: list[Tier] = []  # the tiers under this one, nearest first
+
+    def put(self, h: int, key: tuple) -> list[tuple[int, tuple]]:
+        """Store (or refresh) a block; the (hash, key) pairs evicted to make room."""
+        keys = self.keys
+        if h in keys:
+            self.touch(h)
+        else:
+            self.stats.stored_blocks += 1
+        keys[h] = key
+        if not self.lru:
+            return [(v, keys.pop(v)) for v in self.cache.admit(h)]
+        cap = self.cache.capacity
+        out = []
+        while len(keys) > cap:
+            out.append(keys.popitem(last=False))
+        return out
+
+    def put_many(self, pairs: list[tuple[int, tuple]]) -> list[tuple[int, tuple]]:
+        """`put` each pair in order; every pair evicted on the way (for LRU the same as one `put` at a time:
+        the oldest leave, and none of them is still held)."""
+        if not self.lru:
+            return [e for h, key in pairs for e in self.put(h, key)]
+        keys = self.keys
+        before = len(keys)
+        if any([h in keys for h, _ in pairs]):
+            for h, key in pairs:
+                if h in keys:
+                    keys.move_to_end(h)
+                keys[h] = key
+        else:  # all new (the common case): appended in order at C speed
+            keys.update(pairs)
+        self.stats.stored_blocks += len(keys) - before
+        over = len(keys) - self.cache.capacity
+        return [keys.popitem(last=False) for _ in range(over)] if over > 0 else []
+
+    def touch(self, h: int) -> None:
+        """A block of this tier was used again."""
+        if self.lru:
+            self.keys.move_to_end(h)
+        else:
+            self.cache.admit(h)
+
+    def discard(self, h: int) -> None:
+        """Drop a block without counting an eviction."""
+        del self.keys[h]
+        if not self.lru:
+            self.cache.remove(h)
+
+    def resize(self, capacity: int) -> list[tuple[int, tuple]]:
+        """Take a new capacity; the (hash, key) pairs evicted to fit it."""
+        if not self.lru:
+            return [(v, self.keys.pop(v)) for v in self.cache.resize(capacity)]
+        self.cache.capacity = capacity
+        out = []
+        while len(self.keys) > capacity:
+            out.append(self.keys.popitem(last=False))
+        return out
+
+
+class Tiers:
+    """The CPU tier and the disk tier behind one GPU block pool (either may be absent)."""
+
+    def __init__(self, specs: list[TierSpec], store: str, block_size: int, bytes_per_token: int,
+                 swap_used: Callable[[], int] = lambda: 0) -> None:
+        if store not in STORE_MODES:
+            raise ConfigError(f"offload store mode must be one of {', '.join(STORE_MODES)}, got {store!r}")
+        for spec in specs:
+            if spec.num_blocks < 0 or spec.blocks_per_tier_block < 1:
+                raise ConfigError(f"{spec.name} tier: capacity must be >= 0 blocks and its block >= 1 GPU "
+                                  f"block (got {spec.num_blocks}, {spec.blocks_per_tier_block})")
+            if not (spec.bandwidth > 0 and spec.latency_s >= 0):
+                raise ConfigError(f"{spec.name} tier: bandwidth must be > 0 and latency >= 0")
+        self.tiers = [Tier(s) for s in specs]
+        for i, tier in enumerate(self.tiers):
+            tier.below = self.tiers[i + 1:]
+        self.store_mode = store
+        self.eager = store == "eager"
+        self.block_size = block_size
+        self.block_bytes = block_size * bytes_per_token
+        self.swap_used = swap_used
+        self.queue: list[tuple[int, tuple]] = []  # (hash, key) of blocks handed down, not yet stored
+        self.cpu = next((t for t in self.tiers if t.spec.name == "cpu"), None)
+        self.top = self.tiers[0] if self.tiers else None
+
+    # ----------------------------------------------------------------- queries
+    def find(self, h: int, content: object, extra: object) -> Tier | None:
+        """The tier holding the block of hash `h` with this content, if any. The hash chains the whole
+        prefix; comparing the block's own content too guards against collisions without walking the chain
+        of parent keys (thousands deep for a long prompt)."""
+        for tier in self.tiers:
+            held = tier.keys.get(h)
+            if held is not None and held[0] == content and held[1] == extra:
+                return tier
+        return None
+
+    def match(self, seq, start: int, parent_hash: int | None,
+              hash_fn: Callable[[object], int]) -> list[tuple[Tier, int, tuple]]:
+        """The blocks from index `start` of `seq` found in the tiers, as a leading run of (tier, hash,
+        key), cut to whole tier blocks; nothing is loaded yet."""
+        self.flush()
+        found: list[tuple[Tier, int, tuple]] = []
+        bs = self.block_size
+        for i in range(start, (seq.length - 1) // bs):
+            content = seq.block_content(i, bs)
+            if content is None:
+                break
+            h = hash_fn((parent_hash, content, seq.extra_key))
+            tier = self.find(h, content, seq.extra_key)
+            if tier is None:
+                break
+            key = tier.keys[h]
+            found.append((tier, h, key))
+            parent_hash = h
+        # A tier block is hit only as a whole: drop the blocks past the last complete one of each tier.
+        while found:
+            tier = found[-1][0]
+            k = tier.spec.blocks_per_tier_block
+            end = start + len(found)
+            if end % k == 0:
+                break
+            del found[-(end % k):]
+        return found
+
+    # ----------------------------------------------------------------- mutations
+    def load(self, found: list[tuple[Tier, int, tuple]]) -> None:
+        """Count the blocks of `match` as loaded into the GPU (they stay in their tier, touched)."""
+        for tier, h, _ in found:
+            tier.touch(h)
+            tier.pending += 1
+            tier.stats.hit_blocks += 1
+            tier.stats.hit_tokens += self.block_size
+
+    def store(self, h: int, key: tuple) -> None:
+        """Keep a block's content in the top tier (queued: applied, in order, before the next query)."""
+        self.queue.append((h, key))
+
+    def flush(self) -> None:
+        """Apply the queued stores: the top tier takes them, what it evicts goes one tier down."""
+        if self.queue and self.top is not None:
+            # A tier keeps a block's own (content, extra key), not its key: that chains every parent key,
+            # and millions of kept chains would slow each pass of Python's cyclic garbage collector.
+            batch = [(h, key[1:]) for h, key in self.queue]
+            self.queue.clear()
+            self._store_many(batch, self.top)
+
+    def _store_many(self, pairs: list[tuple[int, tuple]], tier: Tier) -> None:
+        if not tier.lru and len(pairs) > 1:  # other policies may evict a block stored earlier in the batch
+            for pair in pairs:
+                self._store_many([pair], tier)
+            return
+        if tier is self.cpu and tier.cache.capacity != tier.spec.num_blocks:
+            self._fit()  # swapped blocks came back since the budget last shrank: the cache may grow
+        for other in tier.below:  # a block lives in one tier at a time
+            held = other.keys
+            for h in [h for h, _ in pairs if h in held]:
+                other.discard(h)
+        evicted = tier.put_many(pairs)
+        if evicted:
+            self._spill(tier, evicted)
+
+    def _spill(self, tier: Tier, evicted: list[tuple[int, tuple]]) -> None:
+        """Hand `tier`'s evicted blocks to the tier below it (or drop them)."""
+        tier.stats.evicted_blocks += len(evicted)
+        if tier.below:
+            self._store_many(evicted, tier.below[0])
+
+    def fit(self) -> None:
+        """Shrink or grow the CPU tier's cache to the budget that swapped-out blocks leave it."""
+        self.flush()
+        self._fit()
+
+    def _fit(self) -> None:
+        cpu = self.cpu
+        if cpu is None:
+            return
+        room = max(0, cpu.spec.num_blocks - self.swap_used())
+        if cpu.cache.capacity != room:
+            evicted = cpu.resize(room)
+            if evicted:
+                self._spill(cpu, evicted)
+
+    def take_load_seconds(self, load_time: Callable[[int, float, float], float]) -> float:
+        """Seconds the blocks loaded since the last call take, from the latency model's `load_time`
+        (tokens, bandwidth, latency) of each tier that loaded any."""
+        self.flush()
+        total = 0.0
+        for tier in self.tiers:
+            if tier.pending:
+                dt = load_time(tier.pending * self.block_size, tier.spec.bandwidth, tier.spec.latency_s)
+                tier.stats.load_seconds += dt
+                total += dt
+                tier.pending = 0
+        return total
+
+    def summary(self, query_tokens: int, gpu_hit_tokens: int) -> dict:
+        """Prompt tokens by source (computed, GPU hit, each tier's hit) and each tier's counters."""
+        self.flush()
+        out: dict = {"tokens_by_source": {"computed": query_tokens - gpu_hit_tokens
+                                          - sum(t.stats.hit_tokens for t in self.tiers),
+                                          "gpu_hit": gpu_hit_tokens}}
+        for tier in self.tiers:
+            out["tokens_by_source"][f"{tier.spec.name}_hit"] = tier.stats.hit_tokens
+            out[tier.spec.name] = {"capacity_blocks": tier.spec.num_blocks, "policy": tier.spec.policy,
+                                   "blocks": len(tier.keys), **tier.stats.as_dict()}
+        out["store"] = self.store_mode
+        return out
+
+
+def attach(bm, tiers: Tiers) -> None:
+    """Put `tiers` behind a BlockManager's pool: they take the published blocks it lets go (evicted, or
+    released when storing eagerly) and extend prompts' prefix hits; swapping uses the CPU tier's budget."""
+    bm.tiers = tiers
+    swap = bm.swap
+    tiers.swap_used = lambda: swap.num_blocks - len(swap.free)
+    if tiers.eager:
+        bm.pool.on_release = tiers.queue.append
+    else:
+        bm.pool.on_evict = tiers.queue.append
+
+
+def tier_hits(bm, seq, hits: list[int]) -> list:
+    """The blocks after a sequence's GPU hits that the tiers hold (a leading run), counted as loaded."""
+    if not bm.enable_prefix_caching:
+        return []
+    pool = bm.pool
+    parent = hits[-1] if hits else None
+    found = bm.tiers.match(seq, len(hits), None if parent is None else pool.hash[parent],
+                           bm.prefix_cache.hash_fn)
+    bm.tiers.load(found)
+    return found

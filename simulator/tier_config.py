@@ -1,0 +1,58 @@
+"""The KV tiers a simulation configures: SimConfig's kv_offloading_* fields turned into tiers.Tiers."""
+from __future__ import annotations
+
+from pagelab.eviction import POLICIES
+from simulator.core.paged.tiers import STORE_MODES, Tiers, TierSpec
+from simulator.presets import GIB, get_gpu
+
+TIER_FIELDS = ("kv_offloading_size", "kv_offloading_disk_size", "kv_offloading_block_size",
+               "kv_offloading_policy", "kv_offloading_store", "cpu_offload_bandwidth_gbps",
+               "disk_offload_bandwidth_gbps")
+CPU_LATENCY_S = 1e-5  # one pinned-memory copy launched on a side stream
+DISK_LATENCY_S = 1e-4  # one NVMe read
+
+
+def tier_problems(config) -> list[str]:
+    """What is wrong with the tier fields of a configuration that has tiers."""
+    out = []
+    for name in ("kv_offloading_size", "kv_offloading_disk_size"):
+        value = getattr(config, name)
+        if value is not None and not value >= 0:
+            out.append(f"{name} must be >= 0 GiB, got {value}")
+    size = config.kv_offloading_block_size
+    if size is not None and (size < config.block_size or size % config.block_size):
+        out.append(f"kv_offloading_block_size must be a multiple of block_size {config.block_size}, "
+                   f"got {size}")
+    if config.kv_offloading_policy not in POLICIES:
+        out.append(f"kv_offloading_policy must be one of {', '.join(POLICIES)}, "
+                   f"got {config.kv_offloading_policy!r}")
+    if config.kv_offloading_store not in STORE_MODES:
+        out.append(f"kv_offloading_store must be one of {', '.join(STORE_MODES)}, "
+                   f"got {config.kv_offloading_store!r}")
+    for name in ("cpu_offload_bandwidth_gbps", "disk_offload_bandwidth_gbps"):
+        value = getattr(config, name)
+        if value is not None and not value > 0:
+            out.append(f"{name} must be > 0 GB/s, got {value}")
+    if config.allocator != "paged":
+        out.append(f"KV tiers need the paged allocator, got {config.allocator!r}")
+    if not config.enable_prefix_caching:
+        out.append("KV tiers hold prefix blocks: they need enable_prefix_caching")
+    return out
+
+
+def build_tiers(config) -> Tiers:
+    """The configured tiers, sized in GPU blocks of the configuration's model and dtype."""
+    block_bytes = config.block_size * config.bytes_per_token
+    per_tier = (config.kv_offloading_block_size or config.block_size) // config.block_size
+    cpu_bw = config.cpu_offload_bandwidth_gbps
+    specs = []
+    if config.kv_offloading_size is not None:
+        specs.append(TierSpec("cpu", int(config.kv_offloading_size * GIB // block_bytes), per_tier,
+                              config.kv_offloading_policy,
+                              get_gpu(config.gpu).pcie_bandwidth if cpu_bw is None else cpu_bw * 1e9,
+                              CPU_LATENCY_S))
+    if config.kv_offloading_disk_size is not None:
+        specs.append(TierSpec("disk", int(config.kv_offloading_disk_size * GIB // block_bytes), per_tier,
+                              config.kv_offloading_policy, config.disk_offload_bandwidth_gbps * 1e9,
+                              DISK_LATENCY_S))
+    return Tiers(specs, config.kv_offloading_store, config.block_size, config.bytes_per_token)

@@ -1,0 +1,61 @@
+"""`pagelab simulate --kv-offloading-size ...`: the tiers' rows in the serving table, bad settings."""
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+import cli.common
+from cli import app
+from traces import save_trace
+from traces.multiturn import MultiTurnConfig, generate_multiturn
+
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def wide_consoles(monkeypatch):
+    monkeypatch.setattr(cli.common.console, "width", 400)
+    monkeypatch.setattr(cli.common.err_console, "width", 400)
+
+
+@pytest.fixture(scope="module")
+def chat(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiers") / "chat.csv"
+    save_trace(generate_multiturn(MultiTurnConfig(num_requests=150, first_prompt_len=400, user_len=80,
+                                                  output_len=60, mean_turns=4, think_time_s=2, rate=4,
+                                                  system_prompt_len=64, prefix_block_size=16,
+                                                  max_model_len=2048, seed=2)), path)
+    return path
+
+
+def test_simulate_with_tiers_shows_tokens_by_source(chat):
+    result = runner.invoke(app, ["simulate", str(chat), "--capacity-tokens", "2560", "--max-model-len",
+                                 "2048", "--kv-offloading-size", "0.5", "--kv-offloading-disk-size", "2"])
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "paged" in out and "contiguous" not in out  # tiers need the paged pool: it runs alone
+    rows = {line.split("(%)")[0].strip(): float(line.split()[-1]) for line in out.splitlines()
+            if line.strip().startswith("Prompt tokens")}
+    assert set(rows) == {"Prompt tokens computed", "Prompt tokens from GPU cache",
+                         "Prompt tokens from CPU tier", "Prompt tokens from disk tier"}
+    assert sum(rows.values()) == pytest.approx(100, abs=0.3)
+    assert rows["Prompt tokens from CPU tier"] > 0
+
+
+def test_simulate_without_tiers_has_no_tier_rows(chat):
+    result = runner.invoke(app, ["simulate", str(chat), "--capacity-tokens", "2560", "--max-model-len",
+                                 "2048", "-a", "paged"])
+    assert result.exit_code == 0, result.output
+    assert "Prompt tokens" not in result.stdout
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--kv-offloading-policy", "arc"], "kv_offloading_policy must be one of lru, lfu, s3fifo"),
+    (["--kv-offloading-block-size", "24"], "multiple of block_size 16"),
+    (["-a", "contiguous-max"], "need the paged allocator"),
+])
+def test_bad_tier_options_exit_2(chat, args, message):
+    result = runner.invoke(app, ["simulate", str(chat), "--capacity-tokens", "2560", "--max-model-len",
+                                 "2048", "--kv-offloading-size", "1", *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr
