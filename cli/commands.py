@@ -12,6 +12,7 @@ from cli.bench import bench_app
 from cli.calibrate import calibrate_cmd
 from cli.compare import compare_cmd
 from cli.help import use_panels
+from cli.plan import plan_cmd
 from cli.plot import plot_cmd
 from cli.presets import presets_cmd
 from cli.replay import replay_cmd
@@ -108,6 +109,7 @@ def main() -> None:
 app.add_typer(bench_app, name="bench")
 app.command("calibrate")(calibrate_cmd)
 app.command("compare")(compare_cmd)
+app.command("plan")(plan_cmd)
 app.command("plot")(plot_cmd)
 app.command("presets")(presets_cmd)
 app.command("replay")(replay_cmd)

@@ -67,7 +67,8 @@ class SimConfig(CacheConfig):
         return kv_capacity(self.model_spec, self.gpu, gpu_memory_utilization=self.gpu_memory_utilization,
                            kv_memory_gb=self.kv_memory_gb, capacity_tokens=self.capacity_tokens,
                            kv_cache_dtype=self.kv_cache_dtype, block_size=self.block_size,
-                           max_model_len=self.resolved_max_model_len)
+                           max_model_len=self.resolved_max_model_len,
+                           max_num_batched_tokens=self.max_num_batched_tokens)
 
     def capacity(self) -> int:
         """KV capacity C in token slots."""

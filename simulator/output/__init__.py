@@ -13,7 +13,8 @@ The modules one paged `simulate(trace, config, output=RunFolder(...))` runs, in 
 them (tests/test_shape.py traces it and compares):
 
     simulator.loop.simulate -> simulator.config -> simulator.core.models -> simulator.presets ->
-    simulator.core.config -> simulator.core.paged.block_manager -> simulator.core.allocator ->
+    simulator.core.kv_layout -> simulator.core.config -> simulator.core.paged.block_manager ->
+    simulator.core.allocator ->
     simulator.core.paged.block_pool -> simulator.core.paged.prefix_cache -> simulator.core.paged.swap ->
     simulator.timing.step_latency -> simulator.core.scheduler -> simulator.core.decode ->
     simulator.loop.state -> simulator.output -> pagelab.table_sinks -> pagelab.writes ->
