@@ -14,7 +14,11 @@ from simulator.core.errors import InvariantError
 
 def check_invariants(alloc: KVAllocator) -> None:
     """Raise InvariantError if the allocator's state does not match what its sequences hold."""
-    if alloc.name == "paged":
+    if getattr(alloc, "layout", None) is not None:
+        from simulator.core.paged.kv_group_invariants import check_grouped
+
+        check_grouped(alloc)
+    elif alloc.name == "paged":
         check_block_manager(alloc)
     else:
         check_contiguous(alloc)
