@@ -92,7 +92,9 @@ class GroupTables:
     # ----------------------------------------------------------------- prefix keys and hits
     def chain(self, seq: Sequence, upto: int) -> list[tuple[tuple, int]]:
         """(key, hash) of the sequence's first full blocks, up to `upto` (fewer where content is unknown)."""
-        out = self.chains.setdefault(seq.seq_id, [])
+        # Kept only for held sequences (their blocks are published as they fill); a waiting one's lookups
+        # rebuild it, so a request that is never admitted leaves nothing behind.
+        out = self.chains.setdefault(seq.seq_id, []) if seq.seq_id in self.seqs else []
         bs, extra = self.block_size, seq.extra_key
         while len(out) < upto:
             content = seq.block_content(len(out), bs)
