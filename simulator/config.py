@@ -37,6 +37,8 @@ class SimConfig(CacheConfig):
     latency: str = "roofline"  # or the path of a fitted profile (JSON)
     beam_alpha: float = 0.5  # Dirichlet concentration of the beam fork/prune model
     mode: str = "fast"
+    # vLLM's --disable-hybrid-kv-cache-manager: every layer keeps every token, in one group.
+    disable_hybrid_kv_cache_manager: bool = False
     record_events: bool = True
     extra: dict = field(default_factory=dict, compare=False)  # free-form labels (e.g. the trace rate)
 
@@ -68,7 +70,16 @@ class SimConfig(CacheConfig):
                            kv_memory_gb=self.kv_memory_gb, capacity_tokens=self.capacity_tokens,
                            kv_cache_dtype=self.kv_cache_dtype, block_size=self.block_size,
                            max_model_len=self.resolved_max_model_len,
-                           max_num_batched_tokens=self.max_num_batched_tokens)
+                           max_num_batched_tokens=self.max_num_batched_tokens,
+                           hybrid=not self.disable_hybrid_kv_cache_manager)
+
+    def kv_layout(self):
+        """The KV cache groups a paged pool is split into (simulator/core/kv_layout.py), or None where it
+        is one group of full-attention layers."""
+        if not self.is_paged:
+            return None
+        capacity = self.kv_capacity()
+        return capacity.layout if capacity.grouped else None
 
     def capacity(self) -> int:
         """KV capacity C in token slots."""
@@ -94,6 +105,13 @@ class SimConfig(CacheConfig):
         `record_events`)."""
         if self.capacity() < 1:
             raise ConfigError(f"the KV pool holds {self.capacity()} token slots; give a larger pool")
+        layout = self.kv_layout()
+        if layout is not None:
+            return build_allocator(self, self.capacity(), cpu_tokens=self.cpu_tokens(),
+                                   max_model_len=self.resolved_max_model_len,
+                                   record_events=self.record_events, layout=layout,
+                                   num_blocks=self.kv_capacity().num_blocks,
+                                   num_cpu_blocks=int(self.swap_space_gb * GIB // layout.block_bytes))
         return build_allocator(self, self.capacity(), cpu_tokens=self.cpu_tokens(),
                                max_model_len=self.resolved_max_model_len, record_events=self.record_events)
 
@@ -103,4 +121,6 @@ class SimConfig(CacheConfig):
         d["capacity_tokens"] = self.capacity()
         d["max_model_len"] = self.resolved_max_model_len
         d["bytes_per_token"] = self.bytes_per_token
+        if not self.disable_hybrid_kv_cache_manager:
+            del d["disable_hybrid_kv_cache_manager"]  # only runs that set it record it
         return d

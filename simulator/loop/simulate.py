@@ -132,7 +132,8 @@ def simulate(trace: pd.DataFrame | TraceBatches, config: SimConfig, output: RunO
     if not isinstance(trace, TraceBatches):
         trace = FrameBatches(canonical_trace(trace, source="trace"))
     output = InMemory() if output is None else output
-    fast = config.mode == "fast" and step_times is None
+    # The decode fast path counts one block table per sequence; grouped pools take the exact step.
+    fast = config.mode == "fast" and step_times is None and config.kv_layout() is None
     run = start(trace, config, output, fast)
     run.measured = step_times
     # The loop allocates millions of small objects and makes no reference cycles, so the cyclic collector

@@ -16,7 +16,7 @@ def check_grouped(bm) -> None:
     group; the CPU pool matches its tables; the taxonomy adds up."""
     pool, t, swap, bs = bm.pool, bm.tables, bm.swap, bm.block_size
     refs = Counter(b for sid in bm.seqs for table in t.tables[sid] for b in table if b is not None)
-    if set(t.tables) != set(bm.seqs):
+    if set(t.tables) != set(bm.seqs) or set(t.starts) != set(bm.seqs) or set(swap.starts) != set(swap.seqs):
         _fail("block tables and held sequences differ")
     for bid in range(bm.num_blocks):
         if pool.ref[bid] != refs.get(bid, 0):
@@ -40,6 +40,8 @@ def check_grouped(bm) -> None:
             if len(table) != -(-n // bs):
                 _fail(f"sequence {sid} group {g}: {n} tokens in {len(table)} blocks of {bs}")
             holes = [i for i, b in enumerate(table) if b is None]
+            if holes != list(range(t.starts[sid][g])):
+                _fail(f"sequence {sid} group {g}: holes {holes} are not its first {t.starts[sid][g]} blocks")
             if holes and holes[-1] >= t.skipped(g, n):
                 _fail(f"sequence {sid} group {g}: block {holes[-1]} handed back inside the window")
             for i, bid in enumerate(table):

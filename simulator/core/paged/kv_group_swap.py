@@ -17,6 +17,7 @@ class GroupSwap:
         self.filled = [0] * num_blocks
         self.group = [0] * num_blocks
         self.cpu_tables: dict[int, list[list[int | None]]] = {}
+        self.starts: dict[int, list[int]] = {}  # each group's first block held, as on the device
         self.seqs: dict[int, Sequence] = {}  # sequences swapped out, by id
 
     def distinct_blocks(self, group: SequenceGroup) -> set[int]:
@@ -39,6 +40,7 @@ class GroupSwap:
         seqs = [s for s in group.seqs if s.seq_id in t.seqs]
         mapping: dict[int, int] = {}
         for s in seqs:
+            self.starts[s.seq_id] = t.starts[s.seq_id]
             cpu = []
             for table in t.tables[s.seq_id]:
                 row: list[int | None] = []
@@ -83,6 +85,7 @@ class GroupSwap:
                     table.append(bid)
                 tables.append(table)
             t.tables[s.seq_id] = tables
+            t.starts[s.seq_id] = list(self.starts[s.seq_id])
             t.seqs[s.seq_id] = s
             t.count_internal(s)
         for s in seqs:
@@ -93,6 +96,7 @@ class GroupSwap:
     def drop(self, seq: Sequence) -> None:
         """Free a swapped-out sequence's CPU blocks."""
         del self.seqs[seq.seq_id]
+        del self.starts[seq.seq_id]
         for row in self.cpu_tables.pop(seq.seq_id):
             for cid in row:
                 if cid is None:

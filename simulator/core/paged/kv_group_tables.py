@@ -45,6 +45,7 @@ class GroupTables:
         self.held_in = [0] * self.num_groups  # referenced blocks of each group
         self.filled_in = [0] * self.num_groups  # token slots filled in them
         self.group_of = [0] * pool.num_blocks  # the group a block was last taken for
+        self.starts: dict[int, list[int]] = {}  # seq id -> each group's first block still held
         self.chains: dict[int, list[tuple[tuple, int]]] = {}  # seq id -> (key, hash) of its full blocks
         self.internal: dict[int, int] = {}  # seq id -> internal layer slots counted for it
         self.num_internal_slots = 0
@@ -204,9 +205,10 @@ class GroupTables:
         stats.prefix_hits += hit
         stats.prefix_hit_tokens += hit * bs
         total = _cdiv(n, bs)
-        tables = []
+        tables, starts = [], []
         for g in range(self.num_groups):
             start = self.first_held(g, hit)
+            starts.append(start)
             for bid in hits[g]:
                 self.incref(bid, rid)
             fills = [bs] * (total - hit)
@@ -214,6 +216,7 @@ class GroupTables:
                 fills[-1] = n - (total - 1) * bs
             tables.append([None] * start + hits[g] + self.take(g, total - hit, rid, fills))
         self.tables[seq.seq_id] = tables
+        self.starts[seq.seq_id] = starts
         seq.num_tokens = n
         seq.num_cached_tokens = hit * bs
         self.seqs[seq.seq_id] = seq
@@ -232,6 +235,7 @@ class GroupTables:
                 if bid is not None:
                     self.incref(bid, rid)
         self.tables[dst.seq_id] = [list(t) for t in tables]
+        self.starts[dst.seq_id] = list(self.starts[src.seq_id])
         dst.num_tokens = src.num_tokens
         self.seqs[dst.seq_id] = dst
         self.count_internal(dst)
@@ -241,28 +245,29 @@ class GroupTables:
         n, bs, ref = seq.num_tokens, self.block_size, self.pool.ref
         grow = _cdiv(n + k, bs) - _cdiv(n, bs)
         need = 0
+        starts = self.starts[seq.seq_id]
         for g, table in enumerate(self.tables[seq.seq_id]):
             need += grow
             if n % bs and ref[table[-1]] > 1:
                 need += 1  # the shared partial last block is copied first
-            for bid in table[:self.skipped(g, n)]:
-                if bid is not None and ref[bid] == 1:
+            for i in range(starts[g], self.skipped(g, n)):
+                if ref[table[i]] == 1:
                     need -= 1
         return need
 
     def remove_skipped(self, seq: Sequence, num_computed: int) -> None:
         """Hand back the blocks every window has passed (`SlidingWindowManager.remove_skipped_blocks`),
         newest first so that older ones are evicted before them."""
-        pool = self.pool
+        pool, starts = self.pool, self.starts[seq.seq_id]
         for g, table in enumerate(self.tables[seq.seq_id]):
-            for i in range(self.skipped(g, num_computed) - 1, -1, -1):
+            end = self.skipped(g, num_computed)
+            for i in range(end - 1, starts[g] - 1, -1):
                 bid = table[i]
-                if bid is None:
-                    break  # everything before was handed back already
                 table[i] = None
                 self.decref(bid)
                 if pool.ref[bid] == 0 and bid in pool.free_cached:
                     self.window_released.add(bid)
+            starts[g] = max(starts[g], end)
 
     def grow(self, seq: Sequence, k: int) -> list[tuple[int, int]]:
         """Free what the windows skip, then give every group slots for `k` more tokens; return the
@@ -308,10 +313,10 @@ class GroupTables:
     def release_device(self, seq: Sequence) -> None:
         """Drop the sequence's device blocks in every group, last block first."""
         del self.seqs[seq.seq_id]
-        for table in self.tables.pop(seq.seq_id):
-            for bid in reversed(table):
-                if bid is not None:
-                    self.decref(bid)
+        starts = self.starts.pop(seq.seq_id)
+        for g, table in enumerate(self.tables.pop(seq.seq_id)):
+            for i in range(len(table) - 1, starts[g] - 1, -1):
+                self.decref(table[i])
         self.num_internal_slots -= self.internal.pop(seq.seq_id, 0)
         seq.block_table = []
 

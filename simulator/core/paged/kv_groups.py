@@ -45,6 +45,7 @@ class GroupedBlockManager(KVAllocator):
         self.block_size = layout.block_size
         self.num_blocks = num_blocks
         self.capacity_tokens = num_blocks * self.block_size
+        self.block_slots = self.block_size * layout.group_size  # layer slots of one block (breakdown)
         self.enable_prefix_caching = enable_prefix_caching
         self.watermark_blocks = int(watermark * num_blocks)
         self.debug = debug
