@@ -15,8 +15,12 @@ def check_grouped(bm) -> None:
     match the tables; windows only hand back blocks wholly outside them; cached blocks are keyed by their
     group; the CPU pool matches its tables; the taxonomy adds up."""
     pool, t, swap, bs = bm.pool, bm.tables, bm.swap, bm.block_size
+    t.settle_all()
+    if t.quiet_total:
+        _fail(f"{t.quiet_total} decode tokens are counted but belong to no held sequence")
     refs = Counter(b for sid in bm.seqs for table in t.tables[sid] for b in table if b is not None)
-    if set(t.tables) != set(bm.seqs) or set(t.starts) != set(bm.seqs) or set(swap.starts) != set(swap.seqs):
+    if any(set(d) != set(bm.seqs) for d in (t.tables, t.starts, t.remove_at, t.pending, t.exclusive)) \
+            or set(swap.starts) != set(swap.seqs):
         _fail("block tables and held sequences differ")
     for bid in range(bm.num_blocks):
         if pool.ref[bid] != refs.get(bid, 0):

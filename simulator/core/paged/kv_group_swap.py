@@ -40,6 +40,7 @@ class GroupSwap:
         seqs = [s for s in group.seqs if s.seq_id in t.seqs]
         mapping: dict[int, int] = {}
         for s in seqs:
+            t.settle(s.seq_id)
             self.starts[s.seq_id] = t.starts[s.seq_id]
             cpu = []
             for table in t.tables[s.seq_id]:
@@ -86,9 +87,12 @@ class GroupSwap:
                 tables.append(table)
             t.tables[s.seq_id] = tables
             t.starts[s.seq_id] = list(self.starts[s.seq_id])
+            t.next_removal(s.seq_id)
+            t.pending[s.seq_id] = 0
             t.seqs[s.seq_id] = s
             t.count_internal(s)
         for s in seqs:
+            t.mark_exclusive(s.seq_id)
             self.drop(s)
         t.pool.stats.swapped_in_blocks += len(mapping)
         return list(mapping.items())

@@ -46,6 +46,14 @@ class GroupTables:
         self.filled_in = [0] * self.num_groups  # token slots filled in them
         self.group_of = [0] * pool.num_blocks  # the group a block was last taken for
         self.starts: dict[int, list[int]] = {}  # seq id -> each group's first block still held
+        self.remove_at: dict[int, int] = {}  # seq id -> the computed length at which a window next frees
+        self.windowed = [g for g, spec in enumerate(self.specs) if spec.window is not None]
+        # Decode tokens written into every group's own last block are counted here first and settled into
+        # the blocks' fill levels when the sequence next does anything else (one count per token, not one
+        # per group); `exclusive` says that no last block of the sequence is shared.
+        self.pending: dict[int, int] = {}
+        self.quiet_total = 0
+        self.exclusive: dict[int, bool] = {}
         self.chains: dict[int, list[tuple[tuple, int]]] = {}  # seq id -> (key, hash) of its full blocks
         self.internal: dict[int, int] = {}  # seq id -> internal layer slots counted for it
         self.num_internal_slots = 0
@@ -84,6 +92,16 @@ class GroupTables:
             self.filled_in[g] -= pool.filled[bid]
         pool.decref(bid)
 
+    def release(self, bids: list[int]) -> None:
+        """One holder less of each of `bids` (blocks of one table, in order: the last is released first)."""
+        pool, ref, filled = self.pool, self.pool.ref, self.pool.filled
+        for bid in bids:
+            if ref[bid] == 1:
+                g = self.group_of[bid]
+                self.held_in[g] -= 1
+                self.filled_in[g] -= filled[bid]
+        pool.release_table(bids)
+
     def fill(self, bid: int, more: int) -> None:
         """`more` token slots of held block `bid` filled."""
         self.pool.filled[bid] += more
@@ -92,7 +110,8 @@ class GroupTables:
 
     # ----------------------------------------------------------------- prefix keys and hits
     def chain(self, seq: Sequence, upto: int) -> list[tuple[tuple, int]]:
-        """(key, hash) of the sequence's first full blocks, up to `upto` (fewer where content is unknown)."""
+        """(key, hash) of the sequence's first full blocks, at least `upto` of them where their content is
+        known (the list may run longer: callers index it)."""
         # Kept only for held sequences (their blocks are published as they fill); a waiting one's lookups
         # rebuild it, so a request that is never admitted leaves nothing behind.
         out = self.chains.setdefault(seq.seq_id, []) if seq.seq_id in self.seqs else []
@@ -103,7 +122,7 @@ class GroupTables:
                 break
             key, h = out[-1] if out else (None, None)
             out.append(((key, content, extra), self.hash_fn((h, content, extra))))
-        return out[:upto]
+        return out
 
     def cached(self, g: int, link: tuple[tuple, int]) -> int | None:
         """The block of group `g` published under `link`, if any (whole keys compared)."""
@@ -135,8 +154,9 @@ class GroupTables:
         hit reaches it), and each group's hit blocks (a sliding group's from its window start)."""
         if not self.enabled or (seq.token_ids is None and not seq.prefix_keys):
             return 0, [[] for _ in self.specs]
-        chain = self.chain(seq, (seq.length - 1) // self.block_size)
-        hit = len(chain)
+        most = (seq.length - 1) // self.block_size
+        chain = self.chain(seq, most)
+        hit = min(len(chain), most)
         changed = True
         while changed and hit:
             changed = False
@@ -161,26 +181,61 @@ class GroupTables:
         window = self.specs[g].window
         return 0 if window is None else max(0, num_computed - window + 1) // self.block_size
 
-    def publish(self, seq: Sequence, g: int, i: int) -> None:
-        """Publish full block `i` of group `g` of `seq` under its group-tagged chained key."""
-        bid = self.tables[seq.seq_id][g][i]
-        pool = self.pool
-        if bid is None or pool.key[bid] is not None:
+    def next_removal(self, sid: int) -> None:
+        """Record when a window of `sid` next hands a block back: once `window - 1` tokens are computed
+        past the end of its first held block."""
+        starts, bs = self.starts[sid], self.block_size
+        self.remove_at[sid] = min(((starts[g] + 1) * bs + self.specs[g].window - 1 for g in self.windowed),
+                                  default=1 << 62)
+
+    def quiet(self, seq: Sequence, k: int) -> bool:
+        """Whether growing `seq` by `k` is the common decode token: one slot in every group's own partly
+        filled last block, no window hands anything back and no block completes for publishing."""
+        n, bs = seq.num_tokens, self.block_size
+        if k != 1 or not n % bs or n >= self.remove_at[seq.seq_id] or not self.exclusive[seq.seq_id]:
+            return False
+        return (n + 1) % bs != 0 or seq.token_ids is None or not self.enabled
+
+    def settle(self, sid: int) -> None:
+        """Write the sequence's pending decode tokens into its last blocks' fill levels."""
+        p = self.pending[sid]
+        if p:
+            filled, filled_in = self.pool.filled, self.filled_in
+            for g, table in enumerate(self.tables[sid]):
+                filled[table[-1]] += p
+                filled_in[g] += p
+            self.pool.total_filled += p * self.num_groups
+            self.quiet_total -= p
+            self.pending[sid] = 0
+
+    def settle_all(self) -> None:
+        """Settle every held sequence (before reading fill levels block by block)."""
+        for sid in self.pending:
+            self.settle(sid)
+
+    def mark_exclusive(self, sid: int) -> None:
+        """Record whether every last block of `sid` is its own."""
+        ref = self.pool.ref
+        self.exclusive[sid] = all(ref[table[-1]] == 1 for table in self.tables[sid])
+
+    def publish_index(self, seq: Sequence, i: int) -> None:
+        """Publish full block `i` of `seq` in every group that still holds it, under the group-tagged
+        chained key of its content."""
+        if not self.enabled:
             return
         chain = self.chain(seq, i + 1)
         if len(chain) <= i:
             return
         key, h = chain[i]
-        gh = self.hash_fn((g, h))
-        pool.plain = False
-        pool.key[bid], pool.hash[bid] = (g, key), gh
-        pool.cached.setdefault(gh, bid)
-
-    def publish_index(self, seq: Sequence, i: int) -> None:
-        """Publish full block `i` of `seq` in every group that still holds it."""
-        if self.enabled:
-            for g in range(self.num_groups):
-                self.publish(seq, g, i)
+        pool = self.pool
+        for g, table in enumerate(self.tables[seq.seq_id]):
+            bid = table[i]
+            if bid is None or pool.key[bid] is not None:
+                continue
+            gh = self.hash_fn((g, h))
+            pool.plain = False
+            pool.key[bid], pool.hash[bid] = (g, key), gh
+            pool.cached.setdefault(gh, bid)
 
     # ----------------------------------------------------------------- sizes
     def prompt_blocks(self, length: int, hit: int) -> int:
@@ -217,6 +272,9 @@ class GroupTables:
             tables.append([None] * start + hits[g] + self.take(g, total - hit, rid, fills))
         self.tables[seq.seq_id] = tables
         self.starts[seq.seq_id] = starts
+        self.next_removal(seq.seq_id)
+        self.pending[seq.seq_id] = 0
+        self.mark_exclusive(seq.seq_id)
         seq.num_tokens = n
         seq.num_cached_tokens = hit * bs
         self.seqs[seq.seq_id] = seq
@@ -229,6 +287,7 @@ class GroupTables:
     def share_tables(self, src: Sequence, dst: Sequence) -> None:
         """`dst` holds every block `src` holds, in every group."""
         rid = src.request_id
+        self.settle(src.seq_id)
         tables = self.tables[src.seq_id]
         for table in tables:
             for bid in table:
@@ -236,12 +295,17 @@ class GroupTables:
                     self.incref(bid, rid)
         self.tables[dst.seq_id] = [list(t) for t in tables]
         self.starts[dst.seq_id] = list(self.starts[src.seq_id])
+        self.remove_at[dst.seq_id] = self.remove_at[src.seq_id]
+        self.pending[dst.seq_id] = 0
+        self.exclusive[src.seq_id] = self.exclusive[dst.seq_id] = False
         dst.num_tokens = src.num_tokens
         self.seqs[dst.seq_id] = dst
         self.count_internal(dst)
 
     def append_need(self, seq: Sequence, k: int) -> int:
         """Free blocks growing `seq` by `k` tokens takes, less what its windows hand back first."""
+        if self.quiet(seq, k):
+            return 0
         n, bs, ref = seq.num_tokens, self.block_size, self.pool.ref
         grow = _cdiv(n + k, bs) - _cdiv(n, bs)
         need = 0
@@ -261,18 +325,26 @@ class GroupTables:
         pool, starts = self.pool, self.starts[seq.seq_id]
         for g, table in enumerate(self.tables[seq.seq_id]):
             end = self.skipped(g, num_computed)
-            for i in range(end - 1, starts[g] - 1, -1):
-                bid = table[i]
-                table[i] = None
-                self.decref(bid)
-                if pool.ref[bid] == 0 and bid in pool.free_cached:
-                    self.window_released.add(bid)
-            starts[g] = max(starts[g], end)
+            if end <= starts[g]:
+                continue
+            gone = table[starts[g]:end]
+            table[starts[g]:end] = [None] * len(gone)
+            self.release(gone)
+            free_cached = pool.free_cached
+            self.window_released.update(b for b in gone if b in free_cached and not pool.ref[b])
+            starts[g] = end
+        self.next_removal(seq.seq_id)
 
     def grow(self, seq: Sequence, k: int) -> list[tuple[int, int]]:
         """Free what the windows skip, then give every group slots for `k` more tokens; return the
         copy-on-write (src, dst) pairs."""
         n, bs, rid, pool = seq.num_tokens, self.block_size, seq.request_id, self.pool
+        if self.quiet(seq, k):
+            self.pending[seq.seq_id] += 1
+            self.quiet_total += 1
+            seq.num_tokens = n + 1
+            return []
+        self.settle(seq.seq_id)
         self.remove_skipped(seq, n)
         copies = []
         rem = n % bs
@@ -299,6 +371,7 @@ class GroupTables:
             for i in range(n // bs, seq.num_tokens // bs):
                 self.publish_index(seq, i)
         self.count_internal(seq)
+        self.mark_exclusive(seq.seq_id)
         return copies
 
     def count_internal(self, seq: Sequence) -> None:
@@ -312,11 +385,12 @@ class GroupTables:
 
     def release_device(self, seq: Sequence) -> None:
         """Drop the sequence's device blocks in every group, last block first."""
-        del self.seqs[seq.seq_id]
+        self.settle(seq.seq_id)
+        del self.seqs[seq.seq_id], self.pending[seq.seq_id], self.exclusive[seq.seq_id]
         starts = self.starts.pop(seq.seq_id)
+        del self.remove_at[seq.seq_id]
         for g, table in enumerate(self.tables.pop(seq.seq_id)):
-            for i in range(len(table) - 1, starts[g] - 1, -1):
-                self.decref(table[i])
+            self.release(table[starts[g]:])
         self.num_internal_slots -= self.internal.pop(seq.seq_id, 0)
         seq.block_table = []
 

@@ -136,8 +136,9 @@ class GroupedBlockManager(KVAllocator):
         bs, width, t = self.block_size, self.layout.group_size, self.tables
         tokens = empty = padding = 0
         for g, spec in enumerate(t.specs):
-            tokens += t.filled_in[g] * spec.layers
-            empty += (t.held_in[g] * bs - t.filled_in[g]) * spec.layers
+            filled = t.filled_in[g] + t.quiet_total  # pending decode tokens sit in every group
+            tokens += filled * spec.layers
+            empty += (t.held_in[g] * bs - filled) * spec.layers
             padding += t.held_in[g] * bs * spec.padding
         internal = min(self.num_internal_slots, empty)
         num_free = self.pool.num_free
@@ -198,6 +199,9 @@ class GroupedBlockManager(KVAllocator):
 
     def append_slot(self, seq: Sequence, num_tokens: int = 1) -> list[tuple[int, int]]:
         """Free what the windows skip, then grow every group's table by `num_tokens`."""
+        if seq.seq_id in self.seqs and num_tokens <= seq._limit - seq.num_tokens and not self.debug \
+                and self.tables.quiet(seq, num_tokens):
+            return self.tables.grow(seq, num_tokens)  # the common decode token: nothing to check
         if seq.seq_id not in self.seqs:
             state = "finished" if seq.status is SequenceStatus.FINISHED else "not allocated (or swapped out)"
             raise AllocationError(f"cannot append to sequence {seq.seq_id}: it is {state}")
