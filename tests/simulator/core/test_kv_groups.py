@@ -6,7 +6,8 @@ import pytest
 
 from simulator import AllocStatus, Sequence, SequenceGroup
 from simulator.config import SimConfig
-from simulator.core.kv_layout import LayerKV, kv_cache_groups
+from simulator.core.kv_layout import LayerKV, kv_cache_groups, model_kv_layout
+from simulator.core.models import get_model
 from simulator.core.paged.kv_groups import GroupedBlockManager
 from simulator.loop import simulate
 from traces import SyntheticConfig, generate_trace
@@ -41,6 +42,18 @@ def test_a_window_hands_back_blocks_it_has_passed():
     b = bm.breakdown()
     # Layer slots: 14 tokens in the full layer + tokens 10..13 in the sliding one.
     assert b.token_states == 14 + 4 and b.capacity == 20 * 2
+    # The five handed-back blocks were full and published: the prefix cache keeps them.
+    assert bm.window_cached_blocks() == 5 == bm.num_cached_free_blocks
+
+
+def test_padding_layers_are_counted_in_every_held_block():
+    layout = model_kv_layout(get_model("gemma-3-27b"), 16, 2)
+    bm = GroupedBlockManager(100, layout, debug=True)
+    seq, group = _request(1, list(range(20)))
+    bm.allocate(group)
+    # 2 blocks in each of 7 groups; the sliding groups pad 1, 1, 1, 1, 2, 2 layers of 10.
+    assert bm.num_used_blocks == 14 and bm.padding_slots() == 2 * 16 * 8
+    assert bm.breakdown().internal_fragmentation >= bm.padding_slots()
 
 
 def test_a_prefix_hit_holds_only_where_every_group_hits():
