@@ -70,8 +70,16 @@ class SimConfig(CacheConfig):
                            kv_memory_gb=self.kv_memory_gb, capacity_tokens=self.capacity_tokens,
                            kv_cache_dtype=self.kv_cache_dtype, block_size=self.block_size,
                            max_model_len=self.resolved_max_model_len,
-                           max_num_batched_tokens=self.max_num_batched_tokens,
+                           max_num_batched_tokens=self._step_budget(),
                            hybrid=not self.disable_hybrid_kv_cache_manager)
+
+    def _step_budget(self) -> int | None:
+        """Tokens one simulated step computes (what a sliding window holds per request depends on it);
+        None when the batching limits are invalid (the scheduler reports that)."""
+        try:
+            return self.scheduler_config().token_budget
+        except ConfigError:
+            return None
 
     def kv_layout(self):
         """The KV cache groups a paged pool is split into (simulator/core/kv_layout.py), or None where it

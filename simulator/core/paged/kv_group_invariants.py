@@ -15,7 +15,8 @@ def check_grouped(bm) -> None:
     match the tables; windows only hand back blocks wholly outside them; cached blocks are keyed by their
     group; the CPU pool matches its tables; the taxonomy adds up."""
     pool, t, swap, bs = bm.pool, bm.tables, bm.swap, bm.block_size
-    t.settle_all()
+    for sid in t.pending:  # pending decode tokens into their blocks' fill levels first
+        t.settle(sid)
     if t.quiet_total:
         _fail(f"{t.quiet_total} decode tokens are counted but belong to no held sequence")
     refs = Counter(b for sid in bm.seqs for table in t.tables[sid] for b in table if b is not None)

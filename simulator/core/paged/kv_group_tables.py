@@ -48,6 +48,7 @@ class GroupTables:
         self.starts: dict[int, list[int]] = {}  # seq id -> each group's first block still held
         self.remove_at: dict[int, int] = {}  # seq id -> the computed length at which a window next frees
         self.windowed = [g for g, spec in enumerate(self.specs) if spec.window is not None]
+        self.hit_order = sorted(range(self.num_groups), key=lambda g: self.specs[g].need)  # full first
         # Decode tokens written into every group's own last block are counted here first and settled into
         # the blocks' fill levels when the sequence next does anything else (one count per token, not one
         # per group); `exclusive` says that no last block of the sequence is shared.
@@ -83,15 +84,6 @@ class GroupTables:
             self.window_released.discard(bid)
         self.pool.incref(bid, rid)
 
-    def decref(self, bid: int) -> None:
-        """One holder less of `bid`."""
-        pool = self.pool
-        if pool.ref[bid] == 1:
-            g = self.group_of[bid]
-            self.held_in[g] -= 1
-            self.filled_in[g] -= pool.filled[bid]
-        pool.decref(bid)
-
     def release(self, bids: list[int]) -> None:
         """One holder less of each of `bids` (blocks of one table, in order: the last is released first)."""
         pool, ref, filled = self.pool, self.pool.ref, self.pool.filled
@@ -115,6 +107,10 @@ class GroupTables:
         # Kept only for held sequences (their blocks are published as they fill); a waiting one's lookups
         # rebuild it, so a request that is never admitted leaves nothing behind.
         out = self.chains.setdefault(seq.seq_id, []) if seq.seq_id in self.seqs else []
+        return self.extend(seq, out, upto)
+
+    def extend(self, seq: Sequence, out: list[tuple[tuple, int]], upto: int) -> list[tuple[tuple, int]]:
+        """`out`, a chain of `seq`'s blocks, extended to `upto` links where their content is known."""
         bs, extra = self.block_size, seq.extra_key
         while len(out) < upto:
             content = seq.block_content(len(out), bs)
@@ -129,16 +125,18 @@ class GroupTables:
         bid = self.pool.cached.get(self.hash_fn((g, link[1])))
         return bid if bid is not None and self.pool.key[bid] == (g, link[0]) else None
 
-    def group_hit(self, g: int, chain: list[tuple[tuple, int]], max_blocks: int) -> int:
+    def group_hit(self, g: int, seq: Sequence, chain: list, max_blocks: int) -> int:
         """Blocks of the longest hit of group `g` within `max_blocks` (`find_longest_cache_hit`): a full
         group's leading run of cached blocks; a sliding group's last `need` cached blocks before the
-        hit's end, scanned from the right, or its leading run when shorter than `need`."""
+        hit's end, scanned from the right, or its leading run when shorter than `need`. The chain of
+        content keys is extended only as far as the scan reads."""
         need = self.specs[g].need
         if not need:
             for i in range(max_blocks):
-                if self.cached(g, chain[i]) is None:
+                if len(self.extend(seq, chain, i + 1)) <= i or self.cached(g, chain[i]) is None:
                     return i
             return max_blocks
+        max_blocks = min(max_blocks, len(self.extend(seq, chain, max_blocks)))
         run = 0
         for i in range(max_blocks - 1, -1, -1):
             if self.cached(g, chain[i]) is None:
@@ -151,17 +149,17 @@ class GroupTables:
 
     def longest_hit(self, seq: Sequence) -> tuple[int, list[list[int]]]:
         """The prefix hit in blocks that every group holds (the coordinator shrinks it until each group's
-        hit reaches it), and each group's hit blocks (a sliding group's from its window start)."""
+        hit reaches it; full groups first, as their hits cut the sliding groups' scans short), and each
+        group's hit blocks (a sliding group's from its window start)."""
         if not self.enabled or (seq.token_ids is None and not seq.prefix_keys):
             return 0, [[] for _ in self.specs]
-        most = (seq.length - 1) // self.block_size
-        chain = self.chain(seq, most)
-        hit = min(len(chain), most)
+        chain = self.chains.get(seq.seq_id, []) if seq.seq_id in self.seqs else []
+        hit = (seq.length - 1) // self.block_size
         changed = True
         while changed and hit:
             changed = False
-            for g in range(self.num_groups):
-                got = self.group_hit(g, chain, hit)
+            for g in self.hit_order:
+                got = self.group_hit(g, seq, chain, hit)
                 if got < hit:
                     hit, changed = got, True
         blocks = [[self.cached(g, chain[i]) for i in range(self.first_held(g, hit), hit)]
@@ -207,11 +205,6 @@ class GroupTables:
             self.pool.total_filled += p * self.num_groups
             self.quiet_total -= p
             self.pending[sid] = 0
-
-    def settle_all(self) -> None:
-        """Settle every held sequence (before reading fill levels block by block)."""
-        for sid in self.pending:
-            self.settle(sid)
 
     def mark_exclusive(self, sid: int) -> None:
         """Record whether every last block of `sid` is its own."""
@@ -354,7 +347,7 @@ class GroupTables:
                 last = table[-1]
                 if pool.ref[last] > 1:  # never write a shared block in place
                     new = self.take(g, 1, rid, [rem])[0]
-                    self.decref(last)
+                    self.release([last])
                     table[-1] = new
                     copies.append((last, new))
                     pool.stats.cow_copies += 1
