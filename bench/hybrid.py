@@ -5,9 +5,10 @@ Each configuration serves the first requests of the bundled Mooncake conversatio
 126k tokens, median 6.9k, with shared prefixes) on one H100-80GB by the roofline latency model; the table
 gives the mean batch, throughput, prefix hit rate and the time-weighted memory breakdown, with the share
 of padding layers and of free blocks a sliding window handed back that the prefix cache still holds
-(read after every step through the run's observer). A second table sweeps the block size of the hybrid
-layout for its prefix hit rate, and `--timing` measures what per-type groups cost the simulator against
-the same run forced into one group (median of alternating repeats).
+(their ratios to internal fragmentation and free memory read after every step through the observer).
+A second table sweeps the block size of the hybrid layout for its prefix hit rate, and `--timing`
+measures what per-type groups cost the simulator against the same run forced into one group (median of
+alternating repeats).
 """
 from __future__ import annotations
 
@@ -40,28 +41,25 @@ def _trace(num_requests: int):
 
 
 def run_one(trace, config: SimConfig) -> dict:
-    """One simulation: serving numbers, the mean memory shares, and the padding / window-cached shares."""
-    side = {"t": [], "padding": [], "window": []}
+    """One simulation: serving numbers, the mean memory shares, and the parts of them that are padding
+    layers (of internal fragmentation) and window blocks kept for prefix caching (of free memory)."""
+    side = {"padding": 0.0, "internal": 0.0, "window": 0.0, "free": 0.0}
 
-    def observe(run):
+    def observe(run):  # summed over iterations: only the ratios are used
         alloc = run.alloc
         if hasattr(alloc, "padding_slots"):
-            cap = alloc.breakdown().capacity
-            side["t"].append(run.now)
-            side["padding"].append(alloc.padding_slots() / cap)
-            side["window"].append(alloc.window_cached_blocks() / alloc.num_blocks)
+            b = alloc.breakdown()
+            side["padding"] += alloc.padding_slots() / b.capacity
+            side["internal"] += b.internal_fragmentation / b.capacity
+            side["window"] += alloc.window_cached_blocks() / alloc.num_blocks
+            side["free"] += b.free / b.capacity
 
     res = simulate(trace, config, observer=observe)
     m, s = res.memory, res.summary
     w = m["dt_s"].to_numpy()
     shares = {k: float(np.dot(m[k].to_numpy(), w) / w.sum()) for k in (*MEMORY_STATES, "cached_free")}
-    if side["t"]:  # observer samples at each iteration's end: weight each by the time to the next
-        dt = np.diff(np.append(side["t"], side["t"][-1]))
-        total = dt.sum() or 1.0
-        shares["padding"] = float(np.dot(side["padding"], dt) / total)
-        shares["window_cached"] = float(np.dot(side["window"], dt) / total)
-    else:
-        shares["padding"] = shares["window_cached"] = 0.0
+    shares["padding"] = shares["internal_fragmentation"] * side["padding"] / (side["internal"] or 1.0)
+    shares["window_cached"] = shares["free"] * side["window"] / (side["free"] or 1.0)
     return {"num_blocks": s["num_blocks"], "mean_batch": s["mean_batch_size"],
             "throughput_tok_s": s["throughput_tokens_per_s"], "prefix_hit_rate": s["prefix_cache_hit_rate"],
             "preemptions": s["num_preemptions"], "finished": s["num_finished"], **shares}
