@@ -109,6 +109,11 @@ def simulate_cmd(
                                              "(default: buddy)."),
     prefix_caching: bool = typer.Option(True, rich_help_panel=POOL,
                                         help="Reuse cached prefix blocks (paged)."),
+    hybrid_kv_cache: bool = typer.Option(True, "--hybrid-kv-cache/--disable-hybrid-kv-cache-manager",
+                                         rich_help_panel=POOL,
+                                         help="Group a model's layers by attention type, as vLLM (sliding "
+                                              "windows free blocks); the other keeps every token on every "
+                                              "layer in one group."),
     max_num_seqs: int = typer.Option(256, rich_help_panel=SCHEDULER, help="Most requests running at once."),
     max_num_batched_tokens: int = typer.Option(None, rich_help_panel=SCHEDULER,
                                                help="Token budget of one step (default: max(max-model-len, "
@@ -197,6 +202,7 @@ def simulate_cmd(
                      placement=placement or "buddy", max_num_seqs=max_num_seqs,
                      max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=chunked_prefill,
                      preemption_mode=preemption, enable_prefix_caching=prefix_caching, latency=latency,
+                     disable_hybrid_kv_cache_manager=not hybrid_kv_cache,
                      seed=seed, mode=mode, record_events=events and out is not None,
                      extra=simulation_labels(info, max_concurrency))
     measured = None
