@@ -71,7 +71,7 @@ def study(num_requests: int) -> dict[str, dict]:
     return {label: run_one(trace, dataclasses.replace(BASE, **kw)) for label, kw in CONFIGS.items()}
 
 
-def block_sizes(num_requests: int, sizes=(16, 32, 64, 128, 256)) -> dict[int, float]:
+def block_sizes(num_requests: int, sizes=(16, 32, 64, 128, 256, 512, 1024, 2048)) -> dict[int, float]:
     """Prefix hit rate of the hybrid layout for each block size."""
     trace = _trace(num_requests)
     return {bs: run_one(trace, dataclasses.replace(BASE, block_size=bs))["prefix_hit_rate"] for bs in sizes}
@@ -102,7 +102,7 @@ def figure(rows: dict[str, dict], hits: dict[int, float], path: Path) -> None:
 
     from viz.palette import STATE_COLORS
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.6))
     parts = [("token_states", "token states"), ("reservation", "reservation"),
              ("internal_other", "internal fragmentation"), ("padding", "padding layers"),
              ("free_other", "free"), ("window_cached", "window blocks kept for prefix caching")]
@@ -122,7 +122,7 @@ def figure(rows: dict[str, dict], hits: dict[int, float], path: Path) -> None:
         left.bar(labels, vals, bottom=bottom, color=colors[key], label=name)
         bottom += np.array(vals)
     left.set_ylabel("share of KV memory (time-weighted)")
-    left.legend(fontsize=7, loc="upper right")
+    left.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3)
     right.plot(list(hits), [100 * h for h in hits.values()], marker="o")
     right.set_xscale("log", base=2)
     right.set_xlabel("block size (tokens)")
