@@ -213,6 +213,9 @@ def simulate_cmd(
                                                df if (trace or trace_opt) else None, base,
                                                step_times=step_times_from is not None)
         names = [name]
+    if sharing and "paged" in names and dataclasses.replace(base, allocator="paged").kv_layout() is not None:
+        raise UserError("--sharing counts one block table per sequence; a model with several KV cache groups "
+                        "has one per group: add --disable-hybrid-kv-cache-manager, or leave --sharing out")
     for name in names:
         problem = pool_problem(df, dataclasses.replace(base, allocator=name))
         if problem:
