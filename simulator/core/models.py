@@ -11,6 +11,8 @@ its `ModelConfig` (gpu_backend/model_config.py), some with seeded random weights
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,8 +24,7 @@ DTYPE_BYTES: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2}
 # A config that names no dtype is served in bf16 (what the engine runs such a checkpoint in on a GPU).
 DEFAULT_DTYPE = "bfloat16"
 
-# config.json's per-layer `layer_types` values the registry knows; vLLM keeps them as FullAttentionSpec,
-# SlidingWindowSpec and ChunkedLocalAttentionSpec (vllm/v1/kv_cache_interface.py).
+# config.json's layer_types values known here (vLLM: Full/SlidingWindow/ChunkedLocalAttentionSpec).
 LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
 
 _POSITIVE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -278,8 +279,7 @@ MODELS: dict[str, ModelSpec] = {
         max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
         qkv_bias=True, bos_token_id=1, eos_token_ids=(2,), torch_dtype="float32", num_params=3_166_464,
     ),
-    # Today's served shapes, each its Hugging Face config.json (the repository in hf_id; Gemma 3's
-    # text_config). Llama 3.1: GQA, Llama 3 RoPE scaling to 128k positions.
+    # Served today, each hf_id's config.json (Gemma 3: its text_config). Llama 3.1: GQA, 128k positions.
     "llama-3.1-8b": ModelSpec(
         name="llama-3.1-8b", aliases=("meta-llama/Llama-3.1-8B-Instruct",), hf_id="meta-llama/Llama-3.1-8B",
         architecture="LlamaForCausalLM", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
@@ -315,9 +315,8 @@ MODELS: dict[str, ModelSpec] = {
         sliding_window=1024, bos_token_id=2, eos_token_ids=(1, 106), torch_dtype="bfloat16",
         num_params=27_009_346_304,
     ),
-    # gpt-oss: mixture-of-experts layers alternating a 128-token sliding window with full attention
-    # (layer_types). Experts ship in MXFP4, so weight bytes are not num_params x 2: num_params stays
-    # unknown and a plan sizes their pool with --kv-memory-gb.
+    # gpt-oss: MoE layers alternating a 128-token window with full attention; experts ship in MXFP4, so
+    # num_params x 2 is not their weight size: it stays unknown (plan their pool with --kv-memory-gb).
     "gpt-oss-20b": ModelSpec(
         name="gpt-oss-20b", hf_id="openai/gpt-oss-20b", architecture="GptOssForCausalLM", vocab_size=201088,
         hidden_size=2880, intermediate_size=2880, num_hidden_layers=24, num_attention_heads=64,
@@ -336,8 +335,8 @@ MODELS: dict[str, ModelSpec] = {
         qkv_bias=True, o_bias=True, layer_types=_every(2, "full_attention", "sliding_attention", 36),
         sliding_window=128, eos_token_ids=(200002,), torch_dtype="bfloat16",
     ),
-    # DeepSeek V3: multi-head latent attention caches a 512-wide latent plus a 64-wide RoPE key per token
-    # and layer; head_dim is the query/key head (128 + 64). Weights ship in FP8: num_params stays unknown.
+    # DeepSeek V3: MLA caches a 512-wide latent plus a 64-wide RoPE key per token and layer; head_dim is
+    # the query/key head (128 + 64). FP8 weights: num_params stays unknown.
     "deepseek-v3": ModelSpec(
         name="deepseek-v3", hf_id="deepseek-ai/DeepSeek-V3", architecture="DeepseekV3ForCausalLM",
         vocab_size=129280, hidden_size=7168, intermediate_size=18432, num_hidden_layers=61,
@@ -371,9 +370,7 @@ def get_model(name: str) -> ModelSpec:
     if spec is not None:
         return spec
     if (Path(name) / "config.json").is_file():
-        from simulator.core.model_files import read_folder
-
-        return read_folder(str(Path(name).resolve()), name)
+        return _read_folder(str(Path(name).resolve()), name)
     raise ConfigError(f"unknown model {name!r}; valid models: {', '.join(model_names())}, the Hugging Face "
                       "id of one (see `pagelab presets`), or a local folder with a config.json")
 
@@ -382,3 +379,22 @@ def canonical_name(name: str) -> str:
     """The registry's own name for `name` (itself, or the entry it is an alias of); other names unchanged."""
     spec = _registered(name)
     return name if spec is None else spec.name
+
+
+@functools.lru_cache(maxsize=16)
+def _read_folder(path: str, shown: str) -> ModelSpec:
+    """The shape in `path`/config.json (read once per process), its parameter count estimated."""
+    from simulator.core.model_files import config_fields, estimate_params
+
+    file = Path(path) / "config.json"
+    try:
+        raw = json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{file}: cannot read the model's config ({exc})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{file}: expected a JSON object")
+    try:
+        spec = ModelSpec(name=shown, **config_fields(raw, str(file)))
+    except ConfigError as exc:
+        raise ConfigError(exc.args[0] if str(exc).startswith(str(file)) else f"{file}: {exc}") from None
+    return spec.replace(num_params=estimate_params(spec))
