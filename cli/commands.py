@@ -13,6 +13,7 @@ from cli.calibrate import calibrate_cmd
 from cli.compare import compare_cmd
 from cli.export import export_cmd
 from cli.help import use_panels
+from cli.plan import plan_cmd
 from cli.plot import plot_cmd
 from cli.presets import presets_cmd
 from cli.replay import replay_cmd
@@ -111,6 +112,7 @@ app.add_typer(bench_app, name="bench")
 app.command("calibrate")(calibrate_cmd)
 app.command("compare")(compare_cmd)
 app.command("export")(export_cmd)
+app.command("plan")(plan_cmd)
 app.command("plot")(plot_cmd)
 app.command("presets")(presets_cmd)
 app.command("replay")(replay_cmd)

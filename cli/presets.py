@@ -26,10 +26,11 @@ def preset_rows() -> dict[str, list[dict]]:
         return preset or ("checkpoint" if m.architecture in SUPPORTED_ARCHITECTURES else None)
 
     models = [{"model": m.name, "hf_id": m.hf_id, "aliases": list(m.aliases),
-               "params_b": round(m.num_params / 1e9, 2),
+               "params_b": round(m.num_params / 1e9, 2) if m.num_params else None,
                "layers": m.num_hidden_layers, "kv_heads": f"{m.num_key_value_heads}/{m.num_attention_heads}",
                "head_dim": m.head_dim, "kv_kib_per_token": m.bytes_per_token / 1024,
-               "max_model_len": m.max_model_len, "weights_gib": round(m.weight_bytes / GIB, 1),
+               "max_model_len": m.max_model_len,
+               "weights_gib": round(m.weight_bytes / GIB, 1) if m.num_params else None,
                "replay": replay(m)} for m in MODELS.values()]
     gpus = [{"gpu": g.name, "memory_gib": g.memory_bytes / GIB, "hbm_tb_s": g.hbm_bandwidth / 1e12,
              "tflops_bf16": g.peak_flops / 1e12, "pcie_gb_s": g.pcie_bandwidth / 1e9} for g in GPUS.values()]
@@ -45,7 +46,8 @@ def _table(rows: list[dict], title: str, units: dict[str, str]) -> Table:
     for key in keys:
         table.add_column(units.get(key, key), justify="left" if key in ("model", "gpu") else "right")
     for row in rows:
-        table.add_row(*(f"{row[k]:g}" if isinstance(row[k], float) else str(row[k]) for k in keys))
+        table.add_row(*(f"{row[k]:g}" if isinstance(row[k], float) else "-" if row[k] is None else str(row[k])
+                        for k in keys))
     return table
 
 

@@ -126,6 +126,11 @@ def simulate_cmd(
                                                      help="CPU tier -> GPU GB/s (default: the GPU's PCIe)."),
     disk_offload_bandwidth_gbps: float = typer.Option(6.0, rich_help_panel=POOL,
                                                       help="Disk tier -> GPU GB/s."),
+    hybrid_kv_cache: bool = typer.Option(True, "--hybrid-kv-cache/--disable-hybrid-kv-cache-manager",
+                                         rich_help_panel=POOL,
+                                         help="Group a model's layers by attention type, as vLLM (sliding "
+                                              "windows free blocks); the other keeps every token on every "
+                                              "layer in one group."),
     max_num_seqs: int = typer.Option(256, rich_help_panel=SCHEDULER, help="Most requests running at once."),
     max_num_batched_tokens: int = typer.Option(None, rich_help_panel=SCHEDULER,
                                                help="Token budget of one step (default: max(max-model-len, "
@@ -215,6 +220,7 @@ def simulate_cmd(
                      placement=placement or "buddy", max_num_seqs=max_num_seqs,
                      max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=chunked_prefill,
                      preemption_mode=preemption, enable_prefix_caching=prefix_caching, latency=latency,
+                     disable_hybrid_kv_cache_manager=not hybrid_kv_cache,
                      seed=seed, mode=mode, record_events=events and out is not None,
                      extra=simulation_labels(info, max_concurrency), kv_offloading_size=kv_offloading_size,
                      kv_offloading_disk_size=kv_offloading_disk_size,
@@ -230,6 +236,9 @@ def simulate_cmd(
                                                df if (trace or trace_opt) else None, base,
                                                step_times=step_times_from is not None)
         names = [name]
+    if sharing and "paged" in names and dataclasses.replace(base, allocator="paged").kv_layout() is not None:
+        raise UserError("--sharing counts one block table per sequence; a model with several KV cache groups "
+                        "has one per group: add --disable-hybrid-kv-cache-manager, or leave --sharing out")
     for name in names:
         problem = pool_problem(df, dataclasses.replace(base, allocator=name))
         if problem:

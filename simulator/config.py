@@ -39,6 +39,8 @@ class SimConfig(CacheConfig):
     latency: str = "roofline"  # or the path of a fitted profile (JSON)
     beam_alpha: float = 0.5  # Dirichlet concentration of the beam fork/prune model
     mode: str = "fast"
+    # vLLM's --disable-hybrid-kv-cache-manager: every layer keeps every token, in one group.
+    disable_hybrid_kv_cache_manager: bool = False
     record_events: bool = True
     extra: dict = field(default_factory=dict, compare=False)  # free-form labels (e.g. the trace rate)
     # KV tiers below the GPU (simulator/core/paged/tiers.py); none unless a size is given.
@@ -84,7 +86,25 @@ class SimConfig(CacheConfig):
         return kv_capacity(self.model_spec, self.gpu, gpu_memory_utilization=self.gpu_memory_utilization,
                            kv_memory_gb=self.kv_memory_gb, capacity_tokens=self.capacity_tokens,
                            kv_cache_dtype=self.kv_cache_dtype, block_size=self.block_size,
-                           max_model_len=self.resolved_max_model_len)
+                           max_model_len=self.resolved_max_model_len,
+                           max_num_batched_tokens=self._step_budget(),
+                           hybrid=not self.disable_hybrid_kv_cache_manager)
+
+    def _step_budget(self) -> int | None:
+        """Tokens one simulated step computes (what a sliding window holds per request depends on it);
+        None when the batching limits are invalid (the scheduler reports that)."""
+        try:
+            return self.scheduler_config().token_budget
+        except ConfigError:
+            return None
+
+    def kv_layout(self):
+        """The KV cache groups a paged pool is split into (simulator/core/kv_layout.py), or None where it
+        is one group of full-attention layers."""
+        if not self.is_paged:
+            return None
+        capacity = self.kv_capacity()
+        return capacity.layout if capacity.grouped else None
 
     def capacity(self) -> int:
         """KV capacity C in token slots."""
@@ -111,6 +131,17 @@ class SimConfig(CacheConfig):
         `record_events`)."""
         if self.capacity() < 1:
             raise ConfigError(f"the KV pool holds {self.capacity()} token slots; give a larger pool")
+        layout = self.kv_layout()
+        if layout is not None:
+            if self.has_tiers:
+                raise ConfigError("KV offloading tiers are modelled for one KV cache group; this model has "
+                                  "several (give --disable-hybrid-kv-cache-manager, or leave out "
+                                  "--kv-offloading-size)")
+            return build_allocator(self, self.capacity(), cpu_tokens=self.cpu_tokens(),
+                                   max_model_len=self.resolved_max_model_len,
+                                   record_events=self.record_events, layout=layout,
+                                   num_blocks=self.kv_capacity().num_blocks,
+                                   num_cpu_blocks=int(self.swap_space_gb * GIB // layout.block_bytes))
         alloc = build_allocator(self, self.capacity(), cpu_tokens=self.cpu_tokens(),
                                 max_model_len=self.resolved_max_model_len, record_events=self.record_events)
         if self.has_tiers:
@@ -126,4 +157,6 @@ class SimConfig(CacheConfig):
         d["capacity_tokens"] = self.capacity()
         d["max_model_len"] = self.resolved_max_model_len
         d["bytes_per_token"] = self.bytes_per_token
+        if not self.disable_hybrid_kv_cache_manager:
+            del d["disable_hybrid_kv_cache_manager"]  # only runs that set it record it
         return d

@@ -8,9 +8,13 @@ tokens per request: X.XXx").
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 from simulator.core.errors import ConfigError
 from simulator.core.models import DEFAULT_DTYPE, ModelSpec, get_model
+
+if TYPE_CHECKING:
+    from simulator.core.kv_layout import KVLayout
 
 GIB = 2**30
 # Activations, CUDA graphs and allocator slack that vLLM finds by a profiling run; we cannot profile a
@@ -22,6 +26,11 @@ DEFAULT_ACTIVATION_RESERVE_BYTES = 1 * GIB
 KV_CACHE_DTYPES: dict[str, int | None] = {"auto": None, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1,
                                           "fp8_e5m2": 1, "float32": 4}
 KV_DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32"}
+# Tokens one step may compute, when a plan is not told: vLLM's default for its OpenAI server on a GPU of
+# 70 GiB or more other than an A100 (vllm/engine/arg_utils.py); 2048 on the others. Only sliding-window
+# and chunked layers' per-request memory depends on it.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+SMALL_GPU_MAX_NUM_BATCHED_TOKENS = 2048
 
 
 @dataclass(frozen=True)
@@ -97,6 +106,9 @@ def kv_bytes_for(
         raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     if activation_reserve_bytes < 0:
         raise ConfigError(f"activation_reserve_bytes must be >= 0, got {activation_reserve_bytes}")
+    if model.num_params is None:
+        raise ConfigError(f"{model.name or 'the model'}: its weight bytes are unknown (num_params), so the "
+                          "GPU cannot size its KV pool; give kv_memory_gb")
     budget = gpu.memory_bytes * gpu_memory_utilization
     kv_bytes = budget - model.weight_bytes - activation_reserve_bytes
     if kv_bytes <= 0:
@@ -137,11 +149,22 @@ def kv_dtype_name(kv_cache_dtype: str, model: ModelSpec) -> str:
     return (model.torch_dtype or DEFAULT_DTYPE) if name == "auto" else name
 
 
+def kv_dtype_bytes(model: ModelSpec, kv_cache_dtype: str = "auto") -> int:
+    """Bytes per KV element in `kv_cache_dtype`."""
+    return KV_CACHE_DTYPES.get(kv_dtype_name(kv_cache_dtype, model)) or model.dtype_bytes
+
+
 def kv_bytes_per_token(model: ModelSpec, kv_cache_dtype: str = "auto") -> int:
-    """K and V of one token over all layers, stored in `kv_cache_dtype`."""
-    name = kv_dtype_name(kv_cache_dtype, model)
-    size = KV_CACHE_DTYPES.get(name) or model.dtype_bytes
-    return 2 * model.num_hidden_layers * model.num_key_value_heads * model.head_dim * size
+    """KV of one token over all layers (K and V, or MLA's latent), stored in `kv_cache_dtype`."""
+    return model.num_hidden_layers * model.kv_elements_per_layer * kv_dtype_bytes(model, kv_cache_dtype)
+
+
+def default_max_num_batched_tokens(gpu: GPUSpec | str | None) -> int:
+    """vLLM's OpenAI-server step budget for `gpu` (8192 when no GPU is named)."""
+    gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
+    if gpu is None or (gpu.memory_bytes >= 70 * GIB and "a100" not in gpu.name):
+        return DEFAULT_MAX_NUM_BATCHED_TOKENS
+    return SMALL_GPU_MAX_NUM_BATCHED_TOKENS
 
 
 @dataclass(frozen=True)
@@ -162,20 +185,68 @@ class KVCapacity:
     num_blocks: int  # whole blocks of the paged pool
     max_model_len: int
     device: str = "GPU"  # the word vLLM's report starts with ("CPU" for a CPU pool)
+    layout: KVLayout | None = None  # the KV cache groups (None: one full-attention group)
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS  # sliding layers' per-request memory
+
+    @property
+    def grouped(self) -> bool:
+        """Whether the layout is more than one full-attention group (then reports name the groups)."""
+        return self.layout is not None and (len(self.layout.groups) > 1 or self.layout.is_hybrid)
 
     @property
     def num_tokens(self) -> int:
-        """The paged pool in tokens: vLLM's "GPU KV cache size"."""
+        """The paged pool in tokens: vLLM's "GPU KV cache size" (blocks split evenly between groups)."""
+        if self.grouped:
+            return self.layout.num_tokens(self.num_blocks)
         return self.num_blocks * self.block_size
+
+    @property
+    def blocks_per_request(self) -> int:
+        """Blocks a request of max_model_len tokens holds at most, over every group."""
+        if self.grouped:
+            return self.layout.blocks_per_request(self.max_model_len, self.max_num_batched_tokens)
+        return -(-self.max_model_len // self.block_size)
 
     @property
     def max_concurrency(self) -> float:
         """Requests of max_model_len tokens the paged pool holds at once (vLLM's "Maximum concurrency")."""
-        return self.num_blocks / -(-self.max_model_len // self.block_size)
+        return self.num_blocks / self.blocks_per_request
+
+    def group_rows(self) -> list[dict]:
+        """Each KV cache group: its kind, window, layers, padding layers and bytes per token and page."""
+        layout = self.layout
+        if layout is None:
+            return []
+        return [{"group": i, "kind": g.spec.kind, "window": g.spec.window, "layers": len(g.layers),
+                 "padding_layers": layout.padding_layers(g),
+                 "bytes_per_token": g.spec.bytes_per_token * len(g.layers),
+                 "page_bytes": layout.block_bytes,
+                 "max_blocks_per_request": g.spec.max_blocks(self.max_model_len, self.max_num_batched_tokens)}
+                for i, g in enumerate(layout.groups)]
 
     def to_dict(self) -> dict:
-        """Plain JSON, with the derived numbers."""
-        return {**asdict(self), "num_tokens": self.num_tokens, "max_concurrency": self.max_concurrency}
+        """Plain JSON, with the derived numbers (and the groups, where there are several)."""
+        out = {k: v for k, v in asdict(self).items() if k not in ("layout", "max_num_batched_tokens")}
+        out.update(num_tokens=self.num_tokens, max_concurrency=self.max_concurrency)
+        if self.grouped:
+            out.update(max_num_batched_tokens=self.max_num_batched_tokens, kv_groups=self.group_rows(),
+                       padding_layers=self.layout.num_padding_layers, block_bytes=self.layout.block_bytes,
+                       blocks_per_request=self.blocks_per_request)
+        return out
+
+    def group_lines(self) -> list[str]:
+        """The groups in one line: how many of each kind, their layers and padding, and a block's bytes."""
+        if not self.grouped:
+            return []
+        layout, kinds = self.layout, {}
+        for row in self.group_rows():
+            name = row["kind"] + (f" {row['window']}" if row["window"] else "")
+            n, layers, pad = kinds.get(name, (0, 0, 0))
+            kinds[name] = (n + 1, layers + row["layers"], pad + row["padding_layers"])
+        parts = [f"{n} x {name} ({layers} layers{f' + {pad} padding' if pad else ''})"
+                 for name, (n, layers, pad) in kinds.items()]
+        return [f"KV cache groups: {', '.join(parts)}; a block is {layout.group_size} layers x "
+                f"{layout.page_size_bytes / 1024:g} KiB = {layout.block_bytes / 1024:g} KiB"]
 
     def lines(self) -> list[str]:
         """The start-up report: model and dtype, the pool's arithmetic, then vLLM's two lines."""
@@ -191,7 +262,8 @@ class KVCapacity:
         else:
             pool = f"KV pool: {gib:.2f} GiB, as given ({self.sized_by})"
         blocks = f"{self.num_blocks:,} blocks of {self.block_size}"
-        return [head, pool, f"{self.device} KV cache size: {self.num_tokens:,} tokens ({blocks})",
+        return [head, *self.group_lines(), pool,
+                f"{self.device} KV cache size: {self.num_tokens:,} tokens ({blocks})",
                 f"Maximum concurrency for {self.max_model_len:,} tokens per request: "
                 f"{self.max_concurrency:.2f}x"]
 
@@ -201,13 +273,19 @@ def kv_capacity(model: ModelSpec | str, gpu: GPUSpec | str | None = None, *,
                 capacity_tokens: int | None = None, kv_cache_dtype: str = "auto", block_size: int = 16,
                 max_model_len: int | None = None,
                 activation_reserve_bytes: int = DEFAULT_ACTIVATION_RESERVE_BYTES,
-                sized_by: str | None = None, device: str | None = None) -> KVCapacity:
+                sized_by: str | None = None, device: str | None = None,
+                max_num_batched_tokens: int | None = None, hybrid: bool = True) -> KVCapacity:
     """The KV pool of `model`: `capacity_tokens` slots if given, else `kv_memory_gb` GiB, else what
     `gpu_memory_utilization` of the GPU leaves after the weights and the activation reserve.
 
     Slots are floor(pool bytes / bytes per token), blocks floor(slots / block_size); max_model_len
     defaults to the model's. `sized_by` overrides the recorded source (a replay's measured pool), `device`
     the word the report starts with (default: CPU for the cpu preset, else GPU).
+
+    A model with several KV cache groups (simulator/core/kv_layout.py: sliding-window and full layers)
+    has floor(pool bytes / block bytes) blocks, a block being one page in each of group_size layers;
+    `hybrid=False` keeps every token on every layer (vLLM's --disable-hybrid-kv-cache-manager).
+    `max_num_batched_tokens` (default: vLLM's for the GPU) bounds what a sliding window holds per request.
     """
     model = get_model(model) if isinstance(model, str) else model
     gpu_label = gpu.name if isinstance(gpu, GPUSpec) else gpu
@@ -229,10 +307,18 @@ def kv_capacity(model: ModelSpec | str, gpu: GPUSpec | str | None = None, *,
         raise ConfigError(f"the KV pool holds no token of {model.name or 'the model'} ({per_token} bytes per "
                           "token); give a larger pool")
     gpu_name = gpu.name if isinstance(gpu, GPUSpec) else gpu if source == "gpu_memory_utilization" else None
+    from simulator.core.kv_layout import model_kv_layout  # loaded when a pool is sized, not by the CLI
+
+    layout = model_kv_layout(model, block_size, kv_dtype_bytes(model, kv_cache_dtype), hybrid)
+    # One group keeps every token on every layer: slots // block_size, the same number as
+    # `get_num_blocks` but free of float rounding; several groups share blocks of block_bytes.
+    num_blocks = slots // block_size if len(layout.groups) == 1 else layout.num_blocks(int(kv_bytes))
+    budget = max_num_batched_tokens or default_max_num_batched_tokens(gpu_name)
     return KVCapacity(model=model.name, gpu=gpu_name, kv_cache_dtype=kv_dtype_name(kv_cache_dtype, model),
                       bytes_per_token=per_token, sized_by=sized_by or source,
                       gpu_memory_utilization=gpu_memory_utilization, weight_bytes=weights,
                       reserve_bytes=reserve, pool_bytes=int(kv_bytes), capacity_tokens=slots,
-                      block_size=block_size, num_blocks=slots // block_size,
+                      block_size=block_size, num_blocks=num_blocks,
                       max_model_len=max_model_len or model.max_model_len,
-                      device=device or ("CPU" if gpu_label == "cpu" else "GPU"))
+                      device=device or ("CPU" if gpu_label == "cpu" else "GPU"), layout=layout,
+                      max_num_batched_tokens=budget)

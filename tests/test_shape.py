@@ -20,8 +20,9 @@ from traces.batches import FrameBatches
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("pagelab", "simulator", "traces", "viz", "gpu_backend", "cli", "bench")
-MAX_MODULES = 27  # the target is 20: docs/design.md says what would have to merge to get there; one of
-# the 27 is pagelab.writes, the layer every written file goes through (a full disk is reported there)
+MAX_MODULES = 28  # the target is 20: docs/design.md says what would have to merge to get there; one of
+# the 28 is pagelab.writes, the layer every written file goes through (a full disk is reported there),
+# another simulator.core.kv_layout, vLLM's KV cache grouping rules that size every pool
 MAX_RETURNS = 5
 MAX_CLI_IMPORTS = 40
 
@@ -84,7 +85,7 @@ def test_a_simulation_into_a_run_folder_runs_through_few_modules_in_the_document
     assert len(order) <= MAX_MODULES, order
     assert len(returns) <= MAX_RETURNS, returns
     documented = re.findall(r"[a-z_]+(?:\.[a-z_]+)+", simulator.output.__doc__.split("compares):")[1])
-    assert order == documented
+    assert order == documented, " -> ".join(order)
 
 
 def test_starting_the_simulate_command_loads_few_project_modules():

@@ -96,10 +96,21 @@ class CacheConfig:
 
 
 def build_allocator(config: CacheConfig, capacity: int, *, cpu_tokens: int, max_model_len: int,
-                    record_events: bool = False) -> KVAllocator:
+                    record_events: bool = False, layout=None, num_blocks: int | None = None,
+                    num_cpu_blocks: int | None = None) -> KVAllocator:
     """The configured allocator over `capacity` slots (the one factory of the simulator and the engine);
-    with `record_events` it logs its allocations (`allocator.events`)."""
+    with `record_events` it logs its allocations (`allocator.events`). A paged pool given a `layout` of
+    several KV cache groups (simulator/core/kv_layout.py) is `num_blocks` blocks shared by the groups."""
     policy = ALLOCATORS[config.allocator]
+    if policy is None and layout is not None:
+        from simulator.core.paged.kv_groups import GroupedBlockManager  # loaded by grouped pools only
+
+        if not num_blocks:
+            raise ConfigError(f"the KV pool holds no block of {layout.block_bytes} bytes")
+        return GroupedBlockManager(num_blocks, layout, num_cpu_blocks=num_cpu_blocks or 0,
+                                   enable_prefix_caching=config.enable_prefix_caching,
+                                   watermark=config.watermark, debug=config.debug,
+                                   record_events=record_events)
     if policy is None:
         bm = BlockManager.from_capacity(
             capacity, config.block_size, num_cpu_blocks=cpu_tokens // config.block_size,

@@ -14,7 +14,9 @@ from simulator.core.errors import InvariantError
 
 def check_invariants(alloc: KVAllocator) -> None:
     """Raise InvariantError if the allocator's state does not match what its sequences hold."""
-    if alloc.name == "paged":
+    if getattr(alloc, "layout", None) is not None:
+        check_grouped(alloc)
+    elif alloc.name == "paged":
         check_block_manager(alloc)
     else:
         check_contiguous(alloc)
@@ -105,4 +107,71 @@ def check_contiguous(ca: KVAllocator) -> None:
     b = ca.breakdown()
     if b.token_states + b.reservation + b.internal_fragmentation + b.external_fragmentation + b.free \
             != b.capacity or min(b.reservation, b.internal_fragmentation, b.free) < 0:
+        _fail(f"taxonomy does not add up: {b}")
+
+
+def check_grouped(bm) -> None:
+    """One pool partitioned into free and held blocks; ref counts, per-group counters and fill levels
+    match the tables; windows only hand back blocks wholly outside them; cached blocks are keyed by their
+    group; the CPU pool matches its tables; the taxonomy adds up."""
+    pool, t, swap, bs = bm.pool, bm.tables, bm.swap, bm.block_size
+    for sid in t.pending:  # pending decode tokens into their blocks' fill levels first
+        t.settle(sid)
+    if t.quiet_total:
+        _fail(f"{t.quiet_total} decode tokens are counted but belong to no held sequence")
+    refs = Counter(b for sid in bm.seqs for table in t.tables[sid] for b in table if b is not None)
+    if any(set(d) != set(bm.seqs) for d in (t.tables, t.starts, t.remove_at, t.pending, t.exclusive)) \
+            or set(swap.starts) != set(swap.seqs):
+        _fail("block tables and held sequences differ")
+    for bid in range(bm.num_blocks):
+        if pool.ref[bid] != refs.get(bid, 0):
+            _fail(f"block {bid}: ref count {pool.ref[bid]} but {refs.get(bid, 0)} table entries")
+    free, cached_free = pool.free, set(pool.free_cached)
+    if len(set(free)) != len(free) or cached_free & set(free):
+        _fail("a block is twice in the free pools")
+    if {b for b in range(bm.num_blocks) if pool.ref[b] == 0} != set(free) | cached_free:
+        _fail("free pools do not hold exactly the blocks with ref count 0")
+    held, filled = [0] * t.num_groups, [0] * t.num_groups
+    for bid in refs:
+        held[t.group_of[bid]] += 1
+        filled[t.group_of[bid]] += pool.filled[bid]
+    if held != t.held_in or filled != t.filled_in:
+        _fail(f"per-group counters {t.held_in}/{t.filled_in} != tables' {held}/{filled}")
+    if sum(filled) != pool.total_filled:
+        _fail(f"filled slots {sum(filled)} != running total {pool.total_filled}")
+    for sid, s in bm.seqs.items():
+        n = s.num_tokens
+        for g, table in enumerate(t.tables[sid]):
+            if len(table) != -(-n // bs):
+                _fail(f"sequence {sid} group {g}: {n} tokens in {len(table)} blocks of {bs}")
+            holes = [i for i, b in enumerate(table) if b is None]
+            if holes != list(range(t.starts[sid][g])):
+                _fail(f"sequence {sid} group {g}: holes {holes} are not its first {t.starts[sid][g]} blocks")
+            if holes and holes[-1] >= t.skipped(g, n):
+                _fail(f"sequence {sid} group {g}: block {holes[-1]} handed back inside the window")
+            for i, bid in enumerate(table):
+                if bid is None:
+                    continue
+                if t.group_of[bid] != g:
+                    _fail(f"sequence {sid} group {g} holds block {bid} of group {t.group_of[bid]}")
+                if pool.filled[bid] != min(bs, n - i * bs):
+                    _fail(f"sequence {sid} group {g} block {i} (id {bid}) holds {pool.filled[bid]} tokens")
+    for h, bid in pool.cached.items():
+        key = pool.key[bid]
+        if pool.hash[bid] != h or key is None or key[0] != t.group_of[bid] or pool.filled[bid] != bs:
+            _fail(f"cache entry {h} -> block {bid} is not a full block keyed by its group")
+    for bid in cached_free:
+        if pool.cached.get(pool.hash[bid]) != bid:
+            _fail(f"block {bid} is in the cached free pool but not published")
+    cpu_refs = Counter(c for rows in swap.cpu_tables.values() for row in rows for c in row if c is not None)
+    for cid in range(swap.num_blocks):
+        if swap.ref[cid] != cpu_refs.get(cid, 0):
+            _fail(f"CPU block {cid}: ref count {swap.ref[cid]} but {cpu_refs.get(cid, 0)} entries")
+    if {c for c in range(swap.num_blocks) if swap.ref[c] == 0} != set(swap.free):
+        _fail("CPU free list does not hold exactly the CPU blocks with ref count 0")
+    if set(swap.seqs) & set(bm.seqs):
+        _fail("a sequence is both on the device and swapped out")
+    b = bm.breakdown()
+    if b.token_states + b.reservation + b.internal_fragmentation + b.external_fragmentation + b.free \
+            != b.capacity or min(b.reservation, b.internal_fragmentation) < 0:
         _fail(f"taxonomy does not add up: {b}")

@@ -24,6 +24,9 @@ DTYPE_BYTES: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2}
 # A config that names no dtype is served in bf16 (what the engine runs such a checkpoint in on a GPU).
 DEFAULT_DTYPE = "bfloat16"
 
+# config.json's layer_types values known here (vLLM: Full/SlidingWindow/ChunkedLocalAttentionSpec).
+LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
+
 _POSITIVE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                     "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings")
 
@@ -66,7 +69,13 @@ class ModelSpec:
     qkv_bias: bool = False  # Qwen2 always; Llama when attention_bias=true
     o_bias: bool = False  # Llama's attention_bias also puts a bias on o_proj, Qwen2's does not
     mlp_bias: bool = False
-    sliding_window: int | None = None  # attention here is always full, see max_model_len
+    # Per-layer attention, config.json's layer_types; None: every layer attends fully, and a sliding_window
+    # then only caps the length (see max_model_len).
+    layer_types: tuple[str, ...] | None = None
+    sliding_window: int | None = None  # the window of the sliding_attention layers
+    attention_chunk_size: int | None = None  # the chunk of the chunked_attention layers (Llama 4)
+    kv_lora_rank: int | None = None  # MLA (DeepSeek V2/V3): the latent cached per token and layer
+    qk_rope_head_dim: int | None = None  # MLA: the RoPE key part cached beside the latent
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: str | None = None  # the checkpoint's dtype, which the simulator serves it in
@@ -79,6 +88,7 @@ class ModelSpec:
         for name in ("num_params", "context_limit"):
             if getattr(self, name) is not None:
                 _check_positive(name, getattr(self, name))
+        _check_layer_kv(self)
         if self.num_attention_heads % self.num_key_value_heads:
             raise ConfigError(f"num_attention_heads ({self.num_attention_heads}) is not a multiple of "
                               f"num_key_value_heads ({self.num_key_value_heads})")
@@ -111,9 +121,10 @@ class ModelSpec:
     @property
     def max_model_len(self) -> int:
         """The longest sequence served unless a run asks for less: max_position_embeddings, capped by
-        context_limit and by sliding_window (full attention equals sliding-window attention only while the
-        sequence fits in the window)."""
-        caps = (self.max_position_embeddings, self.context_limit, self.sliding_window)
+        context_limit, and by sliding_window when no layer_types say which layers slide (such a model is
+        served with full attention, which equals sliding-window attention only while the sequence fits)."""
+        caps = (self.max_position_embeddings, self.context_limit,
+                self.sliding_window if self.layer_types is None else None)
         return min(c for c in caps if c)
 
     @property
@@ -125,11 +136,29 @@ class ModelSpec:
                               f"expected one of {', '.join(DTYPE_BYTES)}")
         return DTYPE_BYTES[dtype]
 
+    @property
+    def attention_types(self) -> tuple[str, ...]:
+        """Each layer's attention, in layer_types' words (all full_attention when layer_types is None)."""
+        return self.layer_types or ("full_attention",) * self.num_hidden_layers
+
+    @property
+    def is_mla(self) -> bool:
+        """Whether layers cache one compressed latent per token (MLA) instead of K and V per KV head."""
+        return self.kv_lora_rank is not None
+
+    @property
+    def kv_elements_per_layer(self) -> int:
+        """Elements one token caches in one layer: the latent plus RoPE key under MLA (vLLM's
+        MLAAttentionSpec: one head of kv_lora_rank + qk_rope_head_dim), else K and V of every KV head."""
+        if self.kv_lora_rank is not None and self.qk_rope_head_dim is not None:
+            return self.kv_lora_rank + self.qk_rope_head_dim
+        return 2 * self.num_key_value_heads * self.head_dim
+
     def kv_bytes_per_token(self, dtype: Any = None) -> int:
-        """Bytes of K and V one token occupies over all layers, in `dtype` (anything with an itemsize, such
-        as a torch dtype; None: the serving dtype)."""
+        """Bytes of KV one token occupies over all layers, in `dtype` (anything with an itemsize, such as a
+        torch dtype; None: the serving dtype)."""
         itemsize = self.dtype_bytes if dtype is None else int(dtype.itemsize)
-        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * itemsize
+        return self.num_hidden_layers * self.kv_elements_per_layer * itemsize
 
     @property
     def bytes_per_token(self) -> int:
@@ -148,10 +177,36 @@ class ModelSpec:
         return dataclasses.replace(self, **changes)
 
 
+def _check_layer_kv(m: ModelSpec) -> None:
+    """Refuse per-layer attention fields that contradict each other."""
+    for name in ("sliding_window", "attention_chunk_size", "kv_lora_rank", "qk_rope_head_dim"):
+        if getattr(m, name) is not None:
+            _check_positive(name, getattr(m, name))
+    if (m.kv_lora_rank is None) != (m.qk_rope_head_dim is None):
+        raise ConfigError("MLA needs both kv_lora_rank and qk_rope_head_dim")
+    if m.layer_types is None:
+        return
+    if len(m.layer_types) != m.num_hidden_layers:
+        raise ConfigError(f"layer_types has {len(m.layer_types)} entries for {m.num_hidden_layers} layers")
+    unknown = sorted(set(m.layer_types) - set(LAYER_TYPES))
+    if unknown:
+        raise ConfigError(f"layer_types: unknown {', '.join(map(repr, unknown))}; "
+                          f"expected {', '.join(LAYER_TYPES)}")
+    needs = (("sliding_attention", "sliding_window"), ("chunked_attention", "attention_chunk_size"))
+    for kind, field in needs:
+        if kind in m.layer_types and getattr(m, field) is None:
+            raise ConfigError(f"layer_types has {kind} layers but {field} is not set")
+
+
 def _check_positive(name: str, value: Any) -> None:
     """Refuse a count that is not a positive integer (bools are not counts)."""
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ConfigError(f"config field {name} must be a positive integer, got {value!r}")
+
+
+def _every(period: int, kind: str, others: str, num_layers: int) -> tuple[str, ...]:
+    """layer_types of a model whose every `period`-th layer is `kind` and every other one `others`."""
+    return tuple(kind if (i + 1) % period == 0 else others for i in range(num_layers))
 
 
 # Each entry is the named checkpoint's config.json (head_dim where it omits it: hidden_size / heads);
@@ -224,6 +279,72 @@ MODELS: dict[str, ModelSpec] = {
         max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
         qkv_bias=True, bos_token_id=1, eos_token_ids=(2,), torch_dtype="float32", num_params=3_166_464,
     ),
+    # Served today, each hf_id's config.json (Gemma 3: its text_config). Llama 3.1: GQA, 128k positions.
+    "llama-3.1-8b": ModelSpec(
+        name="llama-3.1-8b", aliases=("meta-llama/Llama-3.1-8B-Instruct",), hf_id="meta-llama/Llama-3.1-8B",
+        architecture="LlamaForCausalLM", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+        max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
+        rope_scaling=RopeScaling(rope_type="llama3", factor=8.0, original_max_position_embeddings=8192),
+        bos_token_id=128000, eos_token_ids=(128001,), torch_dtype="bfloat16", num_params=8_030_261_248,
+    ),
+    # Mistral 7B v0.1: a 4096-token sliding window on every layer (transformers' MistralAttention).
+    "mistral-7b-v0.1": ModelSpec(
+        name="mistral-7b-v0.1", hf_id="mistralai/Mistral-7B-v0.1", architecture="MistralForCausalLM",
+        vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=32768,
+        rms_norm_eps=1e-5, layer_types=("sliding_attention",) * 32, sliding_window=4096,
+        bos_token_id=1, eos_token_ids=(2,), torch_dtype="bfloat16", num_params=7_241_732_096,
+    ),
+    # Qwen3 32B: GQA with RMSNorm on queries and keys, no biases.
+    "qwen3-32b": ModelSpec(
+        name="qwen3-32b", hf_id="Qwen/Qwen3-32B", architecture="Qwen3ForCausalLM", vocab_size=151936,
+        hidden_size=5120, intermediate_size=25600, num_hidden_layers=64, num_attention_heads=64,
+        num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6,
+        rope_theta=1000000.0, bos_token_id=151643, eos_token_ids=(151645,), torch_dtype="bfloat16",
+        num_params=32_762_123_264,
+    ),
+    # Gemma 3 27B's text decoder: five 1024-token sliding-window layers, then one global layer
+    # (sliding_window_pattern 6); the count is the text model's (the vision tower is not served here).
+    "gemma-3-27b": ModelSpec(
+        name="gemma-3-27b", hf_id="google/gemma-3-27b-it", architecture="Gemma3ForCausalLM",
+        vocab_size=262208, hidden_size=5376, intermediate_size=21504, num_hidden_layers=62,
+        num_attention_heads=32, num_key_value_heads=16, head_dim=128, max_position_embeddings=131072,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, rope_scaling=RopeScaling(rope_type="linear", factor=8.0),
+        tie_word_embeddings=True, layer_types=_every(6, "full_attention", "sliding_attention", 62),
+        sliding_window=1024, bos_token_id=2, eos_token_ids=(1, 106), torch_dtype="bfloat16",
+        num_params=27_009_346_304,
+    ),
+    # gpt-oss: MoE layers alternating a 128-token window with full attention; experts ship in MXFP4, so
+    # num_params x 2 is not their weight size: it stays unknown (plan their pool with --kv-memory-gb).
+    "gpt-oss-20b": ModelSpec(
+        name="gpt-oss-20b", hf_id="openai/gpt-oss-20b", architecture="GptOssForCausalLM", vocab_size=201088,
+        hidden_size=2880, intermediate_size=2880, num_hidden_layers=24, num_attention_heads=64,
+        num_key_value_heads=8, head_dim=64, max_position_embeddings=131072, rms_norm_eps=1e-5,
+        rope_theta=150000.0, rope_scaling=RopeScaling(rope_type="yarn", factor=32.0,
+                                                       original_max_position_embeddings=4096),
+        qkv_bias=True, o_bias=True, layer_types=_every(2, "full_attention", "sliding_attention", 24),
+        sliding_window=128, eos_token_ids=(200002,), torch_dtype="bfloat16",
+    ),
+    "gpt-oss-120b": ModelSpec(
+        name="gpt-oss-120b", hf_id="openai/gpt-oss-120b", architecture="GptOssForCausalLM",
+        vocab_size=201088, hidden_size=2880, intermediate_size=2880, num_hidden_layers=36,
+        num_attention_heads=64, num_key_value_heads=8, head_dim=64, max_position_embeddings=131072,
+        rms_norm_eps=1e-5, rope_theta=150000.0,
+        rope_scaling=RopeScaling(rope_type="yarn", factor=32.0, original_max_position_embeddings=4096),
+        qkv_bias=True, o_bias=True, layer_types=_every(2, "full_attention", "sliding_attention", 36),
+        sliding_window=128, eos_token_ids=(200002,), torch_dtype="bfloat16",
+    ),
+    # DeepSeek V3: MLA caches a 512-wide latent plus a 64-wide RoPE key per token and layer; head_dim is
+    # the query/key head (128 + 64). FP8 weights: num_params stays unknown.
+    "deepseek-v3": ModelSpec(
+        name="deepseek-v3", hf_id="deepseek-ai/DeepSeek-V3", architecture="DeepseekV3ForCausalLM",
+        vocab_size=129280, hidden_size=7168, intermediate_size=18432, num_hidden_layers=61,
+        num_attention_heads=128, num_key_value_heads=128, head_dim=192, max_position_embeddings=163840,
+        rms_norm_eps=1e-6, rope_theta=10000.0,
+        rope_scaling=RopeScaling(rope_type="yarn", factor=40.0, original_max_position_embeddings=4096),
+        kv_lora_rank=512, qk_rope_head_dim=64, bos_token_id=0, eos_token_ids=(1,), torch_dtype="bfloat16",
+    ),
 }
 
 # Alias -> entry, derived from the entries themselves so that an alias lives in exactly one place.
@@ -262,7 +383,9 @@ def canonical_name(name: str) -> str:
 
 @functools.lru_cache(maxsize=16)
 def _read_folder(path: str, shown: str) -> ModelSpec:
-    """The shape in `path`/config.json (read once per process)."""
+    """The shape in `path`/config.json (read once per process), its parameter count estimated."""
+    from simulator.core.model_files import config_fields, estimate_params
+
     file = Path(path) / "config.json"
     try:
         raw = json.loads(file.read_text())
@@ -270,48 +393,8 @@ def _read_folder(path: str, shown: str) -> ModelSpec:
         raise ConfigError(f"{file}: cannot read the model's config ({exc})") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{file}: expected a JSON object")
-    return spec_from_config(raw, name=shown, source=str(file))
-
-
-def spec_from_config(raw: dict[str, Any], name: str = "", source: str = "config.json") -> ModelSpec:
-    """The memory-relevant shape of a Hugging Face config.json (any decoder; `source` names it in errors).
-
-    The parameter count, which config.json does not hold, is counted from the architecture:
-    `estimate_params`.
-    """
-    def need(field: str, *others: str) -> Any:
-        for key in (field, *others):
-            if key in raw:
-                return raw[key]
-        raise ConfigError(f"{source}: required field {field!r} is missing")
-
-    hidden, heads = need("hidden_size"), need("num_attention_heads")
-    arch = (raw.get("architectures") or ["unknown"])[0]
-    sliding = raw.get("sliding_window")
-    if arch == "Qwen2ForCausalLM" and not raw.get("use_sliding_window", False):
-        sliding = None  # Qwen2 configs carry a window they do not use
     try:
-        spec = ModelSpec(
-            name=name, architecture=arch, vocab_size=need("vocab_size"), hidden_size=hidden,
-            intermediate_size=need("intermediate_size", "ffn_dim"),
-            num_hidden_layers=need("num_hidden_layers"),
-            num_attention_heads=heads, num_key_value_heads=raw.get("num_key_value_heads") or heads,
-            head_dim=raw.get("head_dim") or (hidden // heads if isinstance(hidden, int) and heads else 0),
-            max_position_embeddings=raw.get("max_position_embeddings", 4096),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            qkv_bias=arch == "Qwen2ForCausalLM" or bool(raw.get("attention_bias", False)),
-            sliding_window=int(sliding) if sliding else None,
-            torch_dtype=raw.get("torch_dtype") or raw.get("dtype"))
+        spec = ModelSpec(name=shown, **config_fields(raw, str(file)))
     except ConfigError as exc:
-        raise ConfigError(f"{source}: {exc}") from None
+        raise ConfigError(exc.args[0] if str(exc).startswith(str(file)) else f"{file}: {exc}") from None
     return spec.replace(num_params=estimate_params(spec))
-
-
-def estimate_params(m: ModelSpec) -> int:
-    """Parameters of a decoder of this shape: gated MLP (Llama, Mistral, Qwen2), plain for OPT."""
-    q, kv = m.num_attention_heads * m.head_dim, m.num_key_value_heads * m.head_dim
-    h, f = m.hidden_size, m.intermediate_size
-    attn = 2 * h * q + 2 * h * kv + ((q + 2 * kv) if m.qkv_bias else 0)
-    mlp = (2 if m.architecture == "OPTForCausalLM" else 3) * h * f
-    embed = m.vocab_size * h * (1 if m.tie_word_embeddings else 2)
-    return m.num_hidden_layers * (attn + mlp + 2 * h) + embed + h

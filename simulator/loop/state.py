@@ -64,6 +64,12 @@ class RunState:
         """The allocator's block size (1 for contiguous regions)."""
         return self.alloc.block_size
 
+    @property
+    def block_slots(self) -> int:
+        """Slots one block counts for in the allocator's breakdown: its block size, times the layers per
+        group where a grouped pool counts layer slots (simulator/core/paged/kv_groups.py)."""
+        return getattr(self.alloc, "block_slots", self.alloc.block_size)
+
     def has_unfinished(self) -> bool:
         """Whether any request is waiting, running or swapped."""
         return self.sched.has_unfinished()
@@ -120,13 +126,13 @@ class RunState:
         """Nothing runs from `start` to `end`: log the gap (it counts in time-weighted means)."""
         if end > start:
             self.mem.add_breakdown(self.step, 0, start, end - start, self.alloc.breakdown(self.head()),
-                                   self.counts(), 0, self.block_size)
+                                   self.counts(), 0, self.block_slots)
 
     def record_step(self, start: float, dt: float, breakdown: MemoryBreakdown, counts: tuple[int, int, int],
                     num_batched_tokens: int) -> None:
         """Log one step of `dt` seconds from `start` (memory as scheduled) and count it."""
         self.mem.add_breakdown(self.step, 1, start, dt, breakdown, counts, num_batched_tokens,
-                               self.block_size)
+                               self.block_slots)
         self.add_busy(dt, counts[0], 1)
 
     def add_busy(self, dt: float, num_running: int, num_steps: int) -> None:

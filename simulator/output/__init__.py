@@ -14,12 +14,12 @@ counts, tenures.py) need no pairing: this process writes them even when a child 
 The modules one paged `simulate(trace, config, output=RunFolder(...))` runs, in the order it first enters
 them (tests/test_shape.py traces it and compares):
 
-    simulator.loop.simulate -> simulator.config -> simulator.core.models -> simulator.presets ->
-    simulator.core.config -> simulator.core.paged.block_manager -> simulator.core.allocator ->
-    simulator.core.paged.block_pool -> simulator.core.paged.prefix_cache -> simulator.core.paged.swap ->
-    simulator.timing.step_latency -> simulator.core.scheduler -> simulator.core.decode ->
-    simulator.loop.state -> simulator.output -> pagelab.table_sinks -> pagelab.writes ->
-    simulator.output.memory_rows -> simulator.output.request_rows -> simulator.output.tenures ->
+    simulator.loop.simulate -> simulator.config -> simulator.core.models -> simulator.core.config ->
+    simulator.core.scheduler -> simulator.presets -> simulator.core.kv_layout ->
+    simulator.core.paged.block_manager -> simulator.core.allocator -> simulator.core.paged.block_pool ->
+    simulator.core.paged.prefix_cache -> simulator.core.paged.swap -> simulator.timing.step_latency ->
+    simulator.core.decode -> simulator.loop.state -> simulator.output -> pagelab.table_sinks -> pagelab.writes
+    -> simulator.output.memory_rows -> simulator.output.request_rows -> simulator.output.tenures ->
     traces.batches -> simulator.core.sequence -> simulator.loop.step -> simulator.metrics ->
     pagelab.malloc -> pagelab.parquet_parts -> pagelab.column_stats
 """

@@ -122,6 +122,7 @@ class RooflineLatency(_SwapAndPrefill):
     @cached_property
     def _coef(self) -> _RooflineCoefficients:
         m, g = self.model, self.gpu
+        weight_bytes = float(m.weight_bytes)  # first: a model of unknown parameter count is refused here
         return _RooflineCoefficients(
             overhead_s=g.step_overhead_s,
             # One multiply-add per parameter per token (embedding lookups overcount slightly; documented).
@@ -129,7 +130,7 @@ class RooflineLatency(_SwapAndPrefill):
             # QK^T and PV: 2 FLOPs each per head dimension, per head, per layer, per (query, key) pair.
             flops_per_attn_pair=4.0 * m.num_layers * m.num_heads * m.head_dim,
             flops_rate=g.peak_flops * g.flops_efficiency,
-            weight_bytes=float(m.weight_bytes),
+            weight_bytes=weight_bytes,
             bytes_per_token=float(self.kv_bytes_per_token or m.bytes_per_token),
             bytes_rate=g.hbm_bandwidth * g.bandwidth_efficiency,
         )

@@ -90,7 +90,8 @@ def test_rejection_warning_names_the_fix():
     assert f"the longest needs {longest:,}; give --max-model-len 16384 (the model allows 32,768)" in text
     # It does not: the registry checkpoints whose context holds the longest request, shortest context first.
     text = rejection_warning(REQS, max_model_len=2048, capacity_tokens=100_000, model_limit=2048)
-    assert "use a model whose context holds it, qwen2.5-7b (32,768), llama-3.2-1b (131,072)" in text
+    assert "use a model whose context holds it, mistral-7b-v0.1 (32,768), qwen2.5-7b (32,768)" in text
+    assert "llama-3.2-1b (131,072)" in text and "llama-3-8b" not in text  # 8,192 positions: too short
     assert "tiny" not in text  # engine test models are no advice
 
 

@@ -1,0 +1,392 @@
+"""Per-group block tables over one BlockPool (the GroupedBlockManager's state, kv_groups.py): taking and
+releasing blocks group by group, windows freeing skipped blocks, prefix hits valid in every group, and the
+sequences' internal fragmentation (the CPU pool is kv_group_swap.py's).
+
+A table entry is a block id, or None where a sliding window has handed the block back (vLLM's null
+block). Counters per group (`held_in`, `filled_in`) change only when a block's ref count goes between 0
+and 1, so the breakdown reads them without walking the pool.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from simulator.core.kv_layout import KVLayout
+from simulator.core.paged.block_pool import BlockPool
+from simulator.core.sequence import Sequence
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """What the tables need of one KV cache group."""
+
+    layers: int  # real layers in the group
+    padding: int  # layer slots of each block that no layer uses
+    window: int | None  # tokens a sliding-window layer attends to (None: full attention)
+    need: int  # blocks a prefix hit must have before its end: ceil((window - 1) / block_size), or 0
+
+
+class GroupTables:
+    """The per-group tables, counters, content keys and CPU pool of a GroupedBlockManager."""
+
+    def __init__(self, pool: BlockPool, seqs: dict[int, Sequence], layout: KVLayout, enabled: bool,
+                 hash_fn: Callable[[object], int]) -> None:
+        self.pool, self.seqs, self.enabled, self.hash_fn = pool, seqs, enabled, hash_fn
+        bs = self.block_size = pool.block_size
+        self.specs = [GroupSpec(len(g.layers), layout.padding_layers(g),
+                                g.spec.window if g.spec.slides else None,
+                                _cdiv(g.spec.window - 1, bs) if g.spec.slides else 0) for g in layout.groups]
+        self.num_groups = len(self.specs)
+        self.tables: dict[int, list[list[int | None]]] = {}
+        self.held_in = [0] * self.num_groups  # referenced blocks of each group
+        self.filled_in = [0] * self.num_groups  # token slots filled in them
+        self.group_of = [0] * pool.num_blocks  # the group a block was last taken for
+        self.starts: dict[int, list[int]] = {}  # seq id -> each group's first block still held
+        self.remove_at: dict[int, int] = {}  # seq id -> the computed length at which a window next frees
+        self.windowed = [g for g, spec in enumerate(self.specs) if spec.window is not None]
+        self.hit_order = sorted(range(self.num_groups), key=lambda g: self.specs[g].need)  # full first
+        # Decode tokens written into every group's own last block are counted here first and settled into
+        # the blocks' fill levels when the sequence next does anything else (one count per token, not one
+        # per group); `exclusive` says that no last block of the sequence is shared.
+        self.pending: dict[int, int] = {}
+        self.quiet_total = 0
+        self.exclusive: dict[int, bool] = {}
+        self.chains: dict[int, list[tuple[tuple, int]]] = {}  # seq id -> (key, hash) of its full blocks
+        self.internal: dict[int, int] = {}  # seq id -> internal layer slots counted for it
+        self.num_internal_slots = 0
+        self.window_released: set[int] = set()  # blocks a window handed back while published
+
+    # ----------------------------------------------------------------- blocks of one group
+    def take(self, g: int, num: int, rid: int, fills: list[int]) -> list[int]:
+        """`num` fresh blocks for group `g`, filled as `fills` says."""
+        pool = self.pool
+        new = pool.take(num, rid)
+        for bid, f in zip(new, fills, strict=True):
+            pool.filled[bid] = f
+            self.group_of[bid] = g
+            self.window_released.discard(bid)
+        total = sum(fills)
+        pool.total_filled += total
+        self.held_in[g] += num
+        self.filled_in[g] += total
+        return new
+
+    def incref(self, bid: int, rid: int) -> None:
+        """One more holder of `bid` (a hit on a free cached block brings it back)."""
+        if self.pool.ref[bid] == 0:
+            g = self.group_of[bid]
+            self.held_in[g] += 1
+            self.filled_in[g] += self.pool.filled[bid]
+            self.window_released.discard(bid)
+        self.pool.incref(bid, rid)
+
+    def release(self, bids: list[int]) -> None:
+        """One holder less of each of `bids` (blocks of one table, in order: the last is released first)."""
+        pool, ref, filled = self.pool, self.pool.ref, self.pool.filled
+        for bid in bids:
+            if ref[bid] == 1:
+                g = self.group_of[bid]
+                self.held_in[g] -= 1
+                self.filled_in[g] -= filled[bid]
+        pool.release_table(bids)
+
+    def fill(self, bid: int, more: int) -> None:
+        """`more` token slots of held block `bid` filled."""
+        self.pool.filled[bid] += more
+        self.pool.total_filled += more
+        self.filled_in[self.group_of[bid]] += more
+
+    # ----------------------------------------------------------------- prefix keys and hits
+    def chain(self, seq: Sequence, upto: int) -> list[tuple[tuple, int]]:
+        """(key, hash) of the sequence's first full blocks, at least `upto` of them where their content is
+        known (the list may run longer: callers index it)."""
+        # Kept only for held sequences (their blocks are published as they fill); a waiting one's lookups
+        # rebuild it, so a request that is never admitted leaves nothing behind.
+        out = self.chains.setdefault(seq.seq_id, []) if seq.seq_id in self.seqs else []
+        return self.extend(seq, out, upto)
+
+    def extend(self, seq: Sequence, out: list[tuple[tuple, int]], upto: int) -> list[tuple[tuple, int]]:
+        """`out`, a chain of `seq`'s blocks, extended to `upto` links where their content is known."""
+        bs, extra = self.block_size, seq.extra_key
+        while len(out) < upto:
+            content = seq.block_content(len(out), bs)
+            if content is None:
+                break
+            key, h = out[-1] if out else (None, None)
+            out.append(((key, content, extra), self.hash_fn((h, content, extra))))
+        return out
+
+    def cached(self, g: int, link: tuple[tuple, int]) -> int | None:
+        """The block of group `g` published under `link`, if any (whole keys compared)."""
+        bid = self.pool.cached.get(self.hash_fn((g, link[1])))
+        return bid if bid is not None and self.pool.key[bid] == (g, link[0]) else None
+
+    def group_hit(self, g: int, seq: Sequence, chain: list, max_blocks: int) -> int:
+        """Blocks of the longest hit of group `g` within `max_blocks` (`find_longest_cache_hit`): a full
+        group's leading run of cached blocks; a sliding group's last `need` cached blocks before the
+        hit's end, scanned from the right, or its leading run when shorter than `need`. The chain of
+        content keys is extended only as far as the scan reads."""
+        need = self.specs[g].need
+        if not need:
+            for i in range(max_blocks):
+                if len(self.extend(seq, chain, i + 1)) <= i or self.cached(g, chain[i]) is None:
+                    return i
+            return max_blocks
+        max_blocks = min(max_blocks, len(self.extend(seq, chain, max_blocks)))
+        run = 0
+        for i in range(max_blocks - 1, -1, -1):
+            if self.cached(g, chain[i]) is None:
+                run = 0
+                continue
+            run += 1
+            if run >= need:
+                return i + need
+        return run
+
+    def longest_hit(self, seq: Sequence) -> tuple[int, list[list[int]]]:
+        """The prefix hit in blocks that every group holds (the coordinator shrinks it until each group's
+        hit reaches it; full groups first, as their hits cut the sliding groups' scans short), and each
+        group's hit blocks (a sliding group's from its window start)."""
+        if not self.enabled or (seq.token_ids is None and not seq.prefix_keys):
+            return 0, [[] for _ in self.specs]
+        chain = self.chains.get(seq.seq_id, []) if seq.seq_id in self.seqs else []
+        hit = (seq.length - 1) // self.block_size
+        changed = True
+        while changed and hit:
+            changed = False
+            for g in self.hit_order:
+                got = self.group_hit(g, seq, chain, hit)
+                if got < hit:
+                    hit, changed = got, True
+        blocks = [[self.cached(g, chain[i]) for i in range(self.first_held(g, hit), hit)]
+                  for g in range(self.num_groups)]
+        return hit, blocks
+
+    def first_held(self, g: int, num_blocks: int) -> int:
+        """First block a sliding group still needs once `num_blocks` blocks of tokens are computed
+        (`remove_skipped_blocks`: tokens older than window - 1 behind the computed ones are skipped)."""
+        window = self.specs[g].window
+        if window is None:
+            return 0
+        return max(0, num_blocks * self.block_size - window + 1) // self.block_size
+
+    def skipped(self, g: int, num_computed: int) -> int:
+        """Leading blocks of group `g` wholly outside the window after `num_computed` tokens."""
+        window = self.specs[g].window
+        return 0 if window is None else max(0, num_computed - window + 1) // self.block_size
+
+    def next_removal(self, sid: int) -> None:
+        """Record when a window of `sid` next hands a block back: once `window - 1` tokens are computed
+        past the end of its first held block."""
+        starts, bs = self.starts[sid], self.block_size
+        self.remove_at[sid] = min(((starts[g] + 1) * bs + self.specs[g].window - 1 for g in self.windowed),
+                                  default=1 << 62)
+
+    def quiet(self, seq: Sequence, k: int) -> bool:
+        """Whether growing `seq` by `k` is the common decode token: one slot in every group's own partly
+        filled last block, no window hands anything back and no block completes for publishing."""
+        n, bs = seq.num_tokens, self.block_size
+        if k != 1 or not n % bs or n >= self.remove_at[seq.seq_id] or not self.exclusive[seq.seq_id]:
+            return False
+        return (n + 1) % bs != 0 or seq.token_ids is None or not self.enabled
+
+    def settle(self, sid: int) -> None:
+        """Write the sequence's pending decode tokens into its last blocks' fill levels."""
+        p = self.pending[sid]
+        if p:
+            filled, filled_in = self.pool.filled, self.filled_in
+            for g, table in enumerate(self.tables[sid]):
+                filled[table[-1]] += p
+                filled_in[g] += p
+            self.pool.total_filled += p * self.num_groups
+            self.quiet_total -= p
+            self.pending[sid] = 0
+
+    def mark_exclusive(self, sid: int) -> None:
+        """Record whether every last block of `sid` is its own."""
+        ref = self.pool.ref
+        self.exclusive[sid] = all(ref[table[-1]] == 1 for table in self.tables[sid])
+
+    def publish_index(self, seq: Sequence, i: int) -> None:
+        """Publish full block `i` of `seq` in every group that still holds it, under the group-tagged
+        chained key of its content."""
+        if not self.enabled:
+            return
+        chain = self.chain(seq, i + 1)
+        if len(chain) <= i:
+            return
+        key, h = chain[i]
+        pool = self.pool
+        for g, table in enumerate(self.tables[seq.seq_id]):
+            bid = table[i]
+            if bid is None or pool.key[bid] is not None:
+                continue
+            gh = self.hash_fn((g, h))
+            pool.plain = False
+            pool.key[bid], pool.hash[bid] = (g, key), gh
+            pool.cached.setdefault(gh, bid)
+
+    # ----------------------------------------------------------------- sizes
+    def prompt_blocks(self, length: int, hit: int) -> int:
+        """Blocks a sequence of `length` tokens holds right after allocation with `hit` blocks hit."""
+        total = _cdiv(length, self.block_size)
+        return sum(total - self.first_held(g, hit) for g in range(self.num_groups))
+
+    def peak_blocks(self, length: int) -> int:
+        """Blocks one sequence holds at most while decoding up to `length` tokens."""
+        total = _cdiv(length, self.block_size)
+        return sum(total if s.window is None else min(total, s.need + 2) for s in self.specs)
+
+    # ----------------------------------------------------------------- sequences
+    def allocate_one(self, seq: Sequence, rid: int, budget: int) -> int:
+        """Every group's blocks for all tokens of `seq` (hits first); publish the full blocks within
+        `budget` tokens past the hit; return the hit in tokens."""
+        bs, n, stats = self.block_size, seq.length, self.pool.stats
+        hit, hits = self.longest_hit(seq)
+        if self.enabled:
+            stats.prefix_queries += (n - 1) // bs
+            stats.prefix_query_tokens += n
+        stats.prefix_hits += hit
+        stats.prefix_hit_tokens += hit * bs
+        total = _cdiv(n, bs)
+        tables, starts = [], []
+        for g in range(self.num_groups):
+            start = self.first_held(g, hit)
+            starts.append(start)
+            for bid in hits[g]:
+                self.incref(bid, rid)
+            fills = [bs] * (total - hit)
+            if fills:
+                fills[-1] = n - (total - 1) * bs
+            tables.append([None] * start + hits[g] + self.take(g, total - hit, rid, fills))
+        self.tables[seq.seq_id] = tables
+        self.starts[seq.seq_id] = starts
+        self.next_removal(seq.seq_id)
+        self.pending[seq.seq_id] = 0
+        self.mark_exclusive(seq.seq_id)
+        seq.num_tokens = n
+        seq.num_cached_tokens = hit * bs
+        self.seqs[seq.seq_id] = seq
+        self.count_internal(seq)
+        if self.enabled:
+            for i in range(hit, min(n, hit * bs + budget) // bs):
+                self.publish_index(seq, i)
+        return hit * bs
+
+    def share_tables(self, src: Sequence, dst: Sequence) -> None:
+        """`dst` holds every block `src` holds, in every group."""
+        rid = src.request_id
+        self.settle(src.seq_id)
+        tables = self.tables[src.seq_id]
+        for table in tables:
+            for bid in table:
+                if bid is not None:
+                    self.incref(bid, rid)
+        self.tables[dst.seq_id] = [list(t) for t in tables]
+        self.starts[dst.seq_id] = list(self.starts[src.seq_id])
+        self.remove_at[dst.seq_id] = self.remove_at[src.seq_id]
+        self.pending[dst.seq_id] = 0
+        self.exclusive[src.seq_id] = self.exclusive[dst.seq_id] = False
+        dst.num_tokens = src.num_tokens
+        self.seqs[dst.seq_id] = dst
+        self.count_internal(dst)
+
+    def append_need(self, seq: Sequence, k: int) -> int:
+        """Free blocks growing `seq` by `k` tokens takes, less what its windows hand back first."""
+        if self.quiet(seq, k):
+            return 0
+        n, bs, ref = seq.num_tokens, self.block_size, self.pool.ref
+        grow = _cdiv(n + k, bs) - _cdiv(n, bs)
+        need = 0
+        starts = self.starts[seq.seq_id]
+        for g, table in enumerate(self.tables[seq.seq_id]):
+            need += grow
+            if n % bs and ref[table[-1]] > 1:
+                need += 1  # the shared partial last block is copied first
+            for i in range(starts[g], self.skipped(g, n)):
+                if ref[table[i]] == 1:
+                    need -= 1
+        return need
+
+    def remove_skipped(self, seq: Sequence, num_computed: int) -> None:
+        """Hand back the blocks every window has passed (`SlidingWindowManager.remove_skipped_blocks`),
+        newest first so that older ones are evicted before them."""
+        pool, starts = self.pool, self.starts[seq.seq_id]
+        for g, table in enumerate(self.tables[seq.seq_id]):
+            end = self.skipped(g, num_computed)
+            if end <= starts[g]:
+                continue
+            gone = table[starts[g]:end]
+            table[starts[g]:end] = [None] * len(gone)
+            self.release(gone)
+            free_cached = pool.free_cached
+            self.window_released.update(b for b in gone if b in free_cached and not pool.ref[b])
+            starts[g] = end
+        self.next_removal(seq.seq_id)
+
+    def grow(self, seq: Sequence, k: int) -> list[tuple[int, int]]:
+        """Free what the windows skip, then give every group slots for `k` more tokens; return the
+        copy-on-write (src, dst) pairs."""
+        n, bs, rid, pool = seq.num_tokens, self.block_size, seq.request_id, self.pool
+        if self.quiet(seq, k):
+            self.pending[seq.seq_id] += 1
+            self.quiet_total += 1
+            seq.num_tokens = n + 1
+            return []
+        self.settle(seq.seq_id)
+        self.remove_skipped(seq, n)
+        copies = []
+        rem = n % bs
+        for g, table in enumerate(self.tables[seq.seq_id]):
+            left = k
+            if rem:
+                last = table[-1]
+                if pool.ref[last] > 1:  # never write a shared block in place
+                    new = self.take(g, 1, rid, [rem])[0]
+                    self.release([last])
+                    table[-1] = new
+                    copies.append((last, new))
+                    pool.stats.cow_copies += 1
+                fill = min(k, bs - rem)
+                self.fill(table[-1], fill)
+                left -= fill
+            if left > 0:
+                nb = _cdiv(left, bs)
+                fills = [bs] * nb
+                fills[-1] = left - (nb - 1) * bs
+                table.extend(self.take(g, nb, rid, fills))
+        seq.num_tokens = n + k
+        if seq.token_ids is not None:
+            for i in range(n // bs, seq.num_tokens // bs):
+                self.publish_index(seq, i)
+        self.count_internal(seq)
+        self.mark_exclusive(seq.seq_id)
+        return copies
+
+    def count_internal(self, seq: Sequence) -> None:
+        """Once `seq` holds its final block, the slots past its final length are internal waste, in every
+        group's layers (counted once)."""
+        final, bs = seq.final_len, self.block_size
+        if final is not None and _cdiv(seq.num_tokens, bs) * bs >= final and seq.seq_id not in self.internal:
+            waste = (_cdiv(final, bs) * bs - final) * sum(s.layers for s in self.specs)
+            self.internal[seq.seq_id] = waste
+            self.num_internal_slots += waste
+
+    def release_device(self, seq: Sequence) -> None:
+        """Drop the sequence's device blocks in every group, last block first."""
+        self.settle(seq.seq_id)
+        del self.seqs[seq.seq_id], self.pending[seq.seq_id], self.exclusive[seq.seq_id]
+        starts = self.starts.pop(seq.seq_id)
+        del self.remove_at[seq.seq_id]
+        for g, table in enumerate(self.tables.pop(seq.seq_id)):
+            self.release(table[starts[g]:])
+        self.num_internal_slots -= self.internal.pop(seq.seq_id, 0)
+        seq.block_table = []
+
+    def forget(self, seq: Sequence) -> None:
+        """Drop the content keys kept for a sequence that holds nothing any more."""
+        self.chains.pop(seq.seq_id, None)

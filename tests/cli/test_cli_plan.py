@@ -1,0 +1,35 @@
+"""`pagelab plan`: the KV cache groups and pool of a model, as text and JSON, and its input errors."""
+from __future__ import annotations
+
+import json
+
+from tests.cli.clirun import one_line_error, pagelab
+
+
+def test_plan_prints_the_groups_and_vllms_two_lines():
+    result = pagelab("plan", "--model", "gemma-3-27b", "--gpu", "h100-80gb", "--kv-cache-dtype", "fp8",
+                     "--max-model-len", "32768", COLUMNS="80")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "6 x sliding_window 1024 (52 layers + 8 padding), 1 x full (10 layers)" in out
+    assert "GPU KV cache size:" in out and "Maximum concurrency for 32,768 tokens per request" in out
+    assert max(len(line) for line in out.splitlines() if "│" in line or "─" in line) <= 80
+
+
+def test_plan_json_matches_the_arithmetic():
+    result = pagelab("plan", "--model", "gpt-oss-20b", "--kv-memory-gb", "40", "--json")
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    # 40 GiB // (12 layers x 32 KiB pages); the tokens split between 2 groups.
+    assert plan["num_blocks"] == 40 * 2**30 // (12 * 32768) == 109_226
+    assert plan["num_tokens"] == 109_226 // 2 * 16
+    assert [g["kind"] for g in plan["kv_groups"]] == ["sliding_window", "full"]
+    assert plan["blocks_per_request"] == 8192 + 521 and plan["padding_layers"] == 0
+    flat = json.loads(pagelab("plan", "--model", "gpt-oss-20b", "--kv-memory-gb", "40", "--json",
+                              "--no-hybrid").stdout)
+    assert len(flat["kv_groups"]) == 1 and flat["blocks_per_request"] == 8192
+
+
+def test_plan_without_a_pool_size_is_one_line_error():
+    assert "--gpu or --kv-memory-gb" in one_line_error(pagelab("plan", "--model", "llama-3.1-8b"))
+    assert "give kv_memory_gb" in one_line_error(pagelab("plan", "--model", "gpt-oss-120b", "--gpu", "h200"))
