@@ -1,4 +1,4 @@
-"""Render docs/cli.md: the help of every `pagelab` command, taken from the typer app (`cli.commands.app`).
+"""Render docs/cli.md: every `pagelab` command and option, taken from the typer app (`cli.commands.app`).
 
 `python docs/gen_cli.py` rewrites the page; tests/test_docs.py fails while the committed page differs from
 what `render()` returns, so the reference cannot drift from the commands.
@@ -10,37 +10,62 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "cli.md"
-WIDTH = 120  # help text wrapped at a fixed width, whatever the terminal: the page is the same everywhere
 
 HEADER = """# Command-line reference
 
-What you get here: the help of every `pagelab` command and option, as `-h` prints it, generated from the
-commands themselves by `python docs/gen_cli.py` (a test fails when this page is out of date). Shared
-conventions: [getting started](getting-started.md#command-line-conventions).
+What you get here: every `pagelab` command and option with the words, choices and defaults `-h` prints
+(where `-h` lays them out in panels), generated from the commands themselves by `python docs/gen_cli.py`
+(a test fails when this page is out of date); `-h` on any command prints its help. Conventions:
+[getting started](getting-started.md#command-line-conventions).
 """
 
 
-def _helps(command, name: str, parent=None):
-    """(command path, help text) of `command` and, depth first, of each of its subcommands."""
-    ctx = command.make_context(name, [], parent=parent, resilient_parsing=True, terminal_width=WIDTH,
-                               max_content_width=WIDTH)
-    yield ctx.command_path, command.get_help(ctx)
+def _escape(text: str) -> str:
+    """Text safe in a Markdown list item (option help may hold `|`, `<` or `*`)."""
+    return text.replace("\\", "\\\\").replace("*", "\\*").replace("<", "&lt;")
+
+
+def _section(command, ctx) -> str:
+    """One command: its usage, its description, then each panel's options as a list (a group's commands
+    follow as sections of their own, so the page lists them once)."""
+    from cli.help import panels
+
+    usage = " ".join([ctx.command_path, *command.collect_usage_pieces(ctx)])
+    lines = [f"`{usage}`", ""]
+    for paragraph in (command.help or "").strip().split("\n\n"):
+        if paragraph.strip():
+            lines += [" ".join(paragraph.split()), ""]
+    for title, rows in panels(command, ctx).items():
+        if ctx.parent is not None:  # every command has -h; the page says so once, under `pagelab`
+            rows = [(name, text) for name, text in rows if name != "-h, --help"]
+        if not rows:
+            continue
+        lines += [f"**{title}**", ""]
+        lines += [f"- `{name}`: {_escape(text)}" for name, text in rows]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _sections(command, name: str, parent=None):
+    """(command path, section) of `command` and, depth first, of each of its subcommands."""
+    ctx = command.make_context(name, [], parent=parent, resilient_parsing=True)
+    yield ctx.command_path, _section(command, ctx)
     if hasattr(command, "list_commands"):
         for sub in command.list_commands(ctx):
-            yield from _helps(command.get_command(ctx, sub), sub, ctx)
+            yield from _sections(command.get_command(ctx, sub), sub, ctx)
 
 
 def render() -> str:
-    """The page: a header, then one section per command with its help in a code block."""
+    """The page: a header, then one section per command."""
     import typer.main
 
     from cli.commands import app
 
     sections = [HEADER]
-    for path, text in _helps(typer.main.get_command(app), "pagelab"):
+    for path, text in _sections(typer.main.get_command(app), "pagelab"):
         level = "#" * min(path.count(" ") + 2, 4)
-        sections.append(f"{level} `{path}`\n\n```text\n{text.rstrip()}\n```\n")
-    return "\n".join(sections)
+        sections.append(f"{level} `{path}`\n\n{text}")
+    return "\n".join(sections).rstrip() + "\n"
 
 
 def main() -> None:

@@ -17,23 +17,27 @@ KV_GIB, STEP = 40, 8192  # the same KV memory and step budget for every row
 
 
 def render() -> str:
-    """The table: one row per preset and KV dtype, at 40 GiB of KV memory and the model's max length."""
+    """The table: one row per preset, its model dtype and fp8 side by side (bf16 / fp8), at 40 GiB of KV
+    memory and the model's max length."""
     from simulator.presets import kv_capacity
 
-    rows = ["| model | KV dtype | KiB/token | groups | padding | KiB/block | pool tokens | blocks | "
-            "max len | concurrency |", "|---|---|--:|---|--:|--:|--:|--:|--:|--:|"]
+    rows = ["| model | groups | padding | KiB/token | pool tokens | blocks | max len | concurrency |",
+            "|---|---|--:|--:|--:|--:|--:|--:|"]
     for name in MODELS:
-        for dtype in ("auto", "fp8"):
-            cap = kv_capacity(name, kv_memory_gb=KV_GIB, kv_cache_dtype=dtype, max_num_batched_tokens=STEP)
-            kinds: dict[str, int] = {}
-            for g in cap.layout.groups:
-                label = g.spec.kind + (f" {g.spec.window}" if g.spec.window else "")
-                kinds[label] = kinds.get(label, 0) + 1
-            groups = ", ".join(f"{n} x {k}" for k, n in kinds.items()) + f" of {cap.layout.group_size}"
-            rows.append(f"| {name} | {cap.kv_cache_dtype} | {cap.bytes_per_token / 1024:g} | {groups} | "
-                        f"{cap.layout.num_padding_layers} | {cap.layout.block_bytes / 1024:g} | "
-                        f"{cap.num_tokens:,} | {cap.num_blocks:,} | {cap.max_model_len:,} | "
-                        f"{cap.max_concurrency:.2f}x |")
+        caps = [kv_capacity(name, kv_memory_gb=KV_GIB, kv_cache_dtype=dtype, max_num_batched_tokens=STEP)
+                for dtype in ("auto", "fp8")]
+        cap = caps[0]
+        kinds: dict[str, int] = {}
+        for g in cap.layout.groups:
+            kind = g.spec.kind.replace("sliding_window", "sliding")
+            label = kind + (f" {g.spec.window}" if g.spec.window else "")
+            kinds[label] = kinds.get(label, 0) + 1
+        groups = ", ".join(f"{n} x {k}" for k, n in kinds.items()) + f" of {cap.layout.group_size}"
+        both = [" / ".join(f(c) for c in caps) for f in (
+            lambda c: f"{c.bytes_per_token / 1024:g}", lambda c: f"{c.num_tokens:,}",
+            lambda c: f"{c.num_blocks:,}", lambda c: f"{c.max_concurrency:.2f}x")]
+        rows.append(f"| {name} | {groups} | {cap.layout.num_padding_layers} | {both[0]} | {both[1]} | "
+                    f"{both[2]} | {cap.max_model_len:,} | {both[3]} |")
     return "\n".join(rows)
 
 
