@@ -41,9 +41,8 @@ class ModelConfig(ModelSpec):
     checks what the engine implements and reads a Hugging Face config.json.
     """
 
-    # Per layer "sliding_attention" or "full_attention" (Gemma's config.json field); None: every layer
-    # slides when sliding_window is set (Mistral), else none does.
-    layer_types: tuple[str, ...] | None = None
+    # layer_types (the registry's field): per layer "sliding_attention" or "full_attention"; None: every
+    # layer slides when sliding_window is set (Mistral), else none does.
     hidden_act: str = "silu"
     query_pre_attn_scalar: float | None = None  # attention scale is its -1/2 power; None: head_dim's
     attn_logit_softcapping: float | None = None  # cap * tanh(logit / cap) on attention scores (Gemma 2)
@@ -69,13 +68,11 @@ class ModelConfig(ModelSpec):
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ModelLoadError(f"sliding_window must be a positive number of tokens, "
                                  f"got {self.sliding_window}")
-        if self.layer_types is not None:
-            if len(self.layer_types) != self.num_hidden_layers:
-                raise ModelLoadError(f"layer_types names {len(self.layer_types)} layers, but "
-                                     f"num_hidden_layers is {self.num_hidden_layers}")
+        if self.layer_types is not None:  # the registry checked their number and names
             unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
             if unknown:
-                raise ModelLoadError(f"layer_types holds {unknown[0]!r}; expected {' or '.join(LAYER_TYPES)}")
+                raise ModelLoadError(f"layer_types holds {unknown[0]!r}, which the engine does not run; "
+                                     f"it runs {' or '.join(LAYER_TYPES)}")
             if "sliding_attention" in self.layer_types and self.sliding_window is None:
                 raise ModelLoadError("layer_types has sliding_attention layers but sliding_window is not set")
 

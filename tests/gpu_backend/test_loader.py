@@ -202,8 +202,8 @@ def test_mistral_sliding_window_is_run_not_a_length_cap():
 
 
 @pytest.mark.parametrize("edit,match", [
-    ({"layer_types": ["sliding_attention"] * 3}, "layer_types names 3 layers, but num_hidden_layers is 16"),
-    ({"layer_types": ["local"] * 16}, "layer_types holds 'local'"),
+    ({"layer_types": ["sliding_attention"] * 3}, "layer_types has 3 entries for 16 layers"),
+    ({"layer_types": ["local"] * 16}, "layer_types: unknown 'local'"),
     ({"sliding_window": None, "layer_types": ["sliding_attention"] * 16}, None),
     ({"hidden_activation": "relu"}, "hidden_act 'relu'"),
 ])
