@@ -29,13 +29,14 @@ REQUEST_COLUMNS: dict[str, str] = {
 
 # One row per tenure (a block or region held by a request from t_start_s to t_end_s), ordered by release
 # time, then acquisition. Compact types: pool offsets, sizes, request ids and counts fit in int32.
-# `prefix_key` is the block's content key in the prefix cache when released (0: none); runs written before
-# it existed lack it, so readers take it as optional (EVENT_OPTIONAL).
+# `prefix_key` is the block's content key in the prefix cache when released (0: none); `seq_id` is the
+# sequence that acquired it (a block shared by fork stays its acquirer's). Runs written before these columns
+# existed lack them, so readers take them as optional (EVENT_OPTIONAL).
 EVENT_COLUMNS: dict[str, str] = {
     "request_id": "int32", "start": "int32", "size": "int32", "t_start_s": "float64", "t_end_s": "float64",
-    "max_ref_count": "int32", "filled": "int32", "prefix_key": "int64",
+    "max_ref_count": "int32", "filled": "int32", "prefix_key": "int64", "seq_id": "int64",
 }
-EVENT_OPTIONAL = ("prefix_key",)
+EVENT_OPTIONAL = ("prefix_key", "seq_id")
 
 # One row per change of a request's place that the request table only counts: preemptions (its blocks
 # freed, to be recomputed) and swaps out to and in from the CPU pool, in time order. `kind` indexes

@@ -44,7 +44,8 @@ TENURE_BUDGET = 300_000  # tenures per window, all allocators together: most of 
 DETAIL_MEMORY_ROWS = 20_000  # memory rows of one window, at most (more are binned)
 COUNT_COLUMNS = ("num_running", "num_waiting", "num_swapped")
 EVENT_FIELDS = ("request_id", "start", "size", "t_start_s", "t_end_s", "max_ref_count", "filled",
-                "prefix_key")
+                "prefix_key", "seq_id")
+_INT64_FIELDS = ("prefix_key", "seq_id")
 WAITING_ROWS = 2_000  # requests still waiting at a window's end that the page carries (the earliest)
 ZOOM_LIFETIMES = 8  # the default window's first width, in median service times
 REQUEST_FIELDS = ("request_id", "arrival_s", "admitted_s", "first_token_s", "finish_s", "prompt_len",
@@ -143,7 +144,7 @@ def events_in(alloc: AllocatorRun, w: Window, columns: tuple[str, ...]) -> pd.Da
 def _window_tenures(alloc: AllocatorRun, w: Window) -> dict:
     ev = events_in(alloc, w, EVENT_FIELDS)
     ev = ev.sort_values("t_start_s", kind="stable", ignore_index=True)  # the page bisects start times
-    kinds = {c: "f8" if c.startswith("t_") else "i8" if c == "prefix_key" else "i4" for c in ev.columns}
+    kinds = {c: "f8" if c.startswith("t_") else "i8" if c in _INT64_FIELDS else "i4" for c in ev.columns}
     return {**{c: packed(ev[c], kinds[c]) for c in ev.columns}, "count": len(ev),
             "refcounts": tenure_refcounts(alloc, ev, w)}
 

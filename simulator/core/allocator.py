@@ -138,14 +138,15 @@ class RawEvents:
 
     Every event names a key (a block id, or a region's first slot for unit 1); `e_*` hold the keys in
     the order the events happened and, per run (one log call), its length, kind and unit. Acquisition runs
-    carry a region size, a request id and a time (or, flagged in `a_flags`, one of each per event in
-    `a_rids` / `a_times`); release runs a time and one filled count per event (and, flagged in `r_flags`,
-    one prefix-cache content key per event in `r_keys`); shares a new ref count each.
+    carry a region size, a request id, the acquiring sequence's id and a time (or, flagged in `a_flags`,
+    one of each per event in `a_rids` and `a_sids` / `a_times`); release runs a time and one filled count
+    per event (and, flagged in `r_flags`, one prefix-cache content key per event in `r_keys`); shares a
+    new ref count each.
     Lists, not typed arrays: `list.extend` copies pointers, where `array.extend` converts every element.
     """
 
-    __slots__ = ("e_keys", "e_n", "e_kind", "e_unit", "a_size", "a_rid", "a_t", "a_flags", "a_rids",
-                 "a_times", "r_t", "r_filled", "r_flags", "r_keys", "s_ref")
+    __slots__ = ("e_keys", "e_n", "e_kind", "e_unit", "a_size", "a_rid", "a_sid", "a_t", "a_flags",
+                 "a_rids", "a_sids", "a_times", "r_t", "r_filled", "r_flags", "r_keys", "s_ref")
 
     def __init__(self) -> None:
         for name in self.__slots__:
@@ -175,6 +176,7 @@ class EventLog:
         self._raw = raw = RawEvents()
         self._e_keys, self._e_n, self._e_kind, self._e_unit = raw.e_keys, raw.e_n, raw.e_kind, raw.e_unit
         self._a_size, self._a_rid, self._a_t, self._a_flags = raw.a_size, raw.a_rid, raw.a_t, raw.a_flags
+        self._a_sid, self._a_sids = raw.a_sid, raw.a_sids
         self._a_rids, self._a_times = raw.a_rids, raw.a_times
         self._r_t, self._r_filled, self._s_ref = raw.r_t, raw.r_filled, raw.s_ref
         self._r_flags, self._r_keys = raw.r_flags, raw.r_keys
@@ -187,8 +189,9 @@ class EventLog:
         return raw, first
 
     def acquire_blocks(self, block_ids: SeqLike[int], block_size: int, request_id: int | SeqLike[int],
-                       times: SeqLike[float] | None = None) -> None:
-        """Blocks were taken, by one request or one request per block, now or at `times` (one per block)."""
+                       seq_id: int | SeqLike[int], times: SeqLike[float] | None = None) -> None:
+        """Blocks were taken, by one sequence (`seq_id`, of request `request_id`) or one per block (both
+        listed), now or at `times` (one per block)."""
         n = len(block_ids)
         if not n:
             return
@@ -199,10 +202,13 @@ class EventLog:
         self._a_size.append(block_size)
         if isinstance(request_id, int):
             self._a_rid.append(request_id)
+            self._a_sid.append(seq_id)
             flags = 0
         else:
             self._a_rid.append(0)
+            self._a_sid.append(0)
             self._a_rids.extend(request_id)
+            self._a_sids.extend(seq_id)
             flags = PER_EVENT_RID
         if times is None:
             self._a_t.append(self.now)
@@ -253,14 +259,15 @@ class EventLog:
         self.rc_start, self.rc_t, self.rc_ref = [], [], []
         return out
 
-    def acquire_region(self, start: int, size: int, request_id: int) -> None:
-        """A region of `size` slots starting at slot `start` was taken."""
+    def acquire_region(self, start: int, size: int, request_id: int, seq_id: int) -> None:
+        """A region of `size` slots starting at slot `start` was taken by sequence `seq_id`."""
         self._e_keys.append(start)
         self._e_n.append(1)
         self._e_kind.append(ACQUIRE)
         self._e_unit.append(1)
         self._a_size.append(size)
         self._a_rid.append(request_id)
+        self._a_sid.append(seq_id)
         self._a_t.append(self.now)
         self._a_flags.append(0)
         self.num_acquired += 1

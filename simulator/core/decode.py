@@ -296,8 +296,11 @@ def append_blocks(bm: BlockManager, seqs: list[Sequence], times: list[float] | N
     """Give each of `seqs`, in order, the fresh block its next token needs (its last block is full), as
     `append_slot` does; a sequence may appear again for a later step. The batch counts the tokens itself."""
     pool = bm.pool
-    rids = [s.request_id for s in seqs] if pool.events is not None else 0
-    new = pool.take(len(seqs), rids, times)
+    if pool.events is not None:
+        rids, sids = [s.request_id for s in seqs], [s.seq_id for s in seqs]
+    else:
+        rids = sids = 0
+    new = pool.take(len(seqs), rids, sids, times)
     filled, bs = pool.filled, bm.block_size
     for s, bid in zip(seqs, new, strict=True):
         table = s.block_table

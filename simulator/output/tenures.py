@@ -43,8 +43,9 @@ class OpenTenures:
         return len(self.row)
 
     def add(self, first_row: int, request_id: np.ndarray, start: np.ndarray, size: np.ndarray,
-            t_start: np.ndarray) -> None:
-        """Append acquisitions numbered first_row, first_row + 1, ... (still held, one owner)."""
+            t_start: np.ndarray, seq_id: np.ndarray) -> None:
+        """Append acquisitions numbered first_row, first_row + 1, ... (still held, one owner: the sequence
+        `seq_id`)."""
         n = len(start)
         if n == 0:
             return
@@ -52,7 +53,7 @@ class OpenTenures:
             raise ValueError("pool offsets and request ids must fit in int32 for the events table")
         new = {"request_id": request_id, "start": start, "size": size, "t_start_s": t_start,
                "t_end_s": np.full(n, np.nan), "max_ref_count": np.ones(n), "filled": np.zeros(n),
-               "prefix_key": np.zeros(n)}
+               "prefix_key": np.zeros(n), "seq_id": seq_id}
         self.row = np.concatenate([self.row, np.arange(first_row, first_row + n, dtype=np.int64)])
         self.cols = {c: np.concatenate([self.cols[c], new[c].astype(EVENT_DTYPES[c], copy=False)])
                      for c in _COLUMNS}
@@ -133,7 +134,9 @@ class TenurePairer:
                                             (flags & PER_EVENT_RID) != 0, raw.a_rids, np.int64),
                                  start, np.repeat(np.asarray(raw.a_size, np.int64), a_counts),
                                  _per_event(np.asarray(raw.a_t, np.float64), a_counts,
-                                            (flags & PER_EVENT_TIME) != 0, raw.a_times, np.float64))
+                                            (flags & PER_EVENT_TIME) != 0, raw.a_times, np.float64),
+                                 _per_event(np.asarray(raw.a_sid, np.int64), a_counts,
+                                            (flags & PER_EVENT_RID) != 0, raw.a_sids, np.int64))
             if len(raw.r_t):
                 r_counts = counts[run_kind == RELEASE]
                 t_end = np.repeat(np.asarray(raw.r_t, np.float64), r_counts)

@@ -21,7 +21,7 @@ from viz.snapshot import peak_time
 
 
 def decode(column: dict) -> np.ndarray:
-    return np.frombuffer(base64.b64decode(column["b"]), {"f8": "<f8", "i4": "<i4"}[column["t"]])
+    return np.frombuffer(base64.b64decode(column["b"]), {"f8": "<f8", "i4": "<i4", "i8": "<i8"}[column["t"]])
 
 
 @pytest.fixture
@@ -124,6 +124,18 @@ def test_a_big_tables_window_is_scanned_a_row_group_at_a_time(parted_run, monkey
     assert len(got) == len(whole) > 0
     np.testing.assert_array_equal(got.sort_values(key)[list(whole.columns)].to_numpy(),
                                   whole.sort_values(key).to_numpy())
+
+
+def test_a_window_carries_each_tenures_sequence_when_the_run_has_them(parted_run, run):
+    import viz.explorer as explorer
+
+    alloc, w = parted_run.allocators["paged"], Window(2.0, 2.5)
+    got = explorer.window_detail(alloc, w)["tenures"]
+    ev = alloc.events_between(w.start, w.end).sort_values("t_start_s", kind="stable")
+    assert got["seq_id"]["t"] == "i8"
+    np.testing.assert_array_equal(decode(got["seq_id"]), ev["seq_id"].to_numpy())
+    # A run folder written before the column existed has no sequences: the page leaves them out.
+    assert "seq_id" not in explorer.window_detail(run.allocators["paged"], Window(0.0, 4.0))["tenures"]
 
 
 def test_a_window_carries_the_served_requests_and_the_earliest_waiting(parted_run, monkeypatch):

@@ -98,6 +98,7 @@ def small_page(tmp_path_factory):
     root = write_small_run(tmp_path_factory.mktemp("view") / "run")
     events = pd.read_parquet(root / "paged" / "events.parquet")  # the shared block gets a prefix key
     events["prefix_key"] = np.where(events["max_ref_count"] > 1, 1 << 40, 0).astype(np.int64)
+    events["seq_id"] = (events["request_id"] * 10).astype(np.int64)  # the contiguous run has none
     events.to_parquet(root / "paged" / "events.parquet")
     result = pagelab("view", root)
     assert result.returncode == 0, result.stderr
@@ -137,7 +138,7 @@ def test_hovering_a_block_names_its_request(browser, small_page):
         page.mouse.move(x, y)
         tip = page.locator(".tip").first
         assert tip.get_attribute("data-request") == str(rid)
-        assert tip.inner_text().startswith(f"request {rid} ")
+        assert tip.inner_text().startswith(f"request {rid} · sequence {rid * 10} · block ")
         assert (f"prefix key {1 << 40}" in tip.inner_text()) == (rid == 3)  # request 3's block is shared
     page.close()
 

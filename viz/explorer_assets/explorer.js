@@ -178,7 +178,8 @@ class Column {
     const what = this.a.paged ? `block ${T.start[i] / this.a.block_size}` : `region of ${T.size[i]} slots`;
     const req = q === undefined ? "" : ` · prompt ${R.prompt_len[q]}, output ${R.output_len[q]}, ` +
       `arrived ${fmt(R.arrival_s[q])} s, ${R.num_preemptions[q]} preemption(s)`;
-    this.tip.textContent = `request ${rid} · ${what} at slot ${T.start[i]} · filled ${T.filled[i]} of ${T.size[i]} · ` +
+    const seq = T.seq_id ? ` · sequence ${T.seq_id[i]}` : "";
+    this.tip.textContent = `request ${rid}${seq} · ${what} at slot ${T.start[i]} · filled ${T.filled[i]} of ${T.size[i]} · ` +
       `ref count ${refAt(w, i, this.t)} (up to ${T.max_ref_count[i]})${T.prefix_key && T.prefix_key[i] ? ` · prefix key ${T.prefix_key[i]}` : ""} · ` +
       `held ${fmt(T.t_start_s[i])}–${fmt(T.t_end_s[i])} s${req}`;
     this.tip.dataset.request = rid;

@@ -134,7 +134,7 @@ class ContiguousAllocator(KVAllocator):
         self._fill_target += min(seq.final_len or size, size)
         self._placed_total += placed
         if self.events is not None:
-            self.events.acquire_region(start, placed, seq.request_id)
+            self.events.acquire_region(start, placed, seq.request_id, seq.seq_id)
         return start
 
     def _unplace(self, seq: Sequence) -> None:

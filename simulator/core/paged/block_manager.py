@@ -192,7 +192,7 @@ class BlockManager(KVAllocator):
             hit = self._allocate_one(seqs[0], group.request_id, budget)
             for s in seqs[1:]:
                 for bid in seqs[0].block_table:
-                    self.pool.incref(bid, group.request_id)
+                    self.pool.incref(bid, group.request_id, s.seq_id)
                 s.block_table = list(seqs[0].block_table)
                 s.num_tokens = seqs[0].num_tokens
                 s.num_cached_tokens = seqs[0].num_cached_tokens
@@ -209,7 +209,7 @@ class BlockManager(KVAllocator):
 
     def _allocate_one(self, seq: Sequence, rid: int, budget: int) -> int:
         """Blocks for every token of `seq`; publish the full ones within `budget` tokens past the hit."""
-        pool, stats, bs, n = self.pool, self.stats, self.block_size, seq.length
+        pool, stats, bs, n, sid = self.pool, self.stats, self.block_size, seq.length, seq.seq_id
         hits = self.prefix_cache.lookup(seq)
         loaded = tier_hits(self, seq, hits) if self.tiers is not None else ()
         if self.enable_prefix_caching:
@@ -220,7 +220,7 @@ class BlockManager(KVAllocator):
         table: list[int] = []
         seq.block_table = table
         for bid in hits:
-            pool.incref(bid, rid)
+            pool.incref(bid, rid, sid)
             table.append(bid)
         first = len(hits)
         count = -(-n // bs) - first
@@ -231,7 +231,7 @@ class BlockManager(KVAllocator):
         publish = self.prefix_cache.publish
         if len(pool.free) < count:  # evictions interleave with publishing: keep them in step
             for i in range(first, first + count):
-                bid = pool.take(1, rid)[0]
+                bid = pool.take(1, rid, sid)[0]
                 filled = min(bs, n - i * bs)
                 pool.filled[bid] = filled
                 pool.total_filled += filled
@@ -239,7 +239,7 @@ class BlockManager(KVAllocator):
                 if i < num_full:
                     publish(seq, i, bid)
         elif count:
-            new = pool.take(count, rid)
+            new = pool.take(count, rid, sid)
             filled = pool.filled
             for bid in new:
                 filled[bid] = bs
@@ -293,14 +293,14 @@ class BlockManager(KVAllocator):
             raise AllocationError(
                 f"out of KV blocks: sequence {seq.seq_id} needs "
                 f"{self._blocks_needed_to_append(seq, num_tokens)} blocks, {self.num_free_blocks} free")
-        bs, rid = self.block_size, seq.request_id
+        bs, rid, sid = self.block_size, seq.request_id, seq.seq_id
         copies = _NO_COPIES
         left = num_tokens
         rem = n % bs
         if rem:
             last = table[-1]
             if pool.ref[last] > 1:  # never write a shared block in place: copy it first
-                new = pool.take(1, rid)[0]
+                new = pool.take(1, rid, sid)[0]
                 pool.filled[new] = rem
                 pool.total_filled += rem
                 pool.decref(last)
@@ -314,7 +314,7 @@ class BlockManager(KVAllocator):
         if left > 0:
             pool.total_filled += left
             nb = -(-left // bs)
-            new = pool.take(nb, rid)
+            new = pool.take(nb, rid, sid)
             filled = pool.filled
             for bid in new:
                 filled[bid] = bs
@@ -345,7 +345,7 @@ class BlockManager(KVAllocator):
         if child.seq_id in self.seqs or child.seq_id in self.swap.seqs:
             raise AllocationError(f"cannot fork into sequence {child.seq_id}: it already holds blocks")
         for bid in parent.block_table:
-            self.pool.incref(bid, parent.request_id)
+            self.pool.incref(bid, parent.request_id, child.seq_id)
         child.block_table = list(parent.block_table)
         child.num_tokens = parent.num_tokens
         self.seqs[child.seq_id] = child

@@ -68,10 +68,11 @@ class BlockPool:
         """Blocks that can be handed out now, cached-but-unreferenced ones included."""
         return len(self.free) + len(self.free_cached)
 
-    def take(self, num: int, request_id: int | list[int], times: list[float] | None = None) -> list[int]:
+    def take(self, num: int, request_id: int | list[int], seq_id: int | list[int],
+             times: list[float] | None = None) -> list[int]:
         """`num` blocks with ref count 1: from the free stack (lowest id first), then the least recently
-        used cached ones, evicted. `request_id` is one id or one per block; `times` (events only) says
-        when each was taken if not now."""
+        used cached ones, evicted. `request_id` and `seq_id` (the acquiring sequence, events only) are one
+        id each or one per block; `times` (events only) says when each was taken if not now."""
         free, events = self.free, self.events
         if len(free) >= num:
             # No eviction: one slice off the top of the stack, in the order repeated pops give.
@@ -83,13 +84,14 @@ class BlockPool:
                 ref[bid] = 1
             self.stats.allocated_blocks += num
             if events is not None:
-                events.acquire_blocks(new, self.block_size, request_id, times)
+                events.acquire_blocks(new, self.block_size, request_id, seq_id, times)
             return new
         if len(free) + len(self.free_cached) < num:
             raise AllocationError(f"out of KV blocks: {num} needed, {len(free) + len(self.free_cached)} "
                                   f"of {self.num_blocks} free")
         # Evictions: one block at a time, each logged when it is taken.
         rids = [request_id] * num if isinstance(request_id, int) else request_id
+        sids = [seq_id] * num if isinstance(seq_id, int) else seq_id
         now = events.now if events is not None and times is not None else None
         new = []
         for k, rid in enumerate(rids):
@@ -107,21 +109,22 @@ class BlockPool:
             if events is not None:
                 if times is not None:
                     events.now = times[k]
-                events.acquire_blocks((bid,), self.block_size, rid)
+                events.acquire_blocks((bid,), self.block_size, rid, sids[k])
             new.append(bid)
         if now is not None:
             events.now = now
         self.stats.allocated_blocks += num
         return new
 
-    def incref(self, bid: int, request_id: int) -> None:
-        """One more holder of block `bid` (a free cached block comes back into use)."""
+    def incref(self, bid: int, request_id: int, seq_id: int) -> None:
+        """One more holder of block `bid` (a free cached block comes back into use, its tenure then
+        acquired by sequence `seq_id`)."""
         ref = self.ref[bid]
         if ref == 0:  # a cache hit on an evictable block: it becomes live again
             del self.free_cached[bid]
             self.total_filled += self.filled[bid]
             if self.events is not None:
-                self.events.acquire_blocks((bid,), self.block_size, request_id)
+                self.events.acquire_blocks((bid,), self.block_size, request_id, seq_id)
         self.ref[bid] = ref + 1
         if ref >= 1:
             self.plain = False

@@ -80,9 +80,9 @@ class GroupSwap:
                         continue
                     bid = mapping.get(cid)
                     if bid is None:
-                        bid = mapping[cid] = t.take(self.group[cid], 1, rid, [self.filled[cid]])[0]
+                        bid = mapping[cid] = t.take(self.group[cid], 1, rid, s.seq_id, [self.filled[cid]])[0]
                     else:
-                        t.incref(bid, rid)
+                        t.incref(bid, rid, s.seq_id)
                     table.append(bid)
                 tables.append(table)
             t.tables[s.seq_id] = tables

@@ -61,10 +61,10 @@ class GroupTables:
         self.window_released: set[int] = set()  # blocks a window handed back while published
 
     # ----------------------------------------------------------------- blocks of one group
-    def take(self, g: int, num: int, rid: int, fills: list[int]) -> list[int]:
-        """`num` fresh blocks for group `g`, filled as `fills` says."""
+    def take(self, g: int, num: int, rid: int, sid: int, fills: list[int]) -> list[int]:
+        """`num` fresh blocks for group `g` taken by sequence `sid`, filled as `fills` says."""
         pool = self.pool
-        new = pool.take(num, rid)
+        new = pool.take(num, rid, sid)
         for bid, f in zip(new, fills, strict=True):
             pool.filled[bid] = f
             self.group_of[bid] = g
@@ -75,14 +75,14 @@ class GroupTables:
         self.filled_in[g] += total
         return new
 
-    def incref(self, bid: int, rid: int) -> None:
-        """One more holder of `bid` (a hit on a free cached block brings it back)."""
+    def incref(self, bid: int, rid: int, sid: int) -> None:
+        """One more holder of `bid` (a hit on a free cached block brings it back, to sequence `sid`)."""
         if self.pool.ref[bid] == 0:
             g = self.group_of[bid]
             self.held_in[g] += 1
             self.filled_in[g] += self.pool.filled[bid]
             self.window_released.discard(bid)
-        self.pool.incref(bid, rid)
+        self.pool.incref(bid, rid, sid)
 
     def release(self, bids: list[int]) -> None:
         """One holder less of each of `bids` (blocks of one table, in order: the last is released first)."""
@@ -258,11 +258,11 @@ class GroupTables:
             start = self.first_held(g, hit)
             starts.append(start)
             for bid in hits[g]:
-                self.incref(bid, rid)
+                self.incref(bid, rid, seq.seq_id)
             fills = [bs] * (total - hit)
             if fills:
                 fills[-1] = n - (total - 1) * bs
-            tables.append([None] * start + hits[g] + self.take(g, total - hit, rid, fills))
+            tables.append([None] * start + hits[g] + self.take(g, total - hit, rid, seq.seq_id, fills))
         self.tables[seq.seq_id] = tables
         self.starts[seq.seq_id] = starts
         self.next_removal(seq.seq_id)
@@ -285,7 +285,7 @@ class GroupTables:
         for table in tables:
             for bid in table:
                 if bid is not None:
-                    self.incref(bid, rid)
+                    self.incref(bid, rid, src.seq_id)
         self.tables[dst.seq_id] = [list(t) for t in tables]
         self.starts[dst.seq_id] = list(self.starts[src.seq_id])
         self.remove_at[dst.seq_id] = self.remove_at[src.seq_id]
@@ -346,7 +346,7 @@ class GroupTables:
             if rem:
                 last = table[-1]
                 if pool.ref[last] > 1:  # never write a shared block in place
-                    new = self.take(g, 1, rid, [rem])[0]
+                    new = self.take(g, 1, rid, seq.seq_id, [rem])[0]
                     self.release([last])
                     table[-1] = new
                     copies.append((last, new))
@@ -358,7 +358,7 @@ class GroupTables:
                 nb = _cdiv(left, bs)
                 fills = [bs] * nb
                 fills[-1] = left - (nb - 1) * bs
-                table.extend(self.take(g, nb, rid, fills))
+                table.extend(self.take(g, nb, rid, seq.seq_id, fills))
         seq.num_tokens = n + k
         if seq.token_ids is not None:
             for i in range(n // bs, seq.num_tokens // bs):

@@ -126,8 +126,11 @@ class SwapSpace:
         rid = group.request_id
         resident, _ = self._swap_in_plan(seqs)
         # Claim the blocks shared again before taking fresh ones, which could otherwise evict them.
-        for bid in resident.values():
-            pool.incref(bid, rid)
+        first_holder: dict[int, int] = {}
+        for s in reversed(seqs):
+            first_holder.update(dict.fromkeys(s.cpu_block_table, s.seq_id))
+        for cid, bid in resident.items():
+            pool.incref(bid, rid, first_holder[cid])
         unclaimed = set(resident)
         mapping: dict[int, int] = dict(resident)
         copies: list[tuple[int, int]] = []
@@ -138,9 +141,9 @@ class SwapSpace:
                 if cid in unclaimed:
                     unclaimed.discard(cid)  # its first holder: the reference was taken above
                 elif bid is not None:
-                    pool.incref(bid, rid)
+                    pool.incref(bid, rid, s.seq_id)
                 else:
-                    bid = mapping[cid] = pool.take(1, rid)[0]
+                    bid = mapping[cid] = pool.take(1, rid, s.seq_id)[0]
                     pool.filled[bid] = self.filled[cid]
                     pool.total_filled += self.filled[cid]
                     saved = self.key[cid]

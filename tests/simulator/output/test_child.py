@@ -132,14 +132,14 @@ def test_an_aborted_run_leaves_no_spool_file(tmp_path):
 def test_a_child_that_dies_fails_the_run(tmp_path):
     child = _events(tmp_path / "events")
     log = EventLog()
-    log.acquire_blocks(list(range(40)), 16, 1)
+    log.acquire_blocks(list(range(40)), 16, 1, 1)
     child.tenures(*log.take(), None)  # the child starts
     child._proc.kill()
     child._proc.wait()
     with pytest.raises(RuntimeError, match="exited early"):
         for i in range(200):
             log.release_blocks(list(range(40)), 16, [16] * 40)
-            log.acquire_blocks(list(range(40)), 16, i)
+            log.acquire_blocks(list(range(40)), 16, i, i)
             child.tenures(*log.take(), 1.0)
         child.close()
 
@@ -147,7 +147,7 @@ def test_a_child_that_dies_fails_the_run(tmp_path):
 def test_the_child_exits_when_the_parent_end_closes(tmp_path):
     child = _events(tmp_path / "events")
     log = EventLog()
-    log.acquire_blocks([0], 16, 1)
+    log.acquire_blocks([0], 16, 1, 1)
     child.tenures(*log.take(), None)
     child._conn.close()  # what the parent dying does to the socket
     assert child._proc.wait(timeout=60) == 0
@@ -178,7 +178,7 @@ def test_the_child_pairs_and_writes_without_pandas(tmp_path):
     child = ChildTables(partial(open_table_sink, tmp_path / "events", EVENT_SCHEMA, group_rows=4,
                                 exact_groups=True))
     log = EventLog()
-    log.acquire_blocks(list(range(8)), 16, 1)
+    log.acquire_blocks(list(range(8)), 16, 1, 1)
     log.now = 1.0
     log.release_blocks(list(range(8)), 16, [16] * 8)
     child.tenures(*log.take(), 2.0)  # released at 1.0 < 2.0: paired and written as two row groups
@@ -215,7 +215,8 @@ def test_raw_batches_go_to_the_child_in_frames_not_whole(tmp_path):
     child._out = writes = _Writes(child._out)
     log = EventLog()
     ids = list(range(1000, 41_000))
-    log.acquire_blocks(ids, 16, list(range(40_000)))  # 40,000 acquisitions, pickled > 400 KB
+    ids40k = list(range(40_000))
+    log.acquire_blocks(ids, 16, ids40k, ids40k)  # 40,000 acquisitions, pickled > 400 KB
     log.now = 1.0
     log.release_blocks(ids, 16, [7] * len(ids))
     child.tenures(*log.take(), None, 2.0)

@@ -53,12 +53,13 @@ def test_paired_tenures_are_those_of_a_plain_replay_of_the_events(ops, block_siz
         if kind == "take" and key not in held:
             held.add(key)
             refs[key] = 1
-            rid = 100 + step
+            rid, sid = 100 + step, 1000 + step
             if bulk:
-                rec.acquire_blocks([key], block_size, [rid] if extra % 2 else rid,
+                listed = extra % 2
+                rec.acquire_blocks([key], block_size, [rid] if listed else rid, [sid] if listed else sid,
                                    [float(step)] if extra > 2 else None)
             else:
-                rec.acquire_region(start, block_size, rid)
+                rec.acquire_region(start, block_size, rid, sid)
             log.append(("acquire", start, block_size, float(step), rid))
         elif kind == "share" and key in held:
             refs[key] += 1
@@ -80,9 +81,10 @@ def test_paired_tenures_are_those_of_a_plain_replay_of_the_events(ops, block_siz
     want = [(rid, start, size, t0, 999.0 if t1 is None else t1, ref, filled, key)
             for rid, start, size, t0, t1, ref, filled, key in _reference_tenures(log)]
     want = [w for _, w in sorted(enumerate(want), key=lambda iw: (iw[1][4], iw[0]))]
-    assert [tuple(r) for r in got.itertuples(index=False)] == want
+    assert [tuple(r)[:-1] for r in got.itertuples(index=False)] == want
+    assert (got["seq_id"] == got["request_id"] + 900).all()  # each tenure keeps its acquirer's sequence
     assert list(got.dtypes) == [np.int32, np.int32, np.int32, np.float64, np.float64, np.int32, np.int32,
-                                np.int64]
+                                np.int64, np.int64]
 
 
 def test_pairing_reports_a_release_of_a_free_block():
