@@ -75,10 +75,13 @@ def pick_one(option: str, *values):
 
 
 class LogProgress:
-    """Progress for logs: when stderr is not a terminal, one line per 10% of the work or per minute."""
+    """Progress for logs: when stderr is not a terminal, one line per 10% of the work or per minute, and
+    a line when it ends; work that ends within `quiet_s` gets only that last line."""
 
-    def __init__(self, label: str, total: int, every_s: float = 60.0, step: float = 0.1):
+    def __init__(self, label: str, total: int, every_s: float = 60.0, step: float = 0.1,
+                 quiet_s: float = 5.0):
         self.label, self.total, self.every_s, self.step = label, max(total, 1), every_s, step
+        self.quiet_s = quiet_s
         self.start = self.last_t = time.monotonic()
         self.last_frac = 0.0
 
@@ -86,8 +89,12 @@ class LogProgress:
         """Print a line when another tenth is done or a minute has passed since the last line."""
         now = time.monotonic()
         frac = done / self.total
-        if frac - self.last_frac >= self.step or now - self.last_t >= self.every_s or (
-                done >= self.total and self.last_frac < 1):
+        if done >= self.total:
+            due = self.last_frac < 1
+        else:
+            due = now - self.start >= self.quiet_s and (frac - self.last_frac >= self.step
+                                                         or now - self.last_t >= self.every_s)
+        if due:
             self.last_t, self.last_frac = now, frac
             err_console.print(f"{escape(self.label)}: {done:,}/{self.total:,} ({100 * frac:.0f}%) after "
                               f"{now - self.start:.0f} s", emoji=False)

@@ -121,6 +121,27 @@ def test_progress_lines_in_logs(tmp_path):
     r = pagelab(*SIM, "-a", "paged,contiguous-pow2", cwd=tmp_path)
     assert "simulating paged: 30/30 (100%)" in r.stderr
     assert "simulating contiguous-pow2: 30/30 (100%)" in r.stderr
+    # A run this short gets its last line only, not a line per tenth.
+    assert [line for line in r.stderr.splitlines() if line.startswith("simulating paged:")] == [
+        line for line in r.stderr.splitlines() if "simulating paged: 30/30 (100%)" in line]
+
+
+def test_log_progress_prints_tenths_once_past_its_quiet_start(monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    import cli.common
+
+    out = io.StringIO()
+    monkeypatch.setattr(cli.common, "err_console", Console(file=out, width=200))
+    for quiet_s in (0.0, 3600.0):
+        log = cli.common.LogProgress("work", 100, quiet_s=quiet_s)
+        for done in range(1, 101):
+            log.update(done)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 10 + 1  # every tenth once past a zero quiet start; the last line only otherwise
+    assert lines[-1].startswith("work: 100/100 (100%)") and lines[-2].startswith("work: 100/100 (100%)")
 
 
 @pytest.mark.parametrize("args, expect", [(("--version",), "pagelab "), (("-h",), "Usage: pagelab"),
