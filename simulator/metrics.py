@@ -210,6 +210,9 @@ def rejection_warning(requests: Requests, max_model_len: int, capacity_tokens: i
             f"({'; '.join(reasons)}); their latencies are not in the statistics")
 
 
+SUGGESTED_MODELS = 3  # a warning names the shortest contexts that fit; `pagelab presets` lists the rest
+
+
 def _longer_context(longest: int, max_model_len: int, model_limit: int | None) -> str:
     """What serves a request of `longest` tokens: a longer --max-model-len where the model allows it, the
     registry checkpoints whose context holds it, or --max-model-len beyond every model's own limit."""
@@ -221,7 +224,9 @@ def _longer_context(longest: int, max_model_len: int, model_limit: int | None) -
                 f"{model_limit:,})")
     fits = sorted((m.max_model_len, m.name) for m in MODELS.values()
                   if m.max_model_len >= longest and m.hf_id is not None)
-    models = ", ".join(f"{name} ({length:,})" for length, name in fits)
+    models = ", ".join(f"{name} ({length:,})" for length, name in fits[:SUGGESTED_MODELS])
+    if len(fits) > SUGGESTED_MODELS:
+        models += f" or {len(fits) - SUGGESTED_MODELS} more (pagelab presets)"
     return (f"the longest needs {longest:,}; use a model whose context holds it, {models}" if fits else
             f"the longest needs {longest:,}, more than any registry model's context; --max-model-len "
             f"{longest} simulates it anyway")

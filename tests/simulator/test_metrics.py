@@ -91,7 +91,8 @@ def test_rejection_warning_names_the_fix():
     # It does not: the registry checkpoints whose context holds the longest request, shortest context first.
     text = rejection_warning(REQS, max_model_len=2048, capacity_tokens=100_000, model_limit=2048)
     assert "use a model whose context holds it, mistral-7b-v0.1 (32,768), qwen2.5-7b (32,768)" in text
-    assert "llama-3.2-1b (131,072)" in text and "llama-3-8b" not in text  # 8,192 positions: too short
+    assert "qwen3-32b (40,960) or " in text and "more (pagelab presets)" in text  # three named, then a count
+    assert "llama-3-8b" not in text  # 8,192 positions: too short
     assert "tiny" not in text  # engine test models are no advice
 
 
