@@ -210,12 +210,30 @@ def _run_starts(key: np.ndarray) -> np.ndarray:
     return np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
 
 
+def _pair_run_starts(a: np.ndarray, b: np.ndarray, also: np.ndarray | None = None) -> np.ndarray:
+    """Indices where a run of equal consecutive (a, b) pairs starts, and every i where also[i] holds.
+
+    Compared column by column rather than as one combined key, because each full-length temporary
+    costs fresh pages here: allocation, not arithmetic, is most of the pass's time."""
+    if not len(a):
+        return np.zeros(0, np.int64)
+    change = a[1:] != a[:-1]
+    change |= b[1:] != b[:-1]
+    if also is not None:
+        change |= also[1:]
+    return np.flatnonzero(np.concatenate(([True], change)))
+
+
 def lru_curve(refs: Refs) -> LRUCurve:
     """Stack distances of every block: the LRU hit count at any capacity."""
+    # Arrays here are as long as the trace's block references (tens of millions): operations work in
+    # place where they can, since each fresh temporary of that size is paid for in page faults.
     req, unit, w, qw = refs.request, refs.unit, refs.weight, refs.queried
     n, span = len(req), refs.num_requests + 1
     order = np.argsort(unit, kind="stable")
-    same = unit[order[1:]] == unit[order[:-1]]
+    sorted_unit = unit[order]
+    same = sorted_unit[1:] == sorted_unit[:-1]
+    del sorted_unit
     later, earlier = order[1:][same], order[:-1][same]
     del order, same
     prev_req = np.full(n, -1, np.int64)
@@ -230,49 +248,66 @@ def lru_curve(refs: Refs) -> LRUCurve:
     # request the previous use never increases and the next use never decreases, and the units sharing
     # a (request, previous use) or (request, next use) pair are consecutive (chain_ids makes it so).
     same_req = req[1:] == req[:-1]
-    if not (((prev_req[1:] <= prev_req[:-1]) | ~same_req).all()
-            and ((next_req[1:] >= next_req[:-1]) | ~same_req).all()):
+    bad = prev_req[1:] > prev_req[:-1]
+    bad &= same_req
+    if not bad.any():
+        np.less(next_req[1:], next_req[:-1], out=bad)
+        bad &= same_req
+    if bad.any():
         raise RuntimeError("lru_curve needs each request's units to be one chain of prefix blocks")
-    del same_req
+    del bad
     # S(r', r): distinct blocks of the requests strictly between r' and r, at their last coverage, is
     # their blocks minus those used again before r (nested reuses: `_nested`).
     per_req = np.bincount(req, weights=w, minlength=refs.num_requests).astype(np.int64)
     cum = np.concatenate(([0], np.cumsum(per_req)))
-    pkey = req * (span + 1) + next_req
-    pstart = _run_starts(pkey)
+    pstart = _pair_run_starts(req, next_req)
     pweight = np.add.reduceat(w, pstart) if n else np.zeros(0, np.int64)
     pa, pb = req[pstart], next_req[pstart]
+    del next_req, pstart
     keep = pb < span
     pa, pb, pweight = pa[keep], pb[keep], pweight[keep]
-    del pkey, pstart
-    group = np.where(has, req * span + prev_req, -1 - np.arange(n))
-    gstart = _run_starts(group)
-    del group
+    # A unit never used before is a run of its own; the others run by (request, previous use).
+    gstart = _pair_run_starts(req, prev_req, ~has)
     qr, qrp = req[gstart], prev_req[gstart]
-    between = cum[np.maximum(qr, 0)] - cum[qrp + 1]
+    del prev_req
+    between = cum[qr] - cum[qrp + 1]
     q = qrp >= 0
     between[q] -= _nested(pa, pb, pweight, qrp[q], qr[q])
     run_len = np.diff(np.append(gstart, n))
-    base = np.repeat(between, run_len)
     # Blocks of r' used after this one (its chain ancestors, released after it) and untouched since:
     # the earlier units of this request whose previous use is r' too.
-    gw = prev_w
-    gcum = np.cumsum(gw) - gw
-    base += gcum - np.repeat(gcum[gstart], run_len)
-    del gw, gcum
+    base = np.cumsum(prev_w)
+    base -= prev_w
+    between -= base[gstart]
+    base += np.repeat(between, run_len)
+    del between, run_len, gstart
     length = np.minimum(qw, prev_w)
     end = base + length
-    broken = (~has & (qw > 0)) | (qw > prev_w)  # a miss: every later block of the request misses too
-    mark = np.where(broken, BIG - 1, end)
-    # The largest `mark` of the earlier units of the same request (requests ascend in order).
-    shifted = np.zeros(n, np.int64)
-    shifted[1:] = mark[:-1]
-    shifted[_run_starts(req)] = 0
-    before = np.maximum.accumulate(req * BIG + shifted) - req * BIG
-    live = (length > 0) & (before < BIG - 1)
-    start = np.maximum(before, base + 1)[live]
-    return LRUCurve(refs.block_size, int(qw.sum()), refs.prompt_tokens, int(length[live].sum()),
-                    base[live] + 1, start, length[live], end[live])
+    broken = qw > prev_w  # a miss: every later block of the request misses too
+    broken |= ~has & (qw > 0)
+    del prev_w, has
+    # The largest `mark` (end, or BIG - 1 past a miss) of the earlier units of the same request
+    # (requests ascend in order).
+    before = np.empty(n, np.int64)
+    if n:
+        before[0] = 0
+        before[1:] = end[:-1]
+        np.copyto(before[1:], BIG - 1, where=broken[:-1])
+        before[1:][~same_req] = 0
+    del broken, same_req
+    offset = req * BIG
+    before += offset
+    np.maximum.accumulate(before, out=before)
+    before -= offset
+    del offset
+    live = length > 0
+    live &= before < BIG - 1
+    distances = base[live]
+    distances += 1
+    start = np.maximum(before[live], distances)
+    length = length[live]
+    return LRUCurve(refs.block_size, int(qw.sum()), refs.prompt_tokens, int(length.sum()),
+                    distances, start, length, end[live])
 
 
 def load_refs(path: str, block_size: int, format: str = "auto",
