@@ -79,9 +79,12 @@ def chain_ids(keys: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, int]:
     """One id per chain of keys up to each position (equal ids exactly where the chains are equal), and
     how many distinct chains there are."""
     dense, width = _dense(keys)
-    parent = np.full(len(dense), -1, np.int64)
-    inner = np.flatnonzero(pos > 0)
-    parent[inner] = dense[inner - 1]
+    # The parent is the key before, except at a request's first key (position 0, the first key too).
+    parent = np.empty(len(dense), np.int64)
+    if len(dense):
+        parent[0] = -1
+        parent[1:] = dense[:-1]
+        parent[pos == 0] = -1
     # Where every key always follows the same parent key at the same position (the Mooncake semantics:
     # a key names the whole prefix), the key already is the chain's id.
     parent_of = np.full(width, -2, np.int64)
@@ -112,7 +115,8 @@ def build_refs(prompt_len: np.ndarray, keys: np.ndarray, nkeys: np.ndarray, reco
     nkeys = nkeys.astype(np.int64)
     num = len(prompt_len)
     owner = np.repeat(np.arange(num), nkeys)
-    pos = np.arange(len(keys)) - np.repeat(np.cumsum(nkeys) - nkeys, nkeys)
+    pos = np.arange(len(keys))
+    pos -= np.repeat(np.cumsum(nkeys) - nkeys, nkeys)
     ids, distinct = chain_ids(keys, pos)
     # Blocks at block_size that lie in the prompt and are covered by keys; the last token never hits.
     full = prompt_len // block_size
@@ -128,10 +132,17 @@ def build_refs(prompt_len: np.ndarray, keys: np.ndarray, nkeys: np.ndarray, reco
     else:
         units = -(-count // m)
         sel = np.flatnonzero(pos < units[owner])
-        upos = pos[sel]
+        if len(sel) == len(pos):  # every key makes a unit: the arrays as they are, no copies
+            sel = slice(None)
         o = owner[sel]
-        weight = np.minimum(m, count[o] - upos * m)
-        queried = np.clip(query[o] - upos * m, 0, weight)
+        start = pos[sel] * m
+        weight = count[o]
+        weight -= start
+        np.minimum(weight, m, out=weight)
+        queried = query[o]
+        queried -= start
+        np.clip(queried, 0, weight, out=queried)
+        del start
     return Refs(block_size, num, int(prompt_len.sum()), owner[sel], ids[sel], weight, queried,
                 len(ids) - distinct, len(ids))
 
@@ -323,9 +334,12 @@ def load_refs(path: str, block_size: int, format: str = "auto",
     if fmt == "parquet" and file is not None:
         import pyarrow.parquet as pq
 
-        table = pq.read_table(file, columns=None)
-        if "prefix_blocks" not in table.column_names:
+        names = pq.read_schema(file).names
+        if "prefix_blocks" not in names:
             raise TraceError(NO_KEYS.format(path))
+        # Only the columns used: reading the others too takes about as long again.
+        table = pq.read_table(file, columns=[c for c in ("prefix_blocks", "prompt_len", "prefix_block_size")
+                                             if c in names])
         col = table.column("prefix_blocks").combine_chunks()
         keys = col.flatten().to_numpy(zero_copy_only=False).astype(np.int64)
         nkeys = np.diff(col.offsets.to_numpy())
