@@ -187,31 +187,56 @@ class LRUCurve:
 
     @cached_property
     def _sorted(self) -> tuple[np.ndarray, ...]:
-        """Sorted views `hits` searches: starts with cumulative lengths, and for the units that ramp
-        (start <= end) their ends with suffix sums, their starts with suffix sums of their ends."""
+        """Grouped views `hits` searches, each as distinct values ascending with suffix sums: the starts
+        with the lengths, and for the units that ramp (start <= end) their ends with counts and sums,
+        their starts with counts and sums of their ends."""
         start, length, end = self.start, self.length, self.end
-        order = np.argsort(start, kind="stable")
-        starts, lengths = start[order], np.concatenate(([0], np.cumsum(length[order])))
+        starts, _, lengths = _grouped(start, length)
         ramp = start <= end
         r_start, r_end = start[ramp], end[ramp]
-        ends = np.sort(r_end)
-        end_suffix = np.concatenate((np.cumsum(ends[::-1])[::-1], [0]))
-        order = np.argsort(r_start, kind="stable")
-        ramp_starts = r_start[order]
-        ramp_suffix = np.concatenate((np.cumsum(r_end[order][::-1])[::-1], [0]))
-        return starts, lengths, ends, end_suffix, ramp_starts, ramp_suffix
+        ends, end_count, end_sum = _grouped(r_end, r_end)
+        ramp_starts, ramp_count, ramp_sum = _grouped(r_start, r_end)
+        return starts, lengths, ends, end_count, end_sum, ramp_starts, ramp_count, ramp_sum
 
     def hits(self, capacity_blocks) -> np.ndarray:
         """Blocks hit at each capacity (in blocks)."""
         c = np.asarray(capacity_blocks, np.int64)
-        starts, lengths, ends, end_suffix, ramp_starts, ramp_suffix = self._sorted
-        total = lengths[np.searchsorted(starts, c, "right")]
+        starts, lengths, ends, end_count, end_sum, ramp_starts, ramp_count, ramp_sum = self._sorted
+        total = lengths[0] - lengths[np.searchsorted(starts, c, "right")]
         # Units that ramp (start <= end) lose end - C while start <= C < end; the others hit all at once.
         k = np.searchsorted(ends, c, "right")
-        over_end = end_suffix[k] - (len(ends) - k) * c
+        over_end = end_sum[k] - end_count[k] * c
         j = np.searchsorted(ramp_starts, c, "right")
-        not_started = ramp_suffix[j] - (len(ramp_starts) - j) * c
+        not_started = ramp_sum[j] - ramp_count[j] * c
         return total - (over_end - not_started)
+
+
+def _grouped(values: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct values ascending, and from each of them on (one more entry, 0, at the end) how many
+    values there are and the sum of their weights.
+
+    Counting replaces sorting where the values are small (stack distances are at most the blocks
+    used): it is one pass where a sort of tens of millions of values takes several."""
+    lo, hi = (int(values.min()), int(values.max())) if len(values) else (0, -1)
+    if lo >= 0 and hi < 4 * len(values) + 1024:
+        dense, width = values, hi + 1
+        ranked = np.arange(width, dtype=np.int64)
+    else:
+        dense, width = _dense(values, keep_compact=False)
+        ranked = np.empty(width, np.int64)  # _dense numbers them in ascending order
+        ranked[dense] = values
+    count = np.bincount(dense, minlength=width)
+    present = np.flatnonzero(count)
+    if len(weights) and int(np.abs(weights).max()) * len(weights) < 1 << 53:  # float sums stay exact
+        total = np.rint(np.bincount(dense, weights, minlength=width)).astype(np.int64)
+    else:
+        total = np.zeros(width, np.int64)
+        np.add.at(total, dense, weights)
+
+    def suffix(x: np.ndarray) -> np.ndarray:
+        return np.concatenate((np.cumsum(x[::-1])[::-1], [0])).astype(np.int64)
+
+    return ranked[present], suffix(count[present]), suffix(total[present])
 
 
 def _run_starts(key: np.ndarray) -> np.ndarray:
