@@ -173,7 +173,7 @@ def _nested(pa: np.ndarray, pb: np.ndarray, pw: np.ndarray, qa: np.ndarray, qb: 
 @dataclass(frozen=True)
 class LRUCurve:
     """Hits of every capacity at once: a unit of `base`, `length` blocks hits min(C, base + length) - base
-    blocks at capacity C >= `start` (C in blocks); sorted views make each capacity O(log n)."""
+    blocks at capacity C >= `start` (C in blocks); grouped views make each capacity O(log n)."""
 
     block_size: int
     queried_blocks: int
