@@ -239,13 +239,6 @@ def _grouped(values: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.nd
     return ranked[present], suffix(count[present]), suffix(total[present])
 
 
-def _run_starts(key: np.ndarray) -> np.ndarray:
-    """Indices where a run of equal consecutive keys starts."""
-    if not len(key):
-        return np.zeros(0, np.int64)
-    return np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
-
-
 def _pair_run_starts(a: np.ndarray, b: np.ndarray, also: np.ndarray | None = None) -> np.ndarray:
     """Indices where a run of equal consecutive (a, b) pairs starts, and every i where also[i] holds.
 
