@@ -79,9 +79,12 @@ def chain_ids(keys: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, int]:
     """One id per chain of keys up to each position (equal ids exactly where the chains are equal), and
     how many distinct chains there are."""
     dense, width = _dense(keys)
-    parent = np.full(len(dense), -1, np.int64)
-    inner = np.flatnonzero(pos > 0)
-    parent[inner] = dense[inner - 1]
+    # The parent is the key before, except at a request's first key (position 0, the first key too).
+    parent = np.empty(len(dense), np.int64)
+    if len(dense):
+        parent[0] = -1
+        parent[1:] = dense[:-1]
+        parent[pos == 0] = -1
     # Where every key always follows the same parent key at the same position (the Mooncake semantics:
     # a key names the whole prefix), the key already is the chain's id.
     parent_of = np.full(width, -2, np.int64)
@@ -112,7 +115,8 @@ def build_refs(prompt_len: np.ndarray, keys: np.ndarray, nkeys: np.ndarray, reco
     nkeys = nkeys.astype(np.int64)
     num = len(prompt_len)
     owner = np.repeat(np.arange(num), nkeys)
-    pos = np.arange(len(keys)) - np.repeat(np.cumsum(nkeys) - nkeys, nkeys)
+    pos = np.arange(len(keys))
+    pos -= np.repeat(np.cumsum(nkeys) - nkeys, nkeys)
     ids, distinct = chain_ids(keys, pos)
     # Blocks at block_size that lie in the prompt and are covered by keys; the last token never hits.
     full = prompt_len // block_size
@@ -128,10 +132,17 @@ def build_refs(prompt_len: np.ndarray, keys: np.ndarray, nkeys: np.ndarray, reco
     else:
         units = -(-count // m)
         sel = np.flatnonzero(pos < units[owner])
-        upos = pos[sel]
+        if len(sel) == len(pos):  # every key makes a unit: the arrays as they are, no copies
+            sel = slice(None)
         o = owner[sel]
-        weight = np.minimum(m, count[o] - upos * m)
-        queried = np.clip(query[o] - upos * m, 0, weight)
+        start = pos[sel] * m
+        weight = count[o]
+        weight -= start
+        np.minimum(weight, m, out=weight)
+        queried = query[o]
+        queried -= start
+        np.clip(queried, 0, weight, out=queried)
+        del start
     return Refs(block_size, num, int(prompt_len.sum()), owner[sel], ids[sel], weight, queried,
                 len(ids) - distinct, len(ids))
 
@@ -162,7 +173,7 @@ def _nested(pa: np.ndarray, pb: np.ndarray, pw: np.ndarray, qa: np.ndarray, qb: 
 @dataclass(frozen=True)
 class LRUCurve:
     """Hits of every capacity at once: a unit of `base`, `length` blocks hits min(C, base + length) - base
-    blocks at capacity C >= `start` (C in blocks); sorted views make each capacity O(log n)."""
+    blocks at capacity C >= `start` (C in blocks); grouped views make each capacity O(log n)."""
 
     block_size: int
     queried_blocks: int
@@ -176,46 +187,82 @@ class LRUCurve:
 
     @cached_property
     def _sorted(self) -> tuple[np.ndarray, ...]:
-        """Sorted views `hits` searches: starts with cumulative lengths, and for the units that ramp
-        (start <= end) their ends with suffix sums, their starts with suffix sums of their ends."""
+        """Grouped views `hits` searches, each as distinct values ascending with suffix sums: the starts
+        with the lengths, and for the units that ramp (start <= end) their ends with counts and sums,
+        their starts with counts and sums of their ends."""
         start, length, end = self.start, self.length, self.end
-        order = np.argsort(start, kind="stable")
-        starts, lengths = start[order], np.concatenate(([0], np.cumsum(length[order])))
+        starts, _, lengths = _grouped(start, length)
         ramp = start <= end
         r_start, r_end = start[ramp], end[ramp]
-        ends = np.sort(r_end)
-        end_suffix = np.concatenate((np.cumsum(ends[::-1])[::-1], [0]))
-        order = np.argsort(r_start, kind="stable")
-        ramp_starts = r_start[order]
-        ramp_suffix = np.concatenate((np.cumsum(r_end[order][::-1])[::-1], [0]))
-        return starts, lengths, ends, end_suffix, ramp_starts, ramp_suffix
+        ends, end_count, end_sum = _grouped(r_end, r_end)
+        ramp_starts, ramp_count, ramp_sum = _grouped(r_start, r_end)
+        return starts, lengths, ends, end_count, end_sum, ramp_starts, ramp_count, ramp_sum
 
     def hits(self, capacity_blocks) -> np.ndarray:
         """Blocks hit at each capacity (in blocks)."""
         c = np.asarray(capacity_blocks, np.int64)
-        starts, lengths, ends, end_suffix, ramp_starts, ramp_suffix = self._sorted
-        total = lengths[np.searchsorted(starts, c, "right")]
+        starts, lengths, ends, end_count, end_sum, ramp_starts, ramp_count, ramp_sum = self._sorted
+        total = lengths[0] - lengths[np.searchsorted(starts, c, "right")]
         # Units that ramp (start <= end) lose end - C while start <= C < end; the others hit all at once.
         k = np.searchsorted(ends, c, "right")
-        over_end = end_suffix[k] - (len(ends) - k) * c
+        over_end = end_sum[k] - end_count[k] * c
         j = np.searchsorted(ramp_starts, c, "right")
-        not_started = ramp_suffix[j] - (len(ramp_starts) - j) * c
+        not_started = ramp_sum[j] - ramp_count[j] * c
         return total - (over_end - not_started)
 
 
-def _run_starts(key: np.ndarray) -> np.ndarray:
-    """Indices where a run of equal consecutive keys starts."""
-    if not len(key):
+def _grouped(values: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct values ascending, and from each of them on (one more entry, 0, at the end) how many
+    values there are and the sum of their weights.
+
+    Counting replaces sorting where the values are small (stack distances are at most the blocks
+    used): it is one pass where a sort of tens of millions of values takes several."""
+    lo, hi = (int(values.min()), int(values.max())) if len(values) else (0, -1)
+    if lo >= 0 and hi < 4 * len(values) + 1024:
+        dense, width = values, hi + 1
+        ranked = np.arange(width, dtype=np.int64)
+    else:
+        dense, width = _dense(values, keep_compact=False)
+        ranked = np.empty(width, np.int64)  # _dense numbers them in ascending order
+        ranked[dense] = values
+    count = np.bincount(dense, minlength=width)
+    present = np.flatnonzero(count)
+    if len(weights) and int(np.abs(weights).max()) * len(weights) < 1 << 53:  # float sums stay exact
+        total = np.rint(np.bincount(dense, weights, minlength=width)).astype(np.int64)
+    else:
+        total = np.zeros(width, np.int64)
+        np.add.at(total, dense, weights)
+
+    def suffix(x: np.ndarray) -> np.ndarray:
+        return np.concatenate((np.cumsum(x[::-1])[::-1], [0])).astype(np.int64)
+
+    return ranked[present], suffix(count[present]), suffix(total[present])
+
+
+def _pair_run_starts(a: np.ndarray, b: np.ndarray, also: np.ndarray | None = None) -> np.ndarray:
+    """Indices where a run of equal consecutive (a, b) pairs starts, and every i where also[i] holds.
+
+    Compared column by column rather than as one combined key, because each full-length temporary
+    costs fresh pages here: allocation, not arithmetic, is most of the pass's time."""
+    if not len(a):
         return np.zeros(0, np.int64)
-    return np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
+    change = a[1:] != a[:-1]
+    change |= b[1:] != b[:-1]
+    if also is not None:
+        change |= also[1:]
+    return np.flatnonzero(np.concatenate(([True], change)))
 
 
 def lru_curve(refs: Refs) -> LRUCurve:
     """Stack distances of every block: the LRU hit count at any capacity."""
+    # Arrays here are as long as the trace's block references (tens of millions): operations work in
+    # place where they can, since each fresh temporary of that size is paid for in page faults.
     req, unit, w, qw = refs.request, refs.unit, refs.weight, refs.queried
     n, span = len(req), refs.num_requests + 1
     order = np.argsort(unit, kind="stable")
-    same = unit[order[1:]] == unit[order[:-1]]
+    sorted_unit = unit[order]
+    same = sorted_unit[1:] == sorted_unit[:-1]
+    del sorted_unit
     later, earlier = order[1:][same], order[:-1][same]
     del order, same
     prev_req = np.full(n, -1, np.int64)
@@ -230,49 +277,66 @@ def lru_curve(refs: Refs) -> LRUCurve:
     # request the previous use never increases and the next use never decreases, and the units sharing
     # a (request, previous use) or (request, next use) pair are consecutive (chain_ids makes it so).
     same_req = req[1:] == req[:-1]
-    if not (((prev_req[1:] <= prev_req[:-1]) | ~same_req).all()
-            and ((next_req[1:] >= next_req[:-1]) | ~same_req).all()):
+    bad = prev_req[1:] > prev_req[:-1]
+    bad &= same_req
+    if not bad.any():
+        np.less(next_req[1:], next_req[:-1], out=bad)
+        bad &= same_req
+    if bad.any():
         raise RuntimeError("lru_curve needs each request's units to be one chain of prefix blocks")
-    del same_req
+    del bad
     # S(r', r): distinct blocks of the requests strictly between r' and r, at their last coverage, is
     # their blocks minus those used again before r (nested reuses: `_nested`).
     per_req = np.bincount(req, weights=w, minlength=refs.num_requests).astype(np.int64)
     cum = np.concatenate(([0], np.cumsum(per_req)))
-    pkey = req * (span + 1) + next_req
-    pstart = _run_starts(pkey)
+    pstart = _pair_run_starts(req, next_req)
     pweight = np.add.reduceat(w, pstart) if n else np.zeros(0, np.int64)
     pa, pb = req[pstart], next_req[pstart]
+    del next_req, pstart
     keep = pb < span
     pa, pb, pweight = pa[keep], pb[keep], pweight[keep]
-    del pkey, pstart
-    group = np.where(has, req * span + prev_req, -1 - np.arange(n))
-    gstart = _run_starts(group)
-    del group
+    # A unit never used before is a run of its own; the others run by (request, previous use).
+    gstart = _pair_run_starts(req, prev_req, ~has)
     qr, qrp = req[gstart], prev_req[gstart]
-    between = cum[np.maximum(qr, 0)] - cum[qrp + 1]
+    del prev_req
+    between = cum[qr] - cum[qrp + 1]
     q = qrp >= 0
     between[q] -= _nested(pa, pb, pweight, qrp[q], qr[q])
     run_len = np.diff(np.append(gstart, n))
-    base = np.repeat(between, run_len)
     # Blocks of r' used after this one (its chain ancestors, released after it) and untouched since:
     # the earlier units of this request whose previous use is r' too.
-    gw = prev_w
-    gcum = np.cumsum(gw) - gw
-    base += gcum - np.repeat(gcum[gstart], run_len)
-    del gw, gcum
+    base = np.cumsum(prev_w)
+    base -= prev_w
+    between -= base[gstart]
+    base += np.repeat(between, run_len)
+    del between, run_len, gstart
     length = np.minimum(qw, prev_w)
     end = base + length
-    broken = (~has & (qw > 0)) | (qw > prev_w)  # a miss: every later block of the request misses too
-    mark = np.where(broken, BIG - 1, end)
-    # The largest `mark` of the earlier units of the same request (requests ascend in order).
-    shifted = np.zeros(n, np.int64)
-    shifted[1:] = mark[:-1]
-    shifted[_run_starts(req)] = 0
-    before = np.maximum.accumulate(req * BIG + shifted) - req * BIG
-    live = (length > 0) & (before < BIG - 1)
-    start = np.maximum(before, base + 1)[live]
-    return LRUCurve(refs.block_size, int(qw.sum()), refs.prompt_tokens, int(length[live].sum()),
-                    base[live] + 1, start, length[live], end[live])
+    broken = qw > prev_w  # a miss: every later block of the request misses too
+    broken |= ~has & (qw > 0)
+    del prev_w, has
+    # The largest `mark` (end, or BIG - 1 past a miss) of the earlier units of the same request
+    # (requests ascend in order).
+    before = np.empty(n, np.int64)
+    if n:
+        before[0] = 0
+        before[1:] = end[:-1]
+        np.copyto(before[1:], BIG - 1, where=broken[:-1])
+        before[1:][~same_req] = 0
+    del broken, same_req
+    offset = req * BIG
+    before += offset
+    np.maximum.accumulate(before, out=before)
+    before -= offset
+    del offset
+    live = length > 0
+    live &= before < BIG - 1
+    distances = base[live]
+    distances += 1
+    start = np.maximum(before[live], distances)
+    length = length[live]
+    return LRUCurve(refs.block_size, int(qw.sum()), refs.prompt_tokens, int(length.sum()),
+                    distances, start, length, end[live])
 
 
 def load_refs(path: str, block_size: int, format: str = "auto",
@@ -288,9 +352,12 @@ def load_refs(path: str, block_size: int, format: str = "auto",
     if fmt == "parquet" and file is not None:
         import pyarrow.parquet as pq
 
-        table = pq.read_table(file, columns=None)
-        if "prefix_blocks" not in table.column_names:
+        names = pq.read_schema(file).names
+        if "prefix_blocks" not in names:
             raise TraceError(NO_KEYS.format(path))
+        # Only the columns used: reading the others too takes about as long again.
+        table = pq.read_table(file, columns=[c for c in ("prefix_blocks", "prompt_len", "prefix_block_size")
+                                             if c in names])
         col = table.column("prefix_blocks").combine_chunks()
         keys = col.flatten().to_numpy(zero_copy_only=False).astype(np.int64)
         nkeys = np.diff(col.offsets.to_numpy())

@@ -12,7 +12,7 @@ from simulator.config import SimConfig
 from simulator.loop.simulate import simulate
 from traces import load_trace
 from traces.multiturn import MultiTurnConfig, generate_multiturn
-from traces.reuse import build_refs, chain_ids, lru_curve
+from traces.reuse import LRUCurve, build_refs, chain_ids, lru_curve
 from traces.reuse_report import reuse_report, simulate_policy, unique_blocks
 from traces.stats import prefix_reuse
 
@@ -99,6 +99,21 @@ def test_chains_tell_equal_keys_after_different_prefixes_apart():
     assert simulate_policy(refs, "lru", 100) == 2
     ids, distinct = chain_ids(np.array([5, 9, 5, 9]), np.array([0, 1, 1, 2]))
     assert distinct == 4 and len(set(ids.tolist())) == 4
+
+
+@pytest.mark.parametrize("offset", [0, 10**12])
+def test_curve_hits_equal_each_units_hits_summed_for_small_and_spread_distances(offset):
+    # offset 10**12 makes the distances too spread out to be counted by value, so they are ranked first.
+    rng = np.random.default_rng(3)
+    start = rng.integers(1, 60, 400) + offset
+    length = rng.integers(0, 9, 400)
+    end = start + rng.integers(-20, 20, 400)
+    curve = LRUCurve(BS, 0, 0, 0, start, start, length, end)
+    caps = np.arange(-2, 90) + offset
+    # A unit hits its length from its start on, less what lies past C while C is short of its end.
+    short = np.where(start <= end, np.maximum(end[None, :] - caps[:, None], 0), 0)
+    direct = ((start[None, :] <= caps[:, None]) * (length[None, :] - short)).sum(axis=1)
+    assert curve.hits(caps).tolist() == direct.tolist()
 
 
 def test_recorded_repeat_share_equals_trace_info_on_the_mooncake_conversation_trace():
