@@ -7,9 +7,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pandas as pd
+import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cli.common import LogProgress, UserError, console, err_console, names_list, pick_one, warn
+from cli.help import VLLM
 from cli.report import (
     memory_table,
     parse_metrics,
@@ -24,6 +26,22 @@ if TYPE_CHECKING:
 
 GOODPUT_HELP = ("Per-request latency limits as in vLLM: ttft:200 tpot:50 (ms when no unit is given; also "
                 "ttft:0.2s, e2el:2s). Metrics: ttft, tpot, e2el.")
+
+# The vLLM-compatibility options simulate and replay share, declared once (typer reads them, never writes).
+NUM_PROMPTS = typer.Option(None, "--num-prompts", rich_help_panel=VLLM, help="Same as --limit.")
+PERCENTILE_METRICS = typer.Option(None, "--percentile-metrics", rich_help_panel=VLLM,
+                                  help="Metrics with percentiles: ttft,tpot,itl,e2el (default "
+                                       "ttft,tpot,itl).")
+METRIC_PERCENTILES = typer.Option(None, "--metric-percentiles", rich_help_panel=VLLM,
+                                  help="Percentiles to report, e.g. 50,90,99 (default 99).")
+GOODPUT = typer.Option(None, "--goodput", rich_help_panel=VLLM, help=GOODPUT_HELP)
+SAVE_RESULT = typer.Option(False, "--save-result", rich_help_panel=VLLM,
+                           help="Save the results as JSON, one vLLM-shaped file per allocator.")
+RESULT_DIR = typer.Option(None, "--result-dir", rich_help_panel=VLLM,
+                          help="Folder of the result JSON (default: .).")
+RESULT_FILENAME = typer.Option(None, "--result-filename", rich_help_panel=VLLM,
+                               help="Name of the result JSON (with several allocators: "
+                                    "NAME-ALLOCATOR.json).")
 
 
 def allocators(values: list[str] | None, default: list[str]) -> list[str]:

@@ -11,7 +11,13 @@ import typer
 from cli.common import UserError, atomic_dir, err_console, finite_float, user_errors
 from cli.help import OUTPUT, POOL, SCHEDULER, TRACE, VLLM
 from cli.serving import (
-    GOODPUT_HELP,
+    GOODPUT,
+    METRIC_PERCENTILES,
+    NUM_PROMPTS,
+    PERCENTILE_METRICS,
+    RESULT_DIR,
+    RESULT_FILENAME,
+    SAVE_RESULT,
     Bars,
     allocators,
     cap_concurrency,
@@ -161,23 +167,16 @@ def simulate_cmd(
     as_json: bool = typer.Option(False, "--json", rich_help_panel=OUTPUT,
                                  help="Print the results as JSON, one vLLM-shaped object per allocator and "
                                       "line, instead of the tables."),
-    num_prompts: int = typer.Option(None, "--num-prompts", rich_help_panel=VLLM, help="Same as --limit."),
+    num_prompts: int = NUM_PROMPTS,
     max_concurrency: int = typer.Option(None, rich_help_panel=VLLM,
                                         help="Most requests in flight; simulated as a cap on --max-num-seqs "
                                              "(default: no cap)."),
-    percentile_metrics: str = typer.Option(None, rich_help_panel=VLLM,
-                                           help="Metrics with percentiles: ttft,tpot,itl,e2el (default "
-                                                "ttft,tpot,itl)."),
-    metric_percentiles: str = typer.Option(None, rich_help_panel=VLLM,
-                                           help="Percentiles to report, e.g. 50,90,99 (default 99)."),
-    goodput: list[str] = typer.Option(None, rich_help_panel=VLLM, help=GOODPUT_HELP),
-    save_result: bool = typer.Option(False, "--save-result", rich_help_panel=VLLM,
-                                     help="Save the results as JSON, one vLLM-shaped file per allocator."),
-    result_dir: Path = typer.Option(None, "--result-dir", rich_help_panel=VLLM,
-                                    help="Folder of the result JSON (default: .)."),
-    result_filename: str = typer.Option(None, "--result-filename", rich_help_panel=VLLM,
-                                        help="Name of the result JSON (with several allocators: "
-                                             "NAME-ALLOCATOR.json)."),
+    percentile_metrics: str = PERCENTILE_METRICS,
+    metric_percentiles: str = METRIC_PERCENTILES,
+    goodput: list[str] = GOODPUT,
+    save_result: bool = SAVE_RESULT,
+    result_dir: Path = RESULT_DIR,
+    result_filename: str = RESULT_FILENAME,
 ) -> None:
     """Replay a request trace against KV-cache allocators and compare where the memory goes."""
     from bench.run_tools import simulate_runs, simulation_labels, simulation_metadata
