@@ -212,6 +212,18 @@ def _every(period: int, kind: str, others: str, num_layers: int) -> tuple[str, .
 # Each entry is the named checkpoint's config.json (head_dim where it omits it: hidden_size / heads);
 # num_params is its exact parameter count, which tests/simulator/core/test_models.py recomputes from the
 # architecture.
+# gpt-oss: MoE layers alternating a 128-token window with full attention; experts ship in MXFP4, so
+# num_params x 2 is not their weight size: it stays unknown (plan their pool with --kv-memory-gb).
+_GPT_OSS_20B = ModelSpec(
+    name="gpt-oss-20b", hf_id="openai/gpt-oss-20b", architecture="GptOssForCausalLM", vocab_size=201088,
+    hidden_size=2880, intermediate_size=2880, num_hidden_layers=24, num_attention_heads=64,
+    num_key_value_heads=8, head_dim=64, max_position_embeddings=131072, rms_norm_eps=1e-5,
+    rope_theta=150000.0, rope_scaling=RopeScaling(rope_type="yarn", factor=32.0,
+                                                   original_max_position_embeddings=4096),
+    qkv_bias=True, o_bias=True, layer_types=_every(2, "full_attention", "sliding_attention", 24),
+    sliding_window=128, eos_token_ids=(200002,), torch_dtype="bfloat16",
+)
+
 MODELS: dict[str, ModelSpec] = {
     # MHA, learned positions, biases everywhere, LayerNorm, ReLU, tied LM head.
     "opt-13b": ModelSpec(
@@ -315,26 +327,11 @@ MODELS: dict[str, ModelSpec] = {
         sliding_window=1024, bos_token_id=2, eos_token_ids=(1, 106), torch_dtype="bfloat16",
         num_params=27_009_346_304,
     ),
-    # gpt-oss: MoE layers alternating a 128-token window with full attention; experts ship in MXFP4, so
-    # num_params x 2 is not their weight size: it stays unknown (plan their pool with --kv-memory-gb).
-    "gpt-oss-20b": ModelSpec(
-        name="gpt-oss-20b", hf_id="openai/gpt-oss-20b", architecture="GptOssForCausalLM", vocab_size=201088,
-        hidden_size=2880, intermediate_size=2880, num_hidden_layers=24, num_attention_heads=64,
-        num_key_value_heads=8, head_dim=64, max_position_embeddings=131072, rms_norm_eps=1e-5,
-        rope_theta=150000.0, rope_scaling=RopeScaling(rope_type="yarn", factor=32.0,
-                                                       original_max_position_embeddings=4096),
-        qkv_bias=True, o_bias=True, layer_types=_every(2, "full_attention", "sliding_attention", 24),
-        sliding_window=128, eos_token_ids=(200002,), torch_dtype="bfloat16",
-    ),
-    "gpt-oss-120b": ModelSpec(
-        name="gpt-oss-120b", hf_id="openai/gpt-oss-120b", architecture="GptOssForCausalLM",
-        vocab_size=201088, hidden_size=2880, intermediate_size=2880, num_hidden_layers=36,
-        num_attention_heads=64, num_key_value_heads=8, head_dim=64, max_position_embeddings=131072,
-        rms_norm_eps=1e-5, rope_theta=150000.0,
-        rope_scaling=RopeScaling(rope_type="yarn", factor=32.0, original_max_position_embeddings=4096),
-        qkv_bias=True, o_bias=True, layer_types=_every(2, "full_attention", "sliding_attention", 36),
-        sliding_window=128, eos_token_ids=(200002,), torch_dtype="bfloat16",
-    ),
+    "gpt-oss-20b": _GPT_OSS_20B,
+    # gpt-oss-120b: the 20B's layer shape, 36 layers deep (more experts per layer: same KV per layer).
+    "gpt-oss-120b": _GPT_OSS_20B.replace(name="gpt-oss-120b", hf_id="openai/gpt-oss-120b",
+                                         num_hidden_layers=36,
+                                         layer_types=_every(2, "full_attention", "sliding_attention", 36)),
     # DeepSeek V3: MLA caches a 512-wide latent plus a 64-wide RoPE key per token and layer; head_dim is
     # the query/key head (128 + 64). FP8 weights: num_params stays unknown.
     "deepseek-v3": ModelSpec(
