@@ -16,7 +16,7 @@ them (tests/test_shape.py traces it and compares):
 
     simulator.loop.simulate -> simulator.config -> simulator.core.models -> simulator.core.config ->
     simulator.core.scheduler -> simulator.presets -> simulator.core.kv_layout ->
-    simulator.core.paged.block_manager -> simulator.core.allocator -> simulator.core.paged.block_pool ->
+    simulator.core.paged.block_manager -> simulator.core.paged.block_pool -> simulator.core.allocator ->
     simulator.core.paged.prefix_cache -> simulator.core.paged.swap -> simulator.timing.step_latency ->
     simulator.core.decode -> simulator.loop.state -> simulator.output -> pagelab.table_sinks -> pagelab.writes
     -> simulator.output.memory_rows -> simulator.output.request_rows -> simulator.output.tenures ->

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from simulator.core.allocator import AllocStatus, EventLog, KVAllocator, MemoryBreakdown
 from simulator.core.errors import AllocationError, ConfigError
-from simulator.core.paged.block_pool import BlockManagerStats, BlockPool
+from simulator.core.paged.block_pool import BlockManagerStats, BlockPool, PoolCounts
 from simulator.core.paged.prefix_cache import PrefixCache
 from simulator.core.paged.swap import SwapSpace
 from simulator.core.paged.tiers import tier_hits
@@ -20,7 +20,7 @@ from simulator.core.sequence import Sequence, SequenceGroup, SequenceStatus, sha
 _NO_COPIES: list = []
 
 
-class BlockManager(KVAllocator):
+class BlockManager(PoolCounts, KVAllocator):
     """Paged allocator over `num_blocks` blocks of `block_size` token slots (vLLM's BlockSpaceManager)."""
 
     name = "paged"
@@ -31,10 +31,7 @@ class BlockManager(KVAllocator):
                  hash_fn: Callable[[object], int] = hash, record_events: bool = False):
         if block_size < 1:
             raise ConfigError(f"block_size must be >= 1, got {block_size}")
-        if num_blocks < 0 or num_cpu_blocks < 0:
-            raise ConfigError(f"block counts must be >= 0, got {num_blocks} GPU / {num_cpu_blocks} CPU")
-        if not 0.0 <= watermark < 1.0:
-            raise ConfigError(f"watermark must be in [0, 1), got {watermark}")
+        self.check_sizes(num_blocks, num_cpu_blocks, watermark)
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.capacity_tokens = num_blocks * block_size if capacity_tokens is None else capacity_tokens
@@ -58,32 +55,6 @@ class BlockManager(KVAllocator):
     def from_capacity(cls, capacity_tokens: int, block_size: int, **kwargs) -> BlockManager:
         """A manager over `capacity_tokens` slots; the remainder `C mod block_size` is unusable."""
         return cls(capacity_tokens // block_size, block_size, capacity_tokens=capacity_tokens, **kwargs)
-
-    # ----------------------------------------------------------------- counts
-    @property
-    def num_free_blocks(self) -> int:
-        """Blocks that can be handed out now, cached-but-unreferenced ones included."""
-        return self.pool.num_free
-
-    @property
-    def num_cached_free_blocks(self) -> int:
-        """Free blocks still holding reusable prefix content."""
-        return len(self.pool.free_cached)
-
-    @property
-    def num_used_blocks(self) -> int:
-        """Blocks referenced by at least one sequence."""
-        return self.num_blocks - self.pool.num_free
-
-    @property
-    def num_cpu_blocks(self) -> int:
-        """Blocks of the CPU swap pool."""
-        return self.swap.num_blocks
-
-    @property
-    def num_free_cpu_blocks(self) -> int:
-        """Free blocks of the CPU swap pool."""
-        return len(self.swap.free)
 
     # ----------------------------------------------------------------- queries
     def can_allocate(self, group: SequenceGroup) -> AllocStatus:

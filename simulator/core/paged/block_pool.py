@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 from operator import itemgetter
 
 from simulator.core.allocator import EventLog
-from simulator.core.errors import AllocationError
+from simulator.core.errors import AllocationError, ConfigError
 
 
 @dataclass
@@ -204,3 +204,41 @@ class BlockPool:
         if released:
             keys = released_keys if any(released_keys) else None
             self.events.release_blocks(released, self.block_size, released_filled, keys)
+
+
+class PoolCounts:
+    """The block counts a paged allocator reports, read from its `pool`, `swap` and `num_blocks`; shared by
+    BlockManager and GroupedBlockManager (it declares no state)."""
+
+    @staticmethod
+    def check_sizes(num_blocks: int, num_cpu_blocks: int, watermark: float) -> None:
+        """Refuse negative pools and a watermark outside [0, 1)."""
+        if num_blocks < 0 or num_cpu_blocks < 0:
+            raise ConfigError(f"block counts must be >= 0, got {num_blocks} GPU / {num_cpu_blocks} CPU")
+        if not 0.0 <= watermark < 1.0:
+            raise ConfigError(f"watermark must be in [0, 1), got {watermark}")
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks that can be handed out now, cached-but-unreferenced ones included."""
+        return self.pool.num_free
+
+    @property
+    def num_cached_free_blocks(self) -> int:
+        """Free blocks still holding reusable prefix content."""
+        return len(self.pool.free_cached)
+
+    @property
+    def num_used_blocks(self) -> int:
+        """Blocks referenced by at least one sequence."""
+        return self.num_blocks - self.pool.num_free
+
+    @property
+    def num_cpu_blocks(self) -> int:
+        """Blocks of the CPU swap pool."""
+        return self.swap.num_blocks
+
+    @property
+    def num_free_cpu_blocks(self) -> int:
+        """Free blocks of the CPU swap pool."""
+        return len(self.swap.free)

@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from simulator.core.allocator import AllocStatus, EventLog, KVAllocator, MemoryBreakdown
-from simulator.core.errors import AllocationError, ConfigError
+from simulator.core.errors import AllocationError
 from simulator.core.kv_layout import KVLayout
-from simulator.core.paged.block_pool import BlockManagerStats, BlockPool
+from simulator.core.paged.block_pool import BlockManagerStats, BlockPool, PoolCounts
 from simulator.core.paged.kv_group_swap import GroupSwap
 from simulator.core.paged.kv_group_tables import GroupTables
 from simulator.core.sequence import Sequence, SequenceGroup, SequenceStatus, shares_allocation
@@ -29,7 +29,7 @@ from simulator.core.sequence import Sequence, SequenceGroup, SequenceStatus, sha
 _NO_COPIES: list = []
 
 
-class GroupedBlockManager(KVAllocator):
+class GroupedBlockManager(PoolCounts, KVAllocator):
     """Paged allocator over `num_blocks` blocks shared by the layout's KV cache groups."""
 
     name = "paged"
@@ -37,10 +37,7 @@ class GroupedBlockManager(KVAllocator):
     def __init__(self, num_blocks: int, layout: KVLayout, *, num_cpu_blocks: int = 0,
                  enable_prefix_caching: bool = True, watermark: float = 0.0, debug: bool = False,
                  hash_fn: Callable[[object], int] = hash, record_events: bool = False):
-        if num_blocks < 0 or num_cpu_blocks < 0:
-            raise ConfigError(f"block counts must be >= 0, got {num_blocks} GPU / {num_cpu_blocks} CPU")
-        if not 0.0 <= watermark < 1.0:
-            raise ConfigError(f"watermark must be in [0, 1), got {watermark}")
+        self.check_sizes(num_blocks, num_cpu_blocks, watermark)
         self.layout = layout
         self.block_size = layout.block_size
         self.num_blocks = num_blocks
@@ -58,34 +55,9 @@ class GroupedBlockManager(KVAllocator):
 
     # ----------------------------------------------------------------- counts
     @property
-    def num_free_blocks(self) -> int:
-        """Blocks that can be handed out now, cached-but-unreferenced ones included."""
-        return self.pool.num_free
-
-    @property
-    def num_cached_free_blocks(self) -> int:
-        """Free blocks still holding reusable prefix content."""
-        return len(self.pool.free_cached)
-
-    @property
-    def num_cpu_blocks(self) -> int:
-        """Blocks of the CPU swap pool."""
-        return self.swap.num_blocks
-
-    @property
-    def num_free_cpu_blocks(self) -> int:
-        """Free blocks of the CPU swap pool."""
-        return len(self.swap.free)
-
-    @property
     def num_internal_slots(self) -> int:
         """Layer slots past final lengths in final blocks."""
         return self.tables.num_internal_slots
-
-    @property
-    def num_used_blocks(self) -> int:
-        """Blocks referenced by at least one sequence."""
-        return self.num_blocks - self.pool.num_free
 
     # ----------------------------------------------------------------- queries
     def can_allocate(self, group: SequenceGroup) -> AllocStatus:
