@@ -131,3 +131,12 @@ def small_tmpfs(tmp_path):
     yield make
     for path in mounted:
         subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+@pytest.fixture
+def wide_consoles(monkeypatch):
+    """Keep rich from wrapping long paths in messages, so assertions can look for them whole."""
+    import cli.common
+
+    monkeypatch.setattr(cli.common.console, "width", 400)
+    monkeypatch.setattr(cli.common.err_console, "width", 400)

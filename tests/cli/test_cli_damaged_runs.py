@@ -8,7 +8,6 @@ import shutil
 import pytest
 from typer.testing import CliRunner
 
-import cli.common
 from cli import app
 from traces import SyntheticConfig, generate_trace, save_trace
 
@@ -16,14 +15,7 @@ runner = CliRunner()
 # pyarrow's words for a file cut short
 NOT_PARQUET = ("Parquet magic bytes not found in footer. Either the file is corrupted or this is not a "
                "parquet file.")
-pytestmark = pytest.mark.usefixtures("single_thread")
-
-
-@pytest.fixture(autouse=True)
-def wide_consoles(monkeypatch):
-    """Keep rich from wrapping long paths in messages, so assertions can look for them whole."""
-    monkeypatch.setattr(cli.common.console, "width", 400)
-    monkeypatch.setattr(cli.common.err_console, "width", 400)
+pytestmark = pytest.mark.usefixtures("single_thread", "wide_consoles")
 
 
 def run(*args):

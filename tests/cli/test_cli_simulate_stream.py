@@ -5,7 +5,6 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-import cli.common
 from cli import app
 from pagelab.atomic import atomic_dir, stale_temp_dirs
 from simulator.config import SimConfig
@@ -13,12 +12,7 @@ from simulator.loop import simulate
 from traces import SyntheticConfig, generate_trace
 
 runner = CliRunner()
-
-
-@pytest.fixture(autouse=True)
-def wide_consoles(monkeypatch):
-    monkeypatch.setattr(cli.common.console, "width", 400)
-    monkeypatch.setattr(cli.common.err_console, "width", 400)
+pytestmark = pytest.mark.usefixtures("wide_consoles")
 
 
 def _dead_pid() -> int:

@@ -4,18 +4,12 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-import cli.common
 from cli import app
 from traces import save_trace
 from traces.multiturn import MultiTurnConfig, generate_multiturn
 
 runner = CliRunner()
-
-
-@pytest.fixture(autouse=True)
-def wide_consoles(monkeypatch):
-    monkeypatch.setattr(cli.common.console, "width", 400)
-    monkeypatch.setattr(cli.common.err_console, "width", 400)
+pytestmark = pytest.mark.usefixtures("wide_consoles")
 
 
 @pytest.fixture(scope="module")

@@ -8,18 +8,11 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-import cli.common
 from cli import app
 from traces import load_trace
 
 runner = CliRunner()
-
-
-@pytest.fixture(autouse=True)
-def wide_consoles(monkeypatch):
-    """Keep rich from wrapping long paths in messages, so assertions can look for them whole."""
-    monkeypatch.setattr(cli.common.console, "width", 400)
-    monkeypatch.setattr(cli.common.err_console, "width", 400)
+pytestmark = pytest.mark.usefixtures("wide_consoles")
 
 
 def run(*args: str):

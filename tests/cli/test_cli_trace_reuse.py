@@ -6,18 +6,12 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-import cli.common
 from cli import app
 from traces import load_trace
 from traces.stats import trace_info
 
 runner = CliRunner()
-
-
-@pytest.fixture(autouse=True)
-def wide_consoles(monkeypatch):
-    monkeypatch.setattr(cli.common.console, "width", 400)
-    monkeypatch.setattr(cli.common.err_console, "width", 400)
+pytestmark = pytest.mark.usefixtures("wide_consoles")
 
 
 def run(*args):

@@ -10,7 +10,6 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import cli.common
 from cli import app
 from gpu_backend.engine.llm_engine import LLMEngine
 from gpu_backend.memory_budget import BUDGET_ENV, DeviceMemoryError, is_out_of_memory, step_activation_bytes
@@ -18,15 +17,8 @@ from gpu_backend.replay import ReplayConfig, replay
 from gpu_backend.replay_run import ReplayIncomplete, replay_configs, replay_to_dir
 from traces import SyntheticConfig, generate_trace, save_trace
 
-pytestmark = pytest.mark.usefixtures("single_thread")
+pytestmark = pytest.mark.usefixtures("single_thread", "wide_consoles")
 STOP_AT = 6  # the step whose forward runs out of memory
-
-
-@pytest.fixture(autouse=True)
-def wide_consoles(monkeypatch):
-    """Keep rich from wrapping long paths in messages, so assertions can look for them whole."""
-    monkeypatch.setattr(cli.common.console, "width", 400)
-    monkeypatch.setattr(cli.common.err_console, "width", 400)
 
 
 def _trace() -> pd.DataFrame:
