@@ -260,14 +260,15 @@ class BlockManager(PoolCounts, KVAllocator):
             return _NO_COPIES
         if n + num_tokens > seq._limit:
             raise AllocationError(f"sequence {seq.seq_id} would grow past its final length {seq.final_len}")
-        if not self.can_append([seq], num_tokens):
-            raise AllocationError(
-                f"out of KV blocks: sequence {seq.seq_id} needs "
-                f"{self._blocks_needed_to_append(seq, num_tokens)} blocks, {self.num_free_blocks} free")
         bs, rid, sid = self.block_size, seq.request_id, seq.seq_id
+        rem = n % bs
+        # can_append for one sequence, inlined: this is the bulk decode path's every call.
+        need = -(-(n + num_tokens) // bs) - -(-n // bs) + (1 if rem and pool.ref[table[-1]] > 1 else 0)
+        if need > len(pool.free) + len(pool.free_cached):
+            raise AllocationError(
+                f"out of KV blocks: sequence {seq.seq_id} needs {need} blocks, {self.num_free_blocks} free")
         copies = _NO_COPIES
         left = num_tokens
-        rem = n % bs
         if rem:
             last = table[-1]
             if pool.ref[last] > 1:  # never write a shared block in place: copy it first
@@ -297,7 +298,8 @@ class BlockManager(PoolCounts, KVAllocator):
                 self.prefix_cache.publish(seq, i, table[i])
         if not seq._internal_counted:
             self.count_internal(seq)
-        self._check()
+        if self.debug:
+            self._check()
         return copies
 
     def count_internal(self, seq: Sequence) -> None:
