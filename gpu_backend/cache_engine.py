@@ -37,15 +37,16 @@ class CacheEngine:
     """Device KV pool plus a CPU swap pool (allocated on the first swap-out), for one allocator layout."""
 
     def __init__(self, model: CausalLM, contiguous: bool, block_size: int, num_blocks: int,
-                 num_cpu_blocks: int):
+                 num_cpu_blocks: int, layer_slots: SeqLike[int] | None = None):
         cfg = model.config
         self.contiguous = contiguous
         self.block_size = 1 if contiguous else block_size  # the pool's block size
         self.num_cpu_blocks = num_cpu_blocks
         self._geometry = (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, model.dtype)
+        self.layer_slots = layer_slots  # KV cache groups: layers sharing a tensor (kv_cache.py)
         self.device_cache = KVCache(cfg.num_hidden_layers, num_blocks, self.block_size,
                                     cfg.num_key_value_heads, cfg.head_dim, dtype=model.dtype,
-                                    device=model.device)
+                                    device=model.device, layer_slots=layer_slots)
         self.cpu_cache: KVCache | None = None
 
     @property
@@ -99,5 +100,6 @@ class CacheEngine:
         if self.cpu_cache is None:
             layers, kv_heads, head_dim, dtype = self._geometry
             self.cpu_cache = KVCache(layers, self.num_cpu_blocks, self.block_size, kv_heads, head_dim,
-                                     dtype=dtype, device="cpu", pin_memory=torch.cuda.is_available())
+                                     dtype=dtype, device="cpu", pin_memory=torch.cuda.is_available(),
+                                     layer_slots=self.layer_slots)
         return self.cpu_cache
