@@ -151,6 +151,20 @@ def test_prefix_longer_than_the_window_hits_in_every_group_with_the_tokens_of_no
     assert plain.allocator.stats.prefix_hit_tokens == 0
 
 
+@pytest.mark.parametrize("params", [
+    SamplingParams(max_tokens=30, n=2, temperature=0.8, seed=1, ignore_eos=True),
+    SamplingParams(max_tokens=30, beam_width=3, ignore_eos=True),
+], ids=["parallel-samples", "beams"])
+def test_sequences_sharing_a_prompt_fork_every_group(hybrid, params):
+    prompts = _prompts([40, 37], seed=4)
+    outs = []
+    for flag in (False, True):
+        engine = LLMEngine(hybrid, backend="torch", block_size=16, num_blocks=64,
+                           disable_hybrid_kv_cache_manager=flag)
+        outs.append([[c.token_ids for c in o.outputs] for o in engine.generate(prompts, params)])
+    assert outs[0] == outs[1] and len(outs[0][0]) == params.width
+
+
 def test_grouped_pool_has_the_bytes_of_one_group_and_refuses_what_never_fits(hybrid):
     grouped = LLMEngine(hybrid, backend="torch", block_size=16, num_blocks=8)
     one = LLMEngine(hybrid, backend="torch", block_size=16, num_blocks=8,
