@@ -165,6 +165,55 @@ def test_sequences_sharing_a_prompt_fork_every_group(hybrid, params):
     assert outs[0] == outs[1] and len(outs[0][0]) == params.width
 
 
+_TRITON_SCRIPT = """
+import dataclasses, json, sys
+from gpu_backend import LLMEngine, SamplingParams
+from gpu_backend.model import CausalLM
+from gpu_backend.model_presets import TINY_HYBRID, init_random_weights
+from gpu_backend.ops import get_backend
+backend, out = sys.argv[1], {}
+config = dataclasses.replace(TINY_HYBRID, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                             num_attention_heads=2, num_key_value_heads=1, sliding_window=8,
+                             layer_types=("sliding_attention", "full_attention"), num_params=None)
+model = CausalLM(config, backend=get_backend(backend, "cpu"))
+init_random_weights(model, 3)
+params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+for layout in sys.argv[2:]:
+    engine = LLMEngine(model, backend=backend, block_size=4, num_blocks=16, enable_chunked_prefill=True,
+                       max_num_batched_tokens=8, max_num_seqs=2,
+                       disable_hybrid_kv_cache_manager=layout == "one-group")
+    outs = engine.generate([list(range(3, 17)), [5, 6, 7]], params)
+    out[layout] = [type(engine.allocator).__name__, [o.outputs[0].token_ids for o in outs]]
+print("tokens", json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_triton_kernels_under_interpreter_read_each_groups_tables():
+    """An 8-token window over blocks of 4, a 14-token prompt fed in chunks and decoded to 24 tokens:
+    the Triton kernels (interpreted on CPU, in a subprocess because TRITON_INTERPRET must be set before
+    they are defined) give the torch backend's tokens, with one group or two."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton")
+    got = {}
+    for backend, layouts in (("triton", ["grouped"]), ("torch", ["grouped", "one-group"])):
+        env = dict(os.environ, TRITON_INTERPRET="1")
+        proc = subprocess.run([sys.executable, "-c", _TRITON_SCRIPT, backend, *layouts], env=env,
+                              capture_output=True, text=True, timeout=600,
+                              cwd=Path(__file__).resolve().parents[2])  # the repo root
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        got[backend] = json.loads(proc.stdout.split("tokens ", 1)[1])
+    assert got["triton"]["grouped"] == got["torch"]["grouped"]
+    assert got["torch"]["grouped"][0] == "GroupedBlockManager"
+    assert got["torch"]["one-group"][0] == "BlockManager"
+    assert got["torch"]["grouped"][1] == got["torch"]["one-group"][1]
+
+
 def test_grouped_pool_has_the_bytes_of_one_group_and_refuses_what_never_fits(hybrid):
     grouped = LLMEngine(hybrid, backend="torch", block_size=16, num_blocks=8)
     one = LLMEngine(hybrid, backend="torch", block_size=16, num_blocks=8,
