@@ -1,6 +1,7 @@
 """The engine's KV memory: the device pool, the CPU swap pool, and how allocator instructions map onto them.
 
-Paged: a KVCache of `num_blocks` blocks; a sequence's block table is the BlockManager's.
+Paged: a KVCache of `num_blocks` blocks; a sequence's block table is the BlockManager's (with several KV
+cache groups, the GroupedBlockManager's table of each group: engine/group_tables.py).
 Contiguous: the linear slot space of the ContiguousAllocator is a KVCache with block_size 1, and a
 sequence is described by its region, `(start,)`, with its length in context_lens: the kernels read
 slots [start, start + length) in tiles, so no per-token table is built or read. The same kernel family

@@ -18,7 +18,6 @@ import torch
 from gpu_backend.engine.input_batch import SequenceInput, build_model_input
 from gpu_backend.engine.kv_groups import group_of_layer
 from gpu_backend.model_input import ModelInput
-from simulator.core.kv_layout import KVLayout
 
 NULL_BLOCK = 0  # any valid id would do: what a hole points to is never read
 _HOLE = -1
@@ -48,9 +47,10 @@ def check_no_hole_read(tables: np.ndarray, first_read: np.ndarray, group: int) -
 class GroupInputs:
     """Builds a grouped engine's packed step from the allocator's per-group tables."""
 
-    def __init__(self, allocator, layout: KVLayout, device: torch.device):
+    def __init__(self, allocator, device: torch.device):
         self.tables = allocator.tables.tables  # seq id -> each group's table (the allocator's own lists)
         self.block_size = allocator.block_size
+        layout = allocator.layout
         self.windows = [g.spec.window if g.spec.slides else None for g in layout.groups]
         self.layer_group = group_of_layer(layout)
         self.device = device

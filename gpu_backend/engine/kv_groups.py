@@ -31,15 +31,16 @@ def layer_types(config: ModelConfig) -> tuple[str, ...]:
                  for i in range(config.num_hidden_layers))
 
 
-def grouped_pool(config, model_config: ModelConfig, dtype_name: str, capacity_tokens: int,
-                 max_model_len: int, token_budget: int) -> KVCapacity | None:
-    """The grouped pool of a paged engine over `capacity_tokens` slots of every layer (its layout and
-    block count), or None where the model's layers form one full-attention group."""
+def grouped_pool(config, model, capacity_tokens: int, sched_config) -> KVCapacity | None:
+    """The grouped pool of a paged engine over `capacity_tokens` slots of every layer of `model` (a
+    CausalLM; its layout and block count), or None where its layers form one full-attention group."""
     if not config.is_paged:
         return None
-    spec = dataclasses.replace(model_config, layer_types=layer_types(model_config), torch_dtype=dtype_name)
+    dtype = str(model.dtype).removeprefix("torch.")  # the KV cache is in the weights' dtype
+    spec = dataclasses.replace(model.config, layer_types=layer_types(model.config), torch_dtype=dtype)
     pool = kv_capacity(spec, capacity_tokens=capacity_tokens, block_size=config.block_size,
-                       max_model_len=max_model_len, max_num_batched_tokens=token_budget,
+                       max_model_len=sched_config.max_model_len,
+                       max_num_batched_tokens=sched_config.token_budget,
                        hybrid=not config.disable_hybrid_kv_cache_manager)
     return pool if pool.grouped else None
 

@@ -102,10 +102,8 @@ class LLMEngine:
         sched_config = config.scheduler_config(self.max_model_len)
         self.capacity_tokens, self.capacity_source = kv_capacity_tokens(config, self.model, sched_config)
         # Several KV cache groups (engine/kv_groups.py): None for one group of full-attention layers.
-        self.kv_groups = grouped_pool(config, self.model.config, str(self.model.dtype).removeprefix("torch."),
-                                      self.capacity_tokens, self.max_model_len, sched_config.token_budget)
+        self.kv_groups = grouped_pool(config, self.model, self.capacity_tokens, sched_config)
         grouped = self.kv_groups is not None
-        layout = self.kv_groups.layout if grouped else None
         self.allocator = make_allocator(config, self.capacity_tokens, self.bytes_per_token,
                                         self.max_model_len, record_events, self.kv_groups)
         # Request id -> max_tokens of the requests the decode batch may take (one sequence, no beam).
@@ -118,10 +116,10 @@ class LLMEngine:
             num_blocks=self.allocator.num_blocks if paged else self.capacity_tokens,
             num_cpu_blocks=self.allocator.num_cpu_blocks if paged else
             swap_tokens(config, self.capacity_tokens, self.bytes_per_token),
-            layer_slots=layer_slots(layout) if grouped else None)
+            layer_slots=layer_slots(self.allocator.layout) if grouped else None)
         # Paged: block tables persist across steps (appended to, not rebuilt); contiguous regions need none;
         # grouped: each step's come from the allocator's tables of every group.
-        self.group_inputs = GroupInputs(self.allocator, layout, self.device) if grouped else None
+        self.group_inputs = GroupInputs(self.allocator, self.device) if grouped else None
         self.tables = None if self.cache.contiguous or grouped else BlockTableStore(
             -(-self.max_model_len // config.block_size) + 1, rows=max(16, config.max_num_seqs))
         self.eos = set(self.model.config.eos_token_ids)
@@ -174,13 +172,10 @@ class LLMEngine:
                                    f"{params.max_tokens} need {final_len} positions, more than "
                                    f"max_model_len {self.max_model_len}")
         bs, width = self.config.block_size, params.width
-        if self.kv_groups is not None:
-            need = blocks_needed(self.allocator, prompt_len, final_len, width)
-            have = self.allocator.num_blocks - self.allocator.watermark_blocks
-            unit = "blocks"
-        elif isinstance(self.allocator, BlockManager):
+        if self.kv_groups is not None or isinstance(self.allocator, BlockManager):
             shared = prompt_len // bs
-            need = shared + width * (-(-final_len // bs) - shared)
+            need = shared + width * (-(-final_len // bs) - shared) if self.kv_groups is None else \
+                blocks_needed(self.allocator, prompt_len, final_len, width)
             have = self.allocator.num_blocks - self.allocator.watermark_blocks
             unit = "blocks"
         else:
