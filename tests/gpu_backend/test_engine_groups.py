@@ -139,6 +139,33 @@ def test_all_sliding_model_runs_one_sliding_group_with_the_tokens_of_a_pool_keep
     assert generate_simple(mistral_like, prompts, NEW, block_size=8) == got
 
 
+def test_three_sliding_groups_one_padded_and_a_full_one_share_two_tensors():
+    """Five sliding layers and two full ones: groups of two layers (the last sliding one padded), so layers
+    of four groups share the pool's two tensors. The windows free enough that no request is preempted,
+    where one group in the same bytes preempts."""
+    sliding, full = ("sliding_attention",), ("full_attention",)
+    types = sliding * 3 + full + sliding * 2 + full
+    config = dataclasses.replace(PRESETS["tiny-hybrid"], hidden_size=64, intermediate_size=128,
+                                 num_hidden_layers=7, num_attention_heads=2, num_key_value_heads=1,
+                                 sliding_window=8, layer_types=types, num_params=None)
+    model = CausalLM(config, backend=get_backend("torch", "cpu"))
+    init_random_weights(model, 3)
+    prompts = _prompts([21, 21, 21], seed=5)
+    engine = LLMEngine(model, backend="torch", block_size=4, num_blocks=12, watermark=0.0)
+    layout = engine.kv_groups.layout
+    assert [len(g.layers) for g in layout.groups] == [2, 2, 1, 2] and layout.num_padding_layers == 1
+    assert engine.cache.device_cache.layer_slots == (0, 0, 0, 0, 1, 1, 1)
+    run = Run(engine)
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    got = run.generate(prompts, params)
+    assert run.holes > 0 and engine.scheduler.num_preemptions == 0
+    assert got == generate_simple(model, prompts, 20, block_size=4)
+    one = LLMEngine(model, backend="torch", block_size=4, num_blocks=12, watermark=0.0,
+                    disable_hybrid_kv_cache_manager=True)
+    assert [o.outputs[0].token_ids for o in one.generate(prompts, params)] == got
+    assert one.scheduler.num_preemptions > 0
+
+
 def test_prefix_longer_than_the_window_hits_in_every_group_with_the_tokens_of_no_cache(hybrid):
     shared = _prompts([80], seed=2)[0]
     prompts = [shared + tail for tail in _prompts([7, 9], seed=3)]
