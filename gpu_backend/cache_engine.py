@@ -1,6 +1,7 @@
 """The engine's KV memory: the device pool, the CPU swap pool, and how allocator instructions map onto them.
 
-Paged: a KVCache of `num_blocks` blocks; a sequence's block table is the BlockManager's.
+Paged: a KVCache of `num_blocks` blocks; a sequence's block table is the BlockManager's (with several KV
+cache groups, the GroupedBlockManager's table of each group: engine/group_tables.py).
 Contiguous: the linear slot space of the ContiguousAllocator is a KVCache with block_size 1, and a
 sequence is described by its region, `(start,)`, with its length in context_lens: the kernels read
 slots [start, start + length) in tiles, so no per-token table is built or read. The same kernel family
@@ -37,15 +38,16 @@ class CacheEngine:
     """Device KV pool plus a CPU swap pool (allocated on the first swap-out), for one allocator layout."""
 
     def __init__(self, model: CausalLM, contiguous: bool, block_size: int, num_blocks: int,
-                 num_cpu_blocks: int):
+                 num_cpu_blocks: int, layer_slots: SeqLike[int] | None = None):
         cfg = model.config
         self.contiguous = contiguous
         self.block_size = 1 if contiguous else block_size  # the pool's block size
         self.num_cpu_blocks = num_cpu_blocks
         self._geometry = (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, model.dtype)
+        self.layer_slots = layer_slots  # KV cache groups: layers sharing a tensor (kv_cache.py)
         self.device_cache = KVCache(cfg.num_hidden_layers, num_blocks, self.block_size,
                                     cfg.num_key_value_heads, cfg.head_dim, dtype=model.dtype,
-                                    device=model.device)
+                                    device=model.device, layer_slots=layer_slots)
         self.cpu_cache: KVCache | None = None
 
     @property
@@ -99,5 +101,6 @@ class CacheEngine:
         if self.cpu_cache is None:
             layers, kv_heads, head_dim, dtype = self._geometry
             self.cpu_cache = KVCache(layers, self.num_cpu_blocks, self.block_size, kv_heads, head_dim,
-                                     dtype=dtype, device="cpu", pin_memory=torch.cuda.is_available())
+                                     dtype=dtype, device="cpu", pin_memory=torch.cuda.is_available(),
+                                     layer_slots=self.layer_slots)
         return self.cpu_cache

@@ -3,8 +3,9 @@
 One forward takes a packed batch of tokens from many sequences (prefills, prefill chunks and decodes
 together, no padding) and returns logits only for the rows the caller asked for. Attention goes through
 the kernels of `gpu_backend.ops`, each layer with its own sliding window (None: full attention) and
-logit soft-cap; everything else is plain torch. All layers share one block table per sequence: a
-sliding layer's kernels skip the blocks before its window, a full layer reads them all. Gemma adds
+logit soft-cap; everything else is plain torch. A layer reads its KV cache group's block table (one
+table for all layers unless the metadata carries one per layer): a sliding layer's kernels skip the
+blocks before its window, a full layer reads them all. Gemma adds
 (1 + w) RMSNorms around attention and MLP, a GELU MLP, embeddings scaled by sqrt(hidden_size), and
 (Gemma 3) per-head q/k norms and a separate RoPE base for sliding layers. Parameters are created
 uninitialized: the loader or a preset fills them.
@@ -209,8 +210,8 @@ class CausalLM(nn.Module):
         local = rope if self.local_rotary is None else self.local_rotary.cos_sin(positions, hidden.dtype)
         for layer_idx, layer in enumerate(self.layers):
             cos, sin = local if layer.self_attn.window is not None else rope
-            hidden = layer(hidden, cos, sin, kv_cache.k[layer_idx], kv_cache.v[layer_idx], attn_metadata,
-                           self.attn_backend)
+            hidden = layer(hidden, cos, sin, kv_cache.k[layer_idx], kv_cache.v[layer_idx],
+                           attn_metadata.for_layer(layer_idx), self.attn_backend)
         # The final norm is per token, so normalizing only the sampled rows is exact and cheaper.
         hidden = self.norm(hidden.index_select(0, attn_metadata.logits_indices))
         head = self.embed_tokens if self.lm_head is None else self.lm_head

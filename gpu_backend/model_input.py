@@ -24,6 +24,13 @@ class AttentionMetadata:
     # True: block_tables is [B, 1] holding each sequence's region start in a linear slot pool, and
     # sequence b's context is slots [start, start + context_lens[b]) (contiguous allocators).
     contiguous: bool = False
+    # A layout of several KV cache groups: each layer's metadata, whose slot mapping and block tables are
+    # its group's (gpu_backend/engine/group_tables.py); None: every layer reads this one.
+    layer_metadata: tuple[AttentionMetadata, ...] | None = None
+
+    def for_layer(self, layer: int) -> AttentionMetadata:
+        """The metadata layer `layer` attends with."""
+        return self if self.layer_metadata is None else self.layer_metadata[layer]
 
     @property
     def num_seqs(self) -> int:

@@ -23,10 +23,11 @@ import torch
 from gpu_backend.model_input import AttentionMetadata, ModelInput
 
 
-def decode_graphs_apply(device_type: str, backend: str, enforce_eager: bool) -> bool:
+def decode_graphs_apply(device_type: str, backend: str, enforce_eager: bool, grouped: bool = False) -> bool:
     """Whether the engine runs decode steps as CUDA graphs (prefill steps never are): on CUDA, with the
-    Triton backend (the module docstring says why), unless --enforce-eager."""
-    return device_type == "cuda" and backend == "triton" and not enforce_eager
+    Triton backend (the module docstring says why), unless --enforce-eager; never over several KV cache
+    groups, whose layers read one table each while the captured buffers hold one per sequence."""
+    return device_type == "cuda" and backend == "triton" and not enforce_eager and not grouped
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:

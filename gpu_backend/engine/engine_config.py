@@ -30,6 +30,9 @@ class EngineConfig(CacheConfig):
     # CUDA graphs for decode steps (CUDA + Triton backend only; see engine/cuda_graph.py); True turns
     # them off, as vLLM's --enforce-eager does.
     enforce_eager: bool = False
+    # vLLM's --disable-hybrid-kv-cache-manager, as the simulator's: a model mixing sliding-window and full
+    # layers keeps every token on every layer, in one group (engine/kv_groups.py).
+    disable_hybrid_kv_cache_manager: bool = False
 
     def __post_init__(self) -> None:
         try:
@@ -46,4 +49,7 @@ class EngineConfig(CacheConfig):
 
     def to_dict(self) -> dict:
         """Plain-JSON view."""
-        return asdict(self)
+        d = asdict(self)
+        if not self.disable_hybrid_kv_cache_manager:
+            del d["disable_hybrid_kv_cache_manager"]  # only runs that set it record it
+        return d

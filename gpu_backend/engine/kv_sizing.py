@@ -97,11 +97,15 @@ def swap_tokens(config: EngineConfig, capacity_tokens: int, bytes_per_token: int
 
 
 def make_allocator(config: EngineConfig, capacity_tokens: int, bytes_per_token: int, max_model_len: int,
-                   record_events: bool = False) -> KVAllocator:
-    """The shared allocator over the pool, built by the same function the simulator uses."""
+                   record_events: bool = False, pool=None) -> KVAllocator:
+    """The shared allocator over the pool, built by the same function the simulator uses; `pool` (a
+    KVCapacity with several KV cache groups, engine/kv_groups.py) makes it the grouped one."""
+    cpu_tokens = swap_tokens(config, capacity_tokens, bytes_per_token)
+    grouped = {} if pool is None else dict(
+        layout=pool.layout, num_blocks=pool.num_blocks,
+        num_cpu_blocks=cpu_tokens * bytes_per_token // pool.layout.block_bytes)
     try:
-        return build_allocator(config, capacity_tokens, cpu_tokens=swap_tokens(config, capacity_tokens,
-                                                                               bytes_per_token),
-                               max_model_len=max_model_len, record_events=record_events)
+        return build_allocator(config, capacity_tokens, cpu_tokens=cpu_tokens, max_model_len=max_model_len,
+                               record_events=record_events, **grouped)
     except ConfigError as exc:
         raise EngineInputError(str(exc)) from None

@@ -22,7 +22,9 @@ from gpu_backend.engine.block_table_store import BlockTableStore
 from gpu_backend.engine.cuda_graph import DecodeGraphRunner, decode_graphs_apply
 from gpu_backend.engine.decode_step import DecodeStepper
 from gpu_backend.engine.engine_config import EngineConfig
+from gpu_backend.engine.group_tables import GroupInputs
 from gpu_backend.engine.input_batch import SequenceInput, build_model_input
+from gpu_backend.engine.kv_groups import blocks_needed, grouped_pool, layer_slots
 from gpu_backend.engine.kv_sizing import kv_capacity_tokens, make_allocator, swap_tokens
 from gpu_backend.engine.params import EngineInputError, RequestOutput, SamplingParams
 from gpu_backend.engine.requests import RequestState, check_prompt
@@ -99,26 +101,33 @@ class LLMEngine:
         self.bytes_per_token = self.model.config.kv_bytes_per_token(self.model.dtype)
         sched_config = config.scheduler_config(self.max_model_len)
         self.capacity_tokens, self.capacity_source = kv_capacity_tokens(config, self.model, sched_config)
+        # Several KV cache groups (engine/kv_groups.py): None for one group of full-attention layers.
+        self.kv_groups = grouped_pool(config, self.model, self.capacity_tokens, sched_config)
+        grouped = self.kv_groups is not None
         self.allocator = make_allocator(config, self.capacity_tokens, self.bytes_per_token,
-                                        self.max_model_len, record_events)
+                                        self.max_model_len, record_events, self.kv_groups)
         # Request id -> max_tokens of the requests the decode batch may take (one sequence, no beam).
         self.output_len: dict[int, int] = {}
+        decode_batch = decode_batch and not grouped  # the decode batch keeps one table per sequence
         self.scheduler = Scheduler(sched_config, self.allocator, self.output_len if decode_batch else None)
-        paged = isinstance(self.allocator, BlockManager)
+        paged = grouped or isinstance(self.allocator, BlockManager)
         self.cache = CacheEngine(
             self.model, contiguous=not paged, block_size=config.block_size,
             num_blocks=self.allocator.num_blocks if paged else self.capacity_tokens,
             num_cpu_blocks=self.allocator.num_cpu_blocks if paged else
-            swap_tokens(config, self.capacity_tokens, self.bytes_per_token))
-        # Paged: block tables persist across steps (appended to, not rebuilt); contiguous regions need none.
-        self.tables = None if self.cache.contiguous else BlockTableStore(
+            swap_tokens(config, self.capacity_tokens, self.bytes_per_token),
+            layer_slots=layer_slots(self.allocator.layout) if grouped else None)
+        # Paged: block tables persist across steps (appended to, not rebuilt); contiguous regions need none;
+        # grouped: each step's come from the allocator's tables of every group.
+        self.group_inputs = GroupInputs(self.allocator, self.device) if grouped else None
+        self.tables = None if self.cache.contiguous or grouped else BlockTableStore(
             -(-self.max_model_len // config.block_size) + 1, rows=max(16, config.max_num_seqs))
         self.eos = set(self.model.config.eos_token_ids)
         self.track_memory = track_memory
         self.decoder = DecodeStepper(self) if decode_batch else None
         self.graph_runner = None
         if decode_graphs_apply(self.device.type, getattr(self.model.attn_backend, "name", ""),
-                               config.enforce_eager):
+                               config.enforce_eager, grouped):
             self.graph_runner = DecodeGraphRunner(
                 self._forward, config.max_num_seqs, -(-self.max_model_len // config.block_size) + 1,
                 self.max_model_len, self.cache.contiguous, self.device,
@@ -163,9 +172,10 @@ class LLMEngine:
                                    f"{params.max_tokens} need {final_len} positions, more than "
                                    f"max_model_len {self.max_model_len}")
         bs, width = self.config.block_size, params.width
-        if isinstance(self.allocator, BlockManager):
+        if self.kv_groups is not None or isinstance(self.allocator, BlockManager):
             shared = prompt_len // bs
-            need = shared + width * (-(-final_len // bs) - shared)
+            need = shared + width * (-(-final_len // bs) - shared) if self.kv_groups is None else \
+                blocks_needed(self.allocator, prompt_len, final_len, width)
             have = self.allocator.num_blocks - self.allocator.watermark_blocks
             unit = "blocks"
         else:
@@ -245,6 +255,8 @@ class LLMEngine:
     def _model_input(self, inputs):
         """The step's packed inputs; paged tables come from the persistent store."""
         bs = self.cache.block_size
+        if self.group_inputs is not None:
+            return self.group_inputs.model_input(inputs)
         if self.tables is None:
             return build_model_input(inputs, bs, self.device, contiguous=True)
         row = self.tables.row

@@ -21,6 +21,8 @@ from gpu_backend.model import CausalLM
 from gpu_backend.model_config import ModelConfig
 from gpu_backend.ops import get_backend
 from gpu_backend.testing import prompt_logits
+from simulator.core.paged import BlockManager
+from simulator.core.paged.kv_groups import GroupedBlockManager
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -129,8 +131,14 @@ def test_engine_greedy_longer_than_the_window_equals_transformers(checkpoints, n
     ours = load_model(path, dtype="float32")
     prompts = _prompts([5, 19, 33, 1])
     engine = LLMEngine(ours, backend="torch", block_size=block_size, num_blocks=200)
+    assert isinstance(engine.allocator, GroupedBlockManager)  # sliding groups hand blocks back
     got = [o.outputs[0].token_ids for o in engine.generate(prompts, GREEDY)]
     assert got == _hf_greedy(hf, prompts)
+    # One group keeping every token on every layer (a model without full layers keeps its window).
+    one = LLMEngine(ours, backend="torch", block_size=block_size, num_blocks=200,
+                    disable_hybrid_kv_cache_manager=True)
+    assert isinstance(one.allocator, GroupedBlockManager if name == "mistral" else BlockManager)
+    assert [o.outputs[0].token_ids for o in one.generate(prompts, GREEDY)] == got
 
 
 _TRITON_SCRIPT = """
@@ -192,7 +200,8 @@ def test_tiny_hybrid_preset_runs_in_the_engine_past_its_window():
 
 @pytest.mark.parametrize("options", [
     {"allocator": "contiguous-oracle", "num_blocks": 400, "block_size": 1},
-    # 16 blocks of 4 slots hold 64 tokens: the requests (up to 57 tokens) take turns, preempted mid-way.
+    # 16 x 4 slots of every layer: sliding groups hand their old blocks back, yet six requests (up to 57
+    # tokens, the short prompts growing) outgrow the pool and take turns, preempted mid-way.
     {"num_blocks": 16, "block_size": 4, "preemption_mode": "recompute", "watermark": 0.0},
     {"num_blocks": 16, "block_size": 4, "preemption_mode": "swap", "swap_space_gb": 0.001, "watermark": 0.0},
 ], ids=["contiguous", "recompute", "swap"])
@@ -200,7 +209,7 @@ def test_tiny_hybrid_preset_runs_in_the_engine_past_its_window():
 def test_engine_pools_and_preemption_with_windows_equal_transformers(checkpoints, name, options):
     path, hf = checkpoints[name]
     ours = load_model(path, dtype="float32")
-    prompts = _prompts([5, 19, 33, 1], seed=1)
+    prompts = _prompts([5, 19, 33, 1, 2, 3], seed=1)
     engine = LLMEngine(ours, backend="torch", enable_prefix_caching=False, **options)
     got = [o.outputs[0].token_ids for o in engine.generate(prompts, GREEDY)]
     assert got == _hf_greedy(hf, prompts)

@@ -86,6 +86,25 @@ def test_swap_rejects_mismatched_pools():
         swap_blocks(a.k[0], _filled(num_blocks=2).k[0], [(0, 5)])
 
 
+def test_layers_of_different_groups_share_tensors_in_copies_and_swaps():
+    """Layers 0 and 2 (one group) and 1 and 3 (another) as vLLM pools them: two tensors, not four."""
+    slots = (0, 0, 1, 1)
+    pool = KVCache(4, 6, 4, 2, 8, torch.float32, layer_slots=slots)
+    assert pool.num_tensors == 2 and pool.k[0] is pool.k[1] and pool.v[2] is pool.v[3]
+    assert pool.bytes == sum(t.numel() * t.element_size() for t in (*pool.k_pools, *pool.v_pools))
+    assert pool.bytes == KVCache(2, 6, 4, 2, 8, torch.float32).bytes
+    for i, tensor in enumerate((*pool.k_pools, *pool.v_pools)):
+        tensor.fill_(i + 1)
+    pool.copy_blocks([(1, 4)])
+    host = KVCache(4, 2, 4, 2, 8, torch.float32, layer_slots=slots)
+    pool.swap_out(host, [(4, 1)])
+    assert [float(t[1].mean()) for t in (*host.k_pools, *host.v_pools)] == [1.0, 2.0, 3.0, 4.0]
+    with pytest.raises(ConfigError, match="differ"):
+        pool.swap_out(KVCache(4, 2, 4, 2, 8, torch.float32), [(4, 1)])
+    with pytest.raises(ConfigError, match="layer_slots must give each of 4 layers"):
+        KVCache(4, 6, 4, 2, 8, layer_slots=(0, 0, 2, 2))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_swap_between_cuda_and_pinned_cpu():
