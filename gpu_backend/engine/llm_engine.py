@@ -24,6 +24,7 @@ from gpu_backend.engine.decode_step import DecodeStepper
 from gpu_backend.engine.engine_config import EngineConfig
 from gpu_backend.engine.input_batch import SequenceInput, build_model_input
 from gpu_backend.engine.kv_sizing import kv_capacity_tokens, make_allocator, swap_tokens
+from gpu_backend.engine.kv_tier_setup import build_tier_data
 from gpu_backend.engine.params import EngineInputError, RequestOutput, SamplingParams
 from gpu_backend.engine.requests import RequestState, check_prompt
 from gpu_backend.engine.sampling import SamplingBatch, compute_logprobs, greedy_tokens, make_generator, sample
@@ -110,6 +111,8 @@ class LLMEngine:
             num_blocks=self.allocator.num_blocks if paged else self.capacity_tokens,
             num_cpu_blocks=self.allocator.num_cpu_blocks if paged else
             swap_tokens(config, self.capacity_tokens, self.bytes_per_token))
+        self.cache.tiers = build_tier_data(config, self.allocator, self.cache.device_cache,
+                                           self.bytes_per_token)
         # Paged: block tables persist across steps (appended to, not rebuilt); contiguous regions need none.
         self.tables = None if self.cache.contiguous else BlockTableStore(
             -(-self.max_model_len // config.block_size) + 1, rows=max(16, config.max_num_seqs))
@@ -188,6 +191,7 @@ class LLMEngine:
             if result is not None:
                 return result
         out = sched.schedule()
+        self.cache.settle_tiers()
         counts = (len(sched.running), len(sched.waiting), len(sched.swapped))
         head = sched.waiting[0] if sched.waiting else None
         result = StepResult(out, counts, self.allocator.breakdown(head) if self.track_memory else None)
@@ -376,6 +380,11 @@ class LLMEngine:
         meta = replace(batch.attn_metadata, max_context_len=self.max_model_len)
         self.model(batch.input_ids, batch.positions, meta, self.cache.device_cache)
         self.synchronize()
+
+    def close(self) -> None:
+        """Release what outlives the engine object: the disk tier's file."""
+        if self.cache.tiers is not None:
+            self.cache.tiers.close()
 
     def synchronize(self) -> None:
         """Wait for queued device work (for honest wall-clock step times on a GPU)."""
