@@ -10,9 +10,11 @@ memory and given its full size up front so a full disk shows at start, not in th
 """
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
+import weakref
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -62,42 +64,46 @@ def _shape(cache: KVCache, num_slots: int) -> tuple[int, ...]:
 
 
 class DiskFile:
-    """The disk tier's file of slots in `directory` (a temporary directory, removed on close, when None)."""
+    """The disk tier's file of slots in `directory` (a temporary directory, removed on close, when None).
+    The file goes when the tier is closed or garbage-collected, or when the process exits."""
 
     def __init__(self, cache: KVCache, num_slots: int, directory: str | None) -> None:
         shape = _shape(cache, num_slots)
-        numel = 1
-        for n in shape:
-            numel *= n
+        numel = math.prod(shape)
         nbytes = numel * cache.k[0].element_size()
-        self.own_dir = directory is None
         folder = Path(tempfile.mkdtemp(prefix="pagelab-kv-")) if directory is None else Path(directory)
         self.path = folder / f"kv-tier-{os.getpid()}-{id(self):x}.bin"
+        self._remove = weakref.finalize(self, _remove, self.path, folder if directory is None else None)
         try:
             folder.mkdir(parents=True, exist_ok=True)
             free = shutil.disk_usage(folder).free
             if free < nbytes:
-                raise ConfigError(f"kv_offloading_disk_path {folder}: the disk tier needs {nbytes / GIB:.3f} "
-                                  f"GiB (kv_offloading_disk_size), {free / GIB:.3f} GiB are free")
+                raise ConfigError(f"kv_offloading_disk_path {folder}: the disk tier needs {nbytes / GIB:.4g} "
+                                  f"GiB (kv_offloading_disk_size), {free / GIB:.4g} GiB are free")
             with open(self.path, "wb") as f:
                 _reserve(f.fileno(), nbytes)
         except OSError as exc:
             self.close()
             raise ConfigError(f"kv_offloading_disk_path {folder}: cannot create the disk tier's "
-                              f"{nbytes / GIB:.3f} GiB file there ({exc.strerror or exc}); give a writable "
+                              f"{nbytes / GIB:.4g} GiB file there ({exc.strerror or exc}); give a writable "
                               f"directory with room") from None
         except ConfigError:
             self.close()
             raise
-        flat = torch.from_file(str(self.path), shared=True, size=numel, dtype=cache.dtype)
-        self.data = flat.view(shape)
+        self.data = torch.from_file(str(self.path), shared=True, size=numel, dtype=cache.dtype).view(shape)
 
     def close(self) -> None:
         """Remove the file (and the temporary directory it was made in)."""
         self.data = None
-        self.path.unlink(missing_ok=True)
-        if self.own_dir:
-            shutil.rmtree(self.path.parent, ignore_errors=True)
+        self._remove()
+
+
+def _remove(path: Path, own_dir: Path | None) -> None:
+    """Delete the disk tier's file, and its directory when it was made for it."""
+    if path.is_file():
+        path.unlink()
+    if own_dir is not None:
+        shutil.rmtree(own_dir, ignore_errors=True)
 
 
 def _reserve(fd: int, nbytes: int) -> None:
