@@ -133,6 +133,7 @@ class TierData:
         self.cuda = cache.device.type == "cuda"
         self.stream = torch.cuda.Stream(cache.device) if self.cuda else None
         self.event = None  # recorded after side-stream stores a host read must wait for
+        self._stores: list[tuple[int, TierSlots, int]] = []  # (GPU block, tier, slot) queued by `run`
         self.copied_in = dict.fromkeys(self.slots, 0)  # blocks loaded into the GPU pool, by tier
         self.copied_out = dict.fromkeys(self.slots, 0)  # blocks stored from the GPU pool, by tier
 
@@ -194,12 +195,11 @@ class TierData:
                 entry = [tier, tier.slot[op[2]], op[3], None]
                 loads.append(entry)
                 by_op[id(op)] = entry
+        self._flush_stores()
         if self.cuda:  # loads and the next forward write blocks the side stream may still be reading
             torch.cuda.current_stream(self.cache.device).wait_stream(self.stream)
-        for tier, slot, dst, data in loads:
-            pinned = data is None and tier.name == "cpu"
-            self._to_device(tier.data[slot] if data is None else data, dst, pinned)
-            self.copied_in[tier.name] += 1
+        if loads:
+            self._load(loads)
 
     def close(self) -> None:
         """Remove the disk tier's file."""
@@ -214,27 +214,50 @@ class TierData:
                 entry[3] = tier.data[slot].clone()
 
     def _from_device(self, bid: int, tier: TierSlots, slot: int) -> None:
-        """Copy GPU block `bid` of every layer into `slot` (on the side stream when CUDA and pinned)."""
-        cache, dst = self.cache, tier.data[slot]
-        side = self.cuda and tier.name == "cpu" and dst.is_pinned()
-        with torch.cuda.stream(self.stream) if side else nullcontext():
-            for layer in range(cache.num_layers):
-                dst[layer, 0].copy_(cache.k[layer][bid], non_blocking=side)
-                dst[layer, 1].copy_(cache.v[layer][bid], non_blocking=side)
-        if side:
-            self.event = torch.cuda.Event()
-            self.event.record(self.stream)
+        """Queue the copy of GPU block `bid` into `slot`; queued copies run together (`_flush_stores`)
+        before anything reads a host slot."""
+        self._stores.append((bid, tier, slot))
         self.copied_out[tier.name] += 1
 
-    def _to_device(self, src: torch.Tensor, bid: int, pinned: bool) -> None:
-        """Copy one slot's data into GPU block `bid` of every layer."""
-        cache, non_blocking = self.cache, pinned and self.cuda
+    def _flush_stores(self) -> None:
+        """Run the queued stores: each layer's blocks gathered on the device in one op, then one copy per
+        slot (on the side stream into pinned memory under CUDA)."""
+        stores, self._stores = self._stores, []
+        if not stores:
+            return
+        cache = self.cache
+        with torch.cuda.stream(self.stream) if self.cuda else nullcontext():
+            idx = torch.tensor([b for b, _, _ in stores], dtype=torch.int64, device=cache.device)
+            staging = torch.empty(_shape(cache, len(stores)), dtype=cache.dtype, device=cache.device)
+            for layer in range(cache.num_layers):
+                staging[:, layer, 0] = cache.k[layer].index_select(0, idx)
+                staging[:, layer, 1] = cache.v[layer].index_select(0, idx)
+            for i, (_, tier, slot) in enumerate(stores):
+                dst = tier.data[slot]
+                dst.copy_(staging[i], non_blocking=self.cuda and dst.is_pinned())
+        if self.cuda:
+            self.event = torch.cuda.Event()
+            self.event.record(self.stream)
+
+    def _load(self, loads: list[list]) -> None:
+        """Write the loads into their GPU blocks: one copy per slot into a device staging buffer, then
+        each layer's blocks scattered in one op (a block loaded twice keeps its last load)."""
+        cache = self.cache
+        last = {entry[2]: entry for entry in loads}
+        staging = torch.empty(_shape(cache, len(last)), dtype=cache.dtype, device=cache.device)
+        for i, (tier, slot, _, data) in enumerate(last.values()):
+            src = tier.data[slot] if data is None else data
+            staging[i].copy_(src, non_blocking=self.cuda and src.is_pinned())
+        idx = torch.tensor(list(last), dtype=torch.int64, device=cache.device)
         for layer in range(cache.num_layers):
-            cache.k[layer][bid].copy_(src[layer, 0], non_blocking=non_blocking)
-            cache.v[layer][bid].copy_(src[layer, 1], non_blocking=non_blocking)
+            cache.k[layer].index_copy_(0, idx, staging[:, layer, 0])
+            cache.v[layer].index_copy_(0, idx, staging[:, layer, 1])
+        for entry in loads:
+            self.copied_in[entry[0].name] += 1
 
     def _wait_host(self) -> None:
-        """Before the host reads a CPU slot: wait for the side-stream stores that write it."""
+        """Before the host reads a slot: run the queued stores and wait for those on the side stream."""
+        self._flush_stores()
         if self.event is not None:
             self.event.synchronize()
             self.event = None

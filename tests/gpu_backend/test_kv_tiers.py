@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from gpu_backend.kv_cache import KVCache
 from gpu_backend.kv_tiers import TierData
+from simulator.core.allocator import AllocStatus
 from simulator.core.paged.block_manager import BlockManager
 from simulator.core.paged.tier_log import TierLog, attach_log
 from simulator.core.paged.tiers import Tiers, TierSpec, attach
@@ -22,7 +23,7 @@ BS = 4
 
 
 def _setup(tmp_path, gpu_blocks: int, cpu: int, disk: int, store: str, per_tier: int, policy: str):
-    bm = BlockManager(gpu_blocks, BS, num_cpu_blocks=0, watermark=0.0)
+    bm = BlockManager(gpu_blocks, BS, num_cpu_blocks=8, watermark=0.0)
     specs = [TierSpec("cpu", cpu, per_tier, policy)] if cpu else []
     if disk:
         specs.append(TierSpec("disk", disk, per_tier, policy, bandwidth=5e9, latency_s=1e-4))
@@ -32,6 +33,13 @@ def _setup(tmp_path, gpu_blocks: int, cpu: int, disk: int, store: str, per_tier:
     attach_log(bm, log)
     pool = KVCache(2, gpu_blocks, 1, 1, 1, dtype=torch.int64)
     return bm, tiers, TierData(pool, tiers, log, str(tmp_path)), pool
+
+
+def _check_held(bm, pool: KVCache, seq: Sequence, upto: int) -> None:
+    """The first `upto` blocks of `seq` hold their published content."""
+    for bid in seq.block_table[:upto]:
+        if bm.pool.hash[bid] is not None:
+            assert _content(pool, bid) == _label(bm.pool.hash[bid])
 
 
 def _group(i: int, conv: int, nblocks: int) -> SequenceGroup:
@@ -57,18 +65,37 @@ def _compute(pool: KVCache, bid: int, h: int | None) -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(requests=st.lists(st.tuples(st.integers(0, 5), st.integers(1, 7)), min_size=1, max_size=30),
+@given(requests=st.lists(st.tuples(st.integers(0, 5), st.integers(1, 7), st.sampled_from("aaaaoi")),
+                         min_size=1, max_size=30),
        store=st.sampled_from(["lazy", "eager"]), tiers_=st.sampled_from([(5, 0), (3, 6), (0, 5), (1, 3)]),
        policy=st.sampled_from(["lru", "lfu", "s3fifo"]), per_tier=st.sampled_from([1, 2]))
 def test_loaded_blocks_carry_the_content_they_were_stored_with(tmp_path_factory, requests, store, tiers_,
                                                                policy, per_tier):
     cpu, disk = tiers_
     bm, tiers, data, pool = _setup(tmp_path_factory.mktemp("disk"), 10, cpu, disk, store, per_tier, policy)
-    live, loads = [], 0
-    for i, (conv, nblocks) in enumerate(requests):
+    live, swapped, loads = [], [], 0
+    swap = KVCache(2, 8, 1, 1, 1, dtype=torch.int64)
+    for i, (conv, nblocks, action) in enumerate(requests):
+        if action == "o" and live and bm.can_swap_out(live[0]):  # swap out the oldest sequence
+            group = live.pop(0)
+            copies = bm.swap_out(group)
+            data.run()  # as CacheEngine.swap_out: the tiers' moves first
+            pool.swap_out(swap, copies)
+            swapped.append(group)
+            continue
+        if action == "i" and swapped and bm.can_swap_in(swapped[0]) is AllocStatus.OK:
+            group = swapped.pop(0)
+            copies = bm.swap_in(group)
+            data.run()  # stores from blocks the swap-in takes read them before it writes them
+            pool.swap_in(swap, copies)
+            _check_held(bm, pool, group.seqs[0], len(group.seqs[0].block_table))
+            live.append(group)
+            continue
         group = _group(i, conv, nblocks)
         while live and bm.num_free_blocks < nblocks + 1:
-            bm.free(live.pop(0))
+            bm.free(live.pop(0).seqs[0])
+        if bm.num_free_blocks < nblocks + 1:
+            continue
         gpu_before = bm.stats.prefix_hits
         hit_before = sum(t.stats.hit_blocks for t in tiers.tiers)
         bm.allocate(group)
@@ -84,9 +111,9 @@ def test_loaded_blocks_carry_the_content_they_were_stored_with(tmp_path_factory,
                 assert _content(pool, bid) == _label(h)
             else:
                 _compute(pool, bid, h)
-        live.append(seq)
-    for seq in live:
-        bm.free(seq)
+        live.append(group)
+    for group in live + swapped:
+        bm.free(group.seqs[0])
     data.run()
     assert data.problems() == []
     assert sum(data.copied_in.values()) == loads
