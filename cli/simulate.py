@@ -8,6 +8,7 @@ from typing import Literal
 
 import typer
 
+from cli import tier_options
 from cli.common import UserError, atomic_dir, err_console, finite_float, user_errors
 from cli.help import OUTPUT, POOL, SCHEDULER, TRACE, VLLM
 from cli.serving import (
@@ -115,23 +116,13 @@ def simulate_cmd(
                                              "(default: buddy)."),
     prefix_caching: bool = typer.Option(True, rich_help_panel=POOL,
                                         help="Reuse cached prefix blocks (paged)."),
-    kv_offloading_size: float = typer.Option(None, rich_help_panel=POOL,
-                                             help="GiB of CPU memory for a CPU tier of prefix blocks (vLLM's "
-                                                  "name); swap uses its budget (default: no tier)."),
-    kv_offloading_disk_size: float = typer.Option(None, rich_help_panel=POOL,
-                                                  help="GiB of local disk for a disk tier below the CPU's."),
-    kv_offloading_block_size: int = typer.Option(None, rich_help_panel=POOL,
-                                                 help="Tokens per tier block, a multiple of --block-size "
-                                                      "(default: --block-size)."),
-    kv_offloading_policy: str = typer.Option("lru", rich_help_panel=POOL,
-                                             help="Eviction in each tier: lru, lfu or s3fifo."),
-    kv_offloading_store: str = typer.Option("lazy", rich_help_panel=POOL,
-                                            help="lazy: store the blocks the GPU evicts; eager: store "
-                                                 "blocks when their request releases them."),
-    cpu_offload_bandwidth_gbps: float = typer.Option(None, rich_help_panel=POOL,
-                                                     help="CPU tier -> GPU GB/s (default: the GPU's PCIe)."),
-    disk_offload_bandwidth_gbps: float = typer.Option(6.0, rich_help_panel=POOL,
-                                                      help="Disk tier -> GPU GB/s."),
+    kv_offloading_size: float = tier_options.KV_OFFLOADING_SIZE,
+    kv_offloading_disk_size: float = tier_options.KV_OFFLOADING_DISK_SIZE,
+    kv_offloading_block_size: int = tier_options.KV_OFFLOADING_BLOCK_SIZE,
+    kv_offloading_policy: str = tier_options.KV_OFFLOADING_POLICY,
+    kv_offloading_store: str = tier_options.KV_OFFLOADING_STORE,
+    cpu_offload_bandwidth_gbps: float = tier_options.CPU_OFFLOAD_BANDWIDTH_GBPS,
+    disk_offload_bandwidth_gbps: float = tier_options.DISK_OFFLOAD_BANDWIDTH_GBPS,
     hybrid_kv_cache: bool = typer.Option(True, "--hybrid-kv-cache/--disable-hybrid-kv-cache-manager",
                                          rich_help_panel=POOL,
                                          help="Group a model's layers by attention type, as vLLM (sliding "
