@@ -116,6 +116,7 @@ def test_loaded_blocks_carry_the_content_they_were_stored_with(tmp_path_factory,
         bm.free(group.seqs[0])
     data.run()
     assert data.problems() == []
+    assert not (data.log.source or data.log.frames or data.log.unplaced)  # nothing left half-moved
     assert sum(data.copied_in.values()) == loads
     for tier in tiers.tiers:  # every block a tier holds carries its own content
         for h in tier.keys:
