@@ -6,7 +6,6 @@ from typing import Literal
 
 import typer
 
-from cli import tier_options
 from cli.common import UserError, console, err_console, finite_float, user_errors
 from cli.help import OUTPUT, POOL, SCHEDULER, TRACE, VLLM
 from cli.serving import (
@@ -26,6 +25,13 @@ from cli.serving import (
     reporting,
 )
 from cli.simulate import Preemption, TableFormat
+from cli.tier_options import (
+    KV_OFFLOADING_BLOCK_SIZE,
+    KV_OFFLOADING_DISK_SIZE,
+    KV_OFFLOADING_POLICY,
+    KV_OFFLOADING_SIZE,
+    KV_OFFLOADING_STORE,
+)
 
 DEFAULT_LIMIT = 64
 Clock = Literal["wall", "cpu"]
@@ -87,11 +93,11 @@ def replay_cmd(
     swap_space_gb: float = typer.Option(None, rich_help_panel=POOL,
                                         help="CPU swap pool in GiB, allocated on first use (default: 4 GiB, "
                                              "at most the KV pool's size)."),
-    kv_offloading_size: float = tier_options.KV_OFFLOADING_SIZE,
-    kv_offloading_disk_size: float = tier_options.KV_OFFLOADING_DISK_SIZE,
-    kv_offloading_block_size: int = tier_options.KV_OFFLOADING_BLOCK_SIZE,
-    kv_offloading_policy: str = tier_options.KV_OFFLOADING_POLICY,
-    kv_offloading_store: str = tier_options.KV_OFFLOADING_STORE,
+    kv_offloading_size: float = KV_OFFLOADING_SIZE,
+    kv_offloading_disk_size: float = KV_OFFLOADING_DISK_SIZE,
+    kv_offloading_block_size: int = KV_OFFLOADING_BLOCK_SIZE,
+    kv_offloading_policy: str = KV_OFFLOADING_POLICY,
+    kv_offloading_store: str = KV_OFFLOADING_STORE,
     kv_offloading_disk_path: Path = typer.Option(None, rich_help_panel=POOL,
                                                  help="The disk tier's folder (default: a temporary one)."),
     max_num_seqs: int = typer.Option(256, rich_help_panel=SCHEDULER, help="Most sequences running at once."),

@@ -8,7 +8,6 @@ from typing import Literal
 
 import typer
 
-from cli import tier_options
 from cli.common import UserError, atomic_dir, err_console, finite_float, user_errors
 from cli.help import OUTPUT, POOL, SCHEDULER, TRACE, VLLM
 from cli.serving import (
@@ -26,6 +25,15 @@ from cli.serving import (
     print_capacity,
     report,
     reporting,
+)
+from cli.tier_options import (
+    CPU_OFFLOAD_BANDWIDTH_GBPS,
+    DISK_OFFLOAD_BANDWIDTH_GBPS,
+    KV_OFFLOADING_BLOCK_SIZE,
+    KV_OFFLOADING_DISK_SIZE,
+    KV_OFFLOADING_POLICY,
+    KV_OFFLOADING_SIZE,
+    KV_OFFLOADING_STORE,
 )
 from pagelab.malloc import map_large_allocations
 from simulator.core.models import get_model
@@ -116,13 +124,13 @@ def simulate_cmd(
                                              "(default: buddy)."),
     prefix_caching: bool = typer.Option(True, rich_help_panel=POOL,
                                         help="Reuse cached prefix blocks (paged)."),
-    kv_offloading_size: float = tier_options.KV_OFFLOADING_SIZE,
-    kv_offloading_disk_size: float = tier_options.KV_OFFLOADING_DISK_SIZE,
-    kv_offloading_block_size: int = tier_options.KV_OFFLOADING_BLOCK_SIZE,
-    kv_offloading_policy: str = tier_options.KV_OFFLOADING_POLICY,
-    kv_offloading_store: str = tier_options.KV_OFFLOADING_STORE,
-    cpu_offload_bandwidth_gbps: float = tier_options.CPU_OFFLOAD_BANDWIDTH_GBPS,
-    disk_offload_bandwidth_gbps: float = tier_options.DISK_OFFLOAD_BANDWIDTH_GBPS,
+    kv_offloading_size: float = KV_OFFLOADING_SIZE,
+    kv_offloading_disk_size: float = KV_OFFLOADING_DISK_SIZE,
+    kv_offloading_block_size: int = KV_OFFLOADING_BLOCK_SIZE,
+    kv_offloading_policy: str = KV_OFFLOADING_POLICY,
+    kv_offloading_store: str = KV_OFFLOADING_STORE,
+    cpu_offload_bandwidth_gbps: float = CPU_OFFLOAD_BANDWIDTH_GBPS,
+    disk_offload_bandwidth_gbps: float = DISK_OFFLOAD_BANDWIDTH_GBPS,
     hybrid_kv_cache: bool = typer.Option(True, "--hybrid-kv-cache/--disable-hybrid-kv-cache-manager",
                                          rich_help_panel=POOL,
                                          help="Group a model's layers by attention type, as vLLM (sliding "
