@@ -10,7 +10,8 @@ context lengths and each step's weights+KV read time; the memory-bound four-allo
 KV); contiguous-max against paged replay wall at the same batch limit; the held-out calibration replays
 (azure-code first) with their stalls against a profile of this GPU kind (the bundled h200-llama-1b on an
 H200; elsewhere one is fitted first when time allows); engine throughput against transformers on the same
-256 requests. A part that does not fit in the time left is skipped and says so.
+256 requests; the CPU KV tier's load of 256 blocks against the latency model's `load_time`. A part that
+does not fit in the time left is skipped and says so.
 
 It writes DIR/gpu-check.json (everything), DIR/gpu-check.md (the device, then one table with the targets)
 and DIR/gpu-check-runs.tar.gz (the --runs folder: every replay's run folder and the tests' junit report):
@@ -198,6 +199,14 @@ def part_engine(check: Check) -> dict:
     return parts.engine_vs_transformers(check.setup, deadline=deadline)
 
 
+def part_kv_tier_copy(check: Check) -> dict:
+    """The engine's CPU-tier load of 256 blocks (8 in a dry run) against the latency model's load_time."""
+    from bench.kv_tier_copy import tier_copy
+
+    setup = check.setup
+    return tier_copy(setup.device, setup.model, setup.dtype, num_blocks=8 if setup.dry_run else 256)
+
+
 # name -> (function, seconds it is estimated to take on an H100/H200); run in this order.
 PARTS: dict[str, tuple[Callable[[Check], dict], float]] = {
     "tests": (part_tests, 45.0),
@@ -208,6 +217,7 @@ PARTS: dict[str, tuple[Callable[[Check], dict], float]] = {
     "contiguous_vs_paged": (part_contiguous, 25.0),
     "calibration": (part_calibration, 45.0),
     "engine_vs_transformers": (part_engine, 30.0),
+    "kv_tier_copy": (part_kv_tier_copy, 5.0),
 }
 
 

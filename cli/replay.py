@@ -25,6 +25,13 @@ from cli.serving import (
     reporting,
 )
 from cli.simulate import Preemption, TableFormat
+from cli.tier_options import (
+    KV_OFFLOADING_BLOCK_SIZE,
+    KV_OFFLOADING_DISK_SIZE,
+    KV_OFFLOADING_POLICY,
+    KV_OFFLOADING_SIZE,
+    KV_OFFLOADING_STORE,
+)
 
 DEFAULT_LIMIT = 64
 Clock = Literal["wall", "cpu"]
@@ -86,6 +93,13 @@ def replay_cmd(
     swap_space_gb: float = typer.Option(None, rich_help_panel=POOL,
                                         help="CPU swap pool in GiB, allocated on first use (default: 4 GiB, "
                                              "at most the KV pool's size)."),
+    kv_offloading_size: float = KV_OFFLOADING_SIZE,
+    kv_offloading_disk_size: float = KV_OFFLOADING_DISK_SIZE,
+    kv_offloading_block_size: int = KV_OFFLOADING_BLOCK_SIZE,
+    kv_offloading_policy: str = KV_OFFLOADING_POLICY,
+    kv_offloading_store: str = KV_OFFLOADING_STORE,
+    kv_offloading_disk_path: Path = typer.Option(None, rich_help_panel=POOL,
+                                                 help="The disk tier's folder (default: a temporary one)."),
     max_num_seqs: int = typer.Option(256, rich_help_panel=SCHEDULER, help="Most sequences running at once."),
     max_num_batched_tokens: int = typer.Option(None, rich_help_panel=SCHEDULER,
                                                help="Token budget of one step (default: max(max-model-len, "
@@ -142,7 +156,13 @@ def replay_cmd(
                           enable_prefix_caching=prefix_caching, max_model_len=max_model_len,
                           max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                           preemption_mode=preemption, swap_space_gb=swap_space_gb,
-                          enforce_eager=enforce_eager, gpu_memory_utilization=gpu_memory_utilization)
+                          enforce_eager=enforce_eager, gpu_memory_utilization=gpu_memory_utilization,
+                          kv_offloading_size=kv_offloading_size,
+                          kv_offloading_disk_size=kv_offloading_disk_size,
+                          kv_offloading_block_size=kv_offloading_block_size,
+                          kv_offloading_policy=kv_offloading_policy, kv_offloading_store=kv_offloading_store,
+                          kv_offloading_disk_path=None if kv_offloading_disk_path is None
+                          else str(kv_offloading_disk_path))
     configs = replay_configs(names, ReplayConfig(model=model, device=device, backend=backend, dtype=dtype,
                                                  engine=engine, time_scale=time_scale, seed=seed, clock=clock,
                                                  extra=run_labels(source, limit, max_concurrency)))

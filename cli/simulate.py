@@ -26,6 +26,15 @@ from cli.serving import (
     report,
     reporting,
 )
+from cli.tier_options import (
+    CPU_OFFLOAD_BANDWIDTH_GBPS,
+    DISK_OFFLOAD_BANDWIDTH_GBPS,
+    KV_OFFLOADING_BLOCK_SIZE,
+    KV_OFFLOADING_DISK_SIZE,
+    KV_OFFLOADING_POLICY,
+    KV_OFFLOADING_SIZE,
+    KV_OFFLOADING_STORE,
+)
 from pagelab.malloc import map_large_allocations
 from simulator.core.models import get_model
 
@@ -115,23 +124,13 @@ def simulate_cmd(
                                              "(default: buddy)."),
     prefix_caching: bool = typer.Option(True, rich_help_panel=POOL,
                                         help="Reuse cached prefix blocks (paged)."),
-    kv_offloading_size: float = typer.Option(None, rich_help_panel=POOL,
-                                             help="GiB of CPU memory for a CPU tier of prefix blocks (vLLM's "
-                                                  "name); swap uses its budget (default: no tier)."),
-    kv_offloading_disk_size: float = typer.Option(None, rich_help_panel=POOL,
-                                                  help="GiB of local disk for a disk tier below the CPU's."),
-    kv_offloading_block_size: int = typer.Option(None, rich_help_panel=POOL,
-                                                 help="Tokens per tier block, a multiple of --block-size "
-                                                      "(default: --block-size)."),
-    kv_offloading_policy: str = typer.Option("lru", rich_help_panel=POOL,
-                                             help="Eviction in each tier: lru, lfu or s3fifo."),
-    kv_offloading_store: str = typer.Option("lazy", rich_help_panel=POOL,
-                                            help="lazy: store the blocks the GPU evicts; eager: store "
-                                                 "blocks when their request releases them."),
-    cpu_offload_bandwidth_gbps: float = typer.Option(None, rich_help_panel=POOL,
-                                                     help="CPU tier -> GPU GB/s (default: the GPU's PCIe)."),
-    disk_offload_bandwidth_gbps: float = typer.Option(6.0, rich_help_panel=POOL,
-                                                      help="Disk tier -> GPU GB/s."),
+    kv_offloading_size: float = KV_OFFLOADING_SIZE,
+    kv_offloading_disk_size: float = KV_OFFLOADING_DISK_SIZE,
+    kv_offloading_block_size: int = KV_OFFLOADING_BLOCK_SIZE,
+    kv_offloading_policy: str = KV_OFFLOADING_POLICY,
+    kv_offloading_store: str = KV_OFFLOADING_STORE,
+    cpu_offload_bandwidth_gbps: float = CPU_OFFLOAD_BANDWIDTH_GBPS,
+    disk_offload_bandwidth_gbps: float = DISK_OFFLOAD_BANDWIDTH_GBPS,
     hybrid_kv_cache: bool = typer.Option(True, "--hybrid-kv-cache/--disable-hybrid-kv-cache-manager",
                                          rich_help_panel=POOL,
                                          help="Group a model's layers by attention type, as vLLM (sliding "

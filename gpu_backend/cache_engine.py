@@ -49,6 +49,13 @@ class CacheEngine:
                                     cfg.num_key_value_heads, cfg.head_dim, dtype=model.dtype,
                                     device=model.device, layer_slots=layer_slots)
         self.cpu_cache: KVCache | None = None
+        self.tiers = None  # the KV tiers' data (kv_tiers.TierData), when the engine has tiers
+
+    def settle_tiers(self) -> None:
+        """Perform the KV tiers' pending moves: call before anything writes into the device pool (a block
+        the pool evicted may be re-allocated in the same step, and loaded blocks are read by the forward)."""
+        if self.tiers is not None:
+            self.tiers.run()
 
     @property
     def bytes(self) -> int:
@@ -80,18 +87,21 @@ class CacheEngine:
 
     def copy(self, instructions: Iterable[tuple[int, ...]]) -> None:
         """Copy-on-write / fork copies inside the device pool."""
+        self.settle_tiers()
         pairs = expand_instructions(instructions)
         if pairs:
             self.device_cache.copy_blocks(pairs)
 
     def swap_out(self, instructions: Iterable[tuple[int, ...]]) -> None:
         """Device -> CPU copies (device block, CPU block)."""
+        self.settle_tiers()
         pairs = expand_instructions(instructions)
         if pairs:
             self.device_cache.swap_out(self._cpu(), pairs)
 
     def swap_in(self, instructions: Iterable[tuple[int, ...]]) -> None:
         """CPU -> device copies (CPU block, device block)."""
+        self.settle_tiers()
         pairs = expand_instructions(instructions)
         if pairs:
             self.device_cache.swap_in(self._cpu(), pairs)

@@ -157,6 +157,7 @@ def replay(trace: pd.DataFrame, config: ReplayConfig, model=None,
         return _replay(trace, config, engine, clock, progress)
     finally:
         torch.set_num_threads(threads)
+        engine.close()  # the disk tier's file goes with the replay
 
 
 class ReplayClock:

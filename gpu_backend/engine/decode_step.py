@@ -65,6 +65,7 @@ class DecodeStepper:
         if out is None:
             self.release()
             return None
+        e.cache.settle_tiers()
         head = sched.waiting[0] if sched.waiting else None
         result = StepResult(out, (len(sched.running), len(sched.waiting), len(sched.swapped)),
                             e.allocator.breakdown(head) if e.track_memory else None)

@@ -26,6 +26,7 @@ from gpu_backend.engine.group_tables import GroupInputs
 from gpu_backend.engine.input_batch import SequenceInput, build_model_input
 from gpu_backend.engine.kv_groups import blocks_needed, grouped_pool, layer_slots
 from gpu_backend.engine.kv_sizing import kv_capacity_tokens, make_allocator, swap_tokens
+from gpu_backend.engine.kv_tier_setup import build_tier_data
 from gpu_backend.engine.params import EngineInputError, RequestOutput, SamplingParams
 from gpu_backend.engine.requests import RequestState, check_prompt
 from gpu_backend.engine.sampling import SamplingBatch, compute_logprobs, greedy_tokens, make_generator, sample
@@ -117,6 +118,8 @@ class LLMEngine:
             num_cpu_blocks=self.allocator.num_cpu_blocks if paged else
             swap_tokens(config, self.capacity_tokens, self.bytes_per_token),
             layer_slots=layer_slots(self.allocator.layout) if grouped else None)
+        self.cache.tiers = build_tier_data(config, self.allocator, self.cache.device_cache,
+                                           self.bytes_per_token)
         # Paged: block tables persist across steps (appended to, not rebuilt); contiguous regions need none;
         # grouped: each step's come from the allocator's tables of every group.
         self.group_inputs = GroupInputs(self.allocator, self.device) if grouped else None
@@ -198,6 +201,7 @@ class LLMEngine:
             if result is not None:
                 return result
         out = sched.schedule()
+        self.cache.settle_tiers()
         counts = (len(sched.running), len(sched.waiting), len(sched.swapped))
         head = sched.waiting[0] if sched.waiting else None
         result = StepResult(out, counts, self.allocator.breakdown(head) if self.track_memory else None)
@@ -388,6 +392,11 @@ class LLMEngine:
         meta = replace(batch.attn_metadata, max_context_len=self.max_model_len)
         self.model(batch.input_ids, batch.positions, meta, self.cache.device_cache)
         self.synchronize()
+
+    def close(self) -> None:
+        """Release what outlives the engine object: the disk tier's file."""
+        if self.cache.tiers is not None:
+            self.cache.tiers.close()
 
     def synchronize(self) -> None:
         """Wait for queued device work (for honest wall-clock step times on a GPU)."""

@@ -35,6 +35,7 @@ def test_the_dry_run_measures_every_part_and_writes_one_json_one_table_and_the_r
     assert results["contiguous_vs_paged"]["wall_ratio"] > 0
     assert results["calibration"]["parts"]["A"]["stalls"]["num_steps"] > 0
     assert results["engine_vs_transformers"]["speedup"] > 0
+    assert results["kv_tier_copy"]["blocks"] == 8 and results["kv_tier_copy"]["ratio"] > 0
     table = (out / "gpu-check.md").read_text()
     assert table.startswith("GPU check on **") and "dry run" in table
     assert table.count("| part | measurement |") == 1 and table.count("\n| decode |") == 4
@@ -60,3 +61,18 @@ def test_unknown_parts_are_a_one_line_error():
     proc = subprocess.run([sys.executable, "-m", "bench.gpu", "--parts", "decode,warp"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--parts: unknown warp" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_tier_copy_part_loads_blocks_and_sets_them_against_the_model_load_time():
+    import torch
+
+    from bench.kv_tier_copy import tier_copy
+    from gpu_backend.model_presets import PRESETS
+    from simulator.presets import get_gpu
+    from simulator.tier_config import CPU_LATENCY_S
+
+    r = tier_copy("cpu", "tiny", "float32", num_blocks=4, repeats=2)
+    per_token = PRESETS["tiny"].kv_bytes_per_token(torch.float32)
+    assert r["gpu_preset"] == "cpu" and r["measured_s"] > 0
+    assert r["model_s"] == CPU_LATENCY_S + 4 * 16 * per_token / get_gpu("cpu").pcie_bandwidth
+    assert r["ratio"] == r["measured_s"] / r["model_s"]

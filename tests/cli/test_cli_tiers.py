@@ -1,7 +1,10 @@
-"""`pagelab simulate --kv-offloading-size ...`: the tiers' rows in the serving table, bad settings."""
+"""`pagelab simulate|replay --kv-offloading-size ...`: the tiers' rows in the serving table, bad settings."""
 from __future__ import annotations
 
+import json
+
 import pytest
+from clirun import one_line_error, pagelab
 from typer.testing import CliRunner
 
 from cli import app
@@ -53,3 +56,24 @@ def test_bad_tier_options_exit_2(chat, args, message):
                                  "2048", "--kv-offloading-size", "1", *args])
     assert result.exit_code == 2, result.output
     assert message in result.stderr
+
+
+def test_replay_with_a_cpu_tier_loads_prefix_blocks_from_it(chat, tmp_path):
+    out = tmp_path / "run"
+    result = pagelab("replay", chat, "--limit", "10", "--max-model-len", "256", "--num-blocks", "24",
+                     "--kv-offloading-size", "0.01", "--kv-offloading-store", "eager", "--time-scale", "0",
+                     "--clock", "cpu", "--out", out, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "Prompt tokens from CPU tier" in result.stdout
+    tiers = json.loads((out / "paged" / "summary.json").read_text())["kv_tiers"]
+    assert tiers["tokens_by_source"]["cpu_hit"] > 0 and tiers["store"] == "eager"
+    config = json.loads((out / "paged" / "config.json").read_text())
+    assert config["kv_offloading_size"] == 0.01
+
+
+def test_replay_with_a_disk_tier_in_a_file_is_a_one_line_error(chat, tmp_path):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    result = pagelab("replay", chat, "--limit", "2", "--max-model-len", "256", "--num-blocks", "24",
+                     "--kv-offloading-disk-size", "0.001", "--kv-offloading-disk-path", blocker)
+    assert f"kv_offloading_disk_path {blocker}: cannot create the disk tier's" in one_line_error(result)

@@ -219,6 +219,8 @@ class BlockManager(PoolCounts, KVAllocator):
             table.extend(new)
             for i in range(first, num_full):
                 publish(seq, i, table[i])
+        if loaded and self.tiers.log is not None:  # the driver copies the loaded blocks' data in
+            self.tiers.log.place(table[first:first + len(loaded)])
         seq.num_tokens = n
         self.seqs[seq.seq_id] = seq
         self.count_internal(seq)

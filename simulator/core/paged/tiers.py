@@ -170,6 +170,7 @@ class Tiers:
         self.queue: list[tuple[int, tuple]] = []  # (hash, key) of blocks handed down, not yet stored
         self.cpu = next((t for t in self.tiers if t.spec.name == "cpu"), None)
         self.top = self.tiers[0] if self.tiers else None
+        self.log = None  # a tier_log.TierLog when a driver keeps the blocks' data (the engine)
 
     # ----------------------------------------------------------------- queries
     def find(self, h: int, content: object, extra: object) -> Tier | None:
@@ -213,6 +214,8 @@ class Tiers:
     # ----------------------------------------------------------------- mutations
     def load(self, found: list[tuple[Tier, int, tuple]]) -> None:
         """Count the blocks of `match` as loaded into the GPU (they stay in their tier, touched)."""
+        if self.log is not None:
+            self.log.loading(found)
         for tier, h, _ in found:
             tier.touch(h)
             tier.pending += 1
@@ -239,6 +242,9 @@ class Tiers:
             return
         if tier is self.cpu and tier.cache.capacity != tier.spec.num_blocks:
             self._fit()  # swapped blocks came back since the budget last shrank: the cache may grow
+        log = self.log
+        if log is not None:
+            log.entering(tier, pairs)
         for other in tier.below:  # a block lives in one tier at a time
             held = other.keys
             for h in [h for h, _ in pairs if h in held]:
@@ -246,10 +252,14 @@ class Tiers:
         evicted = tier.put_many(pairs)
         if evicted:
             self._spill(tier, evicted)
+        if log is not None:
+            log.entered(tier)
 
     def _spill(self, tier: Tier, evicted: list[tuple[int, tuple]]) -> None:
         """Hand `tier`'s evicted blocks to the tier below it (or drop them)."""
         tier.stats.evicted_blocks += len(evicted)
+        if self.log is not None:
+            self.log.spilling(tier, evicted)
         if tier.below:
             self._store_many(evicted, tier.below[0])
 
