@@ -8,6 +8,14 @@ import typer
 
 from cli.common import UserError, console, err_console, finite_float, user_errors
 from cli.help import OUTPUT, POOL, SCHEDULER, TRACE, VLLM
+from cli.pool_options import (
+    HYBRID_KV_CACHE,
+    KV_OFFLOADING_BLOCK_SIZE,
+    KV_OFFLOADING_DISK_SIZE,
+    KV_OFFLOADING_POLICY,
+    KV_OFFLOADING_SIZE,
+    KV_OFFLOADING_STORE,
+)
 from cli.serving import (
     GOODPUT,
     METRIC_PERCENTILES,
@@ -25,13 +33,6 @@ from cli.serving import (
     reporting,
 )
 from cli.simulate import Preemption, TableFormat
-from cli.tier_options import (
-    KV_OFFLOADING_BLOCK_SIZE,
-    KV_OFFLOADING_DISK_SIZE,
-    KV_OFFLOADING_POLICY,
-    KV_OFFLOADING_SIZE,
-    KV_OFFLOADING_STORE,
-)
 
 DEFAULT_LIMIT = 64
 Clock = Literal["wall", "cpu"]
@@ -44,7 +45,9 @@ def replay_capacity(config: dict):
     return kv_capacity(str(config["model"]), capacity_tokens=int(config["capacity_tokens"]),
                        kv_cache_dtype=str(config["dtype"]), block_size=int(config["block_size"]),
                        max_model_len=int(config["max_model_len"]), sized_by=str(config["capacity_source"]),
-                       device="CPU" if str(config.get("device", "")).startswith("cpu") else "GPU")
+                       device="CPU" if str(config.get("device", "")).startswith("cpu") else "GPU",
+                       max_num_batched_tokens=config.get("max_num_batched_tokens"),
+                       hybrid=not config.get("disable_hybrid_kv_cache_manager", False))
 
 
 @user_errors
@@ -100,6 +103,7 @@ def replay_cmd(
     kv_offloading_store: str = KV_OFFLOADING_STORE,
     kv_offloading_disk_path: Path = typer.Option(None, rich_help_panel=POOL,
                                                  help="The disk tier's folder (default: a temporary one)."),
+    hybrid_kv_cache: bool = HYBRID_KV_CACHE,
     max_num_seqs: int = typer.Option(256, rich_help_panel=SCHEDULER, help="Most sequences running at once."),
     max_num_batched_tokens: int = typer.Option(None, rich_help_panel=SCHEDULER,
                                                help="Token budget of one step (default: max(max-model-len, "
@@ -157,6 +161,7 @@ def replay_cmd(
                           max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                           preemption_mode=preemption, swap_space_gb=swap_space_gb,
                           enforce_eager=enforce_eager, gpu_memory_utilization=gpu_memory_utilization,
+                          disable_hybrid_kv_cache_manager=not hybrid_kv_cache,
                           kv_offloading_size=kv_offloading_size,
                           kv_offloading_disk_size=kv_offloading_disk_size,
                           kv_offloading_block_size=kv_offloading_block_size,

@@ -10,6 +10,16 @@ import typer
 
 from cli.common import UserError, atomic_dir, err_console, finite_float, user_errors
 from cli.help import OUTPUT, POOL, SCHEDULER, TRACE, VLLM
+from cli.pool_options import (
+    CPU_OFFLOAD_BANDWIDTH_GBPS,
+    DISK_OFFLOAD_BANDWIDTH_GBPS,
+    HYBRID_KV_CACHE,
+    KV_OFFLOADING_BLOCK_SIZE,
+    KV_OFFLOADING_DISK_SIZE,
+    KV_OFFLOADING_POLICY,
+    KV_OFFLOADING_SIZE,
+    KV_OFFLOADING_STORE,
+)
 from cli.serving import (
     GOODPUT,
     METRIC_PERCENTILES,
@@ -25,15 +35,6 @@ from cli.serving import (
     print_capacity,
     report,
     reporting,
-)
-from cli.tier_options import (
-    CPU_OFFLOAD_BANDWIDTH_GBPS,
-    DISK_OFFLOAD_BANDWIDTH_GBPS,
-    KV_OFFLOADING_BLOCK_SIZE,
-    KV_OFFLOADING_DISK_SIZE,
-    KV_OFFLOADING_POLICY,
-    KV_OFFLOADING_SIZE,
-    KV_OFFLOADING_STORE,
 )
 from pagelab.malloc import map_large_allocations
 from simulator.core.models import get_model
@@ -131,11 +132,7 @@ def simulate_cmd(
     kv_offloading_store: str = KV_OFFLOADING_STORE,
     cpu_offload_bandwidth_gbps: float = CPU_OFFLOAD_BANDWIDTH_GBPS,
     disk_offload_bandwidth_gbps: float = DISK_OFFLOAD_BANDWIDTH_GBPS,
-    hybrid_kv_cache: bool = typer.Option(True, "--hybrid-kv-cache/--disable-hybrid-kv-cache-manager",
-                                         rich_help_panel=POOL,
-                                         help="Group a model's layers by attention type, as vLLM (sliding "
-                                              "windows free blocks); the other keeps every token on every "
-                                              "layer in one group."),
+    hybrid_kv_cache: bool = HYBRID_KV_CACHE,
     max_num_seqs: int = typer.Option(256, rich_help_panel=SCHEDULER, help="Most requests running at once."),
     max_num_batched_tokens: int = typer.Option(None, rich_help_panel=SCHEDULER,
                                                help="Token budget of one step (default: max(max-model-len, "

@@ -19,8 +19,8 @@ ENGINE_PRESETS = ("tiny", "tiny-qwen2", "llama-1b-shape")
 # tiny's hybrid flavour, Gemma 3's layout at tiny's size: sliding-window layers (32 tokens, two blocks
 # of 16) alternating with full-attention ones, q/k norms, a local RoPE base for the sliding layers and a
 # final logit soft-cap. Its LM head is untied: with random weights, a tied head scaled by Gemma's
-# sqrt(hidden) embedding mostly repeats the input token. The engine builds it by itself: the shared
-# registry has no per-layer attention types yet, so the simulator does not know it.
+# sqrt(hidden) embedding mostly repeats the input token. The registry's entry of the same name carries
+# its KV layout for the simulator and the capacity header; the fields here that it lacks leave KV alone.
 TINY_HYBRID = ModelConfig(
     name="tiny-hybrid", architecture="Gemma3ForCausalLM", vocab_size=1024, hidden_size=256,
     intermediate_size=688, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from pagelab import run_format
+from pagelab import __version__, run_format
 from pagelab.atomic import atomic_dir
 from pagelab.writes import open_out, write_text
 
@@ -43,8 +43,10 @@ def _version_of(package: str) -> str | None:
 
 
 def versions() -> dict:
-    """pagelab, Python, torch, numpy and pandas versions (read from metadata: nothing heavy is imported)."""
-    return {"pagelab": _version_of("pagelab") or "unknown", "python": platform.python_version(),
+    """pagelab, Python, torch, numpy and pandas versions (libraries' from metadata: none imported)."""
+    # pagelab's own from the code that runs: an editable install's metadata keeps the version it was
+    # installed at.
+    return {"pagelab": __version__, "python": platform.python_version(),
             "torch": _version_of("torch"), "numpy": _version_of("numpy"), "pandas": _version_of("pandas")}
 
 

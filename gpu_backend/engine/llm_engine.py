@@ -1,12 +1,11 @@
 """LLMEngine: a Llama-family model served with continuous batching by the simulator's own Scheduler.
 
-Every step: the shared `Scheduler` decides what runs (admitting, preempting by recompute or swap,
-allocating through the shared `BlockManager` or `ContiguousAllocator`); the engine performs the swap and
-copy-on-write instructions it returned, packs every scheduled prefill chunk and decode token into one
-forward (no padding), samples, appends the tokens and finishes sequences through the scheduler, in the
-same order as `simulator.simulate` does, so a replay makes the decisions a simulation makes. While every
-running request is a plain decode, the step goes through the scheduler's decode batch instead
-(decode_step.py): the same decisions in O(what changes) per step.
+Every step: the shared `Scheduler` decides what runs (admitting, preempting by recompute or swap, allocating
+through the shared `BlockManager`, `GroupedBlockManager` or `ContiguousAllocator`); the engine performs the
+swap, copy-on-write and KV-tier moves it returned, packs every scheduled prefill chunk and decode token into
+one forward (no padding), samples, and appends and finishes through the scheduler in `simulator.simulate`'s
+order, so a replay makes a simulation's decisions. While every running request is a plain decode, the step
+takes the scheduler's decode batch (decode_step.py): the same decisions in O(what changes).
 """
 from __future__ import annotations
 
@@ -107,8 +106,7 @@ class LLMEngine:
         grouped = self.kv_groups is not None
         self.allocator = make_allocator(config, self.capacity_tokens, self.bytes_per_token,
                                         self.max_model_len, record_events, self.kv_groups)
-        # Request id -> max_tokens of the requests the decode batch may take (one sequence, no beam).
-        self.output_len: dict[int, int] = {}
+        self.output_len: dict[int, int] = {}  # request id -> max_tokens, for the decode batch
         decode_batch = decode_batch and not grouped  # the decode batch keeps one table per sequence
         self.scheduler = Scheduler(sched_config, self.allocator, self.output_len if decode_batch else None)
         paged = grouped or isinstance(self.allocator, BlockManager)
@@ -120,8 +118,7 @@ class LLMEngine:
             layer_slots=layer_slots(self.allocator.layout) if grouped else None)
         self.cache.tiers = build_tier_data(config, self.allocator, self.cache.device_cache,
                                            self.bytes_per_token)
-        # Paged: block tables persist across steps (appended to, not rebuilt); contiguous regions need none;
-        # grouped: each step's come from the allocator's tables of every group.
+        # Paged: tables persist across steps (appended to); contiguous: none; grouped: each group's, per step.
         self.group_inputs = GroupInputs(self.allocator, self.device) if grouped else None
         self.tables = None if self.cache.contiguous or grouped else BlockTableStore(
             -(-self.max_model_len // config.block_size) + 1, rows=max(16, config.max_num_seqs))
@@ -385,10 +382,9 @@ class LLMEngine:
         for step in (SequenceInput([0] * n, 0, table), SequenceInput([0], n, table)):
             batch = build_model_input([step], bs, self.device, contiguous=contiguous)
             self.model(batch.input_ids, batch.positions, batch.attn_metadata, self.cache.device_cache)
-        # The same decode planned for the longest context the engine allows: a backend may pick other
-        # kernels for long contexts (Triton: split-K and its reduce), and a first compile left to a
-        # measured eager step adds its compile time (~0.5 s on an H200) to that step. Attention reads only
-        # up to each sequence's own context, so nothing else changes.
+        # The same decode planned for the longest context allowed: a backend may pick other kernels for long
+        # contexts (Triton: split-K and its reduce), whose first compile (~0.5 s on an H200) would otherwise
+        # land in a measured eager step. Attention reads only each sequence's own context.
         meta = replace(batch.attn_metadata, max_context_len=self.max_model_len)
         self.model(batch.input_ids, batch.positions, meta, self.cache.device_cache)
         self.synchronize()

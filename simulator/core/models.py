@@ -44,11 +44,8 @@ class RopeScaling:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
-    """A decoder-only transformer: its config.json fields, its parameter count and its serving limits.
-
-    The simulator's names for some fields (num_layers, num_heads, num_kv_heads) are properties, as are the
-    byte counts it sizes memory with (bytes_per_token, weight_bytes, dtype_bytes).
-    """
+    """A decoder-only transformer: its config.json fields, its parameter count and its serving limits
+    (the simulator's short names and byte counts are properties)."""
 
     name: str = ""  # the registry key; empty for a config read from a checkpoint folder
     aliases: tuple[str, ...] = ()  # further names get_model accepts for this entry
@@ -210,8 +207,7 @@ def _every(period: int, kind: str, others: str, num_layers: int) -> tuple[str, .
 
 
 # Each entry is the named checkpoint's config.json (head_dim where it omits it: hidden_size / heads);
-# num_params is its exact parameter count, which tests/simulator/core/test_models.py recomputes from the
-# architecture.
+# num_params is its exact parameter count (tests/simulator/core/test_models.py recomputes it).
 # gpt-oss: MoE layers alternating a 128-token window with full attention; experts ship in MXFP4, so
 # num_params x 2 is not their weight size: it stays unknown (plan their pool with --kv-memory-gb).
 _GPT_OSS_20B = ModelSpec(
@@ -291,6 +287,13 @@ MODELS: dict[str, ModelSpec] = {
         max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
         qkv_bias=True, bos_token_id=1, eos_token_ids=(2,), torch_dtype="float32", num_params=3_166_464,
     ),
+    # tiny's hybrid flavour, Gemma 3's layout (32-token windows); the engine's preset adds what leaves KV
+    # alone (its norms, local RoPE base, soft-cap: gpu_backend/model_presets.py).
+    "tiny-hybrid": ModelSpec(
+        name="tiny-hybrid", architecture="Gemma3ForCausalLM", vocab_size=1024, hidden_size=256,
+        intermediate_size=688, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, layer_types=("sliding_attention", "full_attention") * 2,
+        sliding_window=32, bos_token_id=2, eos_token_ids=(1,), torch_dtype="float32", num_params=3_429_120),
     # Served today, each hf_id's config.json (Gemma 3: its text_config). Llama 3.1: GQA, 128k positions.
     "llama-3.1-8b": ModelSpec(
         name="llama-3.1-8b", aliases=("meta-llama/Llama-3.1-8B-Instruct",), hf_id="meta-llama/Llama-3.1-8B",

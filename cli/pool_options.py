@@ -1,4 +1,5 @@
-"""The KV-tier options `simulate` and `replay` share (one declaration, the same words in both helps)."""
+"""The KV pool options `simulate` and `replay` share: KV cache groups and KV tiers (one declaration, the
+same words in both helps)."""
 from __future__ import annotations
 
 import typer
@@ -19,3 +20,7 @@ KV_OFFLOADING_STORE = typer.Option("lazy", rich_help_panel=POOL,
 CPU_OFFLOAD_BANDWIDTH_GBPS = typer.Option(None, rich_help_panel=POOL,
                                           help="CPU tier -> GPU GB/s (default: the GPU's PCIe).")
 DISK_OFFLOAD_BANDWIDTH_GBPS = typer.Option(6.0, rich_help_panel=POOL, help="Disk tier -> GPU GB/s.")
+HYBRID_KV_CACHE = typer.Option(True, "--hybrid-kv-cache/--disable-hybrid-kv-cache-manager",
+                               rich_help_panel=POOL,
+                               help="Group a model's layers by attention type, as vLLM (sliding windows free "
+                                    "blocks); the other keeps every token on every layer in one group.")
