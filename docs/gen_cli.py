@@ -25,9 +25,11 @@ def _escape(text: str) -> str:
     return text.replace("\\", "\\\\").replace("*", "\\*").replace("<", "&lt;")
 
 
-def _section(command, ctx) -> str:
+def _section(command, ctx, seen: dict) -> str:
     """One command: its usage, its description, then each panel's options as a list (a group's commands
-    follow as sections of their own, so the page lists them once)."""
+    follow as sections of their own, so the page lists them once). An option an earlier section already
+    described in the same words (simulate and replay share many) is named, not described again; `seen`
+    maps each (option, help) to the first command that printed it."""
     from cli.help import panels
 
     usage = " ".join([ctx.command_path, *command.collect_usage_pieces(ctx)])
@@ -41,18 +43,33 @@ def _section(command, ctx) -> str:
         if not rows:
             continue
         lines += [f"**{title}**", ""]
-        lines += [f"- `{name}`: {_escape(text)}" for name, text in rows]
+        shared: dict[str, list[str]] = {}
+        for name, text in rows:
+            first = seen.setdefault((name, text), ctx.command_path)
+            if first == ctx.command_path:
+                lines.append(f"- `{name}`: {_escape(text)}")
+            else:
+                shared.setdefault(first, []).append(f"`{_short(name)}`")
+        for first, names in shared.items():
+            lines.append(f"- As in `{first}`: {', '.join(names)}")
         lines.append("")
     return "\n".join(lines)
 
 
-def _sections(command, name: str, parent=None):
+def _short(name: str) -> str:
+    """An option's long name without its metavar ("-o, --out PATH" -> "--out")."""
+    parts = [part.strip() for part in name.split(",")]
+    return next((p for p in parts if p.startswith("--")), parts[0]).split()[0]
+
+
+def _sections(command, name: str, parent=None, seen: dict | None = None):
     """(command path, section) of `command` and, depth first, of each of its subcommands."""
+    seen = {} if seen is None else seen
     ctx = command.make_context(name, [], parent=parent, resilient_parsing=True)
-    yield ctx.command_path, _section(command, ctx)
+    yield ctx.command_path, _section(command, ctx, seen)
     if hasattr(command, "list_commands"):
         for sub in command.list_commands(ctx):
-            yield from _sections(command.get_command(ctx, sub), sub, ctx)
+            yield from _sections(command.get_command(ctx, sub), sub, ctx, seen)
 
 
 def render() -> str:
@@ -61,8 +78,14 @@ def render() -> str:
 
     from cli.commands import app
 
+    root = typer.main.get_command(app)
+    # simulate is the command most readers start from: it describes the options it shares with others.
+    seen: dict = {}
+    root_ctx = root.make_context("pagelab", [], resilient_parsing=True)
+    for _ in _sections(root.get_command(root_ctx, "simulate"), "simulate", root_ctx, seen):
+        pass
     sections = [HEADER]
-    for path, text in _sections(typer.main.get_command(app), "pagelab"):
+    for path, text in _sections(root, "pagelab", seen=seen):
         level = "#" * min(path.count(" ") + 2, 4)
         sections.append(f"{level} `{path}`\n\n{text}")
     return "\n".join(sections).rstrip() + "\n"
