@@ -18,8 +18,9 @@ SUB_STATES: dict[str, str] = {"cached_free": "free", "padding": "internal_fragme
                               "window_cached": "cached_free"}
 # Only a run whose pool is split into KV cache groups (a sliding window, or several groups: the grouped
 # allocator) carries HYBRID_STATES, zeros where its layout has no padding or no window. A one-group run
-# lacks the columns rather than carrying zeros, so its tables, summary and figures stay what they are
-# and its steps pack no more than before; readers take the columns as optional (0 when absent).
+# lacks the columns rather than carrying zeros: its tables, summary and figures hold only the columns it
+# can fill, and its steps (millions in a long run) pack no extra values; readers take the columns as
+# optional (0 when absent).
 HYBRID_STATES = ("padding", "window_cached")
 
 # One row per step (or span of steps, or idle gap): the states as fractions of capacity, and counts.

@@ -10,7 +10,7 @@ from matplotlib.colors import to_rgb
 from matplotlib.legend_handler import HandlerBase
 from matplotlib.patches import Rectangle
 
-from pagelab.run_format import HYBRID_STATES, MEMORY_STATES
+from pagelab.run_format import HYBRID_STATES, MEMORY_STATES, SUB_STATES
 
 ALLOCATOR_ORDER = ("paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle")
 
@@ -45,7 +45,15 @@ STATE_LABELS = {s: s.replace("_", " ") for s in STATE_ORDER}
 # state it is part of: that state's colour, hatched in a darker shade of its hue, so the state still reads
 # as one. Only runs that carry the columns draw them (and name them in the legend).
 PART_STATES = HYBRID_STATES
-PART_OF = {"padding": "internal_fragmentation", "window_cached": "free"}
+
+
+def _drawn_in(part: str) -> str:
+    """The state whose band or bar holds `part` (window_cached is part of cached_free, part of free)."""
+    parent = SUB_STATES[part]
+    return parent if parent in MEMORY_STATES else _drawn_in(parent)
+
+
+PART_OF = {p: _drawn_in(p) for p in PART_STATES}
 PART_HATCH = {"padding": "////", "window_cached": "...."}
 PART_HATCH_COLORS = {"padding": "#A8323F", "window_cached": "#7F7F7F"}
 PART_LABELS = {"padding": "padding layers", "window_cached": "window blocks kept for prefix caching"}
