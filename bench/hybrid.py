@@ -4,8 +4,8 @@
 Each configuration serves the first requests of the bundled Mooncake conversation trace (prompts of 1k to
 126k tokens, median 6.9k, with shared prefixes) on one H100-80GB by the roofline latency model; the table
 gives the mean batch, throughput, prefix hit rate and the time-weighted memory breakdown, with the share
-of padding layers and of free blocks a sliding window handed back that the prefix cache still holds
-(their ratios to internal fragmentation and free memory read after every step through the observer).
+of padding layers and of free blocks a sliding window handed back that the prefix cache still holds (the
+memory table's `padding` and `window_cached` columns; 0 for the run forced into one group, which lacks them).
 A second table sweeps the block size of the hybrid layout for its prefix hit rate, and `--timing`
 measures what per-type groups cost the simulator against the same run forced into one group (median of
 alternating repeats).
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pagelab.run_format import MEMORY_STATES
+from pagelab.run_format import HYBRID_STATES, MEMORY_STATES
 from simulator.config import SimConfig
 from simulator.loop import simulate
 from traces import load_trace
@@ -43,23 +43,11 @@ def _trace(num_requests: int):
 def run_one(trace, config: SimConfig) -> dict:
     """One simulation: serving numbers, the mean memory shares, and the parts of them that are padding
     layers (of internal fragmentation) and window blocks kept for prefix caching (of free memory)."""
-    side = {"padding": 0.0, "internal": 0.0, "window": 0.0, "free": 0.0}
-
-    def observe(run):  # summed over iterations: only the ratios are used
-        alloc = run.alloc
-        if hasattr(alloc, "padding_slots"):
-            b = alloc.breakdown()
-            side["padding"] += alloc.padding_slots() / b.capacity
-            side["internal"] += b.internal_fragmentation / b.capacity
-            side["window"] += alloc.window_cached_blocks() / alloc.num_blocks
-            side["free"] += b.free / b.capacity
-
-    res = simulate(trace, config, observer=observe)
+    res = simulate(trace, config)
     m, s = res.memory, res.summary
     w = m["dt_s"].to_numpy()
-    shares = {k: float(np.dot(m[k].to_numpy(), w) / w.sum()) for k in (*MEMORY_STATES, "cached_free")}
-    shares["padding"] = shares["internal_fragmentation"] * side["padding"] / (side["internal"] or 1.0)
-    shares["window_cached"] = shares["free"] * side["window"] / (side["free"] or 1.0)
+    shares = {k: float(np.dot(m[k].to_numpy(), w) / w.sum()) if k in m else 0.0
+              for k in (*MEMORY_STATES, "cached_free", *HYBRID_STATES)}
     return {"num_blocks": s["num_blocks"], "mean_batch": s["mean_batch_size"],
             "throughput_tok_s": s["throughput_tokens_per_s"], "prefix_hit_rate": s["prefix_cache_hit_rate"],
             "preemptions": s["num_preemptions"], "finished": s["num_finished"], **shares}

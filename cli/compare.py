@@ -19,6 +19,8 @@ CONFIG_KEYS = ("model", "gpu", "kv_cache_dtype", "allocator", "block_size", "cap
                "preemption_mode", "enable_prefix_caching", "placement", "latency", "mode", "trace", "rate")
 SHOWN_ALWAYS = ("model", "allocator", "block_size", "capacity_tokens")  # other keys only when they differ
 LATENCIES = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E latency"))
+MEMORY_PARTS = {"internal_fragmentation": (("padding", "  of which padding layers"),),
+                "free": (("window_cached", "  of which window blocks kept for prefix caching"),)}
 
 
 def _pct(x) -> str:
@@ -52,10 +54,15 @@ def side_by_side(a: tuple[dict, dict], b: tuple[dict, dict]) -> list[tuple[str, 
             va, vb = sa.get(key, va), sb.get(key, vb)
         if key in SHOWN_ALWAYS or va != vb:
             rows.append(("configuration", key, va, vb))
+    ma, mb = sa.get("memory") or {}, sb.get("memory") or {}
     for state in ("token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free"):
-        rows.append(("memory (% of capacity)", state.replace("_", " "),
-                     _scaled((sa.get("memory") or {}).get(state), 100),
-                     _scaled((sb.get("memory") or {}).get(state), 100)))
+        rows.append(("memory (% of capacity)", state.replace("_", " "), _scaled(ma.get(state), 100),
+                     _scaled(mb.get(state), 100)))
+        # A part of the state, where either run carries it (runs with KV cache groups; 0 in others).
+        for part, label in MEMORY_PARTS.get(state, ()):
+            if part in ma or part in mb:
+                rows.append(("memory (% of capacity)", label, _scaled(ma.get(part, 0.0), 100),
+                             _scaled(mb.get(part, 0.0), 100)))
     for key, label in (("mean_batch_size", "mean batch size"), ("num_preemptions", "preemptions"),
                        ("num_rejected", "rejected requests"),
                        ("prefix_cache_hit_rate", "prefix hit rate (%)")):

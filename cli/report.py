@@ -80,16 +80,25 @@ def number(value: float | None, digits: int = 2, size: float | None = None) -> s
 
 
 def memory_table(summaries: dict[str, dict]) -> Table:
-    """Where the KV memory went (time-weighted % of capacity), batch size, preemptions, rejections."""
+    """Where the KV memory went (time-weighted % of capacity), batch size, preemptions, rejections; a run
+    with KV cache groups names its padding layers (of intern) and window blocks kept for prefix caching (of
+    free) beneath."""
     t = Table(title="KV-cache memory, % of capacity (time-weighted)", box=box.SIMPLE_HEAD, pad_edge=False,
               collapse_padding=True)
     for c in ("allocator", "token", "resv", "intern", "extern", "free", "batch", "preempt", "reject"):
         t.add_column(c, justify="left" if c == "allocator" else "right", no_wrap=True)
+    parts = []
     for name, s in summaries.items():
         m = s["memory"]
         t.add_row(short(name), _pct(m["token_states"]), _pct(m["reservation"]),
                   _pct(m["internal_fragmentation"]), _pct(m["external_fragmentation"]), _pct(m["free"]),
                   number(s["mean_batch_size"], 1), count(s["num_preemptions"]), count(s["num_rejected"]))
+        if "padding" in m:
+            parts.append(f"{short(name)}: padding layers {_pct(m['padding'])} of intern; window blocks kept "
+                         f"for prefix caching {_pct(m['window_cached'])} of free")
+    if parts:
+        t.caption = "\n".join(parts)
+        t.caption_justify = "left"
     return t
 
 

@@ -9,6 +9,20 @@ from __future__ import annotations
 # stacked figure: the useful part sits on the axis, as in the vLLM paper's Fig. 2).
 MEMORY_STATES = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free")
 
+# Parts of a state, each drawn inside its parent (column -> the state or part it belongs to): what the
+# prefix cache holds of free memory, and what a pool split into KV cache groups wastes. `padding` is the
+# layer slots of held blocks that a padded group leaves unused (part of internal fragmentation);
+# `window_cached` the free blocks a sliding window handed back that the prefix cache still keeps (part of
+# cached_free, so of free).
+SUB_STATES: dict[str, str] = {"cached_free": "free", "padding": "internal_fragmentation",
+                              "window_cached": "cached_free"}
+# Only a run whose pool is split into KV cache groups (a sliding window, or several groups: the grouped
+# allocator) carries HYBRID_STATES, zeros where its layout has no padding or no window. A one-group run
+# lacks the columns rather than carrying zeros: its tables, summary and figures hold only the columns it
+# can fill, and its steps (millions in a long run) pack no extra values; readers take the columns as
+# optional (0 when absent).
+HYBRID_STATES = ("padding", "window_cached")
+
 # One row per step (or span of steps, or idle gap): the states as fractions of capacity, and counts.
 MEMORY_COLUMNS: dict[str, str] = {
     "step": "int64", "num_steps": "int64", "t_s": "float64", "dt_s": "float64",
@@ -16,6 +30,12 @@ MEMORY_COLUMNS: dict[str, str] = {
     "token_occupancy": "float64", "block_occupancy": "float64",
     "num_running": "int64", "num_waiting": "int64", "num_swapped": "int64", "num_batched_tokens": "int64",
     "blocks_used": "int64",
+}
+# ... of a run with KV cache groups: HYBRID_STATES follow cached_free.
+_AFTER = list(MEMORY_COLUMNS).index("cached_free") + 1
+HYBRID_MEMORY_COLUMNS: dict[str, str] = {
+    **dict(list(MEMORY_COLUMNS.items())[:_AFTER]), **dict.fromkeys(HYBRID_STATES, "float64"),
+    **dict(list(MEMORY_COLUMNS.items())[_AFTER:]),
 }
 
 # One row per request, in trace order: its trace columns, what happened to it, and derived latencies.

@@ -7,27 +7,40 @@ from matplotlib.patches import Patch
 
 from viz.common import FigureResult, new_figure
 from viz.load import Run
-from viz.palette import STATE_COLORS, STATE_LABELS, STATE_ORDER, allocator_label
+from viz.palette import (
+    PART_LABELS,
+    PART_OF,
+    STATE_COLORS,
+    STATE_LABELS,
+    STATE_ORDER,
+    allocator_label,
+    part_style,
+)
 from viz.titles import figure_title
 
 MIN_LABELLED_SHARE = 0.025  # segments thinner than this get no text (it would not fit)
 
 
 def breakdown_data(runs: list[Run]) -> pd.DataFrame:
-    """Time-weighted memory fractions per bar: columns run, allocator, label and the five states."""
+    """Time-weighted memory fractions per bar: columns run, allocator, label and the five states, then the
+    parts of states (PART_STATES) that some bar's run carries (0 for the bars of runs without them)."""
     multi = len(runs) > 1
-    rows = []
+    rows, parts = [], []
     for run in runs:
         for name, alloc in run.allocators.items():
-            fractions = alloc.memory_fractions()
+            fractions = {**alloc.memory_fractions(), **alloc.part_fractions()}
+            parts += [p for p in alloc.parts if p not in parts]
             label = f"{run.label}\n{allocator_label(name)}" if multi else allocator_label(name)
             rows.append({"run": run.label, "allocator": name, "label": label, **fractions})
-    return pd.DataFrame(rows, columns=["run", "allocator", "label", *STATE_ORDER])
+    data = pd.DataFrame(rows, columns=["run", "allocator", "label", *STATE_ORDER, *parts])
+    return data.fillna(dict.fromkeys(parts, 0.0))
 
 
 def plot_breakdown(runs: list[Run]) -> FigureResult:
-    """Stacked bars of the five memory states (token states at the bottom), labelled in percent."""
+    """Stacked bars of the five memory states (token states at the bottom), labelled in percent; the
+    parts of states a run carries are hatched at the foot of their state's segment."""
     data = breakdown_data(runs)
+    parts = [c for c in data.columns if c in PART_OF]
     n = len(data)
     fig = new_figure(max(5.0, 1.15 * n + 3.2), 4.6)
     ax = fig.subplots()
@@ -37,6 +50,9 @@ def plot_breakdown(runs: list[Run]) -> FigureResult:
         share = data[state].to_numpy(dtype=float)
         ax.bar(x, share * 100, 0.62, bottom=bottom * 100, color=STATE_COLORS[state],
                edgecolor="white", linewidth=0.6, label=STATE_LABELS[state])
+        for part in (p for p in parts if PART_OF[p] == state):
+            ax.bar(x, data[part].to_numpy(dtype=float) * 100, 0.62, bottom=bottom * 100, linewidth=0,
+                   label=PART_LABELS[part], **part_style(part))
         for xi, b, s in zip(x, bottom, share, strict=True):
             if s >= MIN_LABELLED_SHARE:
                 dark = state in ("token_states", "internal_fragmentation")
@@ -48,7 +64,12 @@ def plot_breakdown(runs: list[Run]) -> FigureResult:
     ax.set_xlim(-0.6, n - 0.4)
     ax.set_ylabel("share of KV cache capacity (%)")
     ax.set_title(figure_title("KV cache memory breakdown (time-weighted)", runs), fontsize="medium")
-    handles = [Patch(color=STATE_COLORS[s]) for s in reversed(STATE_ORDER)]
-    fig.legend(handles, [STATE_LABELS[s] for s in reversed(STATE_ORDER)], loc="outside right center",
-               frameon=False, fontsize="small")
+    handles, labels = [], []
+    for s in reversed(STATE_ORDER):
+        handles.append(Patch(color=STATE_COLORS[s]))
+        labels.append(STATE_LABELS[s])
+        for part in (p for p in parts if PART_OF[p] == s):
+            handles.append(Patch(linewidth=0, **part_style(part)))
+            labels.append(PART_LABELS[part])
+    fig.legend(handles, labels, loc="outside right center", frameon=False, fontsize="small")
     return FigureResult("breakdown", fig, data)

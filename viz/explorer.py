@@ -29,6 +29,9 @@ from viz.palette import (
     FREE_RGB,
     OWNER_COLORS,
     OWNER_STRIDE,
+    PART_HATCH_COLORS,
+    PART_LABELS,
+    PART_OF,
     PHASE_COLORS,
     QUEUE_COLORS,
     STATE_COLORS,
@@ -67,13 +70,14 @@ class Window:
     end: float
 
 
-def _memory_columns() -> tuple[str, ...]:
-    return ("t_s", "dt_s", *STATE_ORDER, *COUNT_COLUMNS)
+def _memory_columns(alloc: AllocatorRun) -> tuple[str, ...]:
+    return ("t_s", "dt_s", *STATE_ORDER, *COUNT_COLUMNS, *alloc.parts)
 
 
 def summary_series(alloc: AllocatorRun, bins: int = SUMMARY_BINS) -> dict:
-    """The memory states (time-weighted means) and queue counts over the whole run, in `bins` bins."""
-    cols = _memory_columns()
+    """The memory states (time-weighted means), queue counts and the parts of states the run carries,
+    over the whole run, in `bins` bins."""
+    cols = _memory_columns(alloc)
     chunks = ((m["t_s"].to_numpy(float), m["dt_s"].to_numpy(float), m[list(cols[2:])].to_numpy(float))
               for m in alloc.memory_chunks(cols))
     binned = downsample_chunks(chunks, alloc.num_memory_rows, alloc.memory_span(), bins)
@@ -86,7 +90,7 @@ def _series(t: np.ndarray, values: np.ndarray, names: tuple[str, ...]) -> dict:
 
 
 def _window_memory(alloc: AllocatorRun, w: Window) -> dict:
-    cols = _memory_columns()
+    cols = _memory_columns(alloc)
     parts = [m[(m["t_s"] + m["dt_s"] > w.start) & (m["t_s"] < w.end)] for m in alloc.memory_chunks(cols)]
     mem = pd.concat(parts) if parts else pd.DataFrame(columns=cols)
     binned = downsample_steps(mem["t_s"].to_numpy(float), mem["dt_s"].to_numpy(float),
@@ -234,17 +238,26 @@ def palette() -> dict:
             "free": "#{:02X}{:02X}{:02X}".format(*(round(255 * c) for c in FREE_RGB))}
 
 
+def part_palette(parts: list[str]) -> dict:
+    """How the page draws each part of a state: inside which state, its hatch colour and legend text."""
+    return {p: {"of": PART_OF[p], "hatch": PART_HATCH_COLORS[p], "label": PART_LABELS[p]} for p in parts}
+
+
 def page_data(run: Run, windows: list[Window] | None = None) -> dict:
-    """The page's data: palette, run facts, per allocator its summary and the detail of each window."""
+    """The page's data: palette, run facts, per allocator its summary and the detail of each window (and
+    the parts of states an allocator carries, only where some allocator does)."""
     allocs = list(run.allocators.values())
     windows = windows or [default_window(run)]
+    parts = [p for p in PART_OF if any(p in a.parts for a in allocs)]
     return {
-        "label": run.label, "palette": palette(), "end": max(run_end(a) for a in allocs),
+        "label": run.label, "palette": {**palette(), **({"parts": part_palette(parts)} if parts else {})},
+        "end": max(run_end(a) for a in allocs),
         "windows": [[w.start, w.end] for w in windows], "lane_span": _median_service(allocs[0]),
         "allocators": [{
             "name": a.name, "label": ALLOCATOR_LABELS.get(a.name, a.name), "color": allocator_color(a.name),
             "capacity": a.capacity_tokens, "block_size": a.block_size if a.is_paged else 1,
             "paged": a.is_paged, "summary": summary_series(a),
             "windows": [window_detail(a, w) for w in windows],
+            **({"parts": list(a.parts)} if a.parts else {}),
         } for a in allocs],
     }

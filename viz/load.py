@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 from pagelab import run_format
 from pagelab.parquet_parts import PartedFile, part_files, table_exists
 from viz.errors import TableError, VizError
-from viz.palette import STATE_ORDER, allocator_sort_key
+from viz.palette import PART_STATES, STATE_ORDER, allocator_sort_key
 
 # The run format's columns, as the simulation and the replay write them.
 REQUEST_COLUMNS = tuple(run_format.REQUEST_COLUMNS)
@@ -273,6 +273,17 @@ class AllocatorRun:
     def memory_fractions(self) -> dict[str, float]:
         """The five time-weighted memory fractions from summary.json."""
         return {s: float(self.summary_value("memory", s)) for s in STATE_ORDER}
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        """The PART_STATES this run carries (a pool split into KV cache groups: its summary's memory
+        shares and its memory table have them); () for other runs."""
+        memory = self.summary.get("memory")
+        return tuple(p for p in PART_STATES if isinstance(memory, dict) and p in memory)
+
+    def part_fractions(self) -> dict[str, float]:
+        """The time-weighted shares of `parts` from summary.json (empty when the run has none)."""
+        return {p: float(self.summary_value("memory", p)) for p in self.parts}
 
     @property
     def capacity_tokens(self) -> int:

@@ -10,7 +10,7 @@ from matplotlib.colors import to_rgb
 from matplotlib.legend_handler import HandlerBase
 from matplotlib.patches import Rectangle
 
-from pagelab.run_format import MEMORY_STATES
+from pagelab.run_format import HYBRID_STATES, MEMORY_STATES, SUB_STATES
 
 ALLOCATOR_ORDER = ("paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle")
 
@@ -40,6 +40,23 @@ STATE_COLORS = dict(zip(STATE_ORDER, (
     "#DDDDDD",  # free: light grey
 ), strict=True))
 STATE_LABELS = {s: s.replace("_", " ") for s in STATE_ORDER}
+
+# What a pool split into KV cache groups wastes (pagelab/run_format.py HYBRID_STATES), drawn inside the
+# state it is part of: that state's colour, hatched in a darker shade of its hue, so the state still reads
+# as one. Only runs that carry the columns draw them (and name them in the legend).
+PART_STATES = HYBRID_STATES
+
+
+def _drawn_in(part: str) -> str:
+    """The state whose band or bar holds `part` (window_cached is part of cached_free, part of free)."""
+    parent = SUB_STATES[part]
+    return parent if parent in MEMORY_STATES else _drawn_in(parent)
+
+
+PART_OF = {p: _drawn_in(p) for p in PART_STATES}
+PART_HATCH = {"padding": "////", "window_cached": "...."}
+PART_HATCH_COLORS = {"padding": "#A8323F", "window_cached": "#7F7F7F"}
+PART_LABELS = {"padding": "padding layers", "window_cached": "window blocks kept for prefix caching"}
 
 # Queue lines share panels with no state colour, but their legend sits next to the states' one: Tol's
 # blue and purple plus black, never a state's colour.
@@ -114,3 +131,9 @@ class _OwnerStripes(HandlerBase):
 
 
 OWNER_LEGEND = {OwnerSwatch: _OwnerStripes()}  # handler_map entry of every legend that shows requests
+
+
+def part_style(part: str) -> dict:
+    """Patch keywords that draw `part` (a PART_STATES name) inside its state: the state's colour, hatched."""
+    return {"facecolor": STATE_COLORS[PART_OF[part]], "hatch": PART_HATCH[part],
+            "hatchcolor": PART_HATCH_COLORS[part]}

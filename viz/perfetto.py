@@ -2,7 +2,8 @@
 
 One process per allocator, one thread per request whose phases (waiting, prefill, decode) are slices, with
 its preemptions and swaps as instants (when the run folder records their times); counter tracks for every
-memory state (share of the pool), the running batch, the waiting and swapped queues and the batched tokens.
+memory state (share of the pool; padding and window_cached too where a run carries them), the running batch,
+the waiting and swapped queues and the batched tokens.
 
 The file is written as the tables are read, a row group at a time, so a run of a million requests never
 holds its whole JSON (or its whole request table) in memory. Times are in microseconds, as the format wants.
@@ -98,8 +99,9 @@ def _instant_events(pid: int, alloc: AllocatorRun) -> Iterator[str]:
 
 def _counter_events(pid: int, alloc: AllocatorRun) -> Iterator[str]:
     """Each counter at the rows where its value changes (a counter track holds its value until the next)."""
-    columns = ("t_s", *STATE_ORDER, *QUEUE_COUNTERS)
-    names = {**{s: (s, "share") for s in STATE_ORDER}, **{c: (n, "count") for c, n in QUEUE_COUNTERS.items()}}
+    states = (*STATE_ORDER, *alloc.parts)  # the parts of states a run with KV cache groups carries
+    columns = ("t_s", *states, *QUEUE_COUNTERS)
+    names = {**{s: (s, "share") for s in states}, **{c: (n, "count") for c, n in QUEUE_COUNTERS.items()}}
     last: dict[str, object] = {}
     for df in alloc.memory_chunks(columns):
         t = df["t_s"].to_numpy(float).tolist()

@@ -9,6 +9,8 @@ from viz.common import FigureResult, legend_below, new_figure, time_label
 from viz.downsample import DEFAULT_MAX_BINS, Binned, downsample_chunks
 from viz.load import AllocatorRun, Run
 from viz.palette import (
+    PART_LABELS,
+    PART_OF,
     QUEUE_COLORS,
     QUEUE_LABELS,
     QUEUE_LINESTYLES,
@@ -17,6 +19,7 @@ from viz.palette import (
     STATE_ORDER,
     allocator_color,
     allocator_label,
+    part_style,
 )
 from viz.titles import figure_title
 
@@ -29,18 +32,23 @@ def _steps(binned: Binned, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def memory_series(alloc: AllocatorRun, max_bins: int = DEFAULT_MAX_BINS) -> dict[str, Binned]:
-    """Binned state fractions ("states", columns in STATE_ORDER), used share and queue sizes."""
-    # One pass over the table: states, used share and queues binned together as nine columns.
+    """Binned state fractions ("states", columns in STATE_ORDER), used share and queue sizes, and the
+    parts of states the run carries ("parts", columns in `alloc.parts`; only when it has some)."""
+    # One pass over the table: states, used share, queues and parts binned together.
+    parts = alloc.parts
     chunks = ((m["t_s"].to_numpy(float), m["dt_s"].to_numpy(float),
                np.column_stack([m[list(STATE_ORDER)].to_numpy(float), 1.0 - m["free"].to_numpy(float),
-                                m[list(QUEUES)].to_numpy(float)]))
-              for m in alloc.memory_chunks(("t_s", "dt_s", *STATE_ORDER, *QUEUES)))
+                                m[list(QUEUES)].to_numpy(float), *(m[p].to_numpy(float) for p in parts)]))
+              for m in alloc.memory_chunks(("t_s", "dt_s", *STATE_ORDER, *QUEUES, *parts)))
     both = downsample_chunks(chunks, alloc.num_memory_rows, alloc.memory_span(), max_bins)
-    n = len(STATE_ORDER)
+    n, q = len(STATE_ORDER), len(QUEUES)
 
     def part(cols) -> Binned:
         return Binned(both.edges, both.mean[:, cols], both.lo[:, cols], both.hi[:, cols])
-    return {"states": part(slice(0, n)), "used": part(n), "queues": part(slice(n + 1, None))}
+    series = {"states": part(slice(0, n)), "used": part(n), "queues": part(slice(n + 1, n + 1 + q))}
+    if parts:
+        series["parts"] = part(slice(n + 1 + q, None))
+    return series
 
 
 def _queue_line(ax, queues: Binned, j: int, q: str, num_rows: int) -> None:
@@ -100,6 +108,7 @@ def plot_memory_over_time(run: Run, max_bins: int = DEFAULT_MAX_BINS, name: str 
             x, lo = _steps(states, bottom * 100)
             _, hi = _steps(states, top * 100)
             ax_mem.fill_between(x, lo, hi, step="post", color=STATE_COLORS[state], linewidth=0)
+            _draw_parts(ax_mem, series, alloc.parts, state, bottom)
             bottom = top
         if len(states.edges) - 1 < alloc.num_memory_rows:
             x, peak = _steps(series["used"], series["used"].hi * 100)
@@ -114,6 +123,10 @@ def plot_memory_over_time(run: Run, max_bins: int = DEFAULT_MAX_BINS, name: str 
     fig.suptitle(figure_title(f"Memory over time: {run.label}", [run]))
     handles = [Patch(color=STATE_COLORS[s]) for s in STATE_ORDER]
     labels = [STATE_LABELS[s] for s in STATE_ORDER]
+    drawn = [p for p in PART_OF if any(p in a.parts for a in allocs)]
+    for p in drawn:
+        handles.insert(labels.index(STATE_LABELS[PART_OF[p]]) + 1, Patch(linewidth=0, **part_style(p)))
+        labels.insert(labels.index(STATE_LABELS[PART_OF[p]]) + 1, PART_LABELS[p])
     handles += [Line2D([], [], color=QUEUE_COLORS[q], linestyle=QUEUE_LINESTYLES[q]) for q in QUEUES]
     labels += [QUEUE_LABELS[q] for q in QUEUES]
     if downsampled:
@@ -121,6 +134,18 @@ def plot_memory_over_time(run: Run, max_bins: int = DEFAULT_MAX_BINS, name: str 
         labels.append("peak used in bin")
     legend_below(fig, handles, labels, ncol=5)
     return FigureResult(name, fig, data)
+
+
+def _draw_parts(ax, series: dict[str, Binned], parts: tuple[str, ...], state: str,
+                bottom: np.ndarray) -> None:
+    """The parts of `state` the run carries, hatched at the foot of its band (which starts at `bottom`)."""
+    for k, p in enumerate(parts):
+        if PART_OF[p] != state:
+            continue
+        binned = series["parts"]
+        x, lo = _steps(binned, bottom * 100)
+        _, hi = _steps(binned, (bottom + np.nan_to_num(binned.mean[:, k])) * 100)
+        ax.fill_between(x, lo, hi, step="post", linewidth=0, **part_style(p))
 
 
 def plot_batch_size(runs: list[Run], max_bins: int = DEFAULT_MAX_BINS) -> FigureResult:

@@ -9,7 +9,8 @@ from typing import NamedTuple
 from pagelab.run_format import MEMORY_STATES
 from simulator.core.sequence import Sequence, SequenceGroup
 
-__all__ = ["MEMORY_STATES", "AllocStatus", "EventLog", "KVAllocator", "MemoryBreakdown", "RawEvents"]
+__all__ = ["MEMORY_STATES", "AllocStatus", "EventLog", "HybridBreakdown", "KVAllocator", "MemoryBreakdown",
+           "RawEvents"]
 
 
 class AllocStatus(enum.Enum):
@@ -51,6 +52,29 @@ class MemoryBreakdown(NamedTuple):
     def block_occupancy(self) -> float:
         """Fraction of slots inside blocks/regions that some sequence holds (what 'KV usage' shows)."""
         return self.allocated / self.capacity
+
+
+class HybridBreakdown(NamedTuple):
+    """A MemoryBreakdown of a pool split into KV cache groups, with two parts of its states (in slots):
+    `padding`, of internal_fragmentation, the layer slots of held blocks that padding layers leave unused,
+    and `window_cached`, of cached_free, the blocks a sliding window handed back that the prefix cache
+    keeps. A tuple of its own: one-group allocators build, and their memory rows unpack, eight fields.
+    """
+
+    capacity: int
+    token_states: int
+    reservation: int
+    internal_fragmentation: int
+    external_fragmentation: int
+    free: int
+    cached_free: int
+    allocated: int
+    padding: int
+    window_cached: int
+
+    fractions = MemoryBreakdown.fractions
+    token_occupancy = MemoryBreakdown.token_occupancy
+    block_occupancy = MemoryBreakdown.block_occupancy
 
 
 class KVAllocator(abc.ABC):

@@ -163,6 +163,8 @@ def check_grouped(bm) -> None:
     for bid in cached_free:
         if pool.cached.get(pool.hash[bid]) != bid:
             _fail(f"block {bid} is in the cached free pool but not published")
+    if not t.window_released <= cached_free:  # the breakdown counts them as cached free blocks
+        _fail(f"window-released blocks {sorted(t.window_released - cached_free)} are not cached free")
     cpu_refs = Counter(c for rows in swap.cpu_tables.values() for row in rows for c in row if c is not None)
     for cid in range(swap.num_blocks):
         if swap.ref[cid] != cpu_refs.get(cid, 0):
@@ -175,3 +177,5 @@ def check_grouped(bm) -> None:
     if b.token_states + b.reservation + b.internal_fragmentation + b.external_fragmentation + b.free \
             != b.capacity or min(b.reservation, b.internal_fragmentation) < 0:
         _fail(f"taxonomy does not add up: {b}")
+    if not (0 <= b.padding <= b.internal_fragmentation and 0 <= b.window_cached <= b.cached_free <= b.free):
+        _fail(f"padding or window-kept blocks exceed the state they are part of: {b}")

@@ -47,7 +47,8 @@ class RunState:
     num_requests: int = 0  # rows of the trace
 
     def __post_init__(self) -> None:
-        self.mem: MemoryRows = self.output.memory_rows()
+        # A pool split into KV cache groups (the grouped allocator has a layout) logs what they waste too.
+        self.mem: MemoryRows = self.output.memory_rows(getattr(self.alloc, "layout", None) is not None)
         log: RequestRows = self.output.request_rows()
         self.log = log
         # The tables' buffers keep one phase: the memory rows go on halfway through each request row group.

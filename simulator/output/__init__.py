@@ -32,7 +32,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pagelab.table_sinks import FrameSink, arrow_schema, open_table_sink
-from simulator.output.memory_rows import MEMORY_DTYPES, MemoryFrame, MemoryRows, MemoryTable
+from simulator.output.memory_rows import (
+    HYBRID_DTYPES,
+    MEMORY_DTYPES,
+    HybridMemoryRows,
+    MemoryFrame,
+    MemoryRows,
+    MemoryTable,
+)
 from simulator.output.request_rows import (
     REQUEST_DTYPES,
     TRANSITION_DTYPES,
@@ -103,10 +110,11 @@ class RunOutput(abc.ABC):
         self._transitions: TransitionRows | None = None
         self._refcounts: RefCountRows | None = None
 
-    def memory_rows(self) -> MemoryRows:
-        """The memory table's rows (made on the first call)."""
+    def memory_rows(self, hybrid: bool = False) -> MemoryRows:
+        """The memory table's rows (made on the first call); `hybrid`: a pool split into KV cache groups,
+        whose rows carry the run format's HYBRID_STATES too."""
         if self._memory is None:
-            self._memory = self._open_memory()
+            self._memory = self._open_memory(hybrid)
         return self._memory
 
     def request_rows(self) -> RequestRows:
@@ -136,7 +144,7 @@ class RunOutput(abc.ABC):
         return RefCountRows(FrameSink(REFCOUNT_DTYPES), self.sizes.batch_rows)
 
     @abc.abstractmethod
-    def _open_memory(self) -> MemoryRows:
+    def _open_memory(self, hybrid: bool) -> MemoryRows:
         """The memory table's rows and their writer."""
 
     @abc.abstractmethod
@@ -170,8 +178,8 @@ class InMemory(RunOutput):
         self._events = FrameSink(EVENT_DTYPES)
         self._pairer = TenurePairer(self._events)
 
-    def _open_memory(self) -> MemoryRows:
-        return MemoryRows(MemoryFrame(), UNBOUNDED, UNBOUNDED)
+    def _open_memory(self, hybrid: bool) -> MemoryRows:
+        return (HybridMemoryRows if hybrid else MemoryRows)(MemoryFrame(hybrid), UNBOUNDED, UNBOUNDED)
 
     def _open_requests(self) -> RequestRows:
         return RequestRows(RequestTable(FrameSink(REQUEST_DTYPES)), self.sizes.batch_rows,
@@ -196,8 +204,9 @@ class InMemory(RunOutput):
                     refcounts.sink.frame())
 
 
-def _memory_sink(folder: Path, table_format: str, sizes: Sizes):
-    return open_table_sink(folder / "memory", arrow_schema(MEMORY_DTYPES), table_format,
+def _memory_sink(folder: Path, table_format: str, sizes: Sizes, hybrid: bool = False):
+    return open_table_sink(folder / "memory", arrow_schema(HYBRID_DTYPES if hybrid else MEMORY_DTYPES),
+                           table_format,
                            group_rows=sizes.memory_min_group_rows, part_groups=sizes.table_part_groups,
                            use_dictionary=False)
 
@@ -251,12 +260,14 @@ class RunFolder(RunOutput):
         """Whether a child process writes the tables."""
         return self._child is not None
 
-    def _open_memory(self) -> MemoryRows:
-        sizes, args = self.sizes, (self.folder, self.table_format, self.sizes)
+    def _open_memory(self, hybrid: bool) -> MemoryRows:
+        sizes, args = self.sizes, (self.folder, self.table_format, self.sizes, hybrid)
+        rows = HybridMemoryRows if hybrid else MemoryRows
         if self._child is not None:
-            writer = self._child.table(MemoryTable, partial(_memory_sink, *args), self.folder / ".memory")
-            return MemoryRows(writer, sizes.spool_batch_rows, sizes.memory_group_rows)
-        return MemoryRows(MemoryTable(_memory_sink(*args)), sizes.batch_rows, sizes.memory_group_rows)
+            writer = self._child.table(partial(MemoryTable, hybrid=hybrid), partial(_memory_sink, *args),
+                                       self.folder / ".memory")
+            return rows(writer, sizes.spool_batch_rows, sizes.memory_group_rows)
+        return rows(MemoryTable(_memory_sink(*args), hybrid), sizes.batch_rows, sizes.memory_group_rows)
 
     def _open_requests(self) -> RequestRows:
         from pagelab.malloc import release_free_memory

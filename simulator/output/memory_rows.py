@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.lib.recfunctions import structured_to_unstructured
 
+from pagelab.run_format import HYBRID_MEMORY_COLUMNS, HYBRID_STATES, MEMORY_STATES
 from pagelab.run_format import MEMORY_COLUMNS as MEMORY_TYPES
-from pagelab.run_format import MEMORY_STATES
 
 if TYPE_CHECKING:  # the process that writes a long run's tables imports neither pandas nor the core's users
     import pandas as pd
 
     from pagelab.table_sinks import TableSink
-    from simulator.core.allocator import MemoryBreakdown
+    from simulator.core.allocator import HybridBreakdown, MemoryBreakdown
 
 MEMORY_COLUMNS = tuple(MEMORY_TYPES)
 MEMORY_DTYPES = {c: np.dtype(t) for c, t in MEMORY_TYPES.items()}
@@ -37,6 +37,18 @@ _ROW_DTYPE = np.dtype([("step", "=i8"), *((c, "=f8") for c in _PACKED_FLOATS),
 _PACKED_DTYPES = {c: MEMORY_DTYPES[c] for c in _ROW_DTYPE.names}
 _DT = _PACKED_FLOATS.index("dt_s")
 ROW_BYTES = _ROW.size
+
+# A run with KV cache groups packs HYBRID_STATES after the other floats (pagelab/run_format.py).
+HYBRID_COLUMNS = tuple(HYBRID_MEMORY_COLUMNS)
+HYBRID_DTYPES = {c: np.dtype(t) for c, t in HYBRID_MEMORY_COLUMNS.items()}
+_HYBRID_FLOATS = (*_PACKED_FLOATS, *HYBRID_STATES)
+_HYBRID_ROW = struct.Struct(f"=q{len(_HYBRID_FLOATS)}d{len(_PACKED_COUNTS)}i")
+_HYBRID_ROW_DTYPE = np.dtype([("step", "=i8"), *((c, "=f8") for c in _HYBRID_FLOATS),
+                              *((c, "=i4") for c in _PACKED_COUNTS)])
+_HYBRID_PACKED_DTYPES = {c: HYBRID_DTYPES[c] for c in _HYBRID_ROW_DTYPE.names}
+# Per layout (False: one group, True: KV cache groups): packed row, its columns, the float columns.
+_LAYOUTS = {False: (_ROW_DTYPE, _PACKED_DTYPES, MEMORY_COLUMNS, _PACKED_FLOATS),
+            True: (_HYBRID_ROW_DTYPE, _HYBRID_PACKED_DTYPES, HYBRID_COLUMNS, _HYBRID_FLOATS)}
 
 
 def columns_of_batches(batches: list, row_dtype: np.dtype, dtypes: dict[str, np.dtype],
@@ -60,23 +72,28 @@ def columns_of_batches(batches: list, row_dtype: np.dtype, dtypes: dict[str, np.
     return columns
 
 
-def memory_columns(batches: list, each: Callable[[np.ndarray], None] | None = None) -> dict[str, np.ndarray]:
-    """The memory table's columns, in MEMORY_COLUMNS order, of packed rows (it empties `batches`)."""
-    packed = columns_of_batches(batches, _ROW_DTYPE, _PACKED_DTYPES, each)
+def memory_columns(batches: list, each: Callable[[np.ndarray], None] | None = None,
+                   hybrid: bool = False) -> dict[str, np.ndarray]:
+    """The memory table's columns, in MEMORY_COLUMNS order (HYBRID_COLUMNS with `hybrid`), of packed
+    rows (it empties `batches`)."""
+    row_dtype, dtypes, columns, _ = _LAYOUTS[hybrid]
+    packed = columns_of_batches(batches, row_dtype, dtypes, each)
     packed["token_occupancy"] = packed["token_states"]
-    return {c: packed[c] for c in MEMORY_COLUMNS}
+    return {c: packed[c] for c in columns}
 
 
 class MemoryTable:
     """A file's writing end: each row group's columns go to `sink`; `close` returns the sums of value *
-    dt_s per packed float column and of dt_s (what `weighted_means` reads)."""
+    dt_s per packed float column and of dt_s (what `weighted_means` reads). `hybrid`: the rows carry
+    HYBRID_STATES (a run with KV cache groups)."""
 
-    row_bytes = ROW_BYTES
-
-    def __init__(self, sink: TableSink) -> None:
+    def __init__(self, sink: TableSink, hybrid: bool = False) -> None:
         self.sink = sink
+        self.hybrid = hybrid
+        self.row_bytes = _LAYOUTS[hybrid][0].itemsize
+        self._floats = list(_LAYOUTS[hybrid][3])
         self._batches: list = []
-        self._wsum = np.zeros(len(_PACKED_FLOATS))
+        self._wsum = np.zeros(len(self._floats))
         self._dt = 0.0
 
     def add_batch(self, batch: bytes | bytearray) -> None:
@@ -86,10 +103,10 @@ class MemoryTable:
     def end_group(self) -> None:
         """Write the row group (if it has rows)."""
         if self._batches:
-            self.sink.write(memory_columns(self._batches, self._add_sums))
+            self.sink.write(memory_columns(self._batches, self._add_sums, self.hybrid))
 
     def _add_sums(self, rows: np.ndarray) -> None:
-        floats = structured_to_unstructured(rows[list(_PACKED_FLOATS)], copy=False)  # a view: no copy
+        floats = structured_to_unstructured(rows[self._floats], copy=False)  # a view: no copy
         self._wsum += floats[:, _DT] @ floats
         self._dt += float(floats[:, _DT].sum())
 
@@ -101,11 +118,12 @@ class MemoryTable:
 
 
 class MemoryFrame:
-    """The in-memory writing end: keeps every batch; `frame` is the whole table."""
+    """The in-memory writing end: keeps every batch; `frame` is the whole table (with HYBRID_STATES when
+    `hybrid`)."""
 
-    row_bytes = ROW_BYTES
-
-    def __init__(self) -> None:
+    def __init__(self, hybrid: bool = False) -> None:
+        self.hybrid = hybrid
+        self.row_bytes = _LAYOUTS[hybrid][0].itemsize
         self._batches: list = []
 
     def add_batch(self, batch: bytes | bytearray) -> None:
@@ -120,33 +138,40 @@ class MemoryFrame:
 
     def frame(self) -> pd.DataFrame:
         """The rows as a table with the documented dtypes."""
-        columns = memory_columns(self._batches)
+        columns = memory_columns(self._batches, hybrid=self.hybrid)
         columns["token_occupancy"] = columns["token_occupancy"].copy()  # a column of its own in a frame
         import pandas as pd
 
         return pd.DataFrame(columns, copy=False)
 
 
+def _shares(hybrid: bool) -> tuple[str, ...]:
+    """The summary's memory shares: the states, cached_free, and HYBRID_STATES where the rows carry them."""
+    return (*MEMORY_STATES, "cached_free", *(HYBRID_STATES if hybrid else ()))
+
+
 def weighted_means(sums: tuple[np.ndarray, float]) -> tuple[dict, float, float]:
-    """The summary's time-weighted means (states and cached_free; token and block occupancy) from a file
-    writer's sums."""
+    """The summary's time-weighted means (states, cached_free and HYBRID_STATES where present; token and
+    block occupancy) from a file writer's sums."""
     wsum, dt = sums
+    floats = _HYBRID_FLOATS if len(wsum) == len(_HYBRID_FLOATS) else _PACKED_FLOATS
+    shares = _shares(floats is _HYBRID_FLOATS)
     if dt <= 0:
         nan = float("nan")
-        return {**{s: nan for s in MEMORY_STATES}, "cached_free": nan}, nan, nan
-    m = {c: float(v / dt) for c, v in zip(_PACKED_FLOATS, wsum, strict=True)}
-    return {s: m[s] for s in (*MEMORY_STATES, "cached_free")}, m["token_states"], m["block_occupancy"]
+        return dict.fromkeys(shares, nan), nan, nan
+    m = {c: float(v / dt) for c, v in zip(floats, wsum, strict=True)}
+    return {s: m[s] for s in shares}, m["token_states"], m["block_occupancy"]
 
 
 def frame_means(memory: pd.DataFrame) -> tuple[dict, float, float]:
     """`weighted_means` of a memory table in memory."""
     w = memory["dt_s"].to_numpy()
     total = w.sum()
+    shares = _shares(HYBRID_STATES[0] in memory.columns)
     if total <= 0:
         nan = float("nan")
-        return {**{s: nan for s in MEMORY_STATES}, "cached_free": nan}, nan, nan
-    mean = {s: float(np.dot(memory[s].to_numpy(), w) / total) for s in MEMORY_STATES}
-    mean["cached_free"] = float(np.dot(memory["cached_free"].to_numpy(), w) / total)
+        return dict.fromkeys(shares, nan), nan, nan
+    mean = {s: float(np.dot(memory[s].to_numpy(), w) / total) for s in shares}
     return (mean, float(np.dot(memory["token_occupancy"].to_numpy(), w) / total),
             float(np.dot(memory["block_occupancy"].to_numpy(), w) / total))
 
@@ -158,17 +183,19 @@ class MemoryRows:
     each row group of its request table, so the two tables' buffers keep one phase).
     """
 
+    row_bytes = ROW_BYTES
+
     def __init__(self, writer, batch_rows: int, group_rows: int) -> None:
         self.writer = writer
         self._packed = bytearray()  # the rows not yet handed on
-        self._batch_bytes = batch_rows * ROW_BYTES
-        self._group_bytes = group_rows * ROW_BYTES
+        self._batch_bytes = batch_rows * self.row_bytes
+        self._group_bytes = group_rows * self.row_bytes
         self._limit = min(self._batch_bytes, self._group_bytes)  # packed bytes that end the current batch
         self._held = 0  # bytes of the current row group handed on as batches
         self._num_flushed = 0  # rows of the row groups ended so far
 
     def __len__(self) -> int:
-        return self._num_flushed + (self._held + len(self._packed)) // ROW_BYTES
+        return self._num_flushed + (self._held + len(self._packed)) // self.row_bytes
 
     def add_row(self, step: int, num_steps: int, t_s: float, dt_s: float, token_states: float,
                 reservation: float, internal: float, external: float, free: float, cached_free: float,
@@ -213,10 +240,41 @@ class MemoryRows:
         self._limit = min(self._batch_bytes, self._group_bytes)  # a row group starts here, whoever flushed
         if self._held:
             self.writer.end_group()
-            self._num_flushed += self._held // ROW_BYTES
+            self._num_flushed += self._held // self.row_bytes
             self._held = 0
 
     def end(self):
         """Hand on the last rows and close the writer; return what its `close` returns."""
         self.flush()
         return self.writer.close()
+
+
+class HybridMemoryRows(MemoryRows):
+    """The memory rows of a run with KV cache groups: each row also carries HYBRID_STATES (its writer
+    was made with `hybrid=True`)."""
+
+    row_bytes = _HYBRID_ROW.size
+
+    def add_row(self, step: int, num_steps: int, t_s: float, dt_s: float, token_states: float,
+                reservation: float, internal: float, external: float, free: float, cached_free: float,
+                block_occupancy: float, counts: tuple[int, int, int], num_batched_tokens: int,
+                blocks_used: int, *, padding: float, window_cached: float) -> None:
+        """Append one row from fractions of capacity already computed (a span's time-weighted means);
+        `padding` and `window_cached` are required: a span must say what it wasted."""
+        self._packed += _HYBRID_ROW.pack(
+            step, t_s, dt_s, token_states, reservation, internal, external, free, cached_free,
+            block_occupancy, padding, window_cached, num_steps, counts[0], counts[1], counts[2],
+            num_batched_tokens, blocks_used)
+        if len(self._packed) >= self._limit:
+            self._next_batch()
+
+    def add_breakdown(self, step: int, num_steps: int, t_s: float, dt_s: float, b: HybridBreakdown,
+                      counts: tuple[int, int, int], num_batched_tokens: int, block_size: int) -> None:
+        """Append one row from an instantaneous breakdown (in slots), its padding and window parts too."""
+        cap, tokens, resv, internal, external, free, cached, allocated, padding, window = b
+        self._packed += _HYBRID_ROW.pack(
+            step, t_s, dt_s, tokens / cap, resv / cap, internal / cap, external / cap, free / cap,
+            cached / cap, allocated / cap, padding / cap, window / cap, num_steps, counts[0], counts[1],
+            counts[2], num_batched_tokens, allocated // block_size)
+        if len(self._packed) >= self._limit:
+            self._next_batch()

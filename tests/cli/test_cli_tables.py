@@ -82,6 +82,16 @@ def test_the_serving_and_memory_tables_fit_with_four_allocators_and_any_values(s
     assert f"Mean TTFT {unit}" in rows and "Prefix cache hit rate (%)" in rows
 
 
+def test_the_memory_table_names_padding_and_window_blocks_only_for_runs_with_kv_cache_groups():
+    summaries = {n: _summary(n) for n in NAMES}
+    assert "padding" not in render(memory_table(summaries))
+    summaries["paged"]["memory"].update(padding=0.0471, window_cached=0.2134)
+    table = memory_table(summaries)
+    assert_fits(table)
+    assert ("paged: padding layers 4.7 of intern; window blocks kept for prefix caching 21.3 of free"
+            in " ".join(render(table).split()))  # the caption wraps at the table's width
+
+
 def test_a_376_783_ms_ttft_is_shown_in_seconds_whole():
     rows = render(serving_table({"paged": _metrics(376_783.0)}, ("ttft",), (99,)))
     assert "Mean TTFT (s)" in rows and "376.8" in rows

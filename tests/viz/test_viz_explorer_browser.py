@@ -198,3 +198,43 @@ def test_a_served_page_loads_a_moment_outside_its_windows(browser, tmp_path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_padding_and_window_blocks_are_hatched_bands_inside_their_states(browser, tmp_path):
+    """A gemma-3-27b run (padding layers, 1024-token windows) draws both parts as series stacked from the
+    foot of their state and names them in the legend; the same run in one group draws neither."""
+    labels = {}
+    for name, extra in (("hybrid", ()), ("one-group", ("--disable-hybrid-kv-cache-manager",))):
+        run = tmp_path / name
+        assert pagelab("simulate", "mooncake-conv", "--limit", "12", "--model", "gemma-3-27b", "--gpu",
+                       "h100-80gb", "--max-model-len", "32768", "-a", "paged", *extra, "-o", run,
+                       timeout=300).returncode == 0
+        assert pagelab("view", run, timeout=300).returncode == 0
+        page, errors, fetched = _open(browser, run / "view.html")
+        assert errors == [] and fetched == []
+        labels[name] = page.evaluate("pagelabView.columns[0].mem.series.map(s => s.label)")[1:]
+        legend = page.locator("p.legend").inner_text()
+        # Each part's band starts at the foot of its state: the cumulative curve below that state.
+        bands = page.evaluate("""() => {
+            const u = pagelabView.columns[0].mem, lab = u.series.map(s => s.label);
+            const at = l => u.data[lab.indexOf(l)];
+            const out = {};
+            for (const [part, state, below] of [["padding layers", "internal fragmentation", "reservation"],
+                ["window blocks kept for prefix caching", "free", "external fragmentation"]]) {
+              if (lab.indexOf(part) < 0) continue;
+              out[part] = at(part).map((v, i) => [at(below)[i], v, at(state)[i]]);
+            }
+            return out; }""")
+        page.close()
+        if name == "hybrid":
+            assert "padding layers" in legend and "window blocks kept for prefix caching" in legend
+            assert len(bands) == 2
+            for rows in bands.values():
+                foot, top, state_top = np.array(rows).T
+                assert (foot <= top + 1e-12).all() and (top <= state_top + 1e-12).all() and (top > foot).any()
+        else:
+            assert "padding layers" not in legend and bands == {}
+    assert labels["hybrid"] == ["free", "window blocks kept for prefix caching", "external fragmentation",
+                                "internal fragmentation", "padding layers", "reservation", "token states"]
+    assert labels["one-group"] == [x for x in labels["hybrid"] if x not in (
+        "padding layers", "window blocks kept for prefix caching")]

@@ -57,15 +57,27 @@ function refAt(w, i, t) {
 }
 
 // The chart series: the whole-run summary, with each window's full-detail rows in place of its bins.
-function chartData(summary, windows) {
+function chartData(summary, windows, parts) {
   const t = [], rows = [];
-  const names = [...P.states, "num_running", "num_waiting"];
+  const names = [...P.states, "num_running", "num_waiting", ...parts];
   const push = (src, i) => { t.push(src.t[i]); rows.push(names.map(n => src[n][i])); };
   const inside = x => windows.some(w => x >= w.start && x < w.end);
   for (let i = 0; i < summary.t.length; i++) if (!inside(summary.t[i])) push(summary, i);
   for (const w of windows) for (let i = 0; i < w.memory.t.length; i++) push(w.memory, i);
   const order = t.map((_, i) => i).sort((a, b) => t[a] - t[b]);
   return {t: order.map(i => t[i]), cols: names.map((_, k) => order.map(i => rows[i][k]))};
+}
+
+// A state's colour crossed by diagonal lines of `lines`: how a part of that state is filled.
+function hatchFill(u, color, lines) {
+  const c = document.createElement("canvas");
+  c.width = c.height = 6;
+  const x = c.getContext("2d");
+  x.fillStyle = color;
+  x.fillRect(0, 0, 6, 6);
+  x.strokeStyle = lines;
+  x.beginPath(); x.moveTo(0, 6); x.lineTo(6, 0); x.stroke();
+  return u.ctx.createPattern(c, "repeat");
 }
 
 class Column {
@@ -101,16 +113,29 @@ class Column {
     this.cellTenure = new Int32Array(this.cells);
   }
   makeCharts() {
-    const d = chartData(this.summary, this.windows), states = P.states;
+    const parts = this.a.parts || [], d = chartData(this.summary, this.windows, parts), states = P.states;
     const cum = [];
     let acc = new Float64Array(d.t.length);
     states.forEach((_, k) => { acc = acc.map((v, i) => v + d.cols[k][i]); cum.push(Array.from(acc)); });
     // Stacked areas: each cumulative curve filled to zero, drawn top state first so the lower ones paint over.
-    const series = states.map((s, k) => ({label: s.replace(/_/g, " "), stroke: P.state_colors[s], fill: P.state_colors[s],
-                                          width: 0})).reverse();
+    // A part of a state (padding, window_cached) is a hatched band from the foot of its state, drawn right
+    // after that state so the states below paint over the rest of it.
+    const series = [], data = [];
+    for (let k = states.length - 1; k >= 0; k--) {
+      const s = states[k];
+      series.push({label: s.replace(/_/g, " "), stroke: P.state_colors[s], fill: P.state_colors[s], width: 0});
+      data.push(cum[k]);
+      parts.forEach((p, j) => {
+        if (P.parts[p].of !== s) return;
+        const foot = k > 0 ? cum[k - 1] : cum[0].map(() => 0), col = d.cols[states.length + 2 + j];
+        series.push({label: P.parts[p].label, stroke: P.parts[p].hatch, width: 0,
+                     fill: u => hatchFill(u, P.state_colors[s], P.parts[p].hatch)});
+        data.push(foot.map((v, i) => v + col[i]));
+      });
+    }
     const opts = (title, ser, h) => ({title, width: 360, height: h, scales: {x: {time: false}}, series: [{label: "s"}, ...ser],
                                        legend: {show: false}, hooks: {draw: [u => this.shadeWindows(u)]}});
-    this.mem = new uPlot(opts("memory by state (share of pool)", series, 130), [d.t, ...cum.reverse()], this.memChart);
+    this.mem = new uPlot(opts("memory by state (share of pool)", series, 130), [d.t, ...data], this.memChart);
     const counts = ["num_running", "num_waiting"].map(n => ({label: n.slice(4), stroke: P.queue_colors[n], width: 1}));
     this.count = new uPlot(opts("running / waiting requests", counts, 110), [d.t, d.cols[states.length], d.cols[states.length + 1]],
                            this.countChart);
@@ -249,6 +274,8 @@ const scrub = el("input", {type: "range", id: "scrub", min: 0, max: D.end, step:
 const readout = el("span", {id: "readout"}, head);
 const legend = el("p", {className: "legend"}, head);
 legend.innerHTML = P.states.map(s => `<i style="background:${P.state_colors[s]}"></i>${s.replace(/_/g, " ")}`).join(" ") +
+  Object.values(P.parts || {}).map(q => ` <i class="part" style="background:repeating-linear-gradient(45deg,` +
+    `${q.hatch} 0 1px,${P.state_colors[q.of]} 1px 4px)"></i>${q.label}`).join("") +
   ` · blocks: one blue per request, <i class="hatch"></i>shared, <i style="background:${P.state_colors.internal_fragmentation}"></i>` +
   `never filled, <i style="background:${P.free};border:1px solid #999"></i>free · lanes: ` +
   ["waiting", "prefill", "decode", "preempted", "swapped_out"].map(p => `<i style="background:${P.phase_colors[p]}"></i>${p.replace("_", " ")}`).join(" ");

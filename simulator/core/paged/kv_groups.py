@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from simulator.core.allocator import AllocStatus, EventLog, KVAllocator, MemoryBreakdown
+from simulator.core.allocator import AllocStatus, EventLog, HybridBreakdown, KVAllocator
 from simulator.core.errors import AllocationError
 from simulator.core.kv_layout import KVLayout
 from simulator.core.paged.block_pool import BlockManagerStats, BlockPool, PoolCounts
@@ -103,8 +103,9 @@ class GroupedBlockManager(PoolCounts, KVAllocator):
         """Forking shares every block, so it always fits."""
         return True
 
-    def breakdown(self, head: SequenceGroup | None = None) -> MemoryBreakdown:
-        """The taxonomy in layer slots; padding layers count as internal fragmentation."""
+    def breakdown(self, head: SequenceGroup | None = None) -> HybridBreakdown:
+        """The taxonomy in layer slots; padding layers count as internal fragmentation (and as `padding`),
+        window-released blocks the prefix cache keeps as cached free memory (and as `window_cached`)."""
         bs, width, t = self.block_size, self.layout.group_size, self.tables
         tokens = empty = padding = 0
         for g, spec in enumerate(t.specs):
@@ -114,9 +115,10 @@ class GroupedBlockManager(PoolCounts, KVAllocator):
             padding += t.held_in[g] * bs * spec.padding
         internal = min(self.num_internal_slots, empty)
         num_free = self.pool.num_free
-        return MemoryBreakdown(self.num_blocks * bs * width, tokens, empty - internal, internal + padding, 0,
+        return HybridBreakdown(self.num_blocks * bs * width, tokens, empty - internal, internal + padding, 0,
                                num_free * bs * width, len(self.pool.free_cached) * bs * width,
-                               (self.num_blocks - num_free) * bs * width)
+                               (self.num_blocks - num_free) * bs * width, padding,
+                               len(t.window_released) * bs * width)  # all cached free (invariants.py)
 
     def padding_slots(self) -> int:
         """Layer slots of held blocks that padding layers leave unused."""

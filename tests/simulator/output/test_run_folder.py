@@ -139,7 +139,7 @@ class _LoggedFolder(RunFolder):
         super().__init__(tmp_path, record_events=False, sizes=sizes)
         self.log = log
 
-    def _open_memory(self):
+    def _open_memory(self, hybrid=False):
         from simulator.output.memory_rows import MemoryRows, MemoryTable
 
         self.memory_sink = _Logged("memory", self.log, MEMORY_DTYPES)
