@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from simulator.core.allocator import AllocStatus, KVAllocator
 from simulator.core.decode import DecodeBatch
 from simulator.core.errors import ConfigError
-from simulator.core.sequence import Sequence, SequenceGroup, SequenceStatus, shares_allocation
+from simulator.core.sequence import RunningGroups, Sequence, SequenceGroup, SequenceStatus, shares_allocation
 
 PREEMPTION_MODES = ("recompute", "swap")
 
@@ -101,61 +101,6 @@ class SchedulerOutput:
         return not self.scheduled
 
 
-class RunningGroups:
-    """Groups in admission order (the last one is preempted first); iterate, index, append, remove.
-
-    An insertion-ordered dict keyed by the group: a finished group sits anywhere in admission order, and
-    leaves in O(1) where `list.remove` would scan half of a full batch every step.
-    """
-
-    __slots__ = ("_groups",)
-
-    def __init__(self, groups: Iterable[SequenceGroup] = ()) -> None:
-        self._groups: dict[SequenceGroup, None] = dict.fromkeys(groups)
-
-    def __len__(self) -> int:
-        return len(self._groups)
-
-    def __bool__(self) -> bool:
-        return bool(self._groups)
-
-    def __iter__(self) -> Iterator[SequenceGroup]:
-        return iter(self._groups)
-
-    def __reversed__(self) -> Iterator[SequenceGroup]:
-        return reversed(self._groups)
-
-    def __contains__(self, group: object) -> bool:
-        return group in self._groups
-
-    def __getitem__(self, index: int | slice) -> SequenceGroup | list[SequenceGroup]:
-        """By position, as a list would (O(n): for inspection, not for the scheduler's loops)."""
-        return list(self._groups)[index]
-
-    def __add__(self, other: Iterable[SequenceGroup]) -> list[SequenceGroup]:
-        return [*self._groups, *other]
-
-    def __radd__(self, other: Iterable[SequenceGroup]) -> list[SequenceGroup]:
-        return [*other, *self._groups]
-
-    def append(self, group: SequenceGroup) -> None:
-        """Add a group at the end (the newest)."""
-        if group in self._groups:
-            raise ValueError(f"request {group.request_id} is already running")
-        self._groups[group] = None
-
-    def remove(self, group: SequenceGroup) -> None:
-        """Drop a group wherever it is."""
-        try:
-            del self._groups[group]
-        except KeyError:
-            raise ValueError(f"request {group.request_id} is not running") from None
-
-    def clear(self) -> None:
-        """Drop every group."""
-        self._groups.clear()
-
-
 class Scheduler:
     """FCFS continuous batching over one allocator (paged or contiguous).
 
@@ -177,6 +122,7 @@ class Scheduler:
         # The waiting head `can_ever_allocate` accepted: a group does not grow while it waits, so the
         # answer holds until it leaves the queue (an overloaded run asks again at every step otherwise).
         self._fits_ever: SequenceGroup | None = None
+        self._fresh: tuple[SequenceGroup, int] | None = None  # the last admitted group and its length then
         self.decode = None if output_len is None else DecodeBatch(allocator, self.prefill_left, output_len)
 
     def add_request(self, group: SequenceGroup) -> None:
@@ -218,6 +164,13 @@ class Scheduler:
             seqs = group.live_seqs()
             while not self.allocator.can_append(seqs):
                 victim = queue.pop() if queue else group
+                if victim is group and not kept and not self.swapped and \
+                        self._fresh == (group, seqs[0].length):
+                    # Alone in the pool, just (re)admitted, and still short of a block (n samples whose
+                    # tails outgrow it together): recomputed, it would come back here forever. Drop it,
+                    # as admission refuses a sequence that could never fit.
+                    self._drop(group, out)
+                    break
                 self._preempt(victim, out)
                 if victim is group:
                     break
@@ -337,6 +290,7 @@ class Scheduler:
             need = self._prefill_tokens(seqs)
             # Only the blocks this step computes are published (the budget caps the first chunk).
             hit = self.allocator.allocate(group, room)
+            self._fresh = (group, seqs[0].length)  # no token decoded since (see schedule)
             if group.prefix_hit_tokens is None:
                 group.prefix_hit_tokens = hit
             left = max(1, need - hit)
@@ -355,6 +309,12 @@ class Scheduler:
                 self.allocator.free(s)
             s.status = SequenceStatus.FINISHED
         out.rejected.append(group)
+
+    def _drop(self, group: SequenceGroup, out: SchedulerOutput) -> None:
+        """Reject a running group: its blocks go back to the pool."""
+        for s in group.live_seqs():
+            self.allocator.free(s)
+        self._reject(group, out)
 
     def _preempt(self, group: SequenceGroup, out: SchedulerOutput) -> None:
         """Swap the group out if configured and possible, else free it for recomputation."""

@@ -71,9 +71,10 @@ def drive(run: RunState, advance: Callable[[RunState], SchedulerOutput | None],
             continue
         out = advance(run)
         if out is not None and out.is_empty and not out.rejected:
-            if run.next >= num:
+            if run.next < num:
+                run.idle_until(run.next_arrival)
+            elif not out.preempted:  # a group that preempted itself is admitted again next step
                 raise RuntimeError("scheduler stalled with work left and no future arrival (a bug)")
-            run.idle_until(run.next_arrival)
         run.drain_events()
         if observer is not None:
             observer(run)

@@ -18,9 +18,9 @@ them (tests/test_shape.py traces it and compares):
     simulator.core.scheduler -> simulator.presets -> simulator.core.kv_layout ->
     simulator.core.paged.block_manager -> simulator.core.paged.block_pool -> simulator.core.allocator ->
     simulator.core.paged.prefix_cache -> simulator.core.paged.swap -> simulator.timing.step_latency ->
-    simulator.core.decode -> simulator.loop.state -> simulator.output -> pagelab.table_sinks -> pagelab.writes
-    -> simulator.output.memory_rows -> simulator.output.request_rows -> simulator.output.tenures ->
-    traces.batches -> simulator.core.sequence -> simulator.loop.step -> simulator.metrics ->
+    simulator.core.sequence -> simulator.core.decode -> simulator.loop.state -> simulator.output ->
+    pagelab.table_sinks -> pagelab.writes -> simulator.output.memory_rows -> simulator.output.request_rows
+    -> simulator.output.tenures -> traces.batches -> simulator.loop.step -> simulator.metrics ->
     pagelab.malloc -> pagelab.parquet_parts -> pagelab.column_stats
 """
 from __future__ import annotations

@@ -33,7 +33,7 @@ def _remove_and_append(container_type):
 
 def test_running_groups_remove(benchmark):
     """Scheduler.running: a finished group leaves from anywhere (docs/performance.md)."""
-    from simulator.core.scheduler import RunningGroups
+    from simulator.core.sequence import RunningGroups
 
     benchmark.pedantic(_remove_and_append(RunningGroups), rounds=5, iterations=1)
 

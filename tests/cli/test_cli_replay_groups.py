@@ -23,8 +23,8 @@ def trace(tmp_path_factory):
 def test_replay_runs_a_hybrid_model_grouped_or_in_one_group(trace, tmp_path, grouped):
     out = tmp_path / "run"
     flag = [] if grouped else ["--disable-hybrid-kv-cache-manager"]
-    result = pagelab("replay", trace, "--model", "tiny-hybrid", "--num-blocks", "12", "--max-model-len", "128",
-                     "--time-scale", "0", "--clock", "cpu", *flag, "--out", out, timeout=300)
+    result = pagelab("replay", trace, "--model", "tiny-hybrid", "--num-blocks", "12", "--max-model-len",
+                     "128", "--time-scale", "0", "--clock", "cpu", *flag, "--out", out, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     config = json.loads((out / "paged" / "config.json").read_text())
     assert config.get("disable_hybrid_kv_cache_manager", False) is not grouped

@@ -130,6 +130,21 @@ def test_request_whose_final_length_never_fits_is_rejected_not_livelocked():
     assert res.summary["num_finished"] == 1
 
 
+@pytest.mark.parametrize(("model", "kv_memory_gb"), [("gemma-3-27b", 0.5), ("llama-3-8b", 0.05)])
+def test_samples_outgrowing_the_pool_together_are_dropped_not_stalled(model, kv_memory_gb):
+    # n=2 samples on a small pool (Gemma 3's KV cache groups, and one group): a request readmitted alone
+    # that still cannot take a decode step would be recomputed forever; it is dropped, alike in both modes.
+    trace = generate_trace(SyntheticConfig(num_requests=16, rate=20.0, lengths="sharegpt", seed=0))
+    trace = trace.assign(n=2)
+    runs = [simulate(trace, SimConfig(model=model, gpu="h100-80gb", kv_memory_gb=kv_memory_gb,
+                                      max_model_len=2048, record_events=False, mode=mode))
+            for mode in ("fast", "step")]
+    for res in runs:
+        assert res.summary["num_finished"] + int(res.requests["rejected"].sum()) == 16
+        assert res.requests["rejected"].any()
+    pd.testing.assert_frame_equal(runs[0].requests, runs[1].requests)
+
+
 @pytest.mark.parametrize("chunked", [False, True])
 def test_swap_preemption_on_a_tiny_pool_never_overcommits(chunked):
     # Tiny pool, swap preemption (and chunked prefill): swapped groups must come back with room to decode.

@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from simulator import AllocStatus, BlockManager, Sequence, SequenceGroup
-from simulator.core.scheduler import RunningGroups, Scheduler, SchedulerConfig
-from simulator.core.sequence import SequenceStatus
+from simulator.core.scheduler import Scheduler, SchedulerConfig
+from simulator.core.sequence import RunningGroups, SequenceStatus
 
 
 def _group(rid: int, prompt_len: int, final_len: int | None = None, *, tokens: list[int] | None = None,
