@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from simulator.core.allocator import AllocStatus, KVAllocator
-from simulator.core.decode import DecodeBatch
+from simulator.core.decode_groups import decode_batch
 from simulator.core.errors import ConfigError
 from simulator.core.sequence import Sequence, SequenceGroup, SequenceStatus, shares_allocation
 
@@ -177,7 +177,7 @@ class Scheduler:
         # The waiting head `can_ever_allocate` accepted: a group does not grow while it waits, so the
         # answer holds until it leaves the queue (an overloaded run asks again at every step otherwise).
         self._fits_ever: SequenceGroup | None = None
-        self.decode = None if output_len is None else DecodeBatch(allocator, self.prefill_left, output_len)
+        self.decode = None if output_len is None else decode_batch(allocator, self.prefill_left, output_len)
 
     def add_request(self, group: SequenceGroup) -> None:
         """Queue a new request."""

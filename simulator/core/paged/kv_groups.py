@@ -69,7 +69,7 @@ class GroupedBlockManager(PoolCounts, KVAllocator):
         for s in seqs:
             hit, blocks = self.tables.longest_hit(s)
             needed += self.tables.prompt_blocks(s.length, hit)
-            needed -= sum(1 for per_group in blocks for b in per_group if self.pool.ref[b] > 0)
+            needed -= self.tables.num_held(blocks)
         if self.pool.num_free - needed < self.watermark_blocks:
             return AllocStatus.LATER
         return AllocStatus.OK
