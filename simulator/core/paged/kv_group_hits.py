@@ -132,6 +132,29 @@ class GroupHits:
         refs = [ref[b] for per_group in blocks for b in per_group]
         return len(refs) - refs.count(0)
 
+    def publish_range(self, seq: Sequence, start: int, stop: int) -> None:
+        """`publish_index` for each of the sequence's blocks `start` to `stop` - 1, in that order."""
+        if not self.enabled or start >= stop:
+            return
+        chain = self.chain(seq, stop)
+        pool, hash_fn, tables = self.pool, self.hash_fn, self.tables[seq.seq_id]
+        keys, hashes, setdefault = pool.key, pool.hash, pool.cached.setdefault
+        groups = range(len(tables))
+        published = 0
+        for i in range(start, min(stop, len(chain))):
+            key, h = chain[i]
+            for g in groups:
+                bid = tables[g][i]
+                if bid is None or keys[bid] is not None:
+                    continue
+                gh = hash_fn((g, h))
+                keys[bid], hashes[bid] = (g, key), gh
+                setdefault(gh, bid)
+                published += 1
+        if published:
+            pool.plain = False
+            self.publishes += published
+
     def publish_index(self, seq: Sequence, i: int) -> None:
         """Publish full block `i` of `seq` in every group that still holds it, under the group-tagged
         chained key of its content."""

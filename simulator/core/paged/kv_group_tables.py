@@ -66,10 +66,12 @@ class GroupTables(GroupHits):
         """`num` fresh blocks for group `g` taken by sequence `sid`, filled as `fills` says."""
         pool = self.pool
         new = pool.take(num, rid, sid)
+        filled, group_of = pool.filled, self.group_of
         for bid, f in zip(new, fills, strict=True):
-            pool.filled[bid] = f
-            self.group_of[bid] = g
-            self.window_released.discard(bid)
+            filled[bid] = f
+            group_of[bid] = g
+        if self.window_released:
+            self.window_released.difference_update(new)
         total = sum(fills)
         pool.total_filled += total
         self.held_in[g] += num
@@ -192,9 +194,7 @@ class GroupTables(GroupHits):
         seq.num_cached_tokens = hit * bs
         self.seqs[seq.seq_id] = seq
         self.count_internal(seq)
-        if self.enabled:
-            for i in range(hit, min(n, hit * bs + budget) // bs):
-                self.publish_index(seq, i)
+        self.publish_range(seq, hit, min(n, hit * bs + budget) // bs)
         return hit * bs
 
     def share_tables(self, src: Sequence, dst: Sequence) -> None:

@@ -166,8 +166,7 @@ class GroupedBlockManager(PoolCounts, KVAllocator):
         for s in reversed(seqs):
             uncomputed = min(num_left, s.length - s.num_cached_tokens)
             num_left -= uncomputed
-            for i in range(s.num_cached_tokens // bs, (s.length - uncomputed) // bs):
-                self.tables.publish_index(s, i)
+            self.tables.publish_range(s, s.num_cached_tokens // bs, (s.length - uncomputed) // bs)
 
     def append_slot(self, seq: Sequence, num_tokens: int = 1) -> list[tuple[int, int]]:
         """Free what the windows skip, then grow every group's table by `num_tokens`."""
