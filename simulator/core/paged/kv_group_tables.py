@@ -175,16 +175,17 @@ class GroupTables(GroupHits):
         stats.prefix_hits += hit
         stats.prefix_hit_tokens += hit * bs
         total = _cdiv(n, bs)
-        tables, starts = [], []
-        for g in range(self.num_groups):
-            start = self.first_held(g, hit)
-            starts.append(start)
-            for bid in hits[g]:
+        # Every group's hits are held before any group takes a fresh block (vLLM touches them all first),
+        # so that no take evicts a cached block another group is about to reuse.
+        for per_group in hits:
+            for bid in per_group:
                 self.incref(bid, rid, seq.seq_id)
-            fills = [bs] * (total - hit)
-            if fills:
-                fills[-1] = n - (total - 1) * bs
-            tables.append([None] * start + hits[g] + self.take(g, total - hit, rid, seq.seq_id, fills))
+        fills = [bs] * (total - hit)
+        if fills:
+            fills[-1] = n - (total - 1) * bs
+        starts = [self.first_held(g, hit) for g in range(self.num_groups)]
+        tables = [[None] * starts[g] + hits[g] + self.take(g, total - hit, rid, seq.seq_id, fills)
+                  for g in range(self.num_groups)]
         self.tables[seq.seq_id] = tables
         self.starts[seq.seq_id] = starts
         self.next_removal(seq.seq_id)
