@@ -89,12 +89,12 @@ class GroupTables(GroupHits):
 
     def release(self, bids: list[int]) -> None:
         """One holder less of each of `bids` (blocks of one table, in order: the last is released first)."""
-        pool, ref, filled = self.pool, self.pool.ref, self.pool.filled
-        for bid in bids:
-            if ref[bid] == 1:
-                g = self.group_of[bid]
-                self.held_in[g] -= 1
-                self.filled_in[g] -= filled[bid]
+        pool, ref = self.pool, self.pool.ref
+        last = [bid for bid in bids if ref[bid] == 1]  # the blocks this release frees
+        if last:
+            g = self.group_of[last[0]]  # one table's blocks: all of one group
+            self.held_in[g] -= len(last)
+            self.filled_in[g] -= sum(map(pool.filled.__getitem__, last))
         pool.release_table(bids)
 
     def fill(self, bid: int, more: int) -> None:
@@ -228,9 +228,7 @@ class GroupTables(GroupHits):
             need += grow
             if n % bs and ref[table[-1]] > 1:
                 need += 1  # the shared partial last block is copied first
-            for i in range(starts[g], self.skipped(g, n)):
-                if ref[table[i]] == 1:
-                    need -= 1
+            need -= [ref[bid] for bid in table[starts[g]:self.skipped(g, n)]].count(1)
         return need
 
     def remove_skipped(self, seq: Sequence, num_computed: int) -> None:
@@ -244,8 +242,8 @@ class GroupTables(GroupHits):
             gone = table[starts[g]:end]
             table[starts[g]:end] = [None] * len(gone)
             self.release(gone)
-            free_cached = pool.free_cached
-            self.window_released.update(b for b in gone if b in free_cached and not pool.ref[b])
+            free_cached = pool.free_cached  # (free blocks: nobody holds them)
+            self.window_released.update([b for b in gone if b in free_cached])
             starts[g] = end
         self.next_removal(seq.seq_id)
 
