@@ -193,6 +193,7 @@ def span_length(run: SimState) -> tuple[int, tuple | None]:
     sched = run.sched
     batch = sched.decode
     b = batch.size
+    # A grouped pool takes no spans: its windows hand blocks back mid-span, which may admit the head.
     if not b or batch.grouped or (sched.waiting and sched.head_admission(sched.token_budget - b)
                                   is not Admission.WAIT):
         return _NO_SPAN
