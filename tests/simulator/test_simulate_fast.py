@@ -166,3 +166,27 @@ def test_fast_is_step_bit_for_bit_on_hybrid_models(case, tmp_path):
     assert sum(batched) > len(batched) / 10  # the decode batch took many steps (none while swapped)
     assert_identical(fast, step)
     assert fast.summary["num_preemptions"] > 0 or fast.summary["allocator_stats"]["prefix_hits"] > 0
+
+
+@given(seed=st.integers(0, 10_000), model=st.sampled_from(["gemma-3-27b", "mistral-7b-v0.1", "gpt-oss-20b"]),
+       kv_gb=st.floats(0.05, 0.4), bs=st.sampled_from([8, 16, 48]), rate=st.floats(1, 80),
+       max_num_seqs=st.sampled_from([4, 16, 64]), swap=st.booleans())
+@settings(max_examples=25, deadline=None)
+def test_fast_is_step_bit_for_bit_on_random_hybrid_traces(seed, model, kv_gb, bs, rate, max_num_seqs, swap,
+                                                          tmp_path_factory):
+    """Random traces with shared prefixes on hybrid models and block sizes whose windows do not end on a
+    block boundary (48), with swap or recompute preemption."""
+    trace = _trace(num_requests=25, rate=rate, lengths="uniform", prompt_range=(1, 500),
+                   output_range=(1, 300), max_model_len=1024, num_prefix_groups=2, prefix_len=200,
+                   prefix_fraction=0.6, seed=seed)
+    kw = dict(model=model, gpu="h100-80gb", kv_memory_gb=kv_gb, block_size=bs, max_model_len=1024,
+              max_num_seqs=max_num_seqs)
+    if swap:
+        kw.update(preemption_mode="swap", swap_space_gb=0.2)
+    if model == "gpt-oss-20b":
+        profile = tmp_path_factory.mktemp("profile") / "gpt-oss.json"
+        profile.write_text(json.dumps({**GPT_OSS_PROFILE, "gpu": "h100-80gb"}))
+        kw["latency"] = str(profile)
+    assert SimConfig(**kw).kv_layout() is not None
+    fast, step = run_both(trace, **kw)
+    assert_identical(fast, step)
