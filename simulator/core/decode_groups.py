@@ -160,9 +160,3 @@ class GroupedDecodeBatch(DecodeBatch):
         if k != 1 or not self.advance_one():
             raise ValueError("a grouped decode batch advances one step at a time, with free blocks for it")
         return []
-
-
-def decode_batch(alloc, prefill_left: Mapping[int, int], output_len: Mapping[int, int]) -> DecodeBatch:
-    """The decode batch for `alloc`: the grouped one for a pool of several KV cache groups."""
-    grouped = getattr(alloc, "layout", None) is not None
-    return (GroupedDecodeBatch if grouped else DecodeBatch)(alloc, prefill_left, output_len)

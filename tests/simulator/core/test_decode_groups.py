@@ -7,7 +7,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from simulator import AllocStatus, Sequence, SequenceGroup
-from simulator.core.decode_groups import GroupedDecodeBatch, decode_batch
+from simulator.core.decode_groups import GroupedDecodeBatch
 from simulator.core.kv_layout import LayerKV, kv_cache_groups
 from simulator.core.paged.kv_groups import GroupedBlockManager
 from simulator.core.sequence import SequenceStatus
@@ -63,8 +63,7 @@ def test_batch_steps_reach_the_pool_exact_appends_reach(windows, block_size, num
     made = [_setup(windows, block_size, num_blocks, prompts, keyed, steps) for _ in range(2)]
     assume(made[0] is not None)
     (fast_bm, fast_groups, output_len), (exact_bm, exact_groups, _) = made
-    batch = decode_batch(fast_bm, {}, output_len)
-    assert isinstance(batch, GroupedDecodeBatch)
+    batch = GroupedDecodeBatch(fast_bm, {}, output_len)
     assume(batch.activate(fast_groups, 0))
     done = 0
     while done < steps and batch.advance_one():  # debug=True: the invariants are checked every step
@@ -91,7 +90,7 @@ def test_batch_steps_reach_the_pool_exact_appends_reach(windows, block_size, num
 def test_a_batch_step_visits_only_sequences_at_a_boundary_or_window_edge():
     """Blocks of 4, window 6: a sequence is visited when its token count is 0 or 1 (6 - 1) mod 4."""
     bm, groups, output_len = _setup([None, 6], 4, 60, [list(range(9))], False, 30, debug=False)
-    batch = decode_batch(bm, {}, output_len)
+    batch = GroupedDecodeBatch(bm, {}, output_len)
     assert batch.activate(groups, 0)
     s = groups[0].seqs[0]
     visited = []
