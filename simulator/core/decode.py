@@ -36,6 +36,8 @@ from simulator.core.sequence import Sequence, SequenceGroup, SequenceStatus
 class DecodeBatch:
     """The running plain decodes, with lazily advanced token counts and their known output lengths."""
 
+    grouped = False  # one block table per sequence (decode_groups.py has the batch of KV cache groups)
+
     def __init__(self, alloc: KVAllocator, prefill_left: Mapping[int, int], output_len: Mapping[int, int]):
         self.alloc = alloc
         self.prefill_left = prefill_left  # the scheduler's: request id -> prompt tokens left to compute

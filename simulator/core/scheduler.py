@@ -7,10 +7,9 @@ the step (simulated or on the device), records sampled tokens, and calls `finish
 that are done.
 
 When every running group is a plain decode, `decode_step` takes the same step in O(what changes): the
-decode batch (decode.py) gives the sequences whose last block is full a new one in bulk and counts
-everyone's token lazily; `finish_groups` removes the groups it reports finished (and the groups a caller
-finished early, once `DecodeBatch.remove` let them go). The simulator's fast mode and the engine
-(gpu_backend/engine/decode_step.py) both step this way.
+decode batch (decode.py, decode_groups.py for KV cache groups) hands out new blocks in bulk and counts
+tokens lazily; `finish_groups` removes the groups it reports finished (or that a caller finished early,
+once `DecodeBatch.remove` let them go). Fast mode and the engine (gpu_backend/engine/decode_step.py) do.
 """
 from __future__ import annotations
 
@@ -21,6 +20,7 @@ from dataclasses import dataclass, field
 
 from simulator.core.allocator import AllocStatus, KVAllocator
 from simulator.core.decode import DecodeBatch
+from simulator.core.decode_groups import GroupedDecodeBatch
 from simulator.core.errors import ConfigError
 from simulator.core.sequence import RunningGroups, Sequence, SequenceGroup, SequenceStatus, shares_allocation
 
@@ -117,13 +117,13 @@ class Scheduler:
         self.running = RunningGroups()  # admission order: the last one is preempted first
         self.swapped: deque[SequenceGroup] = deque()
         self.num_preemptions = 0
-        # Per group: prompt tokens still to compute (prefill / recompute), keyed by request id.
-        self.prefill_left: dict[int, int] = {}
+        self.prefill_left: dict[int, int] = {}  # request id -> prompt tokens left (prefill or recompute)
         # The waiting head `can_ever_allocate` accepted: a group does not grow while it waits, so the
         # answer holds until it leaves the queue (an overloaded run asks again at every step otherwise).
         self._fits_ever: SequenceGroup | None = None
         self._fresh: tuple[SequenceGroup, int] | None = None  # the last admitted group and its length then
-        self.decode = None if output_len is None else DecodeBatch(allocator, self.prefill_left, output_len)
+        batch = DecodeBatch if getattr(allocator, "layout", None) is None else GroupedDecodeBatch
+        self.decode = None if output_len is None else batch(allocator, self.prefill_left, output_len)
 
     def add_request(self, group: SequenceGroup) -> None:
         """Queue a new request."""

@@ -113,8 +113,6 @@ def start(trace: TraceBatches, config: SimConfig, output: RunOutput, fast: bool)
                                  path=config.latency if fitted else None, block_size=config.block_size,
                                  kv_bytes_per_token=config.bytes_per_token)
     output_len: dict[int, int] = {}  # the decode batch's, filled as requests are built
-    # The decode fast path counts one block table per sequence: a grouped pool takes the exact step.
-    fast = fast and getattr(alloc, "layout", None) is None
     sched = Scheduler(config.scheduler_config(), alloc, output_len if fast else None)
     return SimState(allocator=config.allocator, enable_prefix_caching=config.enable_prefix_caching,
                     alloc=alloc, sched=sched, output=output, source=trace, latency=latency,

@@ -193,7 +193,9 @@ def span_length(run: SimState) -> tuple[int, tuple | None]:
     sched = run.sched
     batch = sched.decode
     b = batch.size
-    if not b or (sched.waiting and sched.head_admission(sched.token_budget - b) is not Admission.WAIT):
+    # A grouped pool takes no spans: its windows hand blocks back mid-span, which may admit the head.
+    if not b or batch.grouped or (sched.waiting and sched.head_admission(sched.token_budget - b)
+                                  is not Admission.WAIT):
         return _NO_SPAN
     k = batch.next_finish  # the first completion ends the span (its step included)
     if batch.paged:  # stop before the step in which some sequence would find no block

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from bench.hybrid import BASE, _trace, run_one
+from bench.hybrid import BASE, _trace, run_one, timing
 
 
 def test_padding_and_window_blocks_are_parts_of_their_states():
@@ -19,3 +19,10 @@ def test_padding_and_window_blocks_are_parts_of_their_states():
     pool = int(0.9 * 80 * 2**30) - 2 * 27_009_346_304 - 2**30
     assert hybrid["num_blocks"] == pool // (10 * 131072) == 16950
     assert flat["num_blocks"] == pool // (62 * 131072) == 2733
+
+
+def test_timing_gives_both_runs_and_their_ratio():
+    out = timing(3, 1)
+    assert out["hybrid cpu_s"] > 0 and out["one group cpu_s"] > 0
+    assert out["ratio_cpu"] == out["hybrid cpu_s"] / out["one group cpu_s"]
+    assert out["ratio_wall"] == out["hybrid wall_s"] / out["one group wall_s"]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import json
 
 import numpy as np
 import pandas as pd
@@ -131,3 +132,61 @@ def test_simulate_restores_the_cyclic_collector():
     with pytest.raises(RuntimeError, match="observer failed"):
         simulate(trace, SimConfig(record_events=True), observer=boom)
     assert gc.isenabled()
+
+
+GPT_OSS_PROFILE = {"kind": "fitted", "model": "gpt-oss-20b", "gpu": "a100-80gb",
+                   "coefficients": {"step_overhead_s": 0.003, "s_per_token": 2e-6, "s_per_attn_pair": 1e-9,
+                                    "s_per_kv_token_read": 5e-8}}
+HYBRID = {  # models whose layers form several KV cache groups (or one sliding one), under memory pressure
+    "gpt-oss-20b, blocks of 48": dict(model="gpt-oss-20b", kv_memory_gb=0.1, block_size=48),
+    "gemma-3-27b": dict(model="gemma-3-27b", gpu="h100-80gb", kv_memory_gb=0.4),
+    "mistral-7b sliding, swap": dict(model="mistral-7b-v0.1", kv_memory_gb=0.2, preemption_mode="swap",
+                                     swap_space_gb=0.5),
+    "gemma-3-27b fp8, chunked": dict(model="gemma-3-27b", gpu="h100-80gb", kv_cache_dtype="fp8",
+                                     kv_memory_gb=0.2, enable_chunked_prefill=True,
+                                     max_num_batched_tokens=256),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HYBRID))
+def test_fast_is_step_bit_for_bit_on_hybrid_models(case, tmp_path):
+    """Grouped pools take the decode batch too (decode_groups.py), with the same decisions and blocks."""
+    kw = dict(HYBRID[case])
+    if kw["model"] == "gpt-oss-20b":  # no parameter count for the roofline: a fitted profile times it
+        profile = tmp_path / "gpt-oss.json"
+        profile.write_text(json.dumps(GPT_OSS_PROFILE))
+        kw["latency"] = str(profile)
+    trace = _trace(num_requests=16, rate=20, lengths="sharegpt", num_prefix_groups=3, prefix_len=300,
+                   prefix_fraction=0.7, max_model_len=2048, seed=7)
+    cfg = SimConfig(max_model_len=2048, debug=True, **kw)
+    assert cfg.kv_layout() is not None
+    batched = []
+    fast = simulate(trace, cfg, observer=lambda run: batched.append(run.sched.decode.active))
+    step = simulate(trace, dataclasses.replace(cfg, mode="step"))
+    assert sum(batched) > len(batched) / 10  # the decode batch took many steps (none while swapped)
+    assert_identical(fast, step)
+    assert fast.summary["num_preemptions"] > 0 or fast.summary["allocator_stats"]["prefix_hits"] > 0
+
+
+@given(seed=st.integers(0, 10_000), model=st.sampled_from(["gemma-3-27b", "mistral-7b-v0.1", "gpt-oss-20b"]),
+       kv_gb=st.floats(0.05, 0.4), bs=st.sampled_from([8, 16, 48]), rate=st.floats(1, 80),
+       max_num_seqs=st.sampled_from([4, 16, 64]), swap=st.booleans())
+@settings(max_examples=25, deadline=None)
+def test_fast_is_step_bit_for_bit_on_random_hybrid_traces(seed, model, kv_gb, bs, rate, max_num_seqs, swap,
+                                                          tmp_path_factory):
+    """Random traces with shared prefixes on hybrid models and block sizes whose windows do not end on a
+    block boundary (48), with swap or recompute preemption."""
+    trace = _trace(num_requests=25, rate=rate, lengths="uniform", prompt_range=(1, 500),
+                   output_range=(1, 300), max_model_len=1024, num_prefix_groups=2, prefix_len=200,
+                   prefix_fraction=0.6, seed=seed)
+    kw = dict(model=model, gpu="h100-80gb", kv_memory_gb=kv_gb, block_size=bs, max_model_len=1024,
+              max_num_seqs=max_num_seqs)
+    if swap:
+        kw.update(preemption_mode="swap", swap_space_gb=0.2)
+    if model == "gpt-oss-20b":
+        profile = tmp_path_factory.mktemp("profile") / "gpt-oss.json"
+        profile.write_text(json.dumps({**GPT_OSS_PROFILE, "gpu": "h100-80gb"}))
+        kw["latency"] = str(profile)
+    assert SimConfig(**kw).kv_layout() is not None
+    fast, step = run_both(trace, **kw)
+    assert_identical(fast, step)

@@ -89,6 +89,25 @@ class BlockPool:
         if len(free) + len(self.free_cached) < num:
             raise AllocationError(f"out of KV blocks: {num} needed, {len(free) + len(self.free_cached)} "
                                   f"of {self.num_blocks} free")
+        if events is None and self.on_evict is None:
+            # Nothing to log or hand to a tier: the whole free stack, then the oldest cached blocks.
+            new = free[::-1]
+            free.clear()
+            evicted = num - len(new)
+            cached, keys, hashes, filled = self.cached, self.key, self.hash, self.filled
+            pop = self.free_cached.popitem
+            for _ in range(evicted):
+                bid = pop(False)[0]
+                del cached[hashes[bid]]
+                keys[bid] = hashes[bid] = None
+                filled[bid] = 0
+                new.append(bid)
+            ref = self.ref
+            for bid in new:
+                ref[bid] = 1
+            self.stats.evictions += evicted
+            self.stats.allocated_blocks += num
+            return new
         # Evictions: one block at a time, each logged when it is taken.
         rids = [request_id] * num if isinstance(request_id, int) else request_id
         sids = [seq_id] * num if isinstance(seq_id, int) else seq_id

@@ -1,6 +1,6 @@
 """Per-group block tables over one BlockPool (the GroupedBlockManager's state, kv_groups.py): taking and
-releasing blocks group by group, windows freeing skipped blocks, prefix hits valid in every group, and the
-sequences' internal fragmentation (the CPU pool is kv_group_swap.py's).
+releasing blocks group by group, windows freeing skipped blocks, and the sequences' internal fragmentation
+(prefix keys and hits valid in every group are kv_group_hits.py's, the CPU pool kv_group_swap.py's).
 
 A table entry is a block id, or None where a sliding window has handed the block back (vLLM's null
 block). Counters per group (`held_in`, `filled_in`) change only when a block's ref count goes between 0
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from simulator.core.kv_layout import KVLayout
 from simulator.core.paged.block_pool import BlockPool
+from simulator.core.paged.kv_group_hits import GroupHits
 from simulator.core.sequence import Sequence
 
 
@@ -30,7 +31,7 @@ class GroupSpec:
     need: int  # blocks a prefix hit must have before its end: ceil((window - 1) / block_size), or 0
 
 
-class GroupTables:
+class GroupTables(GroupHits):
     """The per-group tables, counters, content keys and CPU pool of a GroupedBlockManager."""
 
     def __init__(self, pool: BlockPool, seqs: dict[int, Sequence], layout: KVLayout, enabled: bool,
@@ -55,7 +56,7 @@ class GroupTables:
         self.pending: dict[int, int] = {}
         self.quiet_total = 0
         self.exclusive: dict[int, bool] = {}
-        self.chains: dict[int, list[tuple[tuple, int]]] = {}  # seq id -> (key, hash) of its full blocks
+        self.init_hits()
         self.internal: dict[int, int] = {}  # seq id -> internal layer slots counted for it
         self.num_internal_slots = 0
         self.window_released: set[int] = set()  # blocks a window handed back while published
@@ -65,10 +66,12 @@ class GroupTables:
         """`num` fresh blocks for group `g` taken by sequence `sid`, filled as `fills` says."""
         pool = self.pool
         new = pool.take(num, rid, sid)
+        filled, group_of = pool.filled, self.group_of
         for bid, f in zip(new, fills, strict=True):
-            pool.filled[bid] = f
-            self.group_of[bid] = g
-            self.window_released.discard(bid)
+            filled[bid] = f
+            group_of[bid] = g
+        if self.window_released:
+            self.window_released.difference_update(new)
         total = sum(fills)
         pool.total_filled += total
         self.held_in[g] += num
@@ -86,12 +89,12 @@ class GroupTables:
 
     def release(self, bids: list[int]) -> None:
         """One holder less of each of `bids` (blocks of one table, in order: the last is released first)."""
-        pool, ref, filled = self.pool, self.pool.ref, self.pool.filled
-        for bid in bids:
-            if ref[bid] == 1:
-                g = self.group_of[bid]
-                self.held_in[g] -= 1
-                self.filled_in[g] -= filled[bid]
+        pool, ref = self.pool, self.pool.ref
+        last = [bid for bid in bids if ref[bid] == 1]  # the blocks this release frees
+        if last:
+            g = self.group_of[last[0]]  # one table's blocks: all of one group
+            self.held_in[g] -= len(last)
+            self.filled_in[g] -= sum(map(pool.filled.__getitem__, last))
         pool.release_table(bids)
 
     def fill(self, bid: int, more: int) -> None:
@@ -100,72 +103,7 @@ class GroupTables:
         self.pool.total_filled += more
         self.filled_in[self.group_of[bid]] += more
 
-    # ----------------------------------------------------------------- prefix keys and hits
-    def chain(self, seq: Sequence, upto: int) -> list[tuple[tuple, int]]:
-        """(key, hash) of the sequence's first full blocks, at least `upto` of them where their content is
-        known (the list may run longer: callers index it)."""
-        # Kept only for held sequences (their blocks are published as they fill); a waiting one's lookups
-        # rebuild it, so a request that is never admitted leaves nothing behind.
-        out = self.chains.setdefault(seq.seq_id, []) if seq.seq_id in self.seqs else []
-        return self.extend(seq, out, upto)
-
-    def extend(self, seq: Sequence, out: list[tuple[tuple, int]], upto: int) -> list[tuple[tuple, int]]:
-        """`out`, a chain of `seq`'s blocks, extended to `upto` links where their content is known."""
-        bs, extra = self.block_size, seq.extra_key
-        while len(out) < upto:
-            content = seq.block_content(len(out), bs)
-            if content is None:
-                break
-            key, h = out[-1] if out else (None, None)
-            out.append(((key, content, extra), self.hash_fn((h, content, extra))))
-        return out
-
-    def cached(self, g: int, link: tuple[tuple, int]) -> int | None:
-        """The block of group `g` published under `link`, if any (whole keys compared)."""
-        bid = self.pool.cached.get(self.hash_fn((g, link[1])))
-        return bid if bid is not None and self.pool.key[bid] == (g, link[0]) else None
-
-    def group_hit(self, g: int, seq: Sequence, chain: list, max_blocks: int) -> int:
-        """Blocks of the longest hit of group `g` within `max_blocks` (`find_longest_cache_hit`): a full
-        group's leading run of cached blocks; a sliding group's last `need` cached blocks before the
-        hit's end, scanned from the right, or its leading run when shorter than `need`. The chain of
-        content keys is extended only as far as the scan reads."""
-        need = self.specs[g].need
-        if not need:
-            for i in range(max_blocks):
-                if len(self.extend(seq, chain, i + 1)) <= i or self.cached(g, chain[i]) is None:
-                    return i
-            return max_blocks
-        max_blocks = min(max_blocks, len(self.extend(seq, chain, max_blocks)))
-        run = 0
-        for i in range(max_blocks - 1, -1, -1):
-            if self.cached(g, chain[i]) is None:
-                run = 0
-                continue
-            run += 1
-            if run >= need:
-                return i + need
-        return run
-
-    def longest_hit(self, seq: Sequence) -> tuple[int, list[list[int]]]:
-        """The prefix hit in blocks that every group holds (the coordinator shrinks it until each group's
-        hit reaches it; full groups first, as their hits cut the sliding groups' scans short), and each
-        group's hit blocks (a sliding group's from its window start)."""
-        if not self.enabled or (seq.token_ids is None and not seq.prefix_keys):
-            return 0, [[] for _ in self.specs]
-        chain = self.chains.get(seq.seq_id, []) if seq.seq_id in self.seqs else []
-        hit = (seq.length - 1) // self.block_size
-        changed = True
-        while changed and hit:
-            changed = False
-            for g in self.hit_order:
-                got = self.group_hit(g, seq, chain, hit)
-                if got < hit:
-                    hit, changed = got, True
-        blocks = [[self.cached(g, chain[i]) for i in range(self.first_held(g, hit), hit)]
-                  for g in range(self.num_groups)]
-        return hit, blocks
-
+    # ----------------------------------------------------------------- windows
     def first_held(self, g: int, num_blocks: int) -> int:
         """First block a sliding group still needs once `num_blocks` blocks of tokens are computed
         (`remove_skipped_blocks`: tokens older than window - 1 behind the computed ones are skipped)."""
@@ -211,25 +149,6 @@ class GroupTables:
         ref = self.pool.ref
         self.exclusive[sid] = all(ref[table[-1]] == 1 for table in self.tables[sid])
 
-    def publish_index(self, seq: Sequence, i: int) -> None:
-        """Publish full block `i` of `seq` in every group that still holds it, under the group-tagged
-        chained key of its content."""
-        if not self.enabled:
-            return
-        chain = self.chain(seq, i + 1)
-        if len(chain) <= i:
-            return
-        key, h = chain[i]
-        pool = self.pool
-        for g, table in enumerate(self.tables[seq.seq_id]):
-            bid = table[i]
-            if bid is None or pool.key[bid] is not None:
-                continue
-            gh = self.hash_fn((g, h))
-            pool.plain = False
-            pool.key[bid], pool.hash[bid] = (g, key), gh
-            pool.cached.setdefault(gh, bid)
-
     # ----------------------------------------------------------------- sizes
     def prompt_blocks(self, length: int, hit: int) -> int:
         """Blocks a sequence of `length` tokens holds right after allocation with `hit` blocks hit."""
@@ -247,22 +166,26 @@ class GroupTables:
         `budget` tokens past the hit; return the hit in tokens."""
         bs, n, stats = self.block_size, seq.length, self.pool.stats
         hit, hits = self.longest_hit(seq)
+        chain = self.lookup_chain(seq)
+        if chain is not None:  # its blocks are published under the keys the lookup built
+            self.chains.setdefault(seq.seq_id, chain)
         if self.enabled:
             stats.prefix_queries += (n - 1) // bs
             stats.prefix_query_tokens += n
         stats.prefix_hits += hit
         stats.prefix_hit_tokens += hit * bs
         total = _cdiv(n, bs)
-        tables, starts = [], []
-        for g in range(self.num_groups):
-            start = self.first_held(g, hit)
-            starts.append(start)
-            for bid in hits[g]:
+        # Every group's hits are held before any group takes a fresh block (vLLM touches them all first),
+        # so that no take evicts a cached block another group is about to reuse.
+        for per_group in hits:
+            for bid in per_group:
                 self.incref(bid, rid, seq.seq_id)
-            fills = [bs] * (total - hit)
-            if fills:
-                fills[-1] = n - (total - 1) * bs
-            tables.append([None] * start + hits[g] + self.take(g, total - hit, rid, seq.seq_id, fills))
+        fills = [bs] * (total - hit)
+        if fills:
+            fills[-1] = n - (total - 1) * bs
+        starts = [self.first_held(g, hit) for g in range(self.num_groups)]
+        tables = [[None] * starts[g] + hits[g] + self.take(g, total - hit, rid, seq.seq_id, fills)
+                  for g in range(self.num_groups)]
         self.tables[seq.seq_id] = tables
         self.starts[seq.seq_id] = starts
         self.next_removal(seq.seq_id)
@@ -272,9 +195,7 @@ class GroupTables:
         seq.num_cached_tokens = hit * bs
         self.seqs[seq.seq_id] = seq
         self.count_internal(seq)
-        if self.enabled:
-            for i in range(hit, min(n, hit * bs + budget) // bs):
-                self.publish_index(seq, i)
+        self.publish_range(seq, hit, min(n, hit * bs + budget) // bs)
         return hit * bs
 
     def share_tables(self, src: Sequence, dst: Sequence) -> None:
@@ -307,9 +228,7 @@ class GroupTables:
             need += grow
             if n % bs and ref[table[-1]] > 1:
                 need += 1  # the shared partial last block is copied first
-            for i in range(starts[g], self.skipped(g, n)):
-                if ref[table[i]] == 1:
-                    need -= 1
+            need -= [ref[bid] for bid in table[starts[g]:self.skipped(g, n)]].count(1)
         return need
 
     def remove_skipped(self, seq: Sequence, num_computed: int) -> None:
@@ -323,8 +242,8 @@ class GroupTables:
             gone = table[starts[g]:end]
             table[starts[g]:end] = [None] * len(gone)
             self.release(gone)
-            free_cached = pool.free_cached
-            self.window_released.update(b for b in gone if b in free_cached and not pool.ref[b])
+            free_cached = pool.free_cached  # (free blocks: nobody holds them)
+            self.window_released.update([b for b in gone if b in free_cached])
             starts[g] = end
         self.next_removal(seq.seq_id)
 

@@ -69,7 +69,7 @@ class GroupedBlockManager(PoolCounts, KVAllocator):
         for s in seqs:
             hit, blocks = self.tables.longest_hit(s)
             needed += self.tables.prompt_blocks(s.length, hit)
-            needed -= sum(1 for per_group in blocks for b in per_group if self.pool.ref[b] > 0)
+            needed -= self.tables.num_held(blocks)
         if self.pool.num_free - needed < self.watermark_blocks:
             return AllocStatus.LATER
         return AllocStatus.OK
@@ -168,8 +168,7 @@ class GroupedBlockManager(PoolCounts, KVAllocator):
         for s in reversed(seqs):
             uncomputed = min(num_left, s.length - s.num_cached_tokens)
             num_left -= uncomputed
-            for i in range(s.num_cached_tokens // bs, (s.length - uncomputed) // bs):
-                self.tables.publish_index(s, i)
+            self.tables.publish_range(s, s.num_cached_tokens // bs, (s.length - uncomputed) // bs)
 
     def append_slot(self, seq: Sequence, num_tokens: int = 1) -> list[tuple[int, int]]:
         """Free what the windows skip, then grow every group's table by `num_tokens`."""

@@ -80,6 +80,28 @@ def test_a_prefix_hit_holds_only_where_every_group_hits():
     assert bm.allocate(gb) == 6
 
 
+def test_no_group_evicts_a_block_another_group_is_about_to_reuse():
+    bm = GroupedBlockManager(12, LAYOUT, debug=True)  # debug: the invariants are checked after each call
+    a, ga = _request(1, list(range(6)), final=10)  # 3 full blocks per group, all published
+    bm.allocate(ga)
+    bm.free(a)
+    c, gc = _request(2, [9, 9, 8, 8, 7, 7], final=10)  # 6 newer cached blocks
+    bm.allocate(gc)
+    bm.free(c)
+    # All 12 blocks are free and cached, oldest first: a's sliding blocks, then a's full ones.
+    assert [bm.tables.group_of[b] for b in bm.pool.free_cached][:6] == [0, 0, 0, 1, 1, 1]
+    b, gb = _request(3, [0, 1, 2, 3, 4, 5, 6, 6, 6, 6], final=14)
+    hit, blocks = bm.tables.longest_hit(b)
+    assert hit == 3 and len(blocks[1]) == 3
+    full_hits = list(blocks[1])
+    # The sliding group takes 2 fresh blocks; evicting the oldest would take a's full blocks that the full
+    # group reuses: every hit is held first, so the fresh blocks come from c's.
+    assert bm.allocate(gb) == 6
+    table = bm.tables.tables[3]
+    assert table[1][:3] == full_hits and not set(table[0][3:]) & set(full_hits)
+    assert all(bm.tables.group_of[bid] == g for g, t in enumerate(table) for bid in t if bid is not None)
+
+
 def test_swap_keeps_the_window_holes():
     bm = GroupedBlockManager(20, LAYOUT, num_cpu_blocks=20, debug=True)
     seq, group = _request(1, list(range(9)))
