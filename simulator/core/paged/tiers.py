@@ -18,14 +18,21 @@ what is left (`fit`).
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from itertools import groupby, repeat
+from operator import itemgetter
 
 from pagelab.eviction import EvictionPolicy, make_policy
 from simulator.core.errors import ConfigError
 
 STORE_MODES = ("lazy", "eager")
+# A tier sees every block the GPU lets go (millions in a long trace): its batch operations run these
+# getters through map() and zip() so the per-block work stays in C.
+_HASH = itemgetter(0)
+_KEY = itemgetter(1)
+_OWN = itemgetter(slice(1, None))  # a chained key's own (content, extra key), without its parent key
 
 
 @dataclass(frozen=True)
@@ -111,7 +118,7 @@ class Tier:
             return [e for h, key in pairs for e in self.put(h, key)]
         keys = self.keys
         before = len(keys)
-        if any([h in keys for h, _ in pairs]):
+        if keys and not keys.keys().isdisjoint(map(_HASH, pairs)):
             for h, key in pairs:
                 if h in keys:
                     keys.move_to_end(h)
@@ -120,7 +127,7 @@ class Tier:
             keys.update(pairs)
         self.stats.stored_blocks += len(keys) - before
         over = len(keys) - self.cache.capacity
-        return [keys.popitem(last=False) for _ in range(over)] if over > 0 else []
+        return list(map(keys.popitem, repeat(False, over))) if over > 0 else []
 
     def touch(self, h: int) -> None:
         """A block of this tier was used again."""
@@ -188,17 +195,19 @@ class Tiers:
         key), cut to whole tier blocks; nothing is loaded yet."""
         self.flush()
         found: list[tuple[Tier, int, tuple]] = []
-        bs = self.block_size
+        bs, tiers, extra = self.block_size, self.tiers, seq.extra_key
         for i in range(start, (seq.length - 1) // bs):
             content = seq.block_content(i, bs)
             if content is None:
                 break
-            h = hash_fn((parent_hash, content, seq.extra_key))
-            tier = self.find(h, content, seq.extra_key)
-            if tier is None:
+            h = hash_fn((parent_hash, content, extra))
+            for tier in tiers:  # `find`, inlined: this runs for every block a prompt could load
+                held = tier.keys.get(h)
+                if held is not None and held[0] == content and held[1] == extra:
+                    break
+            else:
                 break
-            key = tier.keys[h]
-            found.append((tier, h, key))
+            found.append((tier, h, held))
             parent_hash = h
         # A tier block is hit only as a whole: drop the blocks past the last complete one of each tier.
         while found:
@@ -213,11 +222,16 @@ class Tiers:
     # ----------------------------------------------------------------- mutations
     def load(self, found: list[tuple[Tier, int, tuple]]) -> None:
         """Count the blocks of `match` as loaded into the GPU (they stay in their tier, touched)."""
-        for tier, h, _ in found:
-            tier.touch(h)
-            tier.pending += 1
-            tier.stats.hit_blocks += 1
-            tier.stats.hit_tokens += self.block_size
+        for tier, run in groupby(found, key=_HASH):  # runs of one tier: touched in order, counted at once
+            hashes = list(map(_KEY, run))
+            if tier.lru:
+                deque(map(tier.keys.move_to_end, hashes), maxlen=0)
+            else:
+                for h in hashes:
+                    tier.cache.admit(h)
+            tier.pending += len(hashes)
+            tier.stats.hit_blocks += len(hashes)
+            tier.stats.hit_tokens += len(hashes) * self.block_size
 
     def store(self, h: int, key: tuple) -> None:
         """Keep a block's content in the top tier (queued: applied, in order, before the next query)."""
@@ -228,8 +242,9 @@ class Tiers:
         if self.queue and self.top is not None:
             # A tier keeps a block's own (content, extra key), not its key: that chains every parent key,
             # and millions of kept chains would slow each pass of Python's cyclic garbage collector.
-            batch = [(h, key[1:]) for h, key in self.queue]
-            self.queue.clear()
+            queue = self.queue
+            batch = list(zip(map(_HASH, queue), map(_OWN, map(_KEY, queue)), strict=True))
+            queue.clear()
             self._store_many(batch, self.top)
 
     def _store_many(self, pairs: list[tuple[int, tuple]], tier: Tier) -> None:
@@ -241,8 +256,12 @@ class Tiers:
             self._fit()  # swapped blocks came back since the budget last shrank: the cache may grow
         for other in tier.below:  # a block lives in one tier at a time
             held = other.keys
-            for h in [h for h, _ in pairs if h in held]:
-                other.discard(h)
+            if held:
+                # In set order where that is the same: an LRU tier's OrderedDict keeps the same order
+                # whichever key leaves first.
+                gone = held.keys() & map(_HASH, pairs) if other.lru else [h for h, _ in pairs if h in held]
+                for h in gone:
+                    other.discard(h)
         evicted = tier.put_many(pairs)
         if evicted:
             self._spill(tier, evicted)
