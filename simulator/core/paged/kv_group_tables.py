@@ -254,11 +254,11 @@ class GroupTables:
         stats.prefix_hit_tokens += hit * bs
         total = _cdiv(n, bs)
         tables, starts = [], []
+        for bid in (b for per_group in hits for b in per_group):  # all held before any take evicts
+            self.incref(bid, rid, seq.seq_id)
         for g in range(self.num_groups):
             start = self.first_held(g, hit)
             starts.append(start)
-            for bid in hits[g]:
-                self.incref(bid, rid, seq.seq_id)
             fills = [bs] * (total - hit)
             if fills:
                 fills[-1] = n - (total - 1) * bs
