@@ -59,6 +59,7 @@ class GroupTables:
         self.internal: dict[int, int] = {}  # seq id -> internal layer slots counted for it
         self.num_internal_slots = 0
         self.window_released: set[int] = set()  # blocks a window handed back while published
+        self.tiers = None  # KV tiers below the GPU, when attached (kv_group_tiers.py)
 
     # ----------------------------------------------------------------- blocks of one group
     def take(self, g: int, num: int, rid: int, sid: int, fills: list[int]) -> list[int]:
@@ -229,6 +230,8 @@ class GroupTables:
             pool.plain = False
             pool.key[bid], pool.hash[bid] = (g, key), gh
             pool.cached.setdefault(gh, bid)
+            if self.tiers is not None:  # a tier keys the page by its range, the group's tag left out
+                self.tiers.ranges[gh] = h
 
     # ----------------------------------------------------------------- sizes
     def prompt_blocks(self, length: int, hit: int) -> int:
@@ -247,6 +250,10 @@ class GroupTables:
         `budget` tokens past the hit; return the hit in tokens."""
         bs, n, stats = self.block_size, seq.length, self.pool.stats
         hit, hits = self.longest_hit(seq)
+        if self.tiers is not None:  # pages in KV tiers may extend the hit (kv_group_tiers.py)
+            loaded = self.tiers.allocate(seq, rid, budget, hit)
+            if loaded is not None:
+                return loaded
         if self.enabled:
             stats.prefix_queries += (n - 1) // bs
             stats.prefix_query_tokens += n
