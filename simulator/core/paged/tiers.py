@@ -32,7 +32,6 @@ STORE_MODES = ("lazy", "eager")
 # getters through map() and zip() so the per-block work stays in C.
 _HASH = itemgetter(0)
 _KEY = itemgetter(1)
-_OWN = itemgetter(slice(1, None))  # a chained key's own (content, extra key), without its parent key
 
 
 @dataclass(frozen=True)
@@ -88,7 +87,7 @@ class Tier:
     def __init__(self, spec: TierSpec) -> None:
         self.spec = spec
         self.lru = spec.policy == "lru"
-        self.keys: dict[int, tuple] = OrderedDict() if self.lru else {}  # hash -> (content, extra key)
+        self.keys: dict[int, tuple] = OrderedDict() if self.lru else {}  # hash -> the pool's key
         self.cache: EvictionPolicy | _KeyLRU = _KeyLRU(self.keys, spec.num_blocks) if self.lru \
             else make_policy(spec.policy, spec.num_blocks)
         self.stats = TierStats()
@@ -185,7 +184,7 @@ class Tiers:
         of parent keys (thousands deep for a long prompt)."""
         for tier in self.tiers:
             held = tier.keys.get(h)
-            if held is not None and held[0] == content and held[1] == extra:
+            if held is not None and held[1] == content and held[2] == extra:
                 return tier
         return None
 
@@ -203,7 +202,7 @@ class Tiers:
             h = hash_fn((parent_hash, content, extra))
             for tier in tiers:  # `find`, inlined: this runs for every block a prompt could load
                 held = tier.keys.get(h)
-                if held is not None and held[0] == content and held[1] == extra:
+                if held is not None and held[1] == content and held[2] == extra:
                     break
             else:
                 break
@@ -240,10 +239,12 @@ class Tiers:
     def flush(self) -> None:
         """Apply the queued stores: the top tier takes them, what it evicts goes one tier down."""
         if self.queue and self.top is not None:
-            # A tier keeps a block's own (content, extra key), not its key: that chains every parent key,
-            # and millions of kept chains would slow each pass of Python's cyclic garbage collector.
+            # A tier keeps the pool's own key tuple, not a copy of its (content, extra key): allocating a
+            # tuple per block dominated the cost of storing. The parent keys it chains stay alive with it,
+            # which costs no collector pass in the loop (simulate runs with the cyclic collector off) and
+            # one pass elsewhere (tuples of untracked items leave the collector's lists).
             queue = self.queue
-            batch = list(zip(map(_HASH, queue), map(_OWN, map(_KEY, queue)), strict=True))
+            batch = queue[:]
             queue.clear()
             self._store_many(batch, self.top)
 
