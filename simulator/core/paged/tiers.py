@@ -233,7 +233,11 @@ class Tiers:
             tier.stats.hit_tokens += len(hashes) * self.block_size
 
     def store(self, h: int, key: tuple) -> None:
-        """Keep a block's content in the top tier (queued: applied, in order, before the next query)."""
+        """Keep a block's content in the top tier (queued: applied, in order, before the next query).
+
+        A store costs no step time: vLLM's offloading connector copies blocks out on its own CUDA stream,
+        overlapping compute, and PCIe is full duplex, so GPU -> CPU copies take no bandwidth from the
+        CPU -> GPU loads that are charged; the disk tier is written from CPU memory, off the GPU's path."""
         self.queue.append((h, key))
 
     def flush(self) -> None:
