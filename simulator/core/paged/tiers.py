@@ -117,13 +117,10 @@ class Tier:
             return [e for h, key in pairs for e in self.put(h, key)]
         keys = self.keys
         before = len(keys)
-        if keys and not keys.keys().isdisjoint(map(_HASH, pairs)):
-            for h, key in pairs:
-                if h in keys:
-                    keys.move_to_end(h)
-                keys[h] = key
-        else:  # all new (the common case): appended in order at C speed
-            keys.update(pairs)
+        keys.update(pairs)  # all new (the common case): appended in order at C speed
+        if len(keys) - before != len(pairs):  # some were held (or repeated): each goes to the end in order
+            for h, _ in pairs:
+                keys.move_to_end(h)
         self.stats.stored_blocks += len(keys) - before
         over = len(keys) - self.cache.capacity
         return list(map(keys.popitem, repeat(False, over))) if over > 0 else []
