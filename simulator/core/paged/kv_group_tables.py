@@ -230,7 +230,7 @@ class GroupTables:
             pool.plain = False
             pool.key[bid], pool.hash[bid] = (g, key), gh
             pool.cached.setdefault(gh, bid)
-            if self.tiers is not None:  # a tier keys the page by its range, the group's tag left out
+            if self.tiers is not None and pool.cached[gh] == bid:  # tiers key pages by range, untagged
                 self.tiers.ranges[gh] = h
 
     # ----------------------------------------------------------------- sizes
