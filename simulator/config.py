@@ -7,6 +7,7 @@ from simulator.core.allocator import KVAllocator
 from simulator.core.config import ALLOCATORS, CacheConfig, build_allocator
 from simulator.core.errors import ConfigError
 from simulator.core.models import ModelSpec, get_model
+from simulator.core.paged.kv_group_tiers import attach_groups
 from simulator.core.paged.tiers import attach
 from simulator.presets import (
     GIB,
@@ -16,7 +17,7 @@ from simulator.presets import (
     kv_bytes_per_token,
     kv_capacity,
 )
-from simulator.tier_config import TIER_FIELDS, build_tiers, tier_problems
+from simulator.tier_config import TIER_FIELDS, build_group_tiers, build_tiers, tier_problems
 
 MODES = ("fast", "step")
 
@@ -133,15 +134,15 @@ class SimConfig(CacheConfig):
             raise ConfigError(f"the KV pool holds {self.capacity()} token slots; give a larger pool")
         layout = self.kv_layout()
         if layout is not None:
+            cpu_gb = self.swap_space_gb if self.kv_offloading_size is None else self.kv_offloading_size
+            alloc = build_allocator(self, self.capacity(), cpu_tokens=self.cpu_tokens(),
+                                    max_model_len=self.resolved_max_model_len,
+                                    record_events=self.record_events, layout=layout,
+                                    num_blocks=self.kv_capacity().num_blocks,
+                                    num_cpu_blocks=int(cpu_gb * GIB // layout.block_bytes))
             if self.has_tiers:
-                raise ConfigError("KV offloading tiers are modelled for one KV cache group; this model has "
-                                  "several (give --disable-hybrid-kv-cache-manager, or leave out "
-                                  "--kv-offloading-size)")
-            return build_allocator(self, self.capacity(), cpu_tokens=self.cpu_tokens(),
-                                   max_model_len=self.resolved_max_model_len,
-                                   record_events=self.record_events, layout=layout,
-                                   num_blocks=self.kv_capacity().num_blocks,
-                                   num_cpu_blocks=int(self.swap_space_gb * GIB // layout.block_bytes))
+                attach_groups(alloc, build_group_tiers(self, alloc))
+            return alloc
         alloc = build_allocator(self, self.capacity(), cpu_tokens=self.cpu_tokens(),
                                 max_model_len=self.resolved_max_model_len, record_events=self.record_events)
         if self.has_tiers:

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 from pagelab.eviction import POLICIES
+from simulator.core.errors import ConfigError
+from simulator.core.paged.kv_group_tiers import GroupTiers
 from simulator.core.paged.tiers import STORE_MODES, Tiers, TierSpec
 from simulator.presets import GIB, get_gpu
 
@@ -42,8 +44,24 @@ def tier_problems(config) -> list[str]:
 
 def build_tiers(config) -> Tiers:
     """The configured tiers, sized in GPU blocks of the configuration's model and dtype."""
-    block_bytes = config.block_size * config.bytes_per_token
-    per_tier = (config.kv_offloading_block_size or config.block_size) // config.block_size
+    specs = tier_specs(config, config.block_size, config.block_size * config.bytes_per_token)
+    return Tiers(specs, config.kv_offloading_store, config.block_size, config.bytes_per_token)
+
+
+def build_group_tiers(config, bm) -> GroupTiers:
+    """The configured tiers behind a pool of several KV cache groups, sized in its blocks (one page each)."""
+    layout = bm.layout
+    if (config.kv_offloading_block_size or layout.block_size) % layout.block_size:
+        raise ConfigError(f"kv_offloading_block_size must be a multiple of the pool's block of "
+                          f"{layout.block_size} tokens, got {config.kv_offloading_block_size}")
+    specs = tier_specs(config, layout.block_size, layout.block_bytes)
+    return GroupTiers(specs, config.kv_offloading_store, bm.tables, layout.block_bytes,
+                      config.bytes_per_token)
+
+
+def tier_specs(config, block_size: int, block_bytes: int) -> list[TierSpec]:
+    """The CPU and disk tiers configured, in GPU blocks of `block_bytes`."""
+    per_tier = (config.kv_offloading_block_size or block_size) // block_size
     cpu_bw = config.cpu_offload_bandwidth_gbps
     specs = []
     if config.kv_offloading_size is not None:
@@ -55,4 +73,4 @@ def build_tiers(config) -> Tiers:
         specs.append(TierSpec("disk", int(config.kv_offloading_disk_size * GIB // block_bytes), per_tier,
                               config.kv_offloading_policy, config.disk_offload_bandwidth_gbps * 1e9,
                               DISK_LATENCY_S))
-    return Tiers(specs, config.kv_offloading_store, config.block_size, config.bytes_per_token)
+    return specs

@@ -139,6 +139,7 @@ class GroupHits:
         chain = self.chain(seq, stop)
         pool, hash_fn, tables = self.pool, self.hash_fn, self.tables[seq.seq_id]
         keys, hashes, setdefault = pool.key, pool.hash, pool.cached.setdefault
+        tiers = self.tiers
         groups = range(len(tables))
         published = 0
         for i in range(start, min(stop, len(chain))):
@@ -149,7 +150,8 @@ class GroupHits:
                     continue
                 gh = hash_fn((g, h))
                 keys[bid], hashes[bid] = (g, key), gh
-                setdefault(gh, bid)
+                if setdefault(gh, bid) == bid and tiers is not None:  # tiers key pages by range, untagged
+                    tiers.ranges[gh] = h
                 published += 1
         if published:
             pool.plain = False
@@ -173,4 +175,6 @@ class GroupHits:
             pool.plain = False
             pool.key[bid], pool.hash[bid] = (g, key), gh
             pool.cached.setdefault(gh, bid)
+            if self.tiers is not None and pool.cached[gh] == bid:  # tiers key pages by range, untagged
+                self.tiers.ranges[gh] = h
             self.publishes += 1

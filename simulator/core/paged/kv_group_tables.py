@@ -60,6 +60,7 @@ class GroupTables(GroupHits):
         self.internal: dict[int, int] = {}  # seq id -> internal layer slots counted for it
         self.num_internal_slots = 0
         self.window_released: set[int] = set()  # blocks a window handed back while published
+        self.tiers = None  # KV tiers below the GPU, when attached (kv_group_tiers.py)
 
     # ----------------------------------------------------------------- blocks of one group
     def take(self, g: int, num: int, rid: int, sid: int, fills: list[int]) -> list[int]:
@@ -166,6 +167,10 @@ class GroupTables(GroupHits):
         `budget` tokens past the hit; return the hit in tokens."""
         bs, n, stats = self.block_size, seq.length, self.pool.stats
         hit, hits = self.longest_hit(seq)
+        if self.tiers is not None:  # pages in KV tiers may extend the hit (kv_group_tiers.py)
+            loaded = self.tiers.allocate(seq, rid, budget, hit)
+            if loaded is not None:
+                return loaded
         chain = self.lookup_chain(seq)
         if chain is not None:  # its blocks are published under the keys the lookup built
             self.chains.setdefault(seq.seq_id, chain)

@@ -52,6 +52,7 @@ class GroupedBlockManager(PoolCounts, KVAllocator):
         self.seqs: dict[int, Sequence] = {}  # sequences holding device blocks, by id
         self.tables = GroupTables(self.pool, self.seqs, layout, enable_prefix_caching, hash_fn)
         self.swap = GroupSwap(num_cpu_blocks, self.tables)
+        self.tiers = None  # the CPU and disk tiers behind the pool, when attached (kv_group_tiers.py)
 
     # ----------------------------------------------------------------- counts
     @property
@@ -235,6 +236,8 @@ class GroupedBlockManager(PoolCounts, KVAllocator):
             raise AllocationError(f"request {group.request_id}: CPU swap pool is full "
                                   f"({len(self.swap.free)} blocks free)")
         copies = self.swap.move_out(group)
+        if self.tiers is not None:  # the swapped blocks take their room from the CPU tier
+            self.tiers.fit()
         self._check()
         return copies
 

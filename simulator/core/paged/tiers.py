@@ -18,14 +18,20 @@ what is left (`fit`).
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from itertools import groupby, repeat
+from operator import itemgetter
 
 from pagelab.eviction import EvictionPolicy, make_policy
 from simulator.core.errors import ConfigError
 
 STORE_MODES = ("lazy", "eager")
+# A tier sees every block the GPU lets go (millions in a long trace): its batch operations run these
+# getters through map() and zip() so the per-block work stays in C.
+_HASH = itemgetter(0)
+_KEY = itemgetter(1)
 
 
 @dataclass(frozen=True)
@@ -81,7 +87,7 @@ class Tier:
     def __init__(self, spec: TierSpec) -> None:
         self.spec = spec
         self.lru = spec.policy == "lru"
-        self.keys: dict[int, tuple] = OrderedDict() if self.lru else {}  # hash -> (content, extra key)
+        self.keys: dict[int, tuple] = OrderedDict() if self.lru else {}  # hash -> the pool's key
         self.cache: EvictionPolicy | _KeyLRU = _KeyLRU(self.keys, spec.num_blocks) if self.lru \
             else make_policy(spec.policy, spec.num_blocks)
         self.stats = TierStats()
@@ -111,16 +117,13 @@ class Tier:
             return [e for h, key in pairs for e in self.put(h, key)]
         keys = self.keys
         before = len(keys)
-        if any([h in keys for h, _ in pairs]):
-            for h, key in pairs:
-                if h in keys:
-                    keys.move_to_end(h)
-                keys[h] = key
-        else:  # all new (the common case): appended in order at C speed
-            keys.update(pairs)
+        keys.update(pairs)  # all new (the common case): appended in order at C speed
+        if len(keys) - before != len(pairs):  # some were held (or repeated): each goes to the end in order
+            for h, _ in pairs:
+                keys.move_to_end(h)
         self.stats.stored_blocks += len(keys) - before
         over = len(keys) - self.cache.capacity
-        return [keys.popitem(last=False) for _ in range(over)] if over > 0 else []
+        return list(map(keys.popitem, repeat(False, over))) if over > 0 else []
 
     def touch(self, h: int) -> None:
         """A block of this tier was used again."""
@@ -179,7 +182,7 @@ class Tiers:
         of parent keys (thousands deep for a long prompt)."""
         for tier in self.tiers:
             held = tier.keys.get(h)
-            if held is not None and held[0] == content and held[1] == extra:
+            if held is not None and held[1] == content and held[2] == extra:
                 return tier
         return None
 
@@ -189,17 +192,19 @@ class Tiers:
         key), cut to whole tier blocks; nothing is loaded yet."""
         self.flush()
         found: list[tuple[Tier, int, tuple]] = []
-        bs = self.block_size
+        bs, tiers, extra = self.block_size, self.tiers, seq.extra_key
         for i in range(start, (seq.length - 1) // bs):
             content = seq.block_content(i, bs)
             if content is None:
                 break
-            h = hash_fn((parent_hash, content, seq.extra_key))
-            tier = self.find(h, content, seq.extra_key)
-            if tier is None:
+            h = hash_fn((parent_hash, content, extra))
+            for tier in tiers:  # `find`, inlined: this runs for every block a prompt could load
+                held = tier.keys.get(h)
+                if held is not None and held[1] == content and held[2] == extra:
+                    break
+            else:
                 break
-            key = tier.keys[h]
-            found.append((tier, h, key))
+            found.append((tier, h, held))
             parent_hash = h
         # A tier block is hit only as a whole: drop the blocks past the last complete one of each tier.
         while found:
@@ -216,23 +221,35 @@ class Tiers:
         """Count the blocks of `match` as loaded into the GPU (they stay in their tier, touched)."""
         if self.log is not None:
             self.log.loading(found)
-        for tier, h, _ in found:
-            tier.touch(h)
-            tier.pending += 1
-            tier.stats.hit_blocks += 1
-            tier.stats.hit_tokens += self.block_size
+        for tier, run in groupby(found, key=_HASH):  # runs of one tier: touched in order, counted at once
+            hashes = list(map(_KEY, run))
+            if tier.lru:
+                deque(map(tier.keys.move_to_end, hashes), maxlen=0)
+            else:
+                for h in hashes:
+                    tier.cache.admit(h)
+            tier.pending += len(hashes)
+            tier.stats.hit_blocks += len(hashes)
+            tier.stats.hit_tokens += len(hashes) * self.block_size
 
     def store(self, h: int, key: tuple) -> None:
-        """Keep a block's content in the top tier (queued: applied, in order, before the next query)."""
+        """Keep a block's content in the top tier (queued: applied, in order, before the next query).
+
+        A store costs no step time: vLLM's offloading connector copies blocks out on its own CUDA stream,
+        overlapping compute, and PCIe is full duplex, so GPU -> CPU copies take no bandwidth from the
+        CPU -> GPU loads that are charged; the disk tier is written from CPU memory, off the GPU's path."""
         self.queue.append((h, key))
 
     def flush(self) -> None:
         """Apply the queued stores: the top tier takes them, what it evicts goes one tier down."""
         if self.queue and self.top is not None:
-            # A tier keeps a block's own (content, extra key), not its key: that chains every parent key,
-            # and millions of kept chains would slow each pass of Python's cyclic garbage collector.
-            batch = [(h, key[1:]) for h, key in self.queue]
-            self.queue.clear()
+            # A tier keeps the pool's own key tuple, not a copy of its (content, extra key): allocating a
+            # tuple per block dominated the cost of storing. The parent keys it chains stay alive with it,
+            # which costs no collector pass in the loop (simulate runs with the cyclic collector off) and
+            # one pass elsewhere (tuples of untracked items leave the collector's lists).
+            queue = self.queue
+            batch = queue[:]
+            queue.clear()
             self._store_many(batch, self.top)
 
     def _store_many(self, pairs: list[tuple[int, tuple]], tier: Tier) -> None:
@@ -247,8 +264,12 @@ class Tiers:
             log.entering(tier, pairs)
         for other in tier.below:  # a block lives in one tier at a time
             held = other.keys
-            for h in [h for h, _ in pairs if h in held]:
-                other.discard(h)
+            if held:
+                # In set order where that is the same: an LRU tier's OrderedDict keeps the same order
+                # whichever key leaves first.
+                gone = held.keys() & map(_HASH, pairs) if other.lru else [h for h, _ in pairs if h in held]
+                for h in gone:
+                    other.discard(h)
         evicted = tier.put_many(pairs)
         if evicted:
             self._spill(tier, evicted)

@@ -1,0 +1,55 @@
+"""Simulations of a model with several KV cache groups (sliding and full attention) with KV tiers."""
+from __future__ import annotations
+
+import dataclasses
+
+import pandas as pd
+import pytest
+
+from simulator.config import SimConfig
+from simulator.core.errors import ConfigError
+from simulator.loop import simulate
+from traces.multiturn import MultiTurnConfig, generate_multiturn
+
+BASE = SimConfig(model="gemma-3-27b", gpu="h100-80gb", max_model_len=32768, kv_memory_gb=1.2)
+
+
+@pytest.fixture(scope="module")
+def trace() -> pd.DataFrame:
+    """Conversations whose turns reuse their prefixes, more than the small pool keeps."""
+    return generate_multiturn(MultiTurnConfig(num_requests=40, rate=2.0, think_time_s=10.0))
+
+
+def _comparable(result) -> dict:
+    summary = {k: v for k, v in result.summary.items() if k not in ("wall_s", "kv_tiers")}
+    return {"summary": summary, "requests": result.requests, "memory": result.memory, "events": result.events}
+
+
+def test_a_zero_size_tier_changes_nothing(trace):
+    gpu_only = simulate(trace, dataclasses.replace(BASE, swap_space_gb=0.0))  # the tier's CPU budget: 0
+    tiered = simulate(trace, dataclasses.replace(BASE, kv_offloading_size=0.0))
+    a, b = _comparable(gpu_only), _comparable(tiered)
+    assert a["summary"] == b["summary"]
+    for name in ("requests", "memory", "events"):
+        pd.testing.assert_frame_equal(a[name], b[name])
+    assert tiered.summary["kv_tiers"]["tokens_by_source"]["cpu_hit"] == 0
+
+
+@pytest.mark.parametrize("store", ["lazy", "eager"])
+def test_prompt_tokens_by_source_add_up_and_tiers_serve_some(trace, store):
+    config = dataclasses.replace(BASE, kv_offloading_size=0.5, kv_offloading_disk_size=2.0,
+                                 kv_offloading_store=store, debug=True)  # debug: invariants every step
+    s = simulate(trace, config).summary
+    by = s["kv_tiers"]["tokens_by_source"]
+    assert sum(by.values()) == s["allocator_stats"]["prefix_query_tokens"]
+    assert by["gpu_hit"] == s["allocator_stats"]["prefix_hit_tokens"]
+    assert min(by.values()) >= 0 and by["cpu_hit"] + by["disk_hit"] > 0
+    for name in ("cpu", "disk"):
+        tier = s["kv_tiers"][name]
+        assert tier["blocks"] <= tier["capacity_blocks"]
+        assert (tier["load_seconds"] > 0) == (tier["hit_blocks"] > 0)
+
+
+def test_tiers_of_a_model_with_several_groups_refuse_other_policies(trace):
+    with pytest.raises(ConfigError, match="kv_offloading_policy"):
+        dataclasses.replace(BASE, kv_offloading_size=1.0, kv_offloading_policy="lfu").build_allocator()
