@@ -43,11 +43,12 @@ def _qwen3_params(m: ModelSpec) -> int:
 
 
 def _gemma3_params(m: ModelSpec) -> int:
-    """Gemma 3's text decoder: four RMSNorms around attention and MLP, query/key norms, tied embeddings."""
+    """Gemma 3's text decoder: four RMSNorms around attention and MLP, query/key norms; an untied head
+    (tiny-hybrid) adds a second vocabulary matrix."""
     h = m.hidden_size
     q, kv = m.num_attention_heads * m.head_dim, m.num_key_value_heads * m.head_dim
     layer = 2 * h * q + 2 * h * kv + 3 * h * m.intermediate_size + 4 * h + 2 * m.head_dim
-    return m.num_hidden_layers * layer + m.vocab_size * h + h
+    return m.num_hidden_layers * layer + m.vocab_size * h * (1 if m.tie_word_embeddings else 2) + h
 
 
 PARAM_COUNTS = {"OPTForCausalLM": _opt_params, "LlamaForCausalLM": _llama_family_params,
@@ -84,7 +85,7 @@ def test_entries_are_consistent(model):
     assert model.num_attention_heads % model.num_key_value_heads == 0
     assert (model.num_params is None) == (model.name in UNCOUNTED) and model.torch_dtype is not None
     # The engine's CPU models run in fp32; every checkpoint is served in its 16-bit dtype.
-    assert model.dtype_bytes == (4 if model.name in ("tiny", "tiny-qwen2") else 2)
+    assert model.dtype_bytes == (4 if model.name in ("tiny", "tiny-qwen2", "tiny-hybrid") else 2)
 
 
 def test_simulator_names_read_the_hugging_face_fields():
