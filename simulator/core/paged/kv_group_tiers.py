@@ -24,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from simulator.core.errors import ConfigError
-from simulator.core.paged.tiers import STORE_MODES, TierSpec, TierStats
+from simulator.core.paged.tiers import STORE_MODES, TierSpec, TierStats, take_load_seconds, tier_summary
 from simulator.core.sequence import Sequence
 
 
@@ -259,27 +259,12 @@ class GroupTiers:
         """Seconds the pages loaded since the last call take, from the latency model's `load_time`
         (tokens, bandwidth, latency), a page counted as the tokens of its bytes."""
         self.flush()
-        total = 0.0
-        for tier in self.tiers:
-            if tier.pending:
-                dt = load_time(tier.pending * self.tokens_per_page, tier.spec.bandwidth, tier.spec.latency_s)
-                tier.stats.load_seconds += dt
-                total += dt
-                tier.pending = 0
-        return total
+        return take_load_seconds(self.tiers, self.tokens_per_page, load_time)
 
     def summary(self, query_tokens: int, gpu_hit_tokens: int) -> dict:
         """Prompt tokens by source (computed, GPU hit, each tier's hit) and each tier's counters (pages)."""
         self.flush()
-        out: dict = {"tokens_by_source": {"computed": query_tokens - gpu_hit_tokens
-                                          - sum(t.stats.hit_tokens for t in self.tiers),
-                                          "gpu_hit": gpu_hit_tokens}}
-        for tier in self.tiers:
-            out["tokens_by_source"][f"{tier.spec.name}_hit"] = tier.stats.hit_tokens
-            out[tier.spec.name] = {"capacity_blocks": tier.spec.num_blocks, "policy": tier.spec.policy,
-                                   "blocks": tier.used, **tier.stats.as_dict()}
-        out["store"] = self.store_mode
-        return out
+        return tier_summary(self.tiers, self.store_mode, query_tokens, gpu_hit_tokens)
 
 
 def attach_groups(bm, tiers: GroupTiers) -> None:

@@ -94,6 +94,11 @@ class Tier:
         self.pending = 0  # blocks loaded from this tier since the step time last took them
         self.below: list[Tier] = []  # the tiers under this one, nearest first
 
+    @property
+    def used(self) -> int:
+        """Blocks held."""
+        return len(self.keys)
+
     def put(self, h: int, key: tuple) -> list[tuple[int, tuple]]:
         """Store (or refresh) a block; the (hash, key) pairs evicted to make room."""
         keys = self.keys
@@ -303,27 +308,37 @@ class Tiers:
         """Seconds the blocks loaded since the last call take, from the latency model's `load_time`
         (tokens, bandwidth, latency) of each tier that loaded any."""
         self.flush()
-        total = 0.0
-        for tier in self.tiers:
-            if tier.pending:
-                dt = load_time(tier.pending * self.block_size, tier.spec.bandwidth, tier.spec.latency_s)
-                tier.stats.load_seconds += dt
-                total += dt
-                tier.pending = 0
-        return total
+        return take_load_seconds(self.tiers, self.block_size, load_time)
 
     def summary(self, query_tokens: int, gpu_hit_tokens: int) -> dict:
         """Prompt tokens by source (computed, GPU hit, each tier's hit) and each tier's counters."""
         self.flush()
-        out: dict = {"tokens_by_source": {"computed": query_tokens - gpu_hit_tokens
-                                          - sum(t.stats.hit_tokens for t in self.tiers),
-                                          "gpu_hit": gpu_hit_tokens}}
-        for tier in self.tiers:
-            out["tokens_by_source"][f"{tier.spec.name}_hit"] = tier.stats.hit_tokens
-            out[tier.spec.name] = {"capacity_blocks": tier.spec.num_blocks, "policy": tier.spec.policy,
-                                   "blocks": len(tier.keys), **tier.stats.as_dict()}
-        out["store"] = self.store_mode
-        return out
+        return tier_summary(self.tiers, self.store_mode, query_tokens, gpu_hit_tokens)
+
+
+def take_load_seconds(tiers: list, tokens_per_unit: float, load_time: Callable) -> float:
+    """Seconds the units (blocks or pages) each tier loaded since the last call take, reset to none."""
+    total = 0.0
+    for tier in tiers:
+        if tier.pending:
+            dt = load_time(tier.pending * tokens_per_unit, tier.spec.bandwidth, tier.spec.latency_s)
+            tier.stats.load_seconds += dt
+            total += dt
+            tier.pending = 0
+    return total
+
+
+def tier_summary(tiers: list, store_mode: str, query_tokens: int, gpu_hit_tokens: int) -> dict:
+    """Prompt tokens by source (computed, GPU hit, each tier's hit) and each tier's counters."""
+    out: dict = {"tokens_by_source": {"computed": query_tokens - gpu_hit_tokens
+                                      - sum(t.stats.hit_tokens for t in tiers),
+                                      "gpu_hit": gpu_hit_tokens}}
+    for tier in tiers:
+        out["tokens_by_source"][f"{tier.spec.name}_hit"] = tier.stats.hit_tokens
+        out[tier.spec.name] = {"capacity_blocks": tier.spec.num_blocks, "policy": tier.spec.policy,
+                               "blocks": tier.used, **tier.stats.as_dict()}
+    out["store"] = store_mode
+    return out
 
 
 def attach(bm, tiers: Tiers) -> None:
