@@ -24,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from simulator.core.errors import ConfigError
-from simulator.core.paged.tiers import STORE_MODES, TierSpec, TierStats, take_load_seconds, tier_summary
+from simulator.core.paged.tiers import TierSpec, TierStats, check_tiers, take_load_seconds, tier_summary
 from simulator.core.sequence import Sequence
 
 
@@ -46,17 +46,11 @@ class GroupTiers:
 
     def __init__(self, specs: list[TierSpec], store: str, tables, page_bytes: int, bytes_per_token: int,
                  swap_used: Callable[[], int] = lambda: 0) -> None:
-        if store not in STORE_MODES:
-            raise ConfigError(f"offload store mode must be one of {', '.join(STORE_MODES)}, got {store!r}")
         for spec in specs:
             if spec.policy != "lru":
                 raise ConfigError(f"kv_offloading_policy: tiers of a model with several KV cache groups "
                                   f"evict LRU, got {spec.policy!r}")
-            if spec.num_blocks < 0 or spec.blocks_per_tier_block < 1:
-                raise ConfigError(f"{spec.name} tier: capacity must be >= 0 blocks and its block >= 1 GPU "
-                                  f"block (got {spec.num_blocks}, {spec.blocks_per_tier_block})")
-            if not (spec.bandwidth > 0 and spec.latency_s >= 0):
-                raise ConfigError(f"{spec.name} tier: bandwidth must be > 0 and latency >= 0")
+        check_tiers(specs, store)
         self.tiers = [GroupTier(s) for s in specs]
         for i, tier in enumerate(self.tiers):
             tier.below = self.tiers[i + 1:]

@@ -154,19 +154,24 @@ class Tier:
         return out
 
 
+def check_tiers(specs: list[TierSpec], store: str) -> None:
+    """Refuse a store mode or a tier whose capacity, block, bandwidth or latency cannot be."""
+    if store not in STORE_MODES:
+        raise ConfigError(f"offload store mode must be one of {', '.join(STORE_MODES)}, got {store!r}")
+    for spec in specs:
+        if spec.num_blocks < 0 or spec.blocks_per_tier_block < 1:
+            raise ConfigError(f"{spec.name} tier: capacity must be >= 0 blocks and its block >= 1 GPU "
+                              f"block (got {spec.num_blocks}, {spec.blocks_per_tier_block})")
+        if not (spec.bandwidth > 0 and spec.latency_s >= 0):
+            raise ConfigError(f"{spec.name} tier: bandwidth must be > 0 and latency >= 0")
+
+
 class Tiers:
     """The CPU tier and the disk tier behind one GPU block pool (either may be absent)."""
 
     def __init__(self, specs: list[TierSpec], store: str, block_size: int, bytes_per_token: int,
                  swap_used: Callable[[], int] = lambda: 0) -> None:
-        if store not in STORE_MODES:
-            raise ConfigError(f"offload store mode must be one of {', '.join(STORE_MODES)}, got {store!r}")
-        for spec in specs:
-            if spec.num_blocks < 0 or spec.blocks_per_tier_block < 1:
-                raise ConfigError(f"{spec.name} tier: capacity must be >= 0 blocks and its block >= 1 GPU "
-                                  f"block (got {spec.num_blocks}, {spec.blocks_per_tier_block})")
-            if not (spec.bandwidth > 0 and spec.latency_s >= 0):
-                raise ConfigError(f"{spec.name} tier: bandwidth must be > 0 and latency >= 0")
+        check_tiers(specs, store)
         self.tiers = [Tier(s) for s in specs]
         for i, tier in enumerate(self.tiers):
             tier.below = self.tiers[i + 1:]
