@@ -244,6 +244,8 @@ def run_check(check: Check, names: list[str], commit: str | None = None) -> dict
                       "traceback": traceback.format_exc()[-4000:]}
         result["seconds"] = round(time.perf_counter() - begin, 1)
         report["parts"][name] = result
+        # Written after every part, so that a check stopped from outside still returns what it measured.
+        (check.out / "gpu-check.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
         _release_memory()
     report["seconds"] = round(time.perf_counter() - check.start, 1)
     report["verdicts"] = verdicts(report)
