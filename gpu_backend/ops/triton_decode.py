@@ -181,12 +181,14 @@ def split_plan(max_context: int, num_splits: int, block_n: int) -> tuple[int, in
 
 def paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale: float, num_splits: int,
                  max_context: int, block_n: int = 64, num_warps: int = 4,
-                 contiguous: bool = False, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
+                 contiguous: bool = False, window: int = 0, softcap: float = 0.0,
+                 num_stages: int | None = None) -> torch.Tensor:
     """Launch decode (1-pass when num_splits == 1, else split-K + reduce); returns [B, Hq, D].
 
     max_context: an upper bound of context_lens (the engine knows the exact longest context on the
     host); splits cover [0, max_context), or the window's span (decode_span). contiguous: block_tables
     [B, 1] holds region starts. window > 0: sliding-window attention; softcap > 0: logit soft-capping.
+    num_stages: the software pipeline depth of the tile loop (None: Triton's default).
     """
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -213,7 +215,7 @@ def paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale: float, 
         BLOCK_SIZE=block_size, BLOCK_N=block_n, SPLIT=split,
         DOT_PREC="ieee" if k_cache.dtype == torch.float32 else "tf32",
         CONTIGUOUS=contiguous, SLIDING=window > 0, SOFTCAP=softcap > 0, WHILE_LOOP=interpreting(),
-        num_warps=num_warps,
+        num_warps=num_warps, **({} if num_stages is None else {"num_stages": num_stages}),
     )
     if split:
         _split_reduce_kernel[(num_seqs, num_heads)](

@@ -1,4 +1,5 @@
-"""The engine's CPU and disk KV tiers on a small random-weight model (CPU, fp32, torch backend).
+"""The engine's CPU and disk KV tiers on a small random-weight model (fp32, torch backend; on the CPU, and
+on CUDA where present).
 
 A shared prefix is computed, evicted from a deliberately small GPU pool by other prompts, and asked for
 again: the tiers serve it, and loading it must give exactly what recomputing it gives - the same greedy
@@ -29,9 +30,14 @@ BLOCK_GIB = BS * 512 / 2**30  # one GPU block of SMALL in fp32: 4 tokens x 512 b
 PREFIX_BLOCKS = 4
 
 
-@pytest.fixture(scope="module")
-def model() -> CausalLM:
-    m = CausalLM(SMALL, backend=get_backend("torch", "cpu"))
+CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                        reason="needs CUDA")])
+
+
+@pytest.fixture(scope="module", params=["cpu", CUDA])
+def model(request) -> CausalLM:
+    """The small model on the CPU and, where CUDA is present, on the GPU (pinned slots, a side stream)."""
+    m = CausalLM(SMALL, backend=get_backend("torch", request.param)).to(request.param)
     init_random_weights(m, seed=5)
     return m
 
