@@ -1,8 +1,11 @@
 """Decode-attention benchmark: paged (Triton, torch) vs contiguous SDPA on a dense cache.
 
 Library side of `pagelab bench attention`: builds inputs, times each implementation and returns
-records; the CLI prints them. Bytes counted per call are the K and V actually read (batch x context x
-kv heads x head_dim x 2) plus the queries and the outputs — the same for every implementation.
+records; the CLI prints them. On a GPU the kernels and SDPA are timed as the engine runs decode: calls
+captured in a CUDA graph, over copies of the inputs that exceed the L2 cache (graph_times); the torch
+reference and everything on a CPU, call by call. Bytes counted per call are the K and V actually read
+(batch x context x kv heads x head_dim x 2) plus the queries and the outputs — the same for every
+implementation.
 """
 from __future__ import annotations
 
@@ -20,6 +23,9 @@ from gpu_backend.ops.cases import make_paged_case
 from gpu_backend.ops.checks import KernelInputError
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# Timed in CUDA graphs on a GPU, as the engine runs decode; the torch reference runs call by call (it is
+# not written to be captured).
+GRAPHED = ("paged-triton", "paged-triton-1pass", "region-triton", "sdpa-dense")
 
 
 @dataclass(frozen=True)
@@ -124,6 +130,8 @@ def _cpu_model() -> str | None:
 
 def _median_times(fns: dict, device: torch.device, min_time_s: float, max_repeats: int) -> dict[str, float]:
     """Median seconds per call of each function, timed in interleaved rounds (fair under background load)."""
+    if not fns:
+        return {}
     first = {}
     for name, fn in fns.items():
         fn()  # warm-up: compilation, allocator
@@ -141,6 +149,55 @@ def _median_times(fns: dict, device: torch.device, min_time_s: float, max_repeat
             fn()
             _sync(device)
             samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def _num_copies(config: AttentionBenchConfig, device: torch.device, shape: tuple[int, ...]) -> int:
+    """Copies of a shape's inputs that together span three times the L2 cache, so that back-to-back calls
+    read from memory as the engine's layers do (each layer reads its own KV), not from the cache."""
+    batch, context, _, num_kv_heads, head_dim = shape
+    kv_bytes = 2 * batch * context * num_kv_heads * head_dim * DTYPES[config.dtype].itemsize
+    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20)
+    return max(1, -(-3 * l2 // kv_bytes))
+
+
+def graph_times(copies: list[dict], min_time_s: float, max_rounds: int, calls: int = 20) -> dict[str, float]:
+    """Median seconds per call of each implementation, its calls captured in a CUDA graph and replayed.
+
+    The engine replays decode in CUDA graphs, so what counts is the kernels' time, not Python's launch
+    cost. copies[i][name] is the call on the i-th copy of the inputs; a graph cycles through the copies.
+    Graphs are replayed in interleaved rounds, timed with CUDA events.
+    """
+    calls = len(copies) * -(-calls // len(copies))
+    graphs = {}
+    for name in copies[0]:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for fns in copies:  # compile and warm the allocator outside the capture
+                fns[name]()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for i in range(calls):
+                copies[i % len(copies)][name]()
+        graph.replay()
+        graphs[name] = graph
+    torch.cuda.synchronize()
+    begin = time.perf_counter()
+    for graph in graphs.values():
+        graph.replay()
+    torch.cuda.synchronize()
+    rounds = int(min(max_rounds, max(3, min_time_s / max(time.perf_counter() - begin, 1e-6))))
+    samples: dict[str, list[float]] = {name: [] for name in graphs}
+    for _ in range(rounds):
+        for name, graph in graphs.items():
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            samples[name].append(begin.elapsed_time(end) / 1e3 / calls)
     return {name: statistics.median(s) for name, s in samples.items()}
 
 
@@ -202,10 +259,18 @@ def run_attention_bench(config: AttentionBenchConfig) -> AttentionBenchResult:
         for head_dim in config.head_dims:
             for batch in config.batches:
                 for context in config.contexts:
-                    fns, outputs = _shape_fns(config, device, rng, batch, context, num_heads, num_kv_heads,
-                                              head_dim)
-                    times = _median_times(fns, device, config.min_time_s, config.max_repeats)
                     shape = (batch, context, num_heads, num_kv_heads, head_dim)
+                    fns, outputs = _shape_fns(config, device, rng, *shape)
+                    graphed = [k for k in fns if device.type == "cuda" and k in GRAPHED]
+                    times = _median_times({k: f for k, f in fns.items() if k not in graphed}, device,
+                                          config.min_time_s, config.max_repeats)
+                    if graphed:
+                        copies = [fns] + [_shape_fns(config, device, rng, *shape)[0]
+                                          for _ in range(_num_copies(config, device, shape) - 1)]
+                        copies = [{k: c[k] for k in graphed} for c in copies]
+                        times.update(graph_times(copies, config.min_time_s, config.max_repeats))
+                        del copies
+                    times = {k: times[k] for k in fns}
                     records.extend(_records(config, device, shape, times, outputs, copy_gbps))
                     del fns, outputs
     return AttentionBenchResult(machine=machine_info(device, copy_gbps), records=records)

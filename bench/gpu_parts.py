@@ -88,20 +88,38 @@ def gpu_tests(out: Path, timeout_s: float) -> dict:
     """`pytest -m gpu` over GPU_TEST_FILES, in a subprocess with a time limit; the summary counts (without
     CUDA every one of them is skipped)."""
     xml = (out / "gpu-tests.xml").resolve()
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}",
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-v", "-p", "no:cacheprovider", f"--junitxml={xml}",
            *GPU_TEST_FILES]
     start = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT)
-    except subprocess.TimeoutExpired as exc:
-        tail = (exc.stdout or b"")[-2000:]
-        return {"timed_out": True, "timeout_s": timeout_s,
-                "tail": tail.decode(errors="replace") if isinstance(tail, bytes) else tail}
+    except subprocess.TimeoutExpired as exc:  # no junit report then: count the verbose lines
+        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        return {"timed_out": True, "timeout_s": timeout_s, **verbose_counts(out)}
     counts = _junit_counts(xml) if xml.is_file() else {}
     lines = proc.stdout.strip().splitlines()
     return {"returncode": proc.returncode, "seconds": time.perf_counter() - start, **counts,
             "summary": lines[-1] if lines else "",
             "failures_tail": proc.stdout[-3000:] if proc.returncode else ""}
+
+
+OUTCOMES = {"PASSED": "passed", "FAILED": "failed", "ERROR": "errors", "SKIPPED": "skipped"}
+
+
+def verbose_counts(out: str) -> dict:
+    """passed / failed / errors / skipped counted from `pytest -v` lines, and the tests that failed."""
+    counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
+    failed = []
+    for line in out.splitlines():
+        words = line.split()
+        if len(words) < 2 or "::" not in words[0]:
+            continue
+        outcome = OUTCOMES.get(words[1])
+        if outcome:
+            counts[outcome] += 1
+            if outcome in ("failed", "errors"):
+                failed.append(words[0])
+    return {**counts, "failed_tests": failed}
 
 
 def _junit_counts(xml: Path) -> dict:

@@ -38,7 +38,10 @@ def verdicts(report: dict) -> list[dict]:
         r = entry["result"]
         if name == "tests":
             if r.get("timed_out"):
-                row(name, "pytest -m gpu", f"timed out after {r['timeout_s']:.0f} s", "0 failed", False)
+                counts = ", ".join(f"{r.get(k, 0)} {k}" for k in ("passed", "failed", "errors", "skipped"))
+                failed = "; failed: " + ", ".join(r["failed_tests"]) if r.get("failed_tests") else ""
+                row(name, "pytest -m gpu", f"timed out after {r['timeout_s']:.0f} s ({counts} by then"
+                    f"{failed})", "0 failed", False)
             else:
                 counts = ", ".join(f"{r.get(k, 0)} {k}" for k in ("passed", "failed", "errors", "skipped"))
                 row(name, "pytest -m gpu", counts, "0 failed",

@@ -116,6 +116,21 @@ def _reserve(fd: int, nbytes: int) -> None:
         os.ftruncate(fd, nbytes)
 
 
+def slot_runs(keys: list[tuple]) -> list[tuple[int, int]]:
+    """(first index, length) of each run of `keys` [(tier, slot)] whose slots follow one another in one
+    tier: a host-device copy costs microseconds of set-up, so a run moves in one copy, not one per block.
+    A key whose tier is None (data read out early) is a run of its own."""
+    runs: list[tuple[int, int]] = []
+    for i, (tier, slot) in enumerate(keys):
+        if runs and tier is not None:
+            start, n = runs[-1]
+            if keys[start][0] is tier and keys[start][1] + n == slot:
+                runs[-1] = (start, n + 1)
+                continue
+        runs.append((i, 1))
+    return runs
+
+
 class TierData:
     """The data of the engine's CPU and disk tiers, kept in step with the core's tiers by their log."""
 
@@ -221,7 +236,7 @@ class TierData:
 
     def _flush_stores(self) -> None:
         """Run the queued stores: each layer's blocks gathered on the device in one op, then one copy per
-        slot (on the side stream into pinned memory under CUDA)."""
+        run of consecutive slots (on the side stream into pinned memory under CUDA)."""
         stores, self._stores = self._stores, []
         if not stores:
             return
@@ -232,23 +247,29 @@ class TierData:
             for layer in range(cache.num_layers):
                 staging[:, layer, 0] = cache.k[layer].index_select(0, idx)
                 staging[:, layer, 1] = cache.v[layer].index_select(0, idx)
-            for i, (_, tier, slot) in enumerate(stores):
-                dst = tier.data[slot]
-                dst.copy_(staging[i], non_blocking=self.cuda and dst.is_pinned())
+            for i, n in slot_runs([(tier, slot) for _, tier, slot in stores]):
+                tier, slot = stores[i][1], stores[i][2]
+                dst = tier.data[slot:slot + n]
+                dst.copy_(staging[i:i + n], non_blocking=self.cuda and dst.is_pinned())
         if self.cuda:
             self.event = torch.cuda.Event()
             self.event.record(self.stream)
 
     def _load(self, loads: list[list]) -> None:
-        """Write the loads into their GPU blocks: one copy per slot into a device staging buffer, then
-        each layer's blocks scattered in one op (a block loaded twice keeps its last load)."""
+        """Write the loads into their GPU blocks: one copy per run of consecutive slots into a device
+        staging buffer, then each layer's blocks scattered in one op (a block loaded twice keeps its last
+        load)."""
         cache = self.cache
         last = {entry[2]: entry for entry in loads}
-        staging = torch.empty(_shape(cache, len(last)), dtype=cache.dtype, device=cache.device)
-        for i, (tier, slot, _, data) in enumerate(last.values()):
-            src = tier.data[slot] if data is None else data
-            staging[i].copy_(src, non_blocking=self.cuda and src.is_pinned())
-        idx = torch.tensor(list(last), dtype=torch.int64, device=cache.device)
+        # In slot order, so that blocks stored together (consecutive slots) load in one copy each run.
+        order = sorted(last.values(), key=lambda e: (e[3] is not None, e[0].name, e[1]))
+        staging = torch.empty(_shape(cache, len(order)), dtype=cache.dtype, device=cache.device)
+        keys = [(e[0], e[1]) if e[3] is None else (None, i) for i, e in enumerate(order)]
+        for i, n in slot_runs(keys):
+            tier, slot, _, data = order[i]
+            src = tier.data[slot:slot + n] if data is None else data[None]
+            staging[i:i + n].copy_(src, non_blocking=self.cuda and src.is_pinned())
+        idx = torch.tensor([e[2] for e in order], dtype=torch.int64, device=cache.device)
         for layer in range(cache.num_layers):
             cache.k[layer].index_copy_(0, idx, staging[:, layer, 0])
             cache.v[layer].index_copy_(0, idx, staging[:, layer, 1])

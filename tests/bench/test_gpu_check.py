@@ -76,3 +76,11 @@ def test_the_tier_copy_part_loads_blocks_and_sets_them_against_the_model_load_ti
     assert r["gpu_preset"] == "cpu" and r["measured_s"] > 0
     assert r["model_s"] == CPU_LATENCY_S + 4 * 16 * per_token / get_gpu("cpu").pcie_bandwidth
     assert r["ratio"] == r["measured_s"] / r["model_s"]
+
+
+def test_a_timed_out_test_run_still_counts_what_ran_and_names_failures():
+    out = ("tests/a.py::test_x PASSED [ 10%]\ntests/a.py::test_y[cuda] FAILED [ 20%]\n"
+           "tests/b.py::test_z SKIPPED (needs CUDA) [ 30%]\nnoise line\n")
+    counts = gpu_parts.verbose_counts(out)
+    assert counts == {"passed": 1, "failed": 1, "errors": 0, "skipped": 1,
+                      "failed_tests": ["tests/a.py::test_y[cuda]"]}

@@ -8,12 +8,17 @@ shape either way, so the comparison is exact, torch.equal).
 """
 from __future__ import annotations
 
+from itertools import pairwise
+
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpu_backend import EngineInputError, LLMEngine, SamplingParams
 from gpu_backend.engine.engine_config import EngineConfig
+from gpu_backend.kv_tiers import slot_runs
 from gpu_backend.model import CausalLM
 from gpu_backend.model_config import ModelConfig
 from gpu_backend.model_presets import init_random_weights
@@ -168,3 +173,18 @@ def test_a_disk_without_room_for_the_tier_is_a_clear_error(model, small_tmpfs):
         LLMEngine(model, block_size=BS, num_blocks=12, kv_offloading_disk_size=BLOCK_GIB * 64,
                   kv_offloading_disk_path=str(mount))
     assert list(mount.iterdir()) == []
+
+
+@given(st.lists(st.tuples(st.sampled_from(["cpu", "disk", None]), st.integers(0, 12)), max_size=40))
+def test_slot_runs_cover_every_key_once_in_maximal_runs_of_consecutive_slots(keys):
+    tiers = {"cpu": object(), "disk": object(), None: None}
+    keys = [(tiers[t], s) for t, s in keys]
+    runs = slot_runs(keys)
+    assert [i for start, n in runs for i in range(start, start + n)] == list(range(len(keys)))
+    for start, n in runs:
+        tier, slot = keys[start]
+        assert n == 1 or tier is not None
+        assert all(keys[start + j] == (tier, slot + j) for j in range(n))
+    for (a, n), (b, _) in pairwise(runs):  # maximal: the next key does not continue the run
+        tier, slot = keys[a]
+        assert tier is None or keys[b] != (tier, slot + n)
