@@ -2,8 +2,11 @@
 
 Grid (B, Hkv, S): a program owns one KV head of one sequence and serves all G = Hq // Hkv query heads
 that share it from a single load of each K/V tile (GQA packing; G is padded to >= 16 rows for tl.dot).
-With S > 1 (split-K) each program covers `tokens_per_split` positions and writes fp32 partials
-(unnormalized acc, running max m, sum l); `_split_reduce_kernel` merges them. Softmax is online, fp32,
+With S > 1 (split-K) each sequence's context is cut into S equal runs of whole BLOCK_N tiles, sized on
+the device from that sequence's own length, and each program covers one run and writes fp32 partials
+(unnormalized acc, running max m, sum l); `_split_reduce_kernel` merges them. Sizing each sequence's
+runs on the device keeps every split busy in a CUDA graph, whose split count was fixed at capture for
+the longest context allowed, and in a batch of mixed lengths. Softmax is online, fp32,
 in the log2 domain. Tiles of BLOCK_N tokens may span several KV blocks: each token looks up its own
 physical block, so any block size works. All pool offsets are int64.
 
@@ -28,6 +31,13 @@ LOG2E = 1.4426950408889634
 SPLITS_PAD = 64
 
 
+@triton.jit
+def split_tokens(span, num_splits, BLOCK_N: tl.constexpr):
+    """Positions per split of a sequence whose splits cover `span` positions: whole BLOCK_N tiles, at
+    least one (so an empty context divides by something)."""
+    return tl.maximum(tl.cdiv(tl.cdiv(span, num_splits), BLOCK_N) * BLOCK_N, BLOCK_N)
+
+
 # Both change from step to step when decode runs eagerly (CUDA graphs fix them at capture).
 @jit_unspecialized("num_splits", "stride_bt")
 def _paged_decode_kernel(
@@ -40,7 +50,7 @@ def _paged_decode_kernel(
     scale_log2,  # softmax scale * log2(e)
     softcap_log2,  # logit soft-cap * log2(e) (SOFTCAP)
     window,  # sliding window in tokens (SLIDING)
-    tokens_per_split, num_heads, num_splits,
+    num_heads, num_splits,
     stride_qb, stride_qh, stride_ob, stride_oh,
     stride_cb, stride_cs, stride_ch, stride_bt,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
@@ -49,7 +59,8 @@ def _paged_decode_kernel(
 ):
     """Online-softmax attention of G query heads over positions [lo + split*tps, min(.. + tps, ctx)).
 
-    lo is 0, or with SLIDING the first position of the KV block that holds position ctx - window.
+    lo is 0, or with SLIDING the first position of the KV block that holds position ctx - window; tps
+    (split_tokens) is this sequence's run length.
     """
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1).to(tl.int64)
@@ -61,8 +72,9 @@ def _paged_decode_kernel(
     else:
         win_start = 0
         lo = 0
-    start = lo + split * tokens_per_split
-    end = tl.minimum(start + tokens_per_split, ctx)
+    tps = split_tokens(ctx - lo, num_splits, BLOCK_N)
+    start = lo + split * tps
+    end = tl.minimum(start + tps, ctx)
 
     offs_g = tl.arange(0, G_PAD)
     offs_d = tl.arange(0, D_PAD)
@@ -112,9 +124,9 @@ def _split_reduce_kernel(
     out_ptr,  # [B, Hq, D]
     part_acc_ptr, part_m_ptr, part_l_ptr,  # [B, Hq, S, D_PAD], [B, Hq, S], [B, Hq, S] fp32
     context_lens_ptr,  # [B] int32
-    window, tokens_per_split, num_heads, num_splits, stride_ob, stride_oh,
+    window, num_heads, num_splits, stride_ob, stride_oh,
     D: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    SLIDING: tl.constexpr,
+    BLOCK_N: tl.constexpr, SLIDING: tl.constexpr,
 ):
     """Merge the split-K partials of one (sequence, query head): rescale by exp2(m_s - max m)."""
     b = tl.program_id(0).to(tl.int64)
@@ -124,7 +136,8 @@ def _split_reduce_kernel(
         span = ctx - (tl.maximum(ctx - window, 0) // BLOCK_SIZE) * BLOCK_SIZE
     else:
         span = ctx
-    used = tl.minimum(tl.cdiv(span, tokens_per_split), num_splits)  # later splits never ran a tile
+    # Splits past the last that holds a position ran no tile.
+    used = tl.minimum(tl.cdiv(span, split_tokens(span, num_splits, BLOCK_N)), num_splits)
     offs_s = tl.arange(0, S_PAD)
     offs_d = tl.arange(0, D_PAD)
     s_mask = offs_s < used
@@ -174,7 +187,8 @@ def decode_span(max_context: int, window: int, block_size: int) -> int:
 
 
 def split_plan(max_context: int, num_splits: int, block_n: int) -> tuple[int, int]:
-    """(tokens_per_split, effective num_splits): splits hold whole BLOCK_N tiles and none is empty."""
+    """(tokens_per_split, effective num_splits) for the longest context: splits hold whole BLOCK_N tiles
+    and none of its splits is empty (the kernels size each sequence's splits the same way)."""
     tokens_per_split = triton.cdiv(triton.cdiv(max(max_context, 1), num_splits), block_n) * block_n
     return tokens_per_split, triton.cdiv(max(max_context, 1), tokens_per_split)
 
@@ -186,7 +200,8 @@ def paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale: float, 
     """Launch decode (1-pass when num_splits == 1, else split-K + reduce); returns [B, Hq, D].
 
     max_context: an upper bound of context_lens (the engine knows the exact longest context on the
-    host); splits cover [0, max_context), or the window's span (decode_span). contiguous: block_tables
+    host); it bounds the number of splits (split_plan), and each sequence's splits share its own context,
+    or its window's span (decode_span). contiguous: block_tables
     [B, 1] holds region starts. window > 0: sliding-window attention; softcap > 0: logit soft-capping.
     num_stages: the software pipeline depth of the tile loop (None: Triton's default).
     """
@@ -198,7 +213,7 @@ def paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale: float, 
         return out
     d_pad = triton.next_power_of_2(head_dim)
     span = decode_span(max_context, window, block_size)
-    tokens_per_split, num_splits = split_plan(span, num_splits, block_n)
+    _, num_splits = split_plan(span, num_splits, block_n)
     split = num_splits > 1
     if split:
         part_acc = torch.empty((num_seqs, num_heads, num_splits, d_pad), dtype=torch.float32, device=q.device)
@@ -208,7 +223,7 @@ def paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale: float, 
         part_acc = part_m = part_l = out  # unused by the 1-pass specialization
     _paged_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         out, part_acc, part_m, part_l, q, k_cache, v_cache, block_tables, context_lens,
-        scale * LOG2E, softcap * LOG2E, window, tokens_per_split, num_heads, num_splits,
+        scale * LOG2E, softcap * LOG2E, window, num_heads, num_splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         G=group, G_PAD=max(16, triton.next_power_of_2(group)), D=head_dim, D_PAD=d_pad,
@@ -219,9 +234,9 @@ def paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale: float, 
     )
     if split:
         _split_reduce_kernel[(num_seqs, num_heads)](
-            out, part_acc, part_m, part_l, context_lens, window, tokens_per_split, num_heads, num_splits,
+            out, part_acc, part_m, part_l, context_lens, window, num_heads, num_splits,
             out.stride(0), out.stride(1),
             D=head_dim, D_PAD=d_pad, S_PAD=max(SPLITS_PAD, triton.next_power_of_2(num_splits)),
-            BLOCK_SIZE=block_size, SLIDING=window > 0,
+            BLOCK_SIZE=block_size, BLOCK_N=block_n, SLIDING=window > 0,
         )
     return out
