@@ -4,14 +4,16 @@ On a machine whose image has torch, Triton and transformers, after `pip install 
 --no-build-isolation -e .`, it measures in one process, part by part, within a time budget (a device is
 lent 15 minutes in all, start-up included): the GPU tests (`pytest -m gpu`); `bench attention` at
 B1x32k, B16x1k, B64x1k and B64x32k against SDPA and the copy bandwidth; sliding-window decode against
-full attention at the same number of KV blocks read (bench.window_attention); decode step p50 at batch 64 and
-256 (llama-1b-shape, bf16, CUDA graphs and eager) on 256 azure-conv requests arriving at once, with their
-context lengths and each step's weights+KV read time; the memory-bound four-allocator replay (2 GiB of
-KV); contiguous-max against paged replay wall at the same batch limit; the held-out calibration replays
-(azure-code first) with their stalls against a profile of this GPU kind (the bundled h200-llama-1b on an
-H200; elsewhere one is fitted first when time allows); engine throughput against transformers on the same
-256 requests; the CPU KV tier's load of 256 blocks against the latency model's `load_time`. A part that
-does not fit in the time left is skipped and says so.
+full attention at the same number of KV blocks read (bench.window_attention); the CPU KV tier's load of
+256 blocks against the latency model's `load_time`; decode step p50 at batch 64 and 256
+(llama-1b-shape, bf16, CUDA graphs and eager) on 256 azure-conv requests arriving at once, with their
+context lengths and each step's weights+KV read time; where a steady decode step of 64 sequences spends
+its time (bench.decode_profile: wall against kernel time, the top kernels); the memory-bound
+four-allocator replay (2 GiB of KV); contiguous-max against paged replay wall at the same batch limit;
+the held-out calibration replays (azure-code first) with their stalls against a profile of this GPU
+kind (the bundled h200-llama-1b on an H200; elsewhere one is fitted first when time allows); engine
+throughput against transformers on the same 256 requests. A part that does not fit in the time left is
+skipped and says so.
 
 It writes DIR/gpu-check.json (everything), DIR/gpu-check.md (the device, then one table with the targets)
 and DIR/gpu-check-runs.tar.gz (the --runs folder: every replay's run folder and the tests' junit report):
@@ -115,6 +117,15 @@ def part_decode(check: Check) -> dict:
     return out
 
 
+def part_decode_profile(check: Check) -> dict:
+    """Where a steady decode step of 64 sequences goes: wall against kernel time, the top kernels."""
+    from bench.decode_profile import profile_decode
+
+    if check.setup.dry_run:
+        return profile_decode(check.model(), num_seqs=2, prompt_len=16, steps=3, max_model_len=256)
+    return profile_decode(check.model(), num_seqs=64, prompt_len=1024, steps=30)
+
+
 def part_memory_bound(check: Check) -> dict:
     """The four allocators on a pool small enough that KV memory binds."""
     setup = check.setup
@@ -212,12 +223,13 @@ PARTS: dict[str, tuple[Callable[[Check], dict], float]] = {
     "tests": (part_tests, 45.0),
     "attention": (part_attention, 25.0),
     "window_attention": (part_window_attention, 20.0),
+    "kv_tier_copy": (part_kv_tier_copy, 5.0),
     "decode": (part_decode, 40.0),
+    "decode_profile": (part_decode_profile, 20.0),
     "memory_bound": (part_memory_bound, 45.0),
     "contiguous_vs_paged": (part_contiguous, 25.0),
     "calibration": (part_calibration, 45.0),
     "engine_vs_transformers": (part_engine, 30.0),
-    "kv_tier_copy": (part_kv_tier_copy, 5.0),
 }
 
 

@@ -52,6 +52,12 @@ def verdicts(report: dict) -> list[dict]:
             _window_rows(row, r)
         elif name == "decode":
             _decode_rows(row, r)
+        elif name == "decode_profile":
+            kernels = "; ".join(f"{k['name'][:40]} {k['ms_per_step']:.3f}" for k in r["kernels"][:3])
+            kernel_ms = "-" if r["kernel_ms_per_step"] is None else f"{r['kernel_ms_per_step']:.2f}"
+            row(name, f"steady decode step, {r['num_seqs']} sequences (graphs: {r['cuda_graphs']})",
+                f"wall p50 {r['wall_p50_ms']:.2f} ms, kernels {kernel_ms} ms, outside the forward call "
+                f"{r['host_outside_forward_p50_ms']:.2f} ms; top kernels (ms/step): {kernels or '-'}")
         elif name == "memory_bound":
             _bound_rows(row, r)
         elif name == "contiguous_vs_paged":
