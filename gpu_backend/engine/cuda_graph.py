@@ -16,18 +16,17 @@ context the engine allows (max_model_len).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from gpu_backend.model_input import AttentionMetadata, ModelInput
 
 
-def decode_graphs_apply(device_type: str, backend: str, enforce_eager: bool, grouped: bool = False) -> bool:
+def decode_graphs_apply(device_type: str, backend: str, enforce_eager: bool) -> bool:
     """Whether the engine runs decode steps as CUDA graphs (prefill steps never are): on CUDA, with the
-    Triton backend (the module docstring says why), unless --enforce-eager; never over several KV cache
-    groups, whose layers read one table each while the captured buffers hold one per sequence."""
-    return device_type == "cuda" and backend == "triton" and not enforce_eager and not grouped
+    Triton backend (the module docstring says why), unless --enforce-eager."""
+    return device_type == "cuda" and backend == "triton" and not enforce_eager
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -49,7 +48,12 @@ def bucket_for(num_seqs: int, sizes: list[int]) -> int | None:
 
 @dataclass
 class DecodeBuffers:
-    """Static inputs of the captured graphs, sized for the largest bucket (padding values pre-set)."""
+    """Static inputs of the captured graphs, sized for the largest bucket (padding values pre-set).
+
+    With several KV cache groups (`layer_group`: each layer's group) every group has its own slot mapping
+    and block tables (`groups`; group 0's are `slot_mapping` and `block_tables`), and each layer's
+    metadata views its group's.
+    """
 
     input_ids: torch.Tensor  # [S] int64
     positions: torch.Tensor  # [S] int64
@@ -57,57 +61,83 @@ class DecodeBuffers:
     block_tables: torch.Tensor  # [S, W] int64 (W = max blocks per sequence, or 1 for region starts)
     context_lens: torch.Tensor  # [S] int64, 0 = empty context (attention output 0)
     arange: torch.Tensor  # [S + 1] int64: logits rows and (decode) cu_seqlens_q
+    layer_group: tuple[int, ...] | None = None
+    groups: tuple[tuple[torch.Tensor, torch.Tensor], ...] = ()  # (slot_mapping, block_tables) per group
 
     @classmethod
-    def create(cls, max_seqs: int, width: int, device) -> DecodeBuffers:
+    def create(cls, max_seqs: int, width: int, device,
+               layer_group: tuple[int, ...] | None = None) -> DecodeBuffers:
         """Buffers holding an all-padding batch."""
         def full(shape, value):
             return torch.full(shape, value, dtype=torch.int64, device=device)
-        return cls(full((max_seqs,), 0), full((max_seqs,), 0), full((max_seqs,), -1),
-                   full((max_seqs, width), 0), full((max_seqs,), 0),
-                   torch.arange(max_seqs + 1, dtype=torch.int64, device=device))
+        slots, tables = full((max_seqs,), -1), full((max_seqs, width), 0)
+        groups = () if layer_group is None else ((slots, tables),) + tuple(
+            (full((max_seqs,), -1), full((max_seqs, width), 0)) for _ in range(max(layer_group)))
+        return cls(full((max_seqs,), 0), full((max_seqs,), 0), slots, tables, full((max_seqs,), 0),
+                   torch.arange(max_seqs + 1, dtype=torch.int64, device=device), layer_group, groups)
 
     def load(self, batch: ModelInput, size: int) -> None:
         """Copy a decode batch of n <= size sequences into rows [0, n) and pad rows [n, size)."""
         meta = batch.attn_metadata
-        n, width = meta.num_seqs, meta.block_tables.shape[1]
-        if width > self.block_tables.shape[1]:
-            raise ValueError(f"block table width {width} exceeds the captured {self.block_tables.shape[1]}")
+        n = meta.num_seqs
         self.input_ids[:n].copy_(batch.input_ids, non_blocking=True)
         self.positions[:n].copy_(batch.positions, non_blocking=True)
-        self.slot_mapping[:n].copy_(meta.slot_mapping, non_blocking=True)
         self.context_lens[:n].copy_(meta.context_lens, non_blocking=True)
-        self.block_tables[:n, :width].copy_(meta.block_tables, non_blocking=True)
-        self.block_tables[:n, width:].zero_()
-        self.slot_mapping[n:size].fill_(-1)
         self.context_lens[n:size].zero_()
+        if self.layer_group is None:
+            _load_tables(self.slot_mapping, self.block_tables, meta, n, size)
+            return
+        first = {g: layer for layer, g in reversed(list(enumerate(self.layer_group)))}
+        for g, (slots, tables) in enumerate(self.groups):
+            _load_tables(slots, tables, meta.for_layer(first[g]), n, size)
 
     def view(self, size: int, max_context_len: int, contiguous: bool) -> ModelInput:
         """The first `size` rows as a decode ModelInput (views: the graph reads these addresses)."""
-        meta = AttentionMetadata(
-            slot_mapping=self.slot_mapping[:size], block_tables=self.block_tables[:size],
-            context_lens=self.context_lens[:size], cu_seqlens_q=self.arange[:size + 1],
-            logits_indices=self.arange[:size], max_q_len=1, max_context_len=max_context_len,
-            contiguous=contiguous)
-        return ModelInput(self.input_ids[:size], self.positions[:size], meta)
+        def meta(slots, tables):
+            return AttentionMetadata(
+                slot_mapping=slots[:size], block_tables=tables[:size],
+                context_lens=self.context_lens[:size], cu_seqlens_q=self.arange[:size + 1],
+                logits_indices=self.arange[:size], max_q_len=1, max_context_len=max_context_len,
+                contiguous=contiguous)
+        if self.layer_group is None:
+            return ModelInput(self.input_ids[:size], self.positions[:size],
+                              meta(self.slot_mapping, self.block_tables))
+        metas = [meta(slots, tables) for slots, tables in self.groups]
+        layers = tuple(metas[g] for g in self.layer_group)
+        return ModelInput(self.input_ids[:size], self.positions[:size],
+                          replace(metas[0], layer_metadata=layers))
+
+
+def _load_tables(slots: torch.Tensor, tables: torch.Tensor, meta: AttentionMetadata, n: int,
+                 size: int) -> None:
+    """One group's slot mapping and block tables into rows [0, n) of its buffers, padding to `size`."""
+    width = meta.block_tables.shape[1]
+    if width > tables.shape[1]:
+        raise ValueError(f"block table width {width} exceeds the captured {tables.shape[1]}")
+    slots[:n].copy_(meta.slot_mapping, non_blocking=True)
+    tables[:n, :width].copy_(meta.block_tables, non_blocking=True)
+    tables[:n, width:].zero_()
+    slots[n:size].fill_(-1)
 
 
 class DecodeGraphRunner:
     """Runs decode-only steps through per-bucket CUDA graphs (or, with capture=False, the same padded
     static buffers eagerly: what the graphs compute, testable on a CPU).
 
-    `buffers` are the static inputs: by default its own DecodeBuffers; the engine passes its persistent
-    InputBuffers (input_buffers.py), whose decode steps are written in place and replayed with `replay`.
+    `buffers` are the static inputs: by default its own DecodeBuffers (per KV cache group with
+    `layer_group`); the engine passes its persistent InputBuffers (input_buffers.py), whose decode steps
+    are written in place and replayed with `replay`.
     """
 
     def __init__(self, forward: Callable[[ModelInput], torch.Tensor], max_num_seqs: int, table_width: int,
-                 max_model_len: int, contiguous: bool, device, capture: bool = True, buffers=None):
+                 max_model_len: int, contiguous: bool, device, capture: bool = True, buffers=None,
+                 layer_group: tuple[int, ...] | None = None):
         self.forward = forward
         self.sizes = graph_batch_sizes(max_num_seqs)
         self.max_model_len = max_model_len
         self.contiguous = contiguous
         self.buffers = buffers if buffers is not None else DecodeBuffers.create(
-            self.sizes[-1], 1 if contiguous else table_width, device)
+            self.sizes[-1], 1 if contiguous else table_width, device, layer_group)
         self.capture = capture
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}

@@ -9,8 +9,9 @@ build the same allocator for the same model, pool bytes and block size. The pool
 with one group: `capacity_tokens` (or `num_blocks` x block_size) slots of every layer, split into blocks
 of group_size layer pages (`KVLayout.num_blocks`).
 
-The decode batch (simulator/core/decode.py) and the CUDA graphs (cuda_graph.py) keep one block table per
-sequence, so a grouped engine takes every step through `Scheduler.schedule()` and runs eagerly.
+The decode batch (simulator/core/decode.py) keeps one block table per sequence, so a grouped engine takes
+every step through `Scheduler.schedule()`; its decode steps replay CUDA graphs whose buffers hold a table
+per group (cuda_graph.py).
 """
 from __future__ import annotations
 

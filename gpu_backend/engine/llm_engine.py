@@ -26,6 +26,7 @@ from gpu_backend.engine.input_batch import SequenceInput, build_model_input
 from gpu_backend.engine.kv_groups import blocks_needed, grouped_pool, layer_slots
 from gpu_backend.engine.kv_sizing import kv_capacity_tokens, make_allocator, swap_tokens
 from gpu_backend.engine.kv_tier_setup import build_tier_data
+from gpu_backend.engine.model_setup import engine_model
 from gpu_backend.engine.params import EngineInputError, RequestOutput, SamplingParams
 from gpu_backend.engine.requests import RequestState, check_prompt
 from gpu_backend.engine.sampling import SamplingBatch, compute_logprobs, greedy_tokens, make_generator, sample
@@ -34,45 +35,6 @@ from gpu_backend.model import CausalLM
 from simulator.core.paged.block_manager import BlockManager
 from simulator.core.scheduler import Scheduler
 from simulator.core.sequence import Sequence, SequenceStatus
-
-
-def resolve_device(device: str | torch.device) -> torch.device:
-    """"auto" is CUDA when available; an unavailable or unknown device is an EngineInputError."""
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise EngineInputError(f"unknown device {device!r} ({exc}); use auto, cpu or cuda") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise EngineInputError(f"device {device!r} asked for, but CUDA is not available here")
-    return dev
-
-
-def device_holds(requested: torch.device, actual: torch.device) -> bool:
-    """Whether a model on `actual` is on the `requested` device: plain "cuda" names no index, so a
-    model on any "cuda:N" is on it (torch.device("cuda") != torch.device("cuda:0"))."""
-    return requested.type == actual.type and requested.index in (None, actual.index)
-
-
-def _resolve_model(model, device: str | torch.device, dtype, backend: str, seed: int) -> CausalLM:
-    from gpu_backend.loader import resolve_model
-    from gpu_backend.ops import get_backend
-
-    if isinstance(model, CausalLM):
-        if str(device) != "auto" and not device_holds(resolve_device(device), model.device):
-            raise EngineInputError(f"the model lives on {model.device}, not on the requested {device}")
-        if dtype is not None:
-            from gpu_backend.model_config import resolve_dtype
-            if resolve_dtype(dtype) != model.dtype:
-                raise EngineInputError(f"the model's dtype is {model.dtype}, not the requested {dtype}")
-        if backend != "auto" or model.attn_backend is None:
-            model.set_backend(get_backend(backend, model.device))
-        return model
-    if not isinstance(model, (str, Path)):
-        raise EngineInputError(f"model must be a preset name, a model directory or a CausalLM, got {model!r}")
-    dev = resolve_device(device)
-    return resolve_model(model, dtype=dtype, device=dev, backend=get_backend(backend, dev), seed=seed)
 
 
 class LLMEngine:
@@ -95,7 +57,7 @@ class LLMEngine:
         except TypeError as exc:
             raise EngineInputError(f"unknown engine option: {exc}") from None
         self.config = config
-        self.model = _resolve_model(model, device, dtype, backend, seed)
+        self.model = engine_model(model, device, dtype, backend, seed)
         self.device = self.model.device
         self.max_model_len = config.max_model_len or self.model.config.max_model_len
         self.bytes_per_token = self.model.config.kv_bytes_per_token(self.model.dtype)
@@ -126,12 +88,13 @@ class LLMEngine:
         self.track_memory = track_memory
         self.decoder = DecodeStepper(self) if decode_batch else None
         self.graph_runner = None
-        if decode_graphs_apply(self.device.type, getattr(self.model.attn_backend, "name", ""),
-                               config.enforce_eager, grouped):
+        backend = getattr(self.model.attn_backend, "name", "")
+        if decode_graphs_apply(self.device.type, backend, config.enforce_eager):
             self.graph_runner = DecodeGraphRunner(
                 self._forward, config.max_num_seqs, -(-self.max_model_len // config.block_size) + 1,
                 self.max_model_len, self.cache.contiguous, self.device,
-                buffers=None if self.decoder is None else self.decoder.buffers)
+                buffers=None if self.decoder is None else self.decoder.buffers,
+                layer_group=self.group_inputs.layer_group if grouped else None)
         # With a clock, the allocation log's `now` is set when the step is scheduled and when its forward
         # is done, so allocations and releases carry the times the simulator would give them.
         self.clock = clock

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gpu_backend import EngineInputError, LLMEngine, SamplingParams
-from gpu_backend.engine.llm_engine import device_holds
+from gpu_backend.engine.model_setup import device_holds
 from gpu_backend.model import CausalLM
 from gpu_backend.model_config import ModelConfig
 from gpu_backend.model_presets import init_random_weights

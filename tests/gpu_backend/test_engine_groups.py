@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from gpu_backend import LLMEngine, SamplingParams
-from gpu_backend.engine.cuda_graph import decode_graphs_apply
+from gpu_backend.engine.cuda_graph import DecodeGraphRunner, decode_graphs_apply
 from gpu_backend.engine.group_tables import check_no_hole_read, pack_group_tables
 from gpu_backend.engine.params import EngineInputError
 from gpu_backend.model import CausalLM
@@ -259,12 +259,49 @@ def test_config_records_the_flag_only_when_set(hybrid):
     assert flagged.config.to_dict()["disable_hybrid_kv_cache_manager"] is True
 
 
-def test_grouped_engines_take_exact_steps_and_no_cuda_graphs(hybrid):
-    """The decode batch and the captured graph buffers hold one block table per sequence."""
+def test_grouped_engines_take_exact_steps_and_graph_buffers_per_group(hybrid):
+    """No decode batch (it keeps one table per sequence); graphs on CUDA, fed a table per group."""
     engine = LLMEngine(hybrid, backend="torch", num_blocks=8)
     assert engine.decoder is None and engine.scheduler.decode is None
-    assert decode_graphs_apply("cuda", "triton", False)
-    assert not decode_graphs_apply("cuda", "triton", False, grouped=True)
+    assert decode_graphs_apply("cuda", "triton", False) and not decode_graphs_apply("cuda", "triton", True)
+
+
+@pytest.mark.parametrize("model_name", ["hybrid", "mistral_like"])
+def test_padded_graph_buffers_per_group_give_the_tokens_of_eager_steps(request, model_name):
+    """What a grouped engine's graphs compute (each group's tables and slots copied into bucket-sized
+    buffers, padding rows), run eagerly on the CPU: the tokens of eager steps, holes never read."""
+    model = request.getfixturevalue(model_name)
+    prompts = _prompts([40, 50, 36, 45, 23], seed=6)
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (40, 12, 30, 48, 20)]
+
+    def engine():
+        return LLMEngine(model, backend="torch", block_size=8, num_blocks=40, enable_prefix_caching=False,
+                         watermark=0.0, max_num_seqs=8, max_model_len=128)
+    want = [o.outputs[0].token_ids for o in engine().generate(prompts, params)]
+    graphed = engine()
+    runner = DecodeGraphRunner(graphed._forward, 8, 128 // 8 + 1, 128, False, "cpu", capture=False,
+                               layer_group=graphed.group_inputs.layer_group)
+    graphed.graph_runner = runner
+    sizes: list[int] = []
+    real_replay = runner.replay
+    runner.replay = lambda n, longest=None: sizes.append(n) or real_replay(n, longest)
+    run = Run(graphed)
+    assert _generate_all(run, prompts, params) == want
+    assert run.holes > 0 and 5 in sizes and min(sizes) < 5  # full and shrinking decode batches
+
+
+def _generate_all(run, prompts, params) -> list[list[int]]:
+    """Every prompt's tokens (each with its own sampling parameters), stepping with `run`'s poisoning."""
+    e = run.engine
+    ids = [e.add_request(p, q) for p, q in zip(prompts, params, strict=True)]
+    done: dict[int, list[int]] = {}
+    prev: dict = {}
+    while e.has_unfinished():
+        for out in e.step().finished:
+            done[out.request_id] = out.outputs[0].token_ids
+        prev = run._observe(prev)
+        run._poison()
+    return [done[i] for i in ids]
 
 
 def test_a_step_reading_or_writing_a_hole_is_refused():
@@ -273,3 +310,17 @@ def test_a_step_reading_or_writing_a_hole_is_refused():
     check_no_hole_read(tables, np.array([2, 0]), group=1)
     with pytest.raises(RuntimeError, match="group 1: sequence 0 of the step reads block 1"):
         check_no_hole_read(tables, np.array([1, 0]), group=1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_grouped_engine_graphs_give_the_tokens_of_eager_steps():
+    model = build_preset("tiny-hybrid", dtype="float16", device="cuda", backend=get_backend("triton", "cuda"))
+    prompts = _prompts([40, 50, 36, 45, 23], seed=6)
+    outs = {}
+    for eager in (True, False):
+        engine = LLMEngine(model, block_size=16, num_blocks=40, max_num_seqs=8, max_model_len=128,
+                           enforce_eager=eager)
+        assert (engine.graph_runner is None) == eager and engine.kv_groups is not None
+        outs[eager] = [o.outputs[0].token_ids for o in engine.generate(prompts, GREEDY)]
+    assert outs[True] == outs[False]
