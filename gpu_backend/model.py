@@ -18,6 +18,7 @@ from torch import nn
 
 from gpu_backend.model_config import ModelConfig, resolve_dtype
 from gpu_backend.model_input import AttentionMetadata
+from gpu_backend.ops.layer_ops import layer_ops
 from gpu_backend.rope import RotaryEmbedding
 
 
@@ -43,6 +44,8 @@ class Linear(nn.Module):
 class RMSNorm(nn.Module):
     """Root-mean-square norm, computed in fp32 and cast back before the weight, as Llama does."""
 
+    gemma = False
+
     def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype, device: torch.device | str):
         super().__init__()
         self.eps = eps
@@ -57,6 +60,8 @@ class RMSNorm(nn.Module):
 
 class GemmaRMSNorm(RMSNorm):
     """Gemma's RMSNorm: the weight is stored as w - 1 and applied as (1 + w), in fp32 before the cast."""
+
+    gemma = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Normalize the last dimension."""
@@ -91,7 +96,7 @@ class Attention(nn.Module):
         self.k_norm = _norm(config, self.head_dim, dtype, device) if config.qk_norm else None
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, meta: AttentionMetadata, backend) -> torch.Tensor:
+                v_cache: torch.Tensor, meta: AttentionMetadata, backend, ops) -> torch.Tensor:
         """Project, rotate, write this step's K/V into the cache, attend over the cache, project back."""
         num_tokens = hidden.shape[0]
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -99,8 +104,7 @@ class Attention(nn.Module):
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = RotaryEmbedding.apply(q, cos, sin)
-        k = RotaryEmbedding.apply(k, cos, sin)
+        q, k = ops.rope(q, k, cos, sin)
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         backend.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         # The host-side maxima go down with the call, so no kernel needs a device sync to size itself.
@@ -126,11 +130,9 @@ class MLP(nn.Module):
                                    dtype, device)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, config.mlp_bias, dtype, device)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ops) -> torch.Tensor:
         """down(act(gate(x)) * up(x))."""
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        act = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
-        return self.down_proj(act * up)
+        return self.down_proj(ops.act_mul(self.gate_up_proj(x), self.gelu))
 
 
 class DecoderLayer(nn.Module):
@@ -149,14 +151,16 @@ class DecoderLayer(nn.Module):
         self.post_feedforward_layernorm = _norm(config, h, dtype, device) if config.is_gemma else None
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, meta: AttentionMetadata, backend) -> torch.Tensor:
-        """One transformer layer over the packed tokens."""
-        attn_out = self.self_attn(self.input_layernorm(hidden), cos, sin, k_cache, v_cache, meta, backend)
+                v_cache: torch.Tensor, meta: AttentionMetadata, backend, ops) -> torch.Tensor:
+        """One transformer layer over the packed tokens (`ops`: layer_ops.py's norms, rotary, activation)."""
+        x = ops.rms_norm(self.input_layernorm, hidden)
+        attn_out = self.self_attn(x, cos, sin, k_cache, v_cache, meta, backend, ops)
         if self.pre_feedforward_layernorm is None:
-            hidden = hidden + attn_out
-            return hidden + self.mlp(self.post_attention_layernorm(hidden))
-        hidden = hidden + self.post_attention_layernorm(attn_out)
-        return hidden + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(hidden)))
+            x, hidden = ops.add_rms_norm(self.post_attention_layernorm, attn_out, hidden)
+            return hidden + self.mlp(x, ops)
+        hidden = hidden + ops.rms_norm(self.post_attention_layernorm, attn_out)
+        mlp_out = self.mlp(ops.rms_norm(self.pre_feedforward_layernorm, hidden), ops)
+        return hidden + ops.rms_norm(self.post_feedforward_layernorm, mlp_out)
 
 
 class CausalLM(nn.Module):
@@ -178,6 +182,7 @@ class CausalLM(nn.Module):
         self.local_rotary = (RotaryEmbedding(config.head_dim, config.rope_local_theta, None, device)
                              if config.rope_local_theta is not None else None)
         self.attn_backend = backend
+        self.layer_ops = layer_ops(backend)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -190,8 +195,10 @@ class CausalLM(nn.Module):
         return self.embed_tokens.device
 
     def set_backend(self, backend) -> None:
-        """Choose the attention kernels (an object from `gpu_backend.ops.get_backend`)."""
+        """Choose the attention kernels (an object from `gpu_backend.ops.get_backend`) and the layer ops that
+        go with them."""
         self.attn_backend = backend
+        self.layer_ops = layer_ops(backend)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: AttentionMetadata,
@@ -211,9 +218,9 @@ class CausalLM(nn.Module):
         for layer_idx, layer in enumerate(self.layers):
             cos, sin = local if layer.self_attn.window is not None else rope
             hidden = layer(hidden, cos, sin, kv_cache.k[layer_idx], kv_cache.v[layer_idx],
-                           attn_metadata.for_layer(layer_idx), self.attn_backend)
+                           attn_metadata.for_layer(layer_idx), self.attn_backend, self.layer_ops)
         # The final norm is per token, so normalizing only the sampled rows is exact and cheaper.
-        hidden = self.norm(hidden.index_select(0, attn_metadata.logits_indices))
+        hidden = self.layer_ops.rms_norm(self.norm, hidden.index_select(0, attn_metadata.logits_indices))
         head = self.embed_tokens if self.lm_head is None else self.lm_head
         logits = F.linear(hidden, head).float()
         cap = self.config.final_logit_softcapping

@@ -1,4 +1,5 @@
-"""One compiled kernel per attention path, whatever the step: counted with Triton's own specializer.
+"""One compiled kernel per attention path (and per layer op), whatever the step: counted with Triton's own
+specializer.
 
 Triton compiles a kernel once per specialization key: constexprs, dtypes, whether each pointer is
 16-byte aligned and whether each int is a multiple of 16. On an H200 each new key costs a 0.4-0.7 s
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 from gpu_backend.engine.input_batch import SequenceInput, build_model_input
-from gpu_backend.ops import triton_cache, triton_decode, triton_prefill
+from gpu_backend.ops import triton_cache, triton_decode, triton_layer, triton_prefill
 
 pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
@@ -110,7 +111,9 @@ def test_engine_warmup_compiles_every_kernel_a_later_step_launches(monkeypatch):
     monkeypatch.setattr(triton_backend, "_num_sms", lambda device: NUM_SMS)
     kernels = {name: _record(monkeypatch, module, name) for module, name in (
         (triton_prefill, "_paged_prefill_kernel"), (triton_cache, "_store_kv_kernel"),
-        (triton_decode, "_paged_decode_kernel"), (triton_decode, "_split_reduce_kernel"))}
+        (triton_decode, "_paged_decode_kernel"), (triton_decode, "_split_reduce_kernel"),
+        (triton_layer, "_rms_norm_kernel"), (triton_layer, "_rope_kernel"),
+        (triton_layer, "_silu_mul_kernel"))}
     engine = LLMEngine("tiny", device="cpu", backend="triton", capacity_tokens=8192, max_model_len=4096)
     engine.warmup()
     warm = {name: _keys(kernel, rec.calls) for name, (kernel, rec) in kernels.items()}
@@ -124,7 +127,7 @@ def test_engine_warmup_compiles_every_kernel_a_later_step_launches(monkeypatch):
     later = {name: _keys(kernel, rec.calls) for name, (kernel, rec) in kernels.items()}
     assert all(kernels[name][1].calls for name in kernels)  # every kernel ran after warmup too
     expected = {"_paged_prefill_kernel": 1, "_store_kv_kernel": 1, "_paged_decode_kernel": 2,
-                "_split_reduce_kernel": 1}
+                "_split_reduce_kernel": 1, "_rms_norm_kernel": 2, "_rope_kernel": 1, "_silu_mul_kernel": 1}
     assert {name: len(keys) for name, keys in warm.items()} == expected
     for name, keys in later.items():
         assert keys <= warm[name], f"{name} compiles a new kernel after warmup"
@@ -132,7 +135,8 @@ def test_engine_warmup_compiles_every_kernel_a_later_step_launches(monkeypatch):
 
 def _attention_kernels() -> tuple:
     return (triton_prefill._paged_prefill_kernel, triton_cache._store_kv_kernel,
-            triton_decode._paged_decode_kernel, triton_decode._split_reduce_kernel)
+            triton_decode._paged_decode_kernel, triton_decode._split_reduce_kernel,
+            triton_layer._rms_norm_kernel, triton_layer._rope_kernel, triton_layer._silu_mul_kernel)
 
 
 def _num_compiled() -> dict[str, int]:
