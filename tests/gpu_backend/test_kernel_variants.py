@@ -19,6 +19,7 @@ from gpu_backend.engine.input_batch import SequenceInput, build_model_input
 from gpu_backend.ops import triton_cache, triton_decode, triton_layer, triton_prefill
 
 pytest.importorskip("triton")
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler.compiler import make_backend  # noqa: E402
 from triton.runtime.jit import JITFunction, create_function_from_signature  # noqa: E402
@@ -174,3 +175,50 @@ def test_gpu_generation_compiles_nothing_after_warmup(enforce_eager):
         prompts = [rng.integers(3, 256, n).tolist() for n in lens]
         engine.generate(prompts, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))
     assert _num_compiled() == warm
+
+
+class _Launches(TorchDispatchMode):
+    """Counts the torch ops that launch a kernel on a GPU (views and allocations launch none)."""
+
+    FREE = {"view", "_unsafe_view", "split", "split_with_sizes", "slice", "select", "unsqueeze", "expand",
+            "t", "transpose", "reshape", "alias", "detach", "as_strided", "squeeze", "permute", "empty",
+            "empty_like", "empty_strided", "lift_fresh"}
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func.__name__.split(".")[0] not in self.FREE
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_decode_forward_with_the_triton_layer_ops_launches_about_a_dozen_kernels_a_layer(monkeypatch):
+    """What a CUDA-graph decode step pays for per launch: the fused layer ops cut torch's ~38 a layer."""
+    from gpu_backend.kv_cache import KVCache
+    from gpu_backend.model_presets import build_preset
+    from gpu_backend.ops import get_backend, triton_backend
+    from gpu_backend.ops.layer_ops import TorchLayerOps
+
+    monkeypatch.setattr(triton_backend, "_check_runnable", lambda *tensors: None)
+    monkeypatch.setattr(triton_backend, "_num_sms", lambda device: NUM_SMS)
+    kernels = [_record(monkeypatch, module, name)[1] for module, name in (
+        (triton_cache, "_store_kv_kernel"), (triton_decode, "_paged_decode_kernel"),
+        (triton_decode, "_split_reduce_kernel"), (triton_layer, "_rms_norm_kernel"),
+        (triton_layer, "_rope_kernel"), (triton_layer, "_silu_mul_kernel"))]
+    model = build_preset("tiny", dtype="float32", backend=get_backend("triton", "cpu"))
+    cfg = model.config
+    cache = KVCache(cfg.num_hidden_layers, 64 * 11, 16, cfg.num_key_value_heads, cfg.head_dim,
+                    dtype=torch.float32, device="cpu")
+    seqs = [SequenceInput([5], 100 + i, list(range(11 * i, 11 * i + 11))[:(116 + i) // 16], seq_id=i)
+            for i in range(64)]
+    step = build_model_input(seqs, 16, "cpu")
+    per_layer = {}
+    for ops in (TorchLayerOps(), model.layer_ops):
+        model.layer_ops = ops
+        for rec in kernels:
+            rec.calls.clear()
+        with _Launches() as aten:
+            model(step.input_ids, step.positions, step.attn_metadata, cache)
+        per_layer[ops.name] = (aten.count + sum(len(rec.calls) for rec in kernels)) / cfg.num_hidden_layers
+    assert per_layer["triton"] <= 15 and per_layer["torch"] >= 2.5 * per_layer["triton"], per_layer
