@@ -1,6 +1,7 @@
 """The CPU tier's load time on the device: N blocks copied from pinned host slots into the device pool by
 the engine's own code (gpu_backend/kv_tiers.py), against what the latency model's `load_time` charges a
-simulated step for them (the roofline model, the GPU preset's PCIe bandwidth, the CPU tier's latency)."""
+simulated step for them (the roofline model, the GPU preset's PCIe bandwidth, the CPU tier's latency),
+and beside them one plain copy of the same bytes (what the link gives)."""
 from __future__ import annotations
 
 import statistics
@@ -50,10 +51,28 @@ def tier_copy(device: str, model: str, dtype: str, block_size: int = 16, num_blo
     if not torch.equal(cache.v[-1][0].cpu(), slots.data[num_blocks - 1, -1, 1]):
         raise AssertionError("the loaded block differs from its tier slot")
     measured = statistics.median(times[1:])
+    raw = _one_copy_s(slots.data, dev, repeats)
     latency = make_latency_model("roofline", model, gpu, kv_bytes_per_token=per_token)
     modelled = latency.load_time(num_blocks * block_size, bandwidth, CPU_LATENCY_S)
     nbytes = num_blocks * block_size * per_token
     return {"device": str(dev), "gpu_preset": gpu, "blocks": num_blocks, "block_size": block_size,
             "mib": nbytes / 2**20, "pinned": bool(slots.data.is_pinned()), "repeats": repeats,
             "measured_s": measured, "model_s": modelled, "ratio": measured / modelled,
-            "gb_per_s": nbytes / measured / 1e9}
+            "gb_per_s": nbytes / measured / 1e9, "one_copy_gb_per_s": nbytes / raw / 1e9}
+
+
+def _one_copy_s(host, dev, repeats: int) -> float:
+    """Median seconds of one host-to-device copy of all of `host` (the link's speed, for comparison)."""
+    import torch
+
+    target = torch.empty_like(host, device=dev)
+    times = []
+    for _ in range(repeats + 1):
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        begin = time.perf_counter()
+        target.copy_(host, non_blocking=host.is_pinned())
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        times.append(time.perf_counter() - begin)
+    return statistics.median(times[1:])
