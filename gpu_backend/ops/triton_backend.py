@@ -75,9 +75,8 @@ class TritonBackend:
                                else block_tables.shape[1] * block_size)
         if num_splits is None:
             span = triton_decode.decode_span(max_context_len, window, block_size)
-            graphed = q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
             num_splits = choose_num_splits(q.shape[0], num_kv_heads, span, _num_sms(q.device),
-                                           self.config.split_policy, graphed)
+                                           self.config.split_policy)
         if num_splits < 1:
             raise KernelInputError(f"decode num_splits must be >= 1, got {num_splits}")
         return triton_decode.paged_decode(

@@ -160,28 +160,23 @@ class SplitPolicy:
 
     programs_per_sm: int = 2  # aim for this many (sequence, kv head, split) programs per SM
     # Below this a split's fixed cost (partials, a second kernel) outweighs its parallelism: on an H100,
-    # launched from Python, splitting 16 sequences of 1k context nearly doubles their time, while one of
-    # 32k runs 3x faster.
+    # splitting 16 sequences of 1k context nearly doubles their time, while one of 32k runs 3x faster.
     min_tokens_per_split: int = 1024
-    # Inside a CUDA graph the second launch costs no Python: on an H200, 16 sequences of 1k context
-    # (128 programs) take 0.035 ms in one pass, 0.028 ms in 2 splits and 0.026 ms in 4.
-    min_tokens_per_split_graphed: int = 256
     max_splits: int = SPLITS_PAD  # bounds the partial buffers; more would widen the reduce tile
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sms: int,
-                      policy: SplitPolicy = SplitPolicy(), graphed: bool = False) -> int:
+                      policy: SplitPolicy = SplitPolicy()) -> int:
     """Number of context splits for a decode call (1 = single-pass kernel, no reduce).
 
     max_context is the longest context of the batch (not the block table's capacity, which may be far
-    larger and would split short batches); graphed: the call is being captured in a CUDA graph.
+    larger and would split short batches).
     """
     programs = num_seqs * num_kv_heads
     target = policy.programs_per_sm * num_sms
     if programs >= target:
         return 1
-    min_tokens = policy.min_tokens_per_split_graphed if graphed else policy.min_tokens_per_split
-    by_length = max_context // min_tokens
+    by_length = max_context // policy.min_tokens_per_split
     return max(1, min(triton.cdiv(target, max(programs, 1)), by_length, policy.max_splits))
 
 

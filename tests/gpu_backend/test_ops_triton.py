@@ -116,7 +116,6 @@ def test_split_heuristic():
     assert choose_num_splits(1, 8, 300, h100_sms) == 1  # too short to be worth a second kernel
     assert choose_num_splits(4, 8, 32768, h100_sms) <= long_single
     assert choose_num_splits(16, 8, 1024, h100_sms) == 1  # split is slower here on an H100 (SplitPolicy)
-    assert choose_num_splits(16, 8, 1024, h100_sms, graphed=True) == 3  # not inside a CUDA graph
 
 
 def test_split_decision_reads_the_longest_context_not_the_table_capacity(kernels, monkeypatch):
