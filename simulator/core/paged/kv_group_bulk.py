@@ -22,8 +22,8 @@ class GroupBulk:
         return self.bulk and pool.events is None and pool.on_evict is None and pool.on_release is None
 
     def take_each(self, num: int, rid: int, sid: int, fills: list[int]) -> list[list[int]]:
-        """`num` fresh blocks for every group, filled as `fills` says: `take(g, num, ...)` for each group
-        in order, in one pass."""
+        """`num` fresh blocks for every group, filled as `fills` says (all full but the last): `take(g,
+        num, ...)` for each group in order, in one pass."""
         pool, groups = self.pool, self.num_groups
         total = num * groups
         free, free_cached = pool.free, pool.free_cached
@@ -48,12 +48,14 @@ class GroupBulk:
         pool.stats.allocated_blocks += total
         ref, filled, group_of = pool.ref, pool.filled, self.group_of
         out = []
+        full, last = fills[0], fills[-1]  # every fill is `full` but the last one's
         for g in range(groups):
             mine = new[g * num:(g + 1) * num]
-            for bid, f in zip(mine, fills, strict=True):
+            for bid in mine:
                 ref[bid] = 1
-                filled[bid] = f
+                filled[bid] = full
                 group_of[bid] = g
+            filled[mine[-1]] = last
             out.append(mine)
         if self.window_released:
             self.window_released.difference_update(new)
@@ -80,19 +82,30 @@ class GroupBulk:
         n = len(bids)
         if n > 1:
             get = itemgetter(*bids)
-            if get(ref).count(1) == n and list(map(cached.get, get(hashes))) == bids:
-                # The common window run: each block's last holder lets go of a block the prefix cache
-                # keeps, so all go to the most recently used end, last block first.
-                fills = sum(get(filled))
-                for bid in reversed(bids):
-                    ref[bid] = 0
-                    free_cached[bid] = None
-                if keep:
-                    self.window_released.update(bids)
-                g = self.group_of[bids[0]]
-                self.held_in[g] -= n
-                self.filled_in[g] -= fills
-                pool.total_filled -= fills
+            if list(map(cached.get, get(hashes))) == bids:
+                # The common window run: every block is one the prefix cache keeps, so each one whose last
+                # holder lets go goes to the most recently used end, last block first.
+                if get(ref).count(1) == n:
+                    gone = bids
+                    for bid in reversed(bids):
+                        ref[bid] = 0
+                        free_cached[bid] = None
+                else:
+                    gone = []
+                    for bid in reversed(bids):
+                        r = ref[bid] - 1
+                        ref[bid] = r
+                        if not r:
+                            free_cached[bid] = None
+                            gone.append(bid)
+                if gone:
+                    fills = sum(map(filled.__getitem__, gone))
+                    if keep:
+                        self.window_released.update(gone)
+                    g = self.group_of[bids[0]]
+                    self.held_in[g] -= len(gone)
+                    self.filled_in[g] -= fills
+                    pool.total_filled -= fills
                 return
         kept = self.window_released if keep else None
         freed = freed_fill = 0

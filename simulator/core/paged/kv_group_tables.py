@@ -235,7 +235,7 @@ class GroupTables(GroupHits, GroupBulk):
             need += grow
             if n % bs and ref[table[-1]] > 1:
                 need += 1  # the shared partial last block is copied first
-            need -= [ref[bid] for bid in table[starts[g]:self.skipped(g, n)]].count(1)
+            need -= list(map(ref.__getitem__, table[starts[g]:self.skipped(g, n)])).count(1)
         return need
 
     def remove_skipped(self, seq: Sequence, num_computed: int) -> None:
