@@ -62,6 +62,7 @@ class GroupTables(GroupHits, GroupBulk):
         self.num_internal_slots = 0
         self.window_released: set[int] = set()  # blocks a window handed back while published
         self.tiers = None  # KV tiers below the GPU, when attached (kv_group_tiers.py)
+        self.skipped_at: dict[int, int] = {}  # hit in blocks -> leading blocks the windows leave out
         self.bulk = True  # take and release all groups' blocks in one pass where the pool allows it
 
     # ----------------------------------------------------------------- blocks of one group
@@ -155,8 +156,10 @@ class GroupTables(GroupHits, GroupBulk):
     # ----------------------------------------------------------------- sizes
     def prompt_blocks(self, length: int, hit: int) -> int:
         """Blocks a sequence of `length` tokens holds right after allocation with `hit` blocks hit."""
-        total = _cdiv(length, self.block_size)
-        return sum(total - self.first_held(g, hit) for g in range(self.num_groups))
+        skipped = self.skipped_at.get(hit)
+        if skipped is None:  # asked for the waiting request at every step: kept per hit
+            skipped = self.skipped_at[hit] = sum(self.first_held(g, hit) for g in range(self.num_groups))
+        return _cdiv(length, self.block_size) * self.num_groups - skipped
 
     def peak_blocks(self, length: int) -> int:
         """Blocks one sequence holds at most while decoding up to `length` tokens."""
