@@ -10,6 +10,7 @@ as it does per block what those need.
 """
 from __future__ import annotations
 
+from itertools import islice
 from operator import itemgetter
 
 
@@ -36,15 +37,14 @@ class GroupBulk:
         else:  # the whole free stack, then the oldest cached blocks
             new = free[::-1]
             free.clear()
-            evicted = total - len(new)
+            evicted = list(islice(free_cached, total - len(new)))  # least recently used first
             cached, keys, hashes = pool.cached, pool.key, pool.hash
-            pop = free_cached.popitem
-            for _ in range(evicted):
-                bid = pop(False)[0]
+            for bid in evicted:
+                del free_cached[bid]
                 del cached[hashes[bid]]
                 keys[bid] = hashes[bid] = None
-                new.append(bid)
-            pool.stats.evictions += evicted
+            new += evicted
+            pool.stats.evictions += len(evicted)
         pool.stats.allocated_blocks += total
         ref, filled, group_of = pool.ref, pool.filled, self.group_of
         out = []
