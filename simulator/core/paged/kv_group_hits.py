@@ -11,7 +11,19 @@ hit, and an eviction changes it only when it evicts one of the blocks it found.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from operator import itemgetter
+
 from simulator.core.sequence import Sequence
+
+
+def _gather(blocks: list[list[int]]) -> Callable[[list], tuple]:
+    """A function reading the entries of `blocks` (every group's, in order) out of a per-block list as
+    one tuple: a waiting request's hit blocks are read at every step it waits."""
+    flat = [b for per_group in blocks for b in per_group]
+    if len(flat) > 1:
+        return itemgetter(*flat)
+    return lambda values: tuple(values[b] for b in flat)
 
 
 class GroupHits:
@@ -21,7 +33,7 @@ class GroupHits:
         """No chain kept and no answer remembered yet."""
         self.chains: dict[int, list[tuple[tuple, int]]] = {}  # seq id -> (key, hash) of its full blocks
         self.publishes = 0  # blocks published so far: a remembered hit holds while this is unchanged
-        # (sequence, its length, publishes, hit, blocks per group, chain) of the last lookup
+        # (sequence, its length, publishes, hit, blocks per group, chain, their reader) of the last lookup
         self.hit_memo: tuple | None = None
 
     def chain(self, seq: Sequence, upto: int) -> list[tuple[tuple, int]]:
@@ -97,7 +109,7 @@ class GroupHits:
         held = seq.seq_id in self.seqs
         memo = self.hit_memo
         if not held and memo is not None and memo[0] is seq and memo[1] == seq.length:
-            if memo[2] == self.publishes and self._kept(memo[4]):
+            if memo[2] == self.publishes and None not in memo[6](self.pool.key):  # none was evicted
                 return memo[3], memo[4]
             chain = memo[5]
         else:
@@ -113,13 +125,8 @@ class GroupHits:
         blocks = [[self.find(g, chain, i) for i in range(self.first_held(g, hit), hit)]
                   for g in range(self.num_groups)]
         if not held:
-            self.hit_memo = (seq, seq.length, self.publishes, hit, blocks, chain)
+            self.hit_memo = (seq, seq.length, self.publishes, hit, blocks, chain, _gather(blocks))
         return hit, blocks
-
-    def _kept(self, blocks: list[list[int]]) -> bool:
-        """Whether every one of `blocks` still holds its published content (none was evicted)."""
-        key = self.pool.key
-        return all(None not in map(key.__getitem__, per_group) for per_group in blocks)
 
     def lookup_chain(self, seq: Sequence) -> list[tuple[tuple, int]] | None:
         """The chain the last lookup of `seq` built, if it was the last sequence looked up."""
@@ -128,8 +135,9 @@ class GroupHits:
 
     def num_held(self, blocks: list[list[int]]) -> int:
         """How many of `blocks` some sequence holds (hits on them take no free block)."""
-        ref = self.pool.ref
-        refs = [ref[b] for per_group in blocks for b in per_group]
+        memo = self.hit_memo
+        gather = memo[6] if memo is not None and memo[4] is blocks else _gather(blocks)
+        refs = gather(self.pool.ref)
         return len(refs) - refs.count(0)
 
     def publish_range(self, seq: Sequence, start: int, stop: int) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from simulator.core.kv_layout import KVLayout
 from simulator.core.paged.block_pool import BlockPool
+from simulator.core.paged.kv_group_bulk import GroupBulk
 from simulator.core.paged.kv_group_hits import GroupHits
 from simulator.core.sequence import Sequence
 
@@ -31,7 +32,7 @@ class GroupSpec:
     need: int  # blocks a prefix hit must have before its end: ceil((window - 1) / block_size), or 0
 
 
-class GroupTables(GroupHits):
+class GroupTables(GroupHits, GroupBulk):
     """The per-group tables, counters, content keys and CPU pool of a GroupedBlockManager."""
 
     def __init__(self, pool: BlockPool, seqs: dict[int, Sequence], layout: KVLayout, enabled: bool,
@@ -61,6 +62,8 @@ class GroupTables(GroupHits):
         self.num_internal_slots = 0
         self.window_released: set[int] = set()  # blocks a window handed back while published
         self.tiers = None  # KV tiers below the GPU, when attached (kv_group_tiers.py)
+        self.skipped_at: dict[int, int] = {}  # hit in blocks -> leading blocks the windows leave out
+        self.bulk = True  # take and release all groups' blocks in one pass where the pool allows it
 
     # ----------------------------------------------------------------- blocks of one group
     def take(self, g: int, num: int, rid: int, sid: int, fills: list[int]) -> list[int]:
@@ -153,8 +156,10 @@ class GroupTables(GroupHits):
     # ----------------------------------------------------------------- sizes
     def prompt_blocks(self, length: int, hit: int) -> int:
         """Blocks a sequence of `length` tokens holds right after allocation with `hit` blocks hit."""
-        total = _cdiv(length, self.block_size)
-        return sum(total - self.first_held(g, hit) for g in range(self.num_groups))
+        skipped = self.skipped_at.get(hit)
+        if skipped is None:  # asked for the waiting request at every step: kept per hit
+            skipped = self.skipped_at[hit] = sum(self.first_held(g, hit) for g in range(self.num_groups))
+        return _cdiv(length, self.block_size) * self.num_groups - skipped
 
     def peak_blocks(self, length: int) -> int:
         """Blocks one sequence holds at most while decoding up to `length` tokens."""
@@ -189,8 +194,8 @@ class GroupTables(GroupHits):
         if fills:
             fills[-1] = n - (total - 1) * bs
         starts = [self.first_held(g, hit) for g in range(self.num_groups)]
-        tables = [[None] * starts[g] + hits[g] + self.take(g, total - hit, rid, seq.seq_id, fills)
-                  for g in range(self.num_groups)]
+        tables = [[None] * starts[g] + hits[g] + new
+                  for g, new in enumerate(self.take_each(total - hit, rid, seq.seq_id, fills))]
         self.tables[seq.seq_id] = tables
         self.starts[seq.seq_id] = starts
         self.next_removal(seq.seq_id)
@@ -233,22 +238,20 @@ class GroupTables(GroupHits):
             need += grow
             if n % bs and ref[table[-1]] > 1:
                 need += 1  # the shared partial last block is copied first
-            need -= [ref[bid] for bid in table[starts[g]:self.skipped(g, n)]].count(1)
+            need -= list(map(ref.__getitem__, table[starts[g]:self.skipped(g, n)])).count(1)
         return need
 
     def remove_skipped(self, seq: Sequence, num_computed: int) -> None:
         """Hand back the blocks every window has passed (`SlidingWindowManager.remove_skipped_blocks`),
         newest first so that older ones are evicted before them."""
-        pool, starts = self.pool, self.starts[seq.seq_id]
+        starts = self.starts[seq.seq_id]
         for g, table in enumerate(self.tables[seq.seq_id]):
             end = self.skipped(g, num_computed)
             if end <= starts[g]:
                 continue
             gone = table[starts[g]:end]
             table[starts[g]:end] = [None] * len(gone)
-            self.release(gone)
-            free_cached = pool.free_cached  # (free blocks: nobody holds them)
-            self.window_released.update([b for b in gone if b in free_cached])
+            self.release_run(gone, True)
             starts[g] = end
         self.next_removal(seq.seq_id)
 
@@ -265,7 +268,14 @@ class GroupTables(GroupHits):
         self.remove_skipped(seq, n)
         copies = []
         rem = n % bs
-        for g, table in enumerate(self.tables[seq.seq_id]):
+        if not rem and k > 0:  # at a block boundary every group takes the same fresh blocks
+            nb = _cdiv(k, bs)
+            fills = [bs] * nb
+            fills[-1] = k - (nb - 1) * bs
+            for table, new in zip(self.tables[seq.seq_id], self.take_each(nb, rid, seq.seq_id, fills),
+                                  strict=True):
+                table.extend(new)
+        for g, table in enumerate(self.tables[seq.seq_id] if rem else ()):
             left = k
             if rem:
                 last = table[-1]
@@ -307,7 +317,7 @@ class GroupTables(GroupHits):
         starts = self.starts.pop(seq.seq_id)
         del self.remove_at[seq.seq_id]
         for g, table in enumerate(self.tables.pop(seq.seq_id)):
-            self.release(table[starts[g]:])
+            self.release_run(table[starts[g]:], False)
         self.num_internal_slots -= self.internal.pop(seq.seq_id, 0)
         seq.block_table = []
 

@@ -24,14 +24,16 @@ KINDS = st.lists(st.one_of(st.none(), st.integers(1, 9)), min_size=1, max_size=5
 class GroupedMachine(RuleBasedStateMachine):
     """Drives a debug GroupedBlockManager and a content model of every group's blocks."""
 
+    manager = GroupedBlockManager  # the class under test
+
     @initialize(num_blocks=st.integers(1, 40), block_size=st.integers(1, 4), layers=KINDS,
                 num_cpu=st.integers(0, 40), caching=st.booleans(), collide=st.booleans())
     def setup(self, num_blocks, block_size, layers, num_cpu, caching, collide):
         specs = [LayerKV("full", block_size, 4) if w is None else LayerKV("sliding_window", block_size, 4, w)
                  for w in layers]
-        self.bm = GroupedBlockManager(num_blocks, kv_cache_groups(specs), num_cpu_blocks=num_cpu,
-                                      enable_prefix_caching=caching, debug=True,
-                                      hash_fn=(lambda x: hash(x) % 3) if collide else hash)
+        self.bm = self.manager(num_blocks, kv_cache_groups(specs), num_cpu_blocks=num_cpu,
+                               enable_prefix_caching=caching, debug=True,
+                               hash_fn=(lambda x: hash(x) % 3) if collide else hash)
         self.bs = block_size
         self.gpu: dict[int, list] = {}
         self.cpu: dict[int, list] = {}
