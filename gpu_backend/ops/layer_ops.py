@@ -45,30 +45,29 @@ class TritonLayerOps(TorchLayerOps):
 
     def rms_norm(self, norm, x: torch.Tensor) -> torch.Tensor:
         """norm(x), one launch."""
-        from gpu_backend.ops import triton_layer
-
-        return triton_layer.rms_norm(x, norm.weight, norm.eps, norm.gemma)[0]
+        return _kernels().rms_norm(x, norm.weight, norm.eps, norm.gemma)[0]
 
     def add_rms_norm(self, norm, x: torch.Tensor, residual: torch.Tensor) -> Pair:
         """(norm(residual + x), residual + x), one launch."""
-        from gpu_backend.ops import triton_layer
-
-        return triton_layer.rms_norm(x, norm.weight, norm.eps, norm.gemma, residual=residual)
+        return _kernels().rms_norm(x, norm.weight, norm.eps, norm.gemma, residual=residual)
 
     def rope(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
              sin: torch.Tensor) -> Pair:
         """q and k rotated, one launch for both."""
-        from gpu_backend.ops import triton_layer
-
-        return triton_layer.rope(q, k, cos, sin)
+        return _kernels().rope(q, k, cos, sin)
 
     def act_mul(self, gate_up: torch.Tensor, gelu: bool) -> torch.Tensor:
         """SiLU-and-multiply in one launch; GELU through torch."""
         if gelu:
             return super().act_mul(gate_up, gelu)
-        from gpu_backend.ops import triton_layer
+        return _kernels().silu_mul(gate_up)
 
-        return triton_layer.silu_mul(gate_up)
+
+def _kernels():
+    """The kernel module, imported on first use (Triton loads only when the Triton backend is asked for)."""
+    import gpu_backend.ops.triton_layer as triton_layer
+
+    return triton_layer
 
 
 def layer_ops(backend) -> TorchLayerOps:
