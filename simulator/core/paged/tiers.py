@@ -274,11 +274,14 @@ class Tiers:
             log.entering(tier, pairs)
         for other in tier.below:  # a block lives in one tier at a time
             held = other.keys
-            if held:
-                # In set order where that is the same: an LRU tier's OrderedDict keeps the same order
-                # whichever key leaves first.
-                gone = held.keys() & map(_HASH, pairs) if other.lru else [h for h, _ in pairs if h in held]
-                for h in gone:
+            if not held:
+                continue
+            if other.lru:
+                # One C-level pop per hash (absent ones pass): an LRU tier's OrderedDict keeps the same
+                # order whichever key leaves first, and a discard counts nothing.
+                deque(map(held.pop, map(_HASH, pairs), repeat(None)), maxlen=0)
+            else:
+                for h in [h for h, _ in pairs if h in held]:
                     other.discard(h)
         evicted = tier.put_many(pairs)
         if evicted:
