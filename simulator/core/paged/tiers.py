@@ -203,8 +203,13 @@ class Tiers:
         self.flush()
         found: list[tuple[Tier, int, tuple]] = []
         bs, tiers, extra = self.block_size, self.tiers, seq.extra_key
-        for i in range(start, (seq.length - 1) // bs):
-            content = seq.block_content(i, bs)
+        end = (seq.length - 1) // bs
+        # A simulated prompt's content keys are its prefix keys: `block_content`, inlined, past them none.
+        prefix = seq.prefix_keys if seq.token_ids is None else None
+        if prefix is not None:
+            end = min(end, len(prefix))
+        for i in range(start, end):
+            content = prefix[i] if prefix is not None else seq.block_content(i, bs)
             if content is None:
                 break
             h = hash_fn((parent_hash, content, extra))
