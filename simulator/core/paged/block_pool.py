@@ -89,16 +89,20 @@ class BlockPool:
         if len(free) + len(self.free_cached) < num:
             raise AllocationError(f"out of KV blocks: {num} needed, {len(free) + len(self.free_cached)} "
                                   f"of {self.num_blocks} free")
-        if events is None and self.on_evict is None:
-            # Nothing to log or hand to a tier: the whole free stack, then the oldest cached blocks.
+        if events is None:
+            # Nothing to log: the whole free stack, then the oldest cached blocks (each handed to the
+            # tiers, if any, while the pool still maps its hash to it).
             new = free[::-1]
             free.clear()
             evicted = num - len(new)
             cached, keys, hashes, filled = self.cached, self.key, self.hash, self.filled
-            pop = self.free_cached.popitem
+            pop, on_evict = self.free_cached.popitem, self.on_evict
             for _ in range(evicted):
                 bid = pop(False)[0]
-                del cached[hashes[bid]]
+                h = hashes[bid]
+                if on_evict is not None:
+                    on_evict((h, keys[bid]))
+                del cached[h]
                 keys[bid] = hashes[bid] = None
                 filled[bid] = 0
                 new.append(bid)
@@ -108,7 +112,7 @@ class BlockPool:
             self.stats.evictions += evicted
             self.stats.allocated_blocks += num
             return new
-        # Evictions: one block at a time, each logged when it is taken.
+        # Evictions logged: one block at a time, each logged when it is taken.
         rids = [request_id] * num if isinstance(request_id, int) else request_id
         sids = [seq_id] * num if isinstance(seq_id, int) else seq_id
         now = events.now if events is not None and times is not None else None

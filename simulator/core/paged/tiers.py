@@ -203,8 +203,13 @@ class Tiers:
         self.flush()
         found: list[tuple[Tier, int, tuple]] = []
         bs, tiers, extra = self.block_size, self.tiers, seq.extra_key
-        for i in range(start, (seq.length - 1) // bs):
-            content = seq.block_content(i, bs)
+        end = (seq.length - 1) // bs
+        # A simulated prompt's content keys are its prefix keys: `block_content`, inlined, past them none.
+        prefix = seq.prefix_keys if seq.token_ids is None else None
+        if prefix is not None:
+            end = min(end, len(prefix))
+        for i in range(start, end):
+            content = prefix[i] if prefix is not None else seq.block_content(i, bs)
             if content is None:
                 break
             h = hash_fn((parent_hash, content, extra))
@@ -274,11 +279,14 @@ class Tiers:
             log.entering(tier, pairs)
         for other in tier.below:  # a block lives in one tier at a time
             held = other.keys
-            if held:
-                # In set order where that is the same: an LRU tier's OrderedDict keeps the same order
-                # whichever key leaves first.
-                gone = held.keys() & map(_HASH, pairs) if other.lru else [h for h, _ in pairs if h in held]
-                for h in gone:
+            if not held:
+                continue
+            if other.lru:
+                # One C-level pop per hash (absent ones pass): an LRU tier's OrderedDict keeps the same
+                # order whichever key leaves first, and a discard counts nothing.
+                deque(map(held.pop, map(_HASH, pairs), repeat(None)), maxlen=0)
+            else:
+                for h in [h for h, _ in pairs if h in held]:
                     other.discard(h)
         evicted = tier.put_many(pairs)
         if evicted:
