@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pytest
 
 from simulator.config import SimConfig
 from simulator.loop.simulate import simulate
@@ -40,3 +41,13 @@ def test_a_cpu_and_disk_tiered_run_is_the_same_batched_or_block_by_block():
     for name in ("cpu", "disk"):
         assert tiers[name]["stored_blocks"] > 0 and tiers[name]["hit_blocks"] > 0
         assert tiers[name]["evicted_blocks"] > 0
+
+
+@pytest.mark.parametrize("seed,store", [(256, "lazy"), (251, "eager"), (257, "eager")])
+def test_tiny_tiers_that_evict_within_a_batch_are_the_same_batched_or_block_by_block(seed, store):
+    """A CPU tier of 5 blocks under batches of up to 24: blocks it holds are among those that make room,
+    blocks the disk holds may leave it before their turn, eager stores repeat hashes."""
+    config = SimConfig(capacity_tokens=16 * 120, block_size=16, kv_offloading_size=0.01,
+                       kv_offloading_disk_size=0.1, kv_offloading_store=store)
+    tiers = _assert_same_run(_chat(40, seed), config)
+    assert tiers["cpu"]["capacity_blocks"] == 5 and tiers["disk"]["evicted_blocks"] > 0

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from itertools import groupby, repeat
+from itertools import groupby, islice, repeat
 from operator import itemgetter
 
 from pagelab.eviction import EvictionPolicy, make_policy
@@ -116,12 +116,22 @@ class Tier:
         return out
 
     def put_many(self, pairs: list[tuple[int, tuple]]) -> list[tuple[int, tuple]]:
-        """`put` each pair in order; every pair evicted on the way (for LRU the same as one `put` at a time:
-        the oldest leave, and none of them is still held)."""
+        """`put` each pair in order; every pair evicted on the way, as one `put` at a time gives them.
+
+        For LRU the batch goes in at C speed when that gives the same: when no block of the batch would
+        leave before its own turn, i.e. no hash repeats and none of the held ones is among the oldest
+        `over` blocks that make room. Otherwise (rare) one at a time: a held block among those would be
+        evicted first and stored again.
+        """
         if not self.lru:
             return [e for h, key in pairs for e in self.put(h, key)]
         keys = self.keys
         before = len(keys)
+        batch = dict(pairs)
+        held = keys.keys() & batch.keys()
+        over = before + len(batch) - len(held) - self.cache.capacity
+        if over > 0 and (len(batch) != len(pairs) or (held and not held.isdisjoint(islice(keys, over)))):
+            return [e for h, key in pairs for e in self.put(h, key)]
         keys.update(pairs)  # all new (the common case): appended in order at C speed
         if len(keys) - before != len(pairs):  # some were held (or repeated): each goes to the end in order
             for h, _ in pairs:
@@ -268,7 +278,8 @@ class Tiers:
             self._store_many(batch, self.top)
 
     def _store_many(self, pairs: list[tuple[int, tuple]], tier: Tier) -> None:
-        if not tier.lru and len(pairs) > 1:  # other policies may evict a block stored earlier in the batch
+        """Store `pairs` in `tier` with what one pair at a time would give (the batch is only faster)."""
+        if len(pairs) > 1 and (not tier.lru or self._order_matters(pairs, tier)):
             for pair in pairs:
                 self._store_many([pair], tier)
             return
@@ -293,6 +304,30 @@ class Tiers:
             self._spill(tier, evicted)
         if log is not None:
             log.entered(tier)
+
+    @staticmethod
+    def _order_matters(pairs: list[tuple[int, tuple]], tier: Tier) -> bool:
+        """Whether storing the batch at once could differ from one pair at a time: a hash that repeats (one
+        at a time, it may spill down between its turns and be taken back up); a block the tier holds among
+        the oldest that make room (one at a time, it spills down before its turn and comes back up); or a
+        block of the batch that a lower tier holds and that could leave it before its own turn (one at a
+        time, the blocks stored before it spill down and evict that tier's oldest, at most one per pair,
+        where a batch takes its blocks out of the lower tiers first; other policies evict in no order a
+        position can bound)."""
+        hashes = set(map(_HASH, pairs))
+        if len(hashes) != len(pairs):
+            return True
+        held = tier.keys.keys() & hashes
+        over = len(tier.keys) + len(hashes) - len(held) - tier.cache.capacity
+        if held and over > 0 and not held.isdisjoint(islice(tier.keys, over)):
+            return True
+        for other in tier.below:
+            if not other.keys:
+                continue
+            held = other.keys.keys() & hashes
+            if held and (not other.lru or not held.isdisjoint(islice(other.keys, len(pairs)))):
+                return True
+        return False
 
     def _spill(self, tier: Tier, evicted: list[tuple[int, tuple]]) -> None:
         """Hand `tier`'s evicted blocks to the tier below it (or drop them)."""
