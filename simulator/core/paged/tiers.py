@@ -317,15 +317,19 @@ class Tiers:
         hashes = set(map(_HASH, pairs))
         if len(hashes) != len(pairs):
             return True
-        held = tier.keys.keys() & hashes
-        over = len(tier.keys) + len(hashes) - len(held) - tier.cache.capacity
-        if held and over > 0 and not held.isdisjoint(islice(tier.keys, over)):
+        # Only a tier's oldest entries can leave: walking them against the batch's hashes costs far less
+        # than looking each hash up in a tier of a million (the count of those that make room is bounded
+        # by assuming none of the batch is held).
+        over = len(tier.keys) + len(hashes) - tier.cache.capacity
+        if over > 0 and not hashes.isdisjoint(islice(tier.keys, over)):
             return True
         for other in tier.below:
             if not other.keys:
                 continue
-            held = other.keys.keys() & hashes
-            if held and (not other.lru or not held.isdisjoint(islice(other.keys, len(pairs)))):
+            if not other.lru:
+                if not hashes.isdisjoint(other.keys):
+                    return True
+            elif not hashes.isdisjoint(islice(other.keys, len(pairs))):
                 return True
         return False
 
