@@ -24,6 +24,7 @@ def profile_decode(model, num_seqs: int = 64, prompt_len: int = 1024, steps: int
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from bench.engine_host import record_forward_times
     from gpu_backend.engine.llm_engine import LLMEngine
     from gpu_backend.engine.params import SamplingParams
 
@@ -41,16 +42,7 @@ def profile_decode(model, num_seqs: int = 64, prompt_len: int = 1024, steps: int
     for _ in range(5):  # warm the decode path (graphs replay, kernels compiled)
         engine.step()
     engine.synchronize()
-    forward_s: list[float] = []
-    inner = engine._forward
-
-    def timed_forward(batch):
-        start = time.perf_counter()
-        logits = inner(batch)
-        forward_s.append(time.perf_counter() - start)
-        return logits
-
-    engine._forward = timed_forward
+    forward_s = record_forward_times(engine)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     wall = []
     with profile(activities=activities) as prof:
@@ -62,7 +54,6 @@ def profile_decode(model, num_seqs: int = 64, prompt_len: int = 1024, steps: int
             if result.num_computed_tokens != num_seqs or result.finished:
                 raise RuntimeError(f"expected {num_seqs} decoding sequences, "
                                    f"got {result.num_computed_tokens}")
-    engine._forward = inner
     kernels: dict[str, float] = defaultdict(float)
     for event in prof.events():
         if cuda and event.device_type == torch.autograd.DeviceType.CUDA:

@@ -38,6 +38,26 @@ def stub_model() -> StubLM:
     return StubLM(PRESETS["tiny"], dtype=torch.float32, device="cpu", backend=get_backend("torch", "cpu"))
 
 
+def record_forward_times(engine) -> list[float]:
+    """Seconds of each forward call of `engine` from now on (an eager forward or a CUDA-graph replay;
+    on CUDA the call returns once its kernels are queued); `del engine._forward` and, with graphs,
+    `del engine.graph_runner.replay` stop it."""
+    times: list[float] = []
+
+    def timed(call):
+        def run(*args):
+            start = time.perf_counter()
+            out = call(*args)
+            times.append(time.perf_counter() - start)
+            return out
+        return run
+
+    engine._forward = timed(engine._forward)
+    if engine.graph_runner is not None:
+        engine.graph_runner.replay = timed(engine.graph_runner.replay)
+    return times
+
+
 def host_time_per_step(num_seqs: int, steps: int = 50, prompt_len: int = 128, allocator: str = "paged",
                        block_size: int = 16, model: str = "stub", max_model_len: int = 4096,
                        decode_batch: bool = True) -> dict:
@@ -56,16 +76,7 @@ def host_time_per_step(num_seqs: int, steps: int = 50, prompt_len: int = 128, al
                        max_num_seqs=max(num_seqs, 1), max_model_len=max_model_len,
                        max_num_batched_tokens=num_seqs * prompt_len + max_model_len,
                        decode_batch=decode_batch)
-    forward_s = []
-    inner = engine._forward
-
-    def timed_forward(batch):
-        start = time.perf_counter()
-        logits = inner(batch)
-        forward_s.append(time.perf_counter() - start)
-        return logits
-
-    engine._forward = timed_forward
+    forward_s = record_forward_times(engine)
     params = SamplingParams(max_tokens=steps + 32, temperature=0.0, ignore_eos=True)
     for i in range(num_seqs):
         engine.add_request([1 + (i + j) % 100 for j in range(prompt_len)], params)

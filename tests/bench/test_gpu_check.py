@@ -84,3 +84,24 @@ def test_a_timed_out_test_run_still_counts_what_ran_and_names_failures():
     counts = gpu_parts.verbose_counts(out)
     assert counts == {"passed": 1, "failed": 1, "errors": 0, "skipped": 1,
                       "failed_tests": ["tests/a.py::test_y[cuda]"]}
+
+
+def test_forward_times_count_every_step_whether_eager_or_replayed_from_a_graph():
+    """The decode profile pairs each step with its forward call: a graph replay counts as one too."""
+    from bench.engine_host import record_forward_times
+    from gpu_backend import LLMEngine, SamplingParams
+    from gpu_backend.engine.cuda_graph import DecodeGraphRunner
+
+    engine = LLMEngine("tiny", device="cpu", capacity_tokens=2048, max_num_seqs=4, max_model_len=128)
+    engine.graph_runner = DecodeGraphRunner(engine._forward, 4, 128 // 16 + 1, 128, False, "cpu",
+                                            capture=False, buffers=engine.decoder.buffers)
+    times = record_forward_times(engine)
+    replays = []
+    inner = engine.graph_runner.replay
+    engine.graph_runner.replay = lambda n, longest=None: replays.append(n) or inner(n, longest)
+    for i in range(3):
+        engine.add_request([5 + i] * (10 + i), SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+    ran = 0
+    while engine.has_unfinished():
+        ran += engine.step().ran
+    assert replays and len(times) == ran

@@ -65,9 +65,10 @@ class Run:
         self.sliding_held: dict[int, int] = {}
 
     def generate(self, prompts, params=GREEDY) -> list[list[int]]:
-        """Every prompt's tokens, in prompt order."""
+        """Every prompt's tokens, in prompt order (`params`: one for all, or one per prompt)."""
         e = self.engine
-        ids = [e.add_request(p, params) for p in prompts]
+        each = params if isinstance(params, list) else [params] * len(prompts)
+        ids = [e.add_request(p, q) for p, q in zip(prompts, each, strict=True)]
         done: dict[int, list[int]] = {}
         prev: dict[int, list[list[int | None]]] = {}
         while e.has_unfinished():
@@ -286,22 +287,8 @@ def test_padded_graph_buffers_per_group_give_the_tokens_of_eager_steps(request, 
     real_replay = runner.replay
     runner.replay = lambda n, longest=None: sizes.append(n) or real_replay(n, longest)
     run = Run(graphed)
-    assert _generate_all(run, prompts, params) == want
+    assert run.generate(prompts, params) == want
     assert run.holes > 0 and 5 in sizes and min(sizes) < 5  # full and shrinking decode batches
-
-
-def _generate_all(run, prompts, params) -> list[list[int]]:
-    """Every prompt's tokens (each with its own sampling parameters), stepping with `run`'s poisoning."""
-    e = run.engine
-    ids = [e.add_request(p, q) for p, q in zip(prompts, params, strict=True)]
-    done: dict[int, list[int]] = {}
-    prev: dict = {}
-    while e.has_unfinished():
-        for out in e.step().finished:
-            done[out.request_id] = out.outputs[0].token_ids
-        prev = run._observe(prev)
-        run._poison()
-    return [done[i] for i in ids]
 
 
 def test_a_step_reading_or_writing_a_hole_is_refused():
