@@ -82,3 +82,28 @@ def test_the_triton_backend_brings_the_fused_ops_and_torch_the_reference():
 
     assert type(layer_ops(get_backend("torch", "cpu"))) is TorchLayerOps
     assert type(layer_ops(type("Backend", (), {"name": "triton"})())) is TritonLayerOps
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs CUDA")
+def test_gpu_layer_ops_at_llama_1b_shapes_in_bf16(ops):
+    """llama-1b-shape's decode rows: hidden 2048, 32:8 heads of 64, intermediate 8192, 64 tokens."""
+    ref, fused = ops
+    rng = np.random.default_rng(4)
+    dtype = torch.bfloat16
+    norm = RMSNorm(2048, 1e-5, dtype, DEVICE)
+    with torch.no_grad():
+        norm.weight.copy_(_randn(rng, (2048,), dtype))
+    x, residual = _randn(rng, (64, 2048), dtype), _randn(rng, (64, 2048), dtype)
+    got, got_sum = fused.add_rms_norm(norm, x, residual)
+    want, want_sum = ref.add_rms_norm(norm, x, residual)
+    assert torch.equal(got_sum, want_sum) and relative_error(got, want.double()) <= TOLERANCE[dtype]
+    qkv = _randn(rng, (64, (32 + 2 * 8) * 64), dtype)
+    q, k = qkv[:, :2048].view(64, 32, 64), qkv[:, 2048:2560].view(64, 8, 64)
+    positions = torch.arange(64, device=DEVICE) * 37
+    cos, sin = RotaryEmbedding(64, 500000.0, device=DEVICE).cos_sin(positions, dtype)
+    for g, w in zip(fused.rope(q, k, cos, sin), ref.rope(q, k, cos, sin), strict=True):
+        assert torch.equal(g, w)
+    gate_up = _randn(rng, (64, 2 * 8192), dtype)
+    got = fused.act_mul(gate_up, False)
+    assert relative_error(got, ref.act_mul(gate_up, False).double()) <= TOLERANCE[dtype]
