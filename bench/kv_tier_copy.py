@@ -18,8 +18,9 @@ def tier_copy(device: str, model: str, dtype: str, block_size: int = 16, num_blo
     from gpu_backend.kv_tiers import TierData
     from gpu_backend.model_config import resolve_dtype
     from gpu_backend.model_presets import PRESETS
+    from simulator.core.paged.tier import TierSpec
     from simulator.core.paged.tier_log import TierLog
-    from simulator.core.paged.tiers import Tiers, TierSpec
+    from simulator.core.paged.tiers import Tiers
     from simulator.presets import get_gpu
     from simulator.tier_config import CPU_LATENCY_S
     from simulator.timing.step_latency import make_latency_model

@@ -4,7 +4,8 @@ from __future__ import annotations
 from pagelab.eviction import POLICIES
 from simulator.core.errors import ConfigError
 from simulator.core.paged.kv_group_tiers import GroupTiers
-from simulator.core.paged.tiers import STORE_MODES, Tiers, TierSpec
+from simulator.core.paged.tier import STORE_MODES, TierSpec
+from simulator.core.paged.tiers import Tiers
 from simulator.presets import GIB, get_gpu
 
 TIER_FIELDS = ("kv_offloading_size", "kv_offloading_disk_size", "kv_offloading_block_size",

@@ -15,8 +15,9 @@ from gpu_backend.kv_cache import KVCache
 from gpu_backend.kv_tiers import TierData
 from simulator.core.allocator import AllocStatus
 from simulator.core.paged.block_manager import BlockManager
+from simulator.core.paged.tier import TierSpec
 from simulator.core.paged.tier_log import TierLog, attach_log
-from simulator.core.paged.tiers import Tiers, TierSpec, attach
+from simulator.core.paged.tiers import Tiers, attach
 from simulator.core.sequence import Sequence, SequenceGroup
 
 BS = 4

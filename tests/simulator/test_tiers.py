@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 from simulator.config import SimConfig
 from simulator.core.errors import ConfigError
 from simulator.core.paged.block_manager import BlockManager
-from simulator.core.paged.tiers import Tiers, TierSpec, attach
+from simulator.core.paged.tier import TierSpec
+from simulator.core.paged.tiers import Tiers, attach
 from simulator.core.sequence import Sequence, SequenceGroup
 from simulator.loop.simulate import simulate
 from traces.multiturn import MultiTurnConfig, generate_multiturn

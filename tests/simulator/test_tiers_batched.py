@@ -6,7 +6,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.core.paged.tiers import Tier, Tiers, TierSpec
+from simulator.core.paged.tier import Tier, TierSpec
+from simulator.core.paged.tiers import Tiers
 
 # A hash may repeat in a batch: eager stores hand a block down each time it is released.
 STORE = st.tuples(st.just("store"), st.lists(st.integers(0, 30), max_size=12))

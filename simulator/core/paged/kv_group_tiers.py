@@ -24,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from simulator.core.errors import ConfigError
-from simulator.core.paged.tiers import TierSpec, TierStats, check_tiers, take_load_seconds, tier_summary
+from simulator.core.paged.tier import TierSpec, TierStats, check_tiers, take_load_seconds, tier_summary
 from simulator.core.sequence import Sequence
 
 

@@ -12,7 +12,7 @@ from simulator import AllocStatus, Sequence, SequenceGroup
 from simulator.core.kv_layout import LayerKV, kv_cache_groups
 from simulator.core.paged.kv_group_tiers import GroupTiers, attach_groups
 from simulator.core.paged.kv_groups import GroupedBlockManager
-from simulator.core.paged.tiers import STORE_MODES, TierSpec
+from simulator.core.paged.tier import STORE_MODES, TierSpec
 from tests.simulator.core.test_kv_groups_props import GroupedMachine
 
 PREFIXES = ([0, 1, 1, 0, 1, 0, 0, 1, 1, 1, 0, 1], [1, 1, 0, 0, 1, 0, 1, 1, 0, 0, 0, 1])
