@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -26,29 +25,11 @@ SPLITS = (1, 2, 4)
 
 
 def graph_ms(fn, calls: int = 20, replays: int = 15) -> float:
-    """Median milliseconds of one call of `fn`, `calls` of them captured in a CUDA graph and replayed."""
-    import torch
+    """Median milliseconds of one call of `fn`, `calls` of them captured in a CUDA graph and replayed
+    (bench.attention's graph_times over one copy of the inputs)."""
+    from bench.attention import graph_times
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn(), fn()  # compile and warm the allocator outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(begin.elapsed_time(end) / calls)
-    return statistics.median(times)
+    return 1e3 * graph_times([{"fn": fn}], float("inf"), replays, calls)["fn"]
 
 
 def sweep_shape(shape: tuple[int, ...], deadline: float, seed: int = 0, dtype: str = "bfloat16",

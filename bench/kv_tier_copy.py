@@ -39,20 +39,15 @@ def tier_copy(device: str, model: str, dtype: str, block_size: int = 16, num_blo
     for h in range(num_blocks):
         slots.take(h)
     slots.data.uniform_()
-    times = []
-    for _ in range(repeats + 1):  # the first run warms up
+
+    def queue_loads():
         log.ops = [["load", "cpu", h, num_blocks - 1 - h] for h in range(num_blocks)]
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        begin = time.perf_counter()
-        data.run()
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        times.append(time.perf_counter() - begin)
+
+    measured = _median_s(data.run, dev, repeats, before=queue_loads)
     if not torch.equal(cache.v[-1][0].cpu(), slots.data[num_blocks - 1, -1, 1]):
         raise AssertionError("the loaded block differs from its tier slot")
-    measured = statistics.median(times[1:])
-    raw = _one_copy_s(slots.data, dev, repeats)
+    target = torch.empty_like(slots.data, device=dev)  # one plain copy: what the link gives
+    raw = _median_s(lambda: target.copy_(slots.data, non_blocking=slots.data.is_pinned()), dev, repeats)
     latency = make_latency_model("roofline", model, gpu, kv_bytes_per_token=per_token)
     modelled = latency.load_time(num_blocks * block_size, bandwidth, CPU_LATENCY_S)
     nbytes = num_blocks * block_size * per_token
@@ -62,17 +57,18 @@ def tier_copy(device: str, model: str, dtype: str, block_size: int = 16, num_blo
             "gb_per_s": nbytes / measured / 1e9, "one_copy_gb_per_s": nbytes / raw / 1e9}
 
 
-def _one_copy_s(host, dev, repeats: int) -> float:
-    """Median seconds of one host-to-device copy of all of `host` (the link's speed, for comparison)."""
+def _median_s(run, dev, repeats: int, before=lambda: None) -> float:
+    """Median seconds of `run()` (device work synchronised) over `repeats` runs after one warm-up;
+    `before()` runs untimed ahead of each."""
     import torch
 
-    target = torch.empty_like(host, device=dev)
     times = []
     for _ in range(repeats + 1):
+        before()
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         begin = time.perf_counter()
-        target.copy_(host, non_blocking=host.is_pinned())
+        run()
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         times.append(time.perf_counter() - begin)

@@ -50,9 +50,9 @@ def bucket_for(num_seqs: int, sizes: list[int]) -> int | None:
 class DecodeBuffers:
     """Static inputs of the captured graphs, sized for the largest bucket (padding values pre-set).
 
-    With several KV cache groups (`layer_group`: each layer's group) every group has its own slot mapping
-    and block tables (`groups`; group 0's are `slot_mapping` and `block_tables`), and each layer's
-    metadata views its group's.
+    Each KV cache group has its own slot mapping and block tables (`groups`, one for a single pool; the
+    first is `slot_mapping` and `block_tables`); with several (`layer_group`: each layer's group) each
+    layer's metadata views its group's.
     """
 
     input_ids: torch.Tensor  # [S] int64
@@ -63,6 +63,7 @@ class DecodeBuffers:
     arange: torch.Tensor  # [S + 1] int64: logits rows and (decode) cu_seqlens_q
     layer_group: tuple[int, ...] | None = None
     groups: tuple[tuple[torch.Tensor, torch.Tensor], ...] = ()  # (slot_mapping, block_tables) per group
+    first_layers: tuple[int, ...] = (0,)  # the first layer of each group (whose metadata a batch holds)
 
     @classmethod
     def create(cls, max_seqs: int, width: int, device,
@@ -70,11 +71,11 @@ class DecodeBuffers:
         """Buffers holding an all-padding batch."""
         def full(shape, value):
             return torch.full(shape, value, dtype=torch.int64, device=device)
-        slots, tables = full((max_seqs,), -1), full((max_seqs, width), 0)
-        groups = () if layer_group is None else ((slots, tables),) + tuple(
-            (full((max_seqs,), -1), full((max_seqs, width), 0)) for _ in range(max(layer_group)))
-        return cls(full((max_seqs,), 0), full((max_seqs,), 0), slots, tables, full((max_seqs,), 0),
-                   torch.arange(max_seqs + 1, dtype=torch.int64, device=device), layer_group, groups)
+        num_groups = 1 if layer_group is None else max(layer_group) + 1
+        groups = tuple((full((max_seqs,), -1), full((max_seqs, width), 0)) for _ in range(num_groups))
+        first = (0,) if layer_group is None else tuple(layer_group.index(g) for g in range(num_groups))
+        return cls(full((max_seqs,), 0), full((max_seqs,), 0), *groups[0], full((max_seqs,), 0),
+                   torch.arange(max_seqs + 1, dtype=torch.int64, device=device), layer_group, groups, first)
 
     def load(self, batch: ModelInput, size: int) -> None:
         """Copy a decode batch of n <= size sequences into rows [0, n) and pad rows [n, size)."""
@@ -84,28 +85,18 @@ class DecodeBuffers:
         self.positions[:n].copy_(batch.positions, non_blocking=True)
         self.context_lens[:n].copy_(meta.context_lens, non_blocking=True)
         self.context_lens[n:size].zero_()
-        if self.layer_group is None:
-            _load_tables(self.slot_mapping, self.block_tables, meta, n, size)
-            return
-        first = {g: layer for layer, g in reversed(list(enumerate(self.layer_group)))}
-        for g, (slots, tables) in enumerate(self.groups):
-            _load_tables(slots, tables, meta.for_layer(first[g]), n, size)
+        for (slots, tables), layer in zip(self.groups, self.first_layers, strict=True):
+            _load_tables(slots, tables, meta.for_layer(layer), n, size)
 
     def view(self, size: int, max_context_len: int, contiguous: bool) -> ModelInput:
         """The first `size` rows as a decode ModelInput (views: the graph reads these addresses)."""
-        def meta(slots, tables):
-            return AttentionMetadata(
-                slot_mapping=slots[:size], block_tables=tables[:size],
-                context_lens=self.context_lens[:size], cu_seqlens_q=self.arange[:size + 1],
-                logits_indices=self.arange[:size], max_q_len=1, max_context_len=max_context_len,
-                contiguous=contiguous)
-        if self.layer_group is None:
-            return ModelInput(self.input_ids[:size], self.positions[:size],
-                              meta(self.slot_mapping, self.block_tables))
-        metas = [meta(slots, tables) for slots, tables in self.groups]
-        layers = tuple(metas[g] for g in self.layer_group)
-        return ModelInput(self.input_ids[:size], self.positions[:size],
-                          replace(metas[0], layer_metadata=layers))
+        metas = [AttentionMetadata(
+            slot_mapping=slots[:size], block_tables=tables[:size], context_lens=self.context_lens[:size],
+            cu_seqlens_q=self.arange[:size + 1], logits_indices=self.arange[:size], max_q_len=1,
+            max_context_len=max_context_len, contiguous=contiguous) for slots, tables in self.groups]
+        meta = metas[0] if self.layer_group is None else replace(
+            metas[0], layer_metadata=tuple(metas[g] for g in self.layer_group))
+        return ModelInput(self.input_ids[:size], self.positions[:size], meta)
 
 
 def _load_tables(slots: torch.Tensor, tables: torch.Tensor, meta: AttentionMetadata, n: int,

@@ -43,31 +43,30 @@ class TritonLayerOps(TorchLayerOps):
 
     name = "triton"
 
+    def __init__(self) -> None:
+        # Imported here, not at module level: Triton loads only once the Triton backend is asked for.
+        import gpu_backend.ops.triton_layer as kernels
+
+        self.kernels = kernels
+
     def rms_norm(self, norm, x: torch.Tensor) -> torch.Tensor:
         """norm(x), one launch."""
-        return _kernels().rms_norm(x, norm.weight, norm.eps, norm.gemma)[0]
+        return self.kernels.rms_norm(x, norm.weight, norm.eps, norm.gemma)[0]
 
     def add_rms_norm(self, norm, x: torch.Tensor, residual: torch.Tensor) -> Pair:
         """(norm(residual + x), residual + x), one launch."""
-        return _kernels().rms_norm(x, norm.weight, norm.eps, norm.gemma, residual=residual)
+        return self.kernels.rms_norm(x, norm.weight, norm.eps, norm.gemma, residual=residual)
 
     def rope(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
              sin: torch.Tensor) -> Pair:
         """q and k rotated, one launch for both."""
-        return _kernels().rope(q, k, cos, sin)
+        return self.kernels.rope(q, k, cos, sin)
 
     def act_mul(self, gate_up: torch.Tensor, gelu: bool) -> torch.Tensor:
         """SiLU-and-multiply in one launch; GELU through torch."""
         if gelu:
             return super().act_mul(gate_up, gelu)
-        return _kernels().silu_mul(gate_up)
-
-
-def _kernels():
-    """The kernel module, imported on first use (Triton loads only when the Triton backend is asked for)."""
-    import gpu_backend.ops.triton_layer as triton_layer
-
-    return triton_layer
+        return self.kernels.silu_mul(gate_up)
 
 
 def layer_ops(backend) -> TorchLayerOps:
