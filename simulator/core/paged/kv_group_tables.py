@@ -18,6 +18,12 @@ from simulator.core.paged.kv_group_hits import GroupHits
 from simulator.core.sequence import Sequence
 
 
+def _fills(tokens: int, block_size: int) -> list[int]:
+    """The fill of each of the fresh blocks that `tokens` more tokens take: full ones, then the rest."""
+    num = _cdiv(tokens, block_size)
+    return [block_size] * (num - 1) + [tokens - (num - 1) * block_size]
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -268,16 +274,14 @@ class GroupTables(GroupHits, GroupBulk):
         self.remove_skipped(seq, n)
         copies = []
         rem = n % bs
-        if not rem and k > 0:  # at a block boundary every group takes the same fresh blocks
-            nb = _cdiv(k, bs)
-            fills = [bs] * nb
-            fills[-1] = k - (nb - 1) * bs
-            for table, new in zip(self.tables[seq.seq_id], self.take_each(nb, rid, seq.seq_id, fills),
-                                  strict=True):
-                table.extend(new)
-        for g, table in enumerate(self.tables[seq.seq_id] if rem else ()):
-            left = k
-            if rem:
+        tables = self.tables[seq.seq_id]
+        if not rem:  # at a block boundary every group takes the same fresh blocks
+            if k > 0:
+                for table, new in zip(tables, self.take_each(_cdiv(k, bs), rid, seq.seq_id, _fills(k, bs)),
+                                      strict=True):
+                    table.extend(new)
+        else:
+            for g, table in enumerate(tables):
                 last = table[-1]
                 if pool.ref[last] > 1:  # never write a shared block in place
                     new = self.take(g, 1, rid, seq.seq_id, [rem])[0]
@@ -287,12 +291,9 @@ class GroupTables(GroupHits, GroupBulk):
                     pool.stats.cow_copies += 1
                 fill = min(k, bs - rem)
                 self.fill(table[-1], fill)
-                left -= fill
-            if left > 0:
-                nb = _cdiv(left, bs)
-                fills = [bs] * nb
-                fills[-1] = left - (nb - 1) * bs
-                table.extend(self.take(g, nb, rid, seq.seq_id, fills))
+                left = k - fill
+                if left > 0:
+                    table.extend(self.take(g, _cdiv(left, bs), rid, seq.seq_id, _fills(left, bs)))
         seq.num_tokens = n + k
         if seq.token_ids is not None:
             for i in range(n // bs, seq.num_tokens // bs):
