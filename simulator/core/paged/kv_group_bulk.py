@@ -3,14 +3,13 @@
 A hybrid model's groups move in step: a prompt takes the same number of blocks in every group, a block
 boundary takes one in every group, and a window hands back a run of blocks in each sliding group. Taking
 per group costs a pool call, a pass to fill the blocks in and a pass over the counters for each group;
-here all groups' blocks come off the pool in one pass, in the order the per-group takes would pop them
+here all groups' blocks come off the pool in one take, in the order the per-group takes would pop them
 (group 0's first), and a release walks its blocks once. Where the pool logs events or hands blocks to KV
 tiers (`events`, `on_evict`, `on_release`), the per-group path (GroupTables.take / release) runs instead,
 as it does per block what those need.
 """
 from __future__ import annotations
 
-from itertools import islice
 from operator import itemgetter
 
 
@@ -27,32 +26,15 @@ class GroupBulk:
         num, ...)` for each group in order, in one pass."""
         pool, groups = self.pool, self.num_groups
         total = num * groups
-        free, free_cached = pool.free, pool.free_cached
-        if not total or not self.bulk_ok() or len(free) + len(free_cached) < total:
+        if not total or not self.bulk_ok() or len(pool.free) + len(pool.free_cached) < total:
             return [self.take(g, num, rid, sid, fills) for g in range(groups)]
-        if len(free) >= total:
-            new = free[len(free) - total:]
-            del free[len(free) - total:]
-            new.reverse()
-        else:  # the whole free stack, then the oldest cached blocks
-            new = free[::-1]
-            free.clear()
-            evicted = list(islice(free_cached, total - len(new)))  # least recently used first
-            cached, keys, hashes = pool.cached, pool.key, pool.hash
-            for bid in evicted:
-                del free_cached[bid]
-                del cached[hashes[bid]]
-                keys[bid] = hashes[bid] = None
-            new += evicted
-            pool.stats.evictions += len(evicted)
-        pool.stats.allocated_blocks += total
-        ref, filled, group_of = pool.ref, pool.filled, self.group_of
+        new = pool.take(total, rid, sid)  # in the order the per-group takes would pop them
+        filled, group_of = pool.filled, self.group_of
         out = []
         full, last = fills[0], fills[-1]  # every fill is `full` but the last one's
         for g in range(groups):
             mine = new[g * num:(g + 1) * num]
             for bid in mine:
-                ref[bid] = 1
                 filled[bid] = full
                 group_of[bid] = g
             filled[mine[-1]] = last
