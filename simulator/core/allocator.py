@@ -92,8 +92,9 @@ class KVAllocator(abc.ABC):
     events: EventLog | None = None
 
     @abc.abstractmethod
-    def can_allocate(self, group: SequenceGroup) -> AllocStatus:
-        """Whether the group's live sequences can get slots for all their tokens now."""
+    def can_allocate(self, group: SequenceGroup, num_new_tokens: int | None = None) -> AllocStatus:
+        """Whether the group's live sequences can get slots for their tokens now (an allocator that
+        allocates a prompt chunk by chunk: for the first `num_new_tokens` past the cached prefix)."""
 
     def can_ever_allocate(self, group: SequenceGroup) -> bool:
         """Whether `can_allocate` would answer OK or LATER (not NEVER); allocators whose NEVER depends only

@@ -107,10 +107,11 @@ def build_allocator(config: CacheConfig, capacity: int, *, cpu_tokens: int, max_
 
         if not num_blocks:
             raise ConfigError(f"the KV pool holds no block of {layout.block_bytes} bytes")
+        chunk = config.scheduler_config(max_model_len).token_budget if config.enable_chunked_prefill else None
         return GroupedBlockManager(num_blocks, layout, num_cpu_blocks=num_cpu_blocks or 0,
                                    enable_prefix_caching=config.enable_prefix_caching,
                                    watermark=config.watermark, debug=config.debug,
-                                   record_events=record_events)
+                                   record_events=record_events, prefill_chunk=chunk)
     if policy is None:
         bm = BlockManager.from_capacity(
             capacity, config.block_size, num_cpu_blocks=cpu_tokens // config.block_size,

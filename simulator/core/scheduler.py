@@ -150,31 +150,26 @@ class Scheduler:
         while queue:
             group = queue.popleft()
             left = self.prefill_left.get(group.request_id, 0)
-            if left:  # a chunked prefill in progress: its blocks are already allocated
+            seqs = group.live_seqs()
+            if left:  # a chunked prefill in progress
                 chunk = min(left, budget - out.num_batched_tokens)
                 if chunk <= 0:
                     kept.append(group)
                     continue
+                # An allocator that allocates by chunk (a window's groups) gave slots up to the last
+                # chunk's end: this one takes its own first, preempting as a decode would.
+                grow = seqs[0].length - left + chunk - seqs[0].num_tokens if len(seqs) == 1 else 0
+                if grow > 0 and not self._make_room(group, seqs, grow, queue, kept, out, prompt=True):
+                    continue
+                if grow > 0:
+                    out.blocks_to_copy.extend(self.allocator.append_slot(seqs[0], grow))
                 out.scheduled.append(ScheduledGroup(group, chunk, True, chunk == left))
                 out.num_batched_tokens += chunk
                 # The blocks this chunk completes become prefix-cache hits only now that it runs.
                 self.allocator.cache_blocks(group, left - chunk)
                 kept.append(group)
                 continue
-            seqs = group.live_seqs()
-            while not self.allocator.can_append(seqs):
-                victim = queue.pop() if queue else group
-                if victim is group and not kept and not self.swapped and \
-                        self._fresh == (group, seqs[0].length):
-                    # Alone in the pool, just (re)admitted, and still short of a block (n samples whose
-                    # tails outgrow it together): recomputed, it would come back here forever. Drop it,
-                    # as admission refuses a sequence that could never fit.
-                    self._drop(group, out)
-                    break
-                self._preempt(victim, out)
-                if victim is group:
-                    break
-            else:
+            if self._make_room(group, seqs, 1, queue, kept, out):
                 for s in seqs:
                     out.blocks_to_copy.extend(self.allocator.append_slot(s))
                 out.scheduled.append(ScheduledGroup(group, len(seqs), False, False))
@@ -186,6 +181,24 @@ class Scheduler:
         if not out.preempted and not self.swapped:
             self._admit(out, budget)
         return out
+
+    def _make_room(self, group: SequenceGroup, seqs: list, num_tokens: int, queue: deque,
+                   kept: list, out: SchedulerOutput, prompt: bool = False) -> bool:
+        """Preempt the latest running groups until every sequence of `group` can grow by `num_tokens`
+        (a decode token, or a `prompt` chunk); False when `group` itself was preempted (or dropped)."""
+        while not self.allocator.can_append(seqs, num_tokens):
+            victim = queue.pop() if queue else group
+            if victim is group and not kept and not self.swapped and \
+                    (prompt or self._fresh == (group, seqs[0].length)):
+                # Alone in the pool and still short of blocks: a prompt chunk, or just (re)admitted (n
+                # samples whose tails outgrow it together); recomputed, it would come back here forever.
+                # Drop it, as admission refuses a sequence that could never fit.
+                self._drop(group, out)
+                return False
+            self._preempt(victim, out)
+            if victim is group:
+                return False
+        return True
 
     # ----------------------------------------------------------------- the decode batch
     def decode_ready(self) -> bool:
@@ -258,7 +271,7 @@ class Scheduler:
             # No seat, or the whole prompt must fit in this step's token budget and does not: it waits
             # whatever memory is free now (only NEVER would reject it), the cheap question.
             return Admission.WAIT if self._can_ever_allocate(group) else Admission.REJECT
-        status = self.allocator.can_allocate(group)
+        status = self.allocator.can_allocate(group, room if self.config.enable_chunked_prefill else None)
         if status is AllocStatus.NEVER:
             return Admission.REJECT
         if status is AllocStatus.LATER:

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from gpu_backend import LLMEngine, SamplingParams
+from gpu_backend.engine.params import EngineInputError
 from gpu_backend.loader import load_model
 from gpu_backend.model import CausalLM
 from gpu_backend.model_config import ModelConfig
@@ -144,6 +145,7 @@ def test_engine_greedy_longer_than_the_window_equals_transformers(checkpoints, n
 _TRITON_SCRIPT = """
 import json, sys
 from gpu_backend import LLMEngine, SamplingParams
+from gpu_backend.engine.params import EngineInputError
 from gpu_backend.loader import load_model
 from gpu_backend.ops import get_backend
 path, prompts, new = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
@@ -215,3 +217,22 @@ def test_engine_pools_and_preemption_with_windows_equal_transformers(checkpoints
     assert got == _hf_greedy(hf, prompts)
     if "preemption_mode" in options:
         assert engine.scheduler.num_preemptions > 0
+
+
+def test_chunked_prefill_serves_a_prompt_the_pool_cannot_hold_whole_and_equals_transformers(checkpoints):
+    """A 40-token prompt in chunks of 4 over 16 pages of 4 tokens (8 blocks of all four layers): whole, it
+    takes 10 pages in each of the two groups (20 > 16); by chunks the window (12 tokens) hands back what
+    it passed before each chunk, so it holds at most 10 + 5 (16 with the decode token), and the tokens
+    are transformers' (pages of the window freed mid-prompt)."""
+    path, hf = checkpoints["gemma3"]
+    ours = load_model(path, dtype="float32")
+    prompt = _prompts([40], seed=5)[0]
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    whole = LLMEngine(ours, backend="torch", block_size=4, num_blocks=8, watermark=0.0, max_model_len=64)
+    with pytest.raises(EngineInputError, match="needs up to 20 KV blocks"):
+        whole.generate([prompt], params)
+    engine = LLMEngine(ours, backend="torch", block_size=4, num_blocks=8, watermark=0.0, max_model_len=64,
+                       enable_chunked_prefill=True, max_num_batched_tokens=4, max_num_seqs=2)
+    assert isinstance(engine.allocator, GroupedBlockManager) and engine.allocator.prefill_chunk == 4
+    got = engine.generate([prompt], params)[0].outputs[0].token_ids
+    assert got == _hf_greedy(hf, [prompt])[0][:2]

@@ -170,12 +170,12 @@ def test_fast_is_step_bit_for_bit_on_hybrid_models(case, tmp_path):
 
 @given(seed=st.integers(0, 10_000), model=st.sampled_from(["gemma-3-27b", "mistral-7b-v0.1", "gpt-oss-20b"]),
        kv_gb=st.floats(0.05, 0.4), bs=st.sampled_from([8, 16, 48]), rate=st.floats(1, 80),
-       max_num_seqs=st.sampled_from([4, 16, 64]), swap=st.booleans())
+       max_num_seqs=st.sampled_from([4, 16, 64]), swap=st.booleans(), chunk=st.sampled_from([None, 64, 256]))
 @settings(max_examples=25, deadline=None)
 def test_fast_is_step_bit_for_bit_on_random_hybrid_traces(seed, model, kv_gb, bs, rate, max_num_seqs, swap,
-                                                          tmp_path_factory):
+                                                          chunk, tmp_path_factory):
     """Random traces with shared prefixes on hybrid models and block sizes whose windows do not end on a
-    block boundary (48), with swap or recompute preemption."""
+    block boundary (48), with swap or recompute preemption, prompts whole or chunk by chunk."""
     trace = _trace(num_requests=25, rate=rate, lengths="uniform", prompt_range=(1, 500),
                    output_range=(1, 300), max_model_len=1024, num_prefix_groups=2, prefix_len=200,
                    prefix_fraction=0.6, seed=seed)
@@ -183,6 +183,8 @@ def test_fast_is_step_bit_for_bit_on_random_hybrid_traces(seed, model, kv_gb, bs
               max_num_seqs=max_num_seqs)
     if swap:
         kw.update(preemption_mode="swap", swap_space_gb=0.2)
+    if chunk:
+        kw.update(enable_chunked_prefill=True, max_num_batched_tokens=chunk)
     if model == "gpt-oss-20b":
         profile = tmp_path_factory.mktemp("profile") / "gpt-oss.json"
         profile.write_text(json.dumps({**GPT_OSS_PROFILE, "gpu": "h100-80gb"}))

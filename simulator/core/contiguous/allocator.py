@@ -65,7 +65,7 @@ class ContiguousAllocator(KVAllocator):
         # block. Buddy placement then rounds the whole region to a power of two.
         return min(self.max_model_len, seq.prompt_len + next_pow2(max(1, seq.final_len - seq.prompt_len)))
 
-    def can_allocate(self, group: SequenceGroup) -> AllocStatus:
+    def can_allocate(self, group: SequenceGroup, num_new_tokens: int | None = None) -> AllocStatus:
         """OK, LATER, or NEVER: a region per live sequence, each holding its reservation."""
         seqs = group.live_seqs()
         r = self.reservation(seqs[0])

@@ -57,7 +57,7 @@ class BlockManager(PoolCounts, KVAllocator):
         return cls(capacity_tokens // block_size, block_size, capacity_tokens=capacity_tokens, **kwargs)
 
     # ----------------------------------------------------------------- queries
-    def can_allocate(self, group: SequenceGroup) -> AllocStatus:
+    def can_allocate(self, group: SequenceGroup, num_new_tokens: int | None = None) -> AllocStatus:
         """OK, LATER, or NEVER for the group's prompt (prefix hits on referenced blocks cost nothing)."""
         seqs = self._allocation_seqs(group)
         needed = self._never_needed(seqs)

@@ -167,21 +167,25 @@ class GroupTables(GroupHits, GroupBulk):
             skipped = self.skipped_at[hit] = sum(self.first_held(g, hit) for g in range(self.num_groups))
         return _cdiv(length, self.block_size) * self.num_groups - skipped
 
-    def peak_blocks(self, length: int) -> int:
-        """Blocks one sequence holds at most while decoding up to `length` tokens."""
+    def peak_blocks(self, length: int, chunk: int = 1) -> int:
+        """Blocks one sequence holds at most while it grows to `length` tokens by at most `chunk` at a
+        time (1: decoding; a window frees the blocks it has passed before each step takes new ones)."""
         total = _cdiv(length, self.block_size)
-        return sum(total if s.window is None else min(total, s.need + 2) for s in self.specs)
+        top = _cdiv(chunk, self.block_size) + 1
+        return sum(total if s.window is None else min(total, s.need + top) for s in self.specs)
 
     # ----------------------------------------------------------------- sequences
-    def allocate_one(self, seq: Sequence, rid: int, budget: int) -> int:
-        """Every group's blocks for all tokens of `seq` (hits first); publish the full blocks within
-        `budget` tokens past the hit; return the hit in tokens."""
+    def allocate_one(self, seq: Sequence, rid: int, budget: int, chunked: bool = False) -> int:
+        """Every group's blocks for the tokens of `seq` (hits first): all of them, or (`chunked`) those up
+        to `budget` tokens past the hit, as vLLM v1 allocates a prefill chunk; publish the full blocks
+        within `budget` tokens past the hit; return the hit in tokens."""
         bs, n, stats = self.block_size, seq.length, self.pool.stats
         hit, hits = self.longest_hit(seq)
         if self.tiers is not None:  # pages in KV tiers may extend the hit (kv_group_tiers.py)
             loaded = self.tiers.allocate(seq, rid, budget, hit)
             if loaded is not None:
                 return loaded
+        slots = min(n, hit * bs + budget) if chunked else n
         chain = self.lookup_chain(seq)
         if chain is not None:  # its blocks are published under the keys the lookup built
             self.chains.setdefault(seq.seq_id, chain)
@@ -190,7 +194,7 @@ class GroupTables(GroupHits, GroupBulk):
             stats.prefix_query_tokens += n
         stats.prefix_hits += hit
         stats.prefix_hit_tokens += hit * bs
-        total = _cdiv(n, bs)
+        total = _cdiv(slots, bs)
         # Every group's hits are held before any group takes a fresh block (vLLM touches them all first),
         # so that no take evicts a cached block another group is about to reuse.
         for per_group in hits:
@@ -198,7 +202,7 @@ class GroupTables(GroupHits, GroupBulk):
                 self.incref(bid, rid, seq.seq_id)
         fills = [bs] * (total - hit)
         if fills:
-            fills[-1] = n - (total - 1) * bs
+            fills[-1] = slots - (total - 1) * bs
         starts = [self.first_held(g, hit) for g in range(self.num_groups)]
         tables = [[None] * starts[g] + hits[g] + new
                   for g, new in enumerate(self.take_each(total - hit, rid, seq.seq_id, fills))]
@@ -207,7 +211,7 @@ class GroupTables(GroupHits, GroupBulk):
         self.next_removal(seq.seq_id)
         self.pending[seq.seq_id] = 0
         self.mark_exclusive(seq.seq_id)
-        seq.num_tokens = n
+        seq.num_tokens = slots
         seq.num_cached_tokens = hit * bs
         self.seqs[seq.seq_id] = seq
         self.count_internal(seq)

@@ -36,8 +36,13 @@ class GroupedBlockManager(PoolCounts, KVAllocator):
 
     def __init__(self, num_blocks: int, layout: KVLayout, *, num_cpu_blocks: int = 0,
                  enable_prefix_caching: bool = True, watermark: float = 0.0, debug: bool = False,
-                 hash_fn: Callable[[object], int] = hash, record_events: bool = False):
+                 hash_fn: Callable[[object], int] = hash, record_events: bool = False,
+                 prefill_chunk: int | None = None):
         self.check_sizes(num_blocks, num_cpu_blocks, watermark)
+        # Chunked prefill's largest chunk: a one-sequence prompt then gets the blocks of each chunk as it
+        # is scheduled, its windows freeing what they passed in between (vLLM v1's `allocate_slots`), so
+        # a sliding group never holds more than its window and a chunk. None: all blocks at admission.
+        self.prefill_chunk = prefill_chunk
         self.layout = layout
         self.block_size = layout.block_size
         self.num_blocks = num_blocks
@@ -61,15 +66,18 @@ class GroupedBlockManager(PoolCounts, KVAllocator):
         return self.tables.num_internal_slots
 
     # ----------------------------------------------------------------- queries
-    def can_allocate(self, group: SequenceGroup) -> AllocStatus:
-        """OK, LATER, or NEVER for the group's prompt in every KV cache group."""
+    def can_allocate(self, group: SequenceGroup, num_new_tokens: int | None = None) -> AllocStatus:
+        """OK, LATER, or NEVER for the group's prompt in every KV cache group (allocating by chunk: for
+        its first `num_new_tokens` past the hit)."""
         seqs = self._allocation_seqs(group)
-        if self._peak_blocks(seqs) > self.num_blocks - self.watermark_blocks:
+        if self._peak_blocks(group, seqs) > self.num_blocks - self.watermark_blocks:
             return AllocStatus.NEVER
+        by_chunk = num_new_tokens is not None and self.by_chunk(len(group.live_seqs()))
         needed = 0
         for s in seqs:
             hit, blocks = self.tables.longest_hit(s)
-            needed += self.tables.prompt_blocks(s.length, hit)
+            slots = min(s.length, hit * self.block_size + num_new_tokens) if by_chunk else s.length
+            needed += self.tables.prompt_blocks(slots, hit)
             needed -= self.tables.num_held(blocks)
         if self.pool.num_free - needed < self.watermark_blocks:
             return AllocStatus.LATER
@@ -77,7 +85,8 @@ class GroupedBlockManager(PoolCounts, KVAllocator):
 
     def can_ever_allocate(self, group: SequenceGroup) -> bool:
         """Whether the group's peak holding fits the pool at all."""
-        return self._peak_blocks(self._allocation_seqs(group)) <= self.num_blocks - self.watermark_blocks
+        peak = self._peak_blocks(group, self._allocation_seqs(group))
+        return peak <= self.num_blocks - self.watermark_blocks
 
     def _allocation_seqs(self, group: SequenceGroup) -> list[Sequence]:
         seqs = group.live_seqs()
@@ -85,9 +94,19 @@ class GroupedBlockManager(PoolCounts, KVAllocator):
             raise AllocationError(f"request {group.request_id}: every sequence has finished")
         return seqs[:1] if len(seqs) > 1 and shares_allocation(seqs) else seqs
 
-    def _peak_blocks(self, seqs: list[Sequence]) -> int:
-        """Blocks the sequences hold at most at once: their prompts together, or one at its final length."""
-        prompts = sum(self.tables.prompt_blocks(s.length, 0) for s in seqs)
+    def by_chunk(self, num_seqs: int) -> bool:
+        """Whether a prompt of `num_seqs` live sequences is allocated chunk by chunk: one sequence,
+        chunked prefill, no KV tiers (a tier hit loads its pages into blocks allocated for the whole
+        prompt)."""
+        return self.prefill_chunk is not None and self.tiers is None and num_seqs == 1
+
+    def _peak_blocks(self, group: SequenceGroup, seqs: list[Sequence]) -> int:
+        """Blocks the sequences hold at most at once: their prompts together (or, by chunk, one prompt's
+        widest step), or one at its final length."""
+        if self.by_chunk(len(group.live_seqs())):
+            prompts = self.tables.peak_blocks(seqs[0].length, self.prefill_chunk)
+        else:
+            prompts = sum(self.tables.prompt_blocks(s.length, 0) for s in seqs)
         final = max(self.tables.peak_blocks(max(s.length, s.final_len or 0)) for s in seqs)
         return max(prompts, final)
 
@@ -139,13 +158,14 @@ class GroupedBlockManager(PoolCounts, KVAllocator):
         for s in seqs:
             if s.seq_id in self.seqs or s.seq_id in self.swap.seqs:
                 raise AllocationError(f"sequence {s.seq_id} already holds blocks")
-        status = self.can_allocate(group)
+        status = self.can_allocate(group, num_new_tokens)
         if status is not AllocStatus.OK:
             raise AllocationError(f"request {group.request_id}: cannot allocate its blocks now "
                                   f"({status.value}); {self.num_free_blocks} free")
         budget = (1 << 62) if num_new_tokens is None else num_new_tokens
         if len(seqs) == 1 or shares_allocation(seqs):
-            hit = self.tables.allocate_one(seqs[0], group.request_id, budget)
+            chunked = num_new_tokens is not None and self.by_chunk(len(seqs))
+            hit = self.tables.allocate_one(seqs[0], group.request_id, budget, chunked)
             for s in seqs[1:]:
                 self.tables.share_tables(seqs[0], s)
                 s.num_cached_tokens = seqs[0].num_cached_tokens
