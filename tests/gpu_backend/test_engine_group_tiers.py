@@ -1,5 +1,6 @@
 """The engine's CPU and disk KV tiers behind a grouped pool: tiny-hybrid (32-token windows on layers 0 and 2,
-full attention on 1 and 3: two KV cache groups sharing two pool tensors), fp32, torch backend, on the CPU.
+full attention on 1 and 3: two KV cache groups sharing two pool tensors), fp32, torch backend, on the CPU
+(and on CUDA where present).
 
 A shared prefix is computed, pushed out of a small GPU pool by other prompts and asked for again: the
 tiers serve the pages each group needs (the full group's and the sliding group's last ones), and loading
@@ -26,10 +27,14 @@ GREEDY = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
 PAGE_GIB = BS * 1024 * 2 / 2**30  # one pool block of tiny-hybrid in fp32: 16 tokens x 2 tensors x 1 KiB
 
 
-@pytest.fixture(scope="module")
-def hybrid() -> CausalLM:
-    """tiny-hybrid on the CPU."""
-    return build_preset("tiny-hybrid", backend=get_backend("torch", "cpu"))
+CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                        reason="needs CUDA")])
+
+
+@pytest.fixture(scope="module", params=["cpu", CUDA])
+def hybrid(request) -> CausalLM:
+    """tiny-hybrid on the CPU and, where CUDA is present, on the GPU (pinned slots, a side stream)."""
+    return build_preset("tiny-hybrid", device=request.param, backend=get_backend("torch", request.param))
 
 
 def _prompts() -> list[list[int]]:
