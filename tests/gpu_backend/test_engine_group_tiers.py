@@ -128,3 +128,9 @@ def test_what_grouped_tiers_still_refuse_is_a_clear_error(hybrid):
                   kv_offloading_policy="lfu")
     with pytest.raises(EngineInputError, match=f"holds no KV block of {BS * 2048} bytes"):
         LLMEngine(hybrid, backend="torch", block_size=BS, num_blocks=14, kv_offloading_size=PAGE_GIB / 2)
+
+
+def test_a_grouped_tier_block_of_two_gpu_blocks_loads_whole_and_gives_recomputed_kv(hybrid, recomputed):
+    engine, tokens = _run(hybrid, kv_offloading_size=64 * PAGE_GIB, kv_offloading_block_size=2 * BS)
+    assert engine.allocator.tiers.per_tier == 2
+    _check_load_equals_recompute(engine, tokens, recomputed, {"cpu": 4})
