@@ -3,10 +3,12 @@
 The core (simulator/core/paged/tiers.py) decides what each tier holds; its TierLog (tier_log.py) says, in
 order, which GPU block a stored block comes from, which CPU slot spills to the disk, what is dropped and
 which GPU block a loaded block goes to. `TierData.run` performs those moves before anything writes into
-the device pool. Each slot holds one GPU block of every layer's K and V ([layers, 2, block_size, kv_heads,
-head_dim]), so a slot per GPU block serves any tier block size. The CPU tier is pinned host memory when
-CUDA is present, its stores run on a side stream; the disk tier is a file of the same slots, mapped into
-memory and given its full size up front so a full disk shows at start, not in the middle of a run.
+the device pool. Each slot holds one GPU block of every pool tensor's K and V ([tensors, 2, block_size,
+kv_heads, head_dim]; a tensor per layer with one KV cache group), so a slot per GPU block serves any tier
+block size; a model with several groups keeps one group's page per slot (kv_group_tier_data.py). The
+CPU tier is pinned host memory when CUDA is present, its stores run on a side stream; the disk tier is a
+file of the same slots, mapped into memory and given its full size up front so a full disk shows at
+start, not in the middle of a run.
 """
 from __future__ import annotations
 
@@ -60,7 +62,7 @@ def host_slots(cache: KVCache, num_slots: int) -> torch.Tensor:
 
 
 def _shape(cache: KVCache, num_slots: int) -> tuple[int, ...]:
-    return num_slots, cache.num_layers, 2, cache.block_size, cache.num_kv_heads, cache.head_dim
+    return num_slots, cache.num_tensors, 2, cache.block_size, cache.num_kv_heads, cache.head_dim
 
 
 class DiskFile:
@@ -166,7 +168,7 @@ class TierData:
         return out
 
     def block(self, name: str, h: int) -> torch.Tensor:
-        """The data a tier holds for block `h` ([layers, 2, block_size, kv_heads, head_dim])."""
+        """The data a tier holds for block `h` ([tensors, 2, block_size, kv_heads, head_dim])."""
         self._wait_host()
         slots = self.slots[name]
         return slots.data[slots.slot[h]]
@@ -235,7 +237,7 @@ class TierData:
         self.copied_out[tier.name] += 1
 
     def _flush_stores(self) -> None:
-        """Run the queued stores: each layer's blocks gathered on the device in one op, then one copy per
+        """Run the queued stores: each tensor's blocks gathered on the device in one op, then one copy per
         run of consecutive slots (on the side stream into pinned memory under CUDA)."""
         stores, self._stores = self._stores, []
         if not stores:
@@ -244,9 +246,9 @@ class TierData:
         with torch.cuda.stream(self.stream) if self.cuda else nullcontext():
             idx = torch.tensor([b for b, _, _ in stores], dtype=torch.int64, device=cache.device)
             staging = torch.empty(_shape(cache, len(stores)), dtype=cache.dtype, device=cache.device)
-            for layer in range(cache.num_layers):
-                staging[:, layer, 0] = cache.k[layer].index_select(0, idx)
-                staging[:, layer, 1] = cache.v[layer].index_select(0, idx)
+            for i in range(cache.num_tensors):
+                staging[:, i, 0] = cache.k_pools[i].index_select(0, idx)
+                staging[:, i, 1] = cache.v_pools[i].index_select(0, idx)
             for i, n in slot_runs([(tier, slot) for _, tier, slot in stores]):
                 tier, slot = stores[i][1], stores[i][2]
                 dst = tier.data[slot:slot + n]
@@ -257,7 +259,7 @@ class TierData:
 
     def _load(self, loads: list[list]) -> None:
         """Write the loads into their GPU blocks: one copy per run of consecutive slots into a device
-        staging buffer, then each layer's blocks scattered in one op (a block loaded twice keeps its last
+        staging buffer, then each tensor's blocks scattered in one op (a block loaded twice keeps its last
         load)."""
         cache = self.cache
         last = {entry[2]: entry for entry in loads}
@@ -270,9 +272,9 @@ class TierData:
             src = tier.data[slot:slot + n] if data is None else data[None]
             staging[i:i + n].copy_(src, non_blocking=self.cuda and src.is_pinned())
         idx = torch.tensor([e[2] for e in order], dtype=torch.int64, device=cache.device)
-        for layer in range(cache.num_layers):
-            cache.k[layer].index_copy_(0, idx, staging[:, layer, 0])
-            cache.v[layer].index_copy_(0, idx, staging[:, layer, 1])
+        for i in range(cache.num_tensors):
+            cache.k_pools[i].index_copy_(0, idx, staging[:, i, 0])
+            cache.v_pools[i].index_copy_(0, idx, staging[:, i, 1])
         for entry in loads:
             self.copied_in[entry[0].name] += 1
 

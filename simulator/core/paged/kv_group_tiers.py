@@ -65,6 +65,7 @@ class GroupTiers:
         self.ranges: dict[int, int] = {}  # group-tagged hash of a published page -> its range hash
         self.queue: list[tuple[int, tuple]] = []  # (tagged hash, (group, key)) of pages handed down
         self.evicted: list[tuple[int, tuple]] = []  # storing eagerly: pages the GPU evicted since
+        self.log = None  # a kv_group_tier_log.GroupTierLog when a driver keeps the pages' data (the engine)
 
     # ----------------------------------------------------------------- queries
     def entry(self, h: int, content: object, extra: object) -> tuple[int, GroupTier | None, int]:
@@ -158,6 +159,8 @@ class GroupTiers:
                 src.pending += 1
                 src.stats.hit_blocks += 1
                 src.keys.move_to_end(chain[i][1])
+                if self.log is not None:
+                    self.log.load(src, chain[i][1], g, table[-1])
                 deepest[i] = max(deepest[i], found[i][0])
             table.extend(new)
             tables.append(table)
@@ -192,6 +195,8 @@ class GroupTiers:
             if self.tiers:
                 for h, g, content, extra in batch:
                     self._store(h, content, extra, 1 << g)
+                    if self.log is not None:
+                        self.log.stored(h, g)
         if self.evicted:
             self._forget(self.evicted)
             self.evicted.clear()
