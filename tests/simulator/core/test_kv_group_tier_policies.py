@@ -118,6 +118,8 @@ def test_one_group_evicts_in_the_order_of_the_single_size_policy(policy, cpu, st
     assert _evictions(policy, 1, cpu, steps) == _admitted(policy, 1, cpu, steps)
 
 
+# Not S3-FIFO: its `admit` keeps a grown key's small-FIFO share at the size it came in with, where `use`
+# follows the growth (the first test checks that share).
 @settings(max_examples=200, deadline=None)
 @given(policy=st.sampled_from(["lru", "lfu"]), groups=st.integers(2, 3), cpu=CAPACITY,
        steps=STEPS)
