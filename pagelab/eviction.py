@@ -2,6 +2,9 @@
 
 Shared by the reuse analysis of a trace (traces/reuse.py simulates them at given capacities) and by the
 KV tiers below the GPU (simulator/core/paged/tiers.py). Pure Python: each operation is O(1) amortised.
+`admit` evicts to the cache's own capacity; `use` and `evict` let a holder that sizes its keys and its
+room itself (a grouped tier, whose entries weigh their pages: simulator/core/paged/group_policy.py) evict
+in the same order.
 
 - `lru`: least recently used first.
 - `lfu`: least frequently used first, the least recently used among equals (O(1) LFU: one LRU list per
@@ -39,22 +42,33 @@ class EvictionPolicy:
     def admit(self, key: Hashable, size: int = 1) -> list[Hashable]:
         """Insert `key` (or refresh it, taking the larger size) and evict until the cache fits; the
         evicted keys, in eviction order. A key larger than the whole cache is not kept."""
-        old = self.size.get(key)
-        if old is not None:
-            self._hit(key)
-            if size > old:
-                self.size[key] = size
-                self.used += size - old
-        else:
-            self.size[key] = size
-            self.used += size
-            self._insert(key)
+        self.use(key, size)
         evicted: list[Hashable] = []
         while self.used > self.capacity:
             victim = self._victim()
             self.used -= self.size.pop(victim)
             evicted.append(victim)
         return evicted
+
+    def use(self, key: Hashable, size: int = 1) -> None:
+        """Insert `key`, or count a use of it and grow it to `size` if larger, without evicting."""
+        old = self.size.get(key)
+        if old is None:
+            self.size[key] = size
+            self.used += size
+            self._insert(key)
+        else:
+            self._hit(key)
+            if size > old:
+                self.size[key] = size
+                self.used += size - old
+                self._grow(key, size - old)
+
+    def evict(self) -> Hashable:
+        """Evict the next key in the policy's order (one must be held) and release its size; the key."""
+        victim = self._victim()
+        self.used -= self.size.pop(victim)
+        return victim
 
     def resize(self, capacity: int) -> list[Hashable]:
         """Take a new capacity; the keys evicted to fit it, in eviction order."""
@@ -85,6 +99,9 @@ class EvictionPolicy:
 
     def _forget(self, key: Hashable, size: int) -> None:
         raise NotImplementedError
+
+    def _grow(self, key: Hashable, by: int) -> None:
+        """A held key grew by `by` units (only S3-FIFO keeps a sum to follow)."""
 
 
 class LRU(EvictionPolicy):
@@ -205,6 +222,10 @@ class S3FIFO(EvictionPolicy):
                 continue
             del freq[key]
             return key
+
+    def _grow(self, key, by):
+        if key in self.small:
+            self.small_used += by
 
     def _forget(self, key, size):
         del self.freq[key]

@@ -121,11 +121,20 @@ def test_a_grouped_tier_slot_holds_the_bytes_of_its_gpu_page(hybrid):
         assert torch.equal(torch.cat([held[:n, 0], held[:n, 1]]), pages[gh])
 
 
-def test_what_grouped_tiers_still_refuse_is_a_clear_error(hybrid):
-    with pytest.raises(EngineInputError, match="kv_offloading_policy: tiers of a model with several KV cache "
-                                               "groups evict LRU, got 'lfu'"):
-        LLMEngine(hybrid, backend="torch", block_size=BS, num_blocks=14, kv_offloading_size=64 * PAGE_GIB,
-                  kv_offloading_policy="lfu")
+@pytest.mark.parametrize("policy", ["lfu", "s3fifo"])
+def test_grouped_tiers_under_another_policy_give_the_tokens_and_kv_of_recompute(hybrid, recomputed, policy,
+                                                                                tmp_path):
+    engine, tokens = _run(hybrid, kv_offloading_size=2 * PAGE_GIB, kv_offloading_disk_size=64 * PAGE_GIB,
+                          kv_offloading_disk_path=str(tmp_path), kv_offloading_policy=policy)
+    tiers = engine.allocator.tiers
+    assert type(tiers.cpu.keys).__name__ == "_NotedPolicy" and tiers.cpu.stats.evicted_blocks > 0
+    loads = {t.spec.name: t.stats.hit_blocks for t in tiers.tiers if t.stats.hit_blocks}
+    assert sum(loads.values()) == 4  # the prefix's last two blocks in both groups, from either tier
+    _check_load_equals_recompute(engine, tokens, recomputed, loads)
+    engine.close()
+
+
+def test_what_grouped_tiers_refuse_is_a_clear_error(hybrid):
     with pytest.raises(EngineInputError, match=f"holds no KV block of {BS * 2048} bytes"):
         LLMEngine(hybrid, backend="torch", block_size=BS, num_blocks=14, kv_offloading_size=PAGE_GIB / 2)
 

@@ -27,6 +27,8 @@ def test_capacity_is_never_exceeded_and_sizes_add_up(name, capacity, steps):
             held.pop(key)
         assert cache.used == sum(held.values()) <= capacity
         assert set(cache.size) == set(held)
+        if name == "s3fifo":  # the small FIFO's share follows its keys as they grow
+            assert cache.small_used == sum(cache.size[k] for k in cache.small)
 
 
 def test_lru_evicts_the_least_recently_used():

@@ -1,4 +1,5 @@
-"""Simulations of a model with several KV cache groups (sliding and full attention) with KV tiers."""
+"""Simulations of a model with several KV cache groups (sliding and full attention) with KV tiers under
+each eviction policy."""
 from __future__ import annotations
 
 import dataclasses
@@ -6,8 +7,8 @@ import dataclasses
 import pandas as pd
 import pytest
 
+from pagelab.eviction import POLICIES
 from simulator.config import SimConfig
-from simulator.core.errors import ConfigError
 from simulator.loop import simulate
 from traces.multiturn import MultiTurnConfig, generate_multiturn
 
@@ -35,11 +36,14 @@ def test_a_zero_size_tier_changes_nothing(trace):
     assert tiered.summary["kv_tiers"]["tokens_by_source"]["cpu_hit"] == 0
 
 
+@pytest.mark.parametrize("policy", sorted(POLICIES))
 @pytest.mark.parametrize("store", ["lazy", "eager"])
-def test_prompt_tokens_by_source_add_up_and_tiers_serve_some(trace, store):
+def test_prompt_tokens_by_source_add_up_and_tiers_serve_some(trace, store, policy):
     config = dataclasses.replace(BASE, kv_offloading_size=0.5, kv_offloading_disk_size=2.0,
-                                 kv_offloading_store=store, debug=True)  # debug: invariants every step
+                                 kv_offloading_store=store, kv_offloading_policy=policy,
+                                 debug=True)  # debug: invariants every step
     s = simulate(trace, config).summary
+    assert s["kv_tiers"]["cpu"]["policy"] == s["kv_tiers"]["disk"]["policy"] == policy
     by = s["kv_tiers"]["tokens_by_source"]
     assert sum(by.values()) == s["allocator_stats"]["prefix_query_tokens"]
     assert by["gpu_hit"] == s["allocator_stats"]["prefix_hit_tokens"]
@@ -50,6 +54,9 @@ def test_prompt_tokens_by_source_add_up_and_tiers_serve_some(trace, store):
         assert (tier["load_seconds"] > 0) == (tier["hit_blocks"] > 0)
 
 
-def test_tiers_of_a_model_with_several_groups_refuse_other_policies(trace):
-    with pytest.raises(ConfigError, match="kv_offloading_policy"):
-        dataclasses.replace(BASE, kv_offloading_size=1.0, kv_offloading_policy="lfu").build_allocator()
+def test_the_policies_evict_differently(trace):
+    evicted = {policy: simulate(trace, dataclasses.replace(BASE, kv_offloading_size=0.5,
+                                                            kv_offloading_disk_size=2.0,
+                                                            kv_offloading_policy=policy)).summary["kv_tiers"]
+               for policy in POLICIES}
+    assert len({tiers["cpu"]["evicted_blocks"] for tiers in evicted.values()}) == len(POLICIES), evicted

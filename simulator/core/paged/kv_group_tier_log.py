@@ -5,7 +5,7 @@ A GroupTiers entry holds the pages of several groups of one block's token range;
 page per slot, keyed by (range hash, group). The log mirrors which tier holds each page and, after each
 change of the tiers, records the difference as one frame: pages dropped, pages moved between the tiers
 and the page just stored from the GPU. Changes are seen from the tiers' entry dicts (replaced by
-`_Keys`, which notes each range they gain or lose) and from GroupTiers' hooks (a page stored, a page
+`_noted`, which notes each range they gain or lose) and from GroupTiers' hooks (a page stored, a page
 loaded), so the eviction code that moves entries between the tiers needs no hook of its own.
 
 Ops, in order:
@@ -22,13 +22,14 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 
+from simulator.core.paged.group_policy import PolicyEntries
 
-class _Keys(OrderedDict):
-    """A tier's entries that note each range hash whose entry arrives or leaves (into `touched`)."""
 
-    def __init__(self, items, touched: set) -> None:
-        super().__init__(items)
-        self.touched = touched
+class _Noting:
+    """Notes each range hash whose entry arrives in or leaves a tier's entries (into `touched`), over the
+    entries' own class (LRU's OrderedDict, or an eviction policy's PolicyEntries)."""
+
+    touched: set
 
     def __setitem__(self, h, e) -> None:
         self.touched.add(h)
@@ -39,15 +40,30 @@ class _Keys(OrderedDict):
         super().__delitem__(h)
 
     def pop(self, h, *default):
-        """OrderedDict.pop, noted."""
+        """The entries' pop, noted."""
         self.touched.add(h)
         return super().pop(h, *default)
 
-    def popitem(self, last: bool = True):
-        """OrderedDict.popitem, noted."""
-        h, e = super().popitem(last)
+    def popitem(self, *args, **kwargs):
+        """The entries' popitem, noted."""
+        h, e = super().popitem(*args, **kwargs)
         self.touched.add(h)
         return h, e
+
+
+class _NotedLRU(_Noting, OrderedDict):
+    """An LRU tier's entries, noted."""
+
+
+class _NotedPolicy(_Noting, PolicyEntries):
+    """A policy tier's entries, noted."""
+
+
+def _noted(tier, touched: set) -> _Noting:
+    """Empty entries for `tier` of the class it keeps, noting into `touched`."""
+    keys = _NotedLRU() if type(tier.keys) is OrderedDict else _NotedPolicy(tier)
+    keys.touched = touched
+    return keys
 
 
 class GroupTierLog:
@@ -140,7 +156,7 @@ def attach_group_log(bm, log: GroupTierLog) -> None:
     if any(t.keys for t in tiers.tiers) or tiers.queue:
         raise RuntimeError("a GroupTierLog must be attached before the tiers hold anything")
     for tier in tiers.tiers:
-        tier.keys = _Keys(tier.keys, log.touched)
+        tier.keys = _noted(tier, log.touched)
     tiers.log = log
     cached, queue = pool.cached, tiers.queue
 

@@ -5,7 +5,7 @@ group's page of it by that hash tagged with the group), and holds the pages of t
 them when they came down: a full-attention group's page always, a sliding group's only while its window
 kept it. Pages come down as in tiers.py: when the GPU evicts them (`lazy`) or when their last holder lets
 them go (`eager`: a finishing sequence, or a window handing back what it skipped); a page of a range the
-CPU tier holds joins its entry; the CPU tier's evictions (whole entries, oldest first) go down to the disk
+CPU tier holds joins its entry; the CPU tier's evictions (whole entries) go down to the disk
 tier, the disk tier's are dropped; an entry lives in one tier (a page stored for a range the disk holds
 brings that entry up). Capacity counts pages: a tier of N GPU blocks holds N pages, whichever groups.
 
@@ -14,26 +14,28 @@ can serve from the GPU or a tier: a full-attention group every block before the 
 last `ceil((window - 1) / block_size)` blocks before it, as `group_hit` rules for GPU hits (the end is a
 whole number of tier blocks). Each page served from a tier is loaded into a fresh GPU block, its bytes
 charged to the step over the tier's bandwidth; each block of the extension counts its tokens to the
-deepest tier it loaded a page from (to the GPU when all its needed pages were there). Eviction is LRU:
-entries weigh as many pages as they hold, which the single-size policies of pagelab.eviction do not model.
-Stores are not charged, as in tiers.py.
+deepest tier it loaded a page from (to the GPU when all its needed pages were there). Eviction is LRU,
+LFU or S3-FIFO, entries weighing as many pages as they hold (LRU on the entries' OrderedDict, the others
+through group_policy.py). Stores are not charged, as in tiers.py.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
 
-from simulator.core.errors import ConfigError
+from simulator.core.paged.group_policy import PolicyEntries
 from simulator.core.paged.tier import TierSpec, TierStats, check_tiers, take_load_seconds, tier_summary
 from simulator.core.sequence import Sequence
 
 
 class GroupTier:
-    """A tier's entries (range hash -> [content, extra key, group mask], oldest first), pages and counters."""
+    """A tier's entries (range hash -> [content, extra key, group mask]; under LRU oldest first), pages
+    and counters."""
 
     def __init__(self, spec: TierSpec) -> None:
         self.spec = spec
-        self.keys: OrderedDict[int, list] = OrderedDict()
+        self.keys: OrderedDict[int, list] | PolicyEntries = OrderedDict() if spec.policy == "lru" \
+            else PolicyEntries(self)
         self.used = 0  # pages held
         self.capacity = spec.num_blocks
         self.stats = TierStats()
@@ -46,10 +48,6 @@ class GroupTiers:
 
     def __init__(self, specs: list[TierSpec], store: str, tables, page_bytes: int, bytes_per_token: int,
                  swap_used: Callable[[], int] = lambda: 0) -> None:
-        for spec in specs:
-            if spec.policy != "lru":
-                raise ConfigError(f"kv_offloading_policy: tiers of a model with several KV cache groups "
-                                  f"evict LRU, got {spec.policy!r}")
         check_tiers(specs, store)
         self.tiers = [GroupTier(s) for s in specs]
         for i, tier in enumerate(self.tiers):
@@ -232,7 +230,8 @@ class GroupTiers:
         self._trim(top)
 
     def _trim(self, tier: GroupTier) -> None:
-        """Evict `tier`'s oldest entries until its pages fit; they go one tier down (or are dropped)."""
+        """Evict `tier`'s entries (in its policy's order) until its pages fit; they go one tier down (or
+        are dropped)."""
         if tier is self.cpu:
             tier.capacity = max(0, tier.spec.num_blocks - self.swap_used())
         keys = tier.keys

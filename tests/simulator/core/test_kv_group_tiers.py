@@ -1,5 +1,6 @@
-"""KV tiers behind the GroupedBlockManager (kv_group_tiers.py): pool invariants under random use, hits
-that every group can serve, tokens by source, and a zero-size tier changing nothing."""
+"""KV tiers behind the GroupedBlockManager (kv_group_tiers.py): pool invariants under random use and each
+eviction policy, hits that every group can serve, tokens by source, and a zero-size tier changing
+nothing."""
 from __future__ import annotations
 
 import random
@@ -8,6 +9,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant, rule
 
+from pagelab.eviction import POLICIES
 from simulator import AllocStatus, Sequence, SequenceGroup
 from simulator.core.kv_layout import LayerKV, kv_cache_groups
 from simulator.core.paged.kv_group_tiers import GroupTiers, attach_groups
@@ -16,6 +18,7 @@ from simulator.core.paged.tier import STORE_MODES, TierSpec
 from tests.simulator.core.test_kv_groups_props import GroupedMachine
 
 PREFIXES = ([0, 1, 1, 0, 1, 0, 0, 1, 1, 1, 0, 1], [1, 1, 0, 0, 1, 0, 1, 1, 0, 0, 0, 1])
+POLICY = st.sampled_from(sorted(POLICIES))
 LAYERS = st.lists(st.one_of(st.none(), st.integers(1, 9)), min_size=1, max_size=3)  # None: full, n: window
 FULL_AND_SLIDING = kv_cache_groups([LayerKV("full", 2, 4), LayerKV("sliding_window", 2, 4, 64)])
 
@@ -69,6 +72,8 @@ def _check_tiers(bm) -> None:
     for tier in tiers.tiers:
         assert tier.used == sum(e[2].bit_count() for e in tier.keys.values()) <= tier.capacity
         assert all(e[2] for e in tier.keys.values()) and not seen & set(tier.keys)
+        if tier.spec.policy != "lru":  # the policy weighs each entry at its pages
+            assert tier.keys.policy.size == {h: e[2].bit_count() for h, e in tier.keys.items()}
         seen |= set(tier.keys)
     if tiers.cpu is not None:
         assert tiers.cpu.used + bm.num_cpu_blocks - bm.num_free_cpu_blocks <= tiers.cpu.spec.num_blocks
@@ -105,17 +110,19 @@ def test_random_requests_keep_the_invariants_and_load_only_what_every_group_can_
 
 class TieredMachine(GroupedMachine):
     """GroupedMachine (random allocate / append / fork / free / swap, every group's content read back,
-    invariants checked after each mutation) with CPU and disk tiers behind the pool."""
+    invariants checked after each mutation) with CPU and disk tiers under an eviction policy behind the
+    pool."""
 
     @initialize(num_blocks=st.integers(8, 40), block_size=st.integers(1, 3), layers=LAYERS,
                 num_cpu=st.integers(0, 12), disk=st.integers(0, 12), store=st.sampled_from(STORE_MODES),
-                per_tier=st.sampled_from([1, 2]), collide=st.booleans())
-    def setup(self, num_blocks, block_size, layers, num_cpu, disk, store, per_tier, collide):
+                per_tier=st.sampled_from([1, 2]), collide=st.booleans(), policy=POLICY)
+    def setup(self, num_blocks, block_size, layers, num_cpu, disk, store, per_tier, collide, policy):
         specs = [LayerKV("full", block_size, 4) if w is None else LayerKV("sliding_window", block_size, 4, w)
                  for w in layers]
         self.bm = GroupedBlockManager(num_blocks, kv_cache_groups(specs), num_cpu_blocks=num_cpu, debug=True,
                                       hash_fn=(lambda x: hash(x) % 3) if collide else hash)
-        tiers = [TierSpec("cpu", num_cpu, per_tier)] + ([TierSpec("disk", disk, per_tier)] if disk else [])
+        tiers = [TierSpec("cpu", num_cpu, per_tier, policy)] + ([TierSpec("disk", disk, per_tier, policy)]
+                                                                if disk else [])
         attach_groups(self.bm, GroupTiers(tiers, store, self.bm.tables, page_bytes=64, bytes_per_token=8))
         self.bs, self.gpu, self.cpu = block_size, {}, {}
         self.running, self.swapped, self.next_id = [], [], 0
