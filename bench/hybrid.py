@@ -53,10 +53,12 @@ def run_one(trace, config: SimConfig) -> dict:
             "preemptions": s["num_preemptions"], "finished": s["num_finished"], **shares}
 
 
-def study(num_requests: int) -> dict[str, dict]:
-    """The three configurations side by side."""
+def study(num_requests: int, chunk: int | None = None) -> dict[str, dict]:
+    """The three configurations side by side (with chunked prefill of `chunk` tokens per step if given)."""
     trace = _trace(num_requests)
-    return {label: run_one(trace, dataclasses.replace(BASE, **kw)) for label, kw in CONFIGS.items()}
+    base = BASE if chunk is None else \
+        dataclasses.replace(BASE, enable_chunked_prefill=True, max_num_batched_tokens=chunk)
+    return {label: run_one(trace, dataclasses.replace(base, **kw)) for label, kw in CONFIGS.items()}
 
 
 def block_sizes(num_requests: int, sizes=(16, 32, 64, 128, 256, 512, 1024, 2048)) -> dict[int, float]:
@@ -128,9 +130,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("hybrid-study"), help="folder for the JSON and figure")
     ap.add_argument("--timing", type=int, default=0, metavar="REPEATS",
                     help="also time hybrid against one group, REPEATS alternating runs each")
+    ap.add_argument("--chunk", type=int, default=None, metavar="TOKENS",
+                    help="also run the study with chunked prefill of TOKENS per step (vLLM's default: 8192)")
     args = ap.parse_args(argv)
+    if args.chunk is not None and args.chunk < 1:
+        ap.error(f"--chunk must be >= 1 token, got {args.chunk}")
     args.out.mkdir(parents=True, exist_ok=True)
     result = {"study": study(args.requests), "hit_rate_by_block_size": block_sizes(args.requests)}
+    if args.chunk is not None:
+        result["study_chunked"] = study(args.requests, args.chunk)
     if args.timing:
         result["timing_s"] = timing(args.requests, args.timing)
     (args.out / "hybrid.json").write_text(json.dumps(result, indent=2))

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from bench.hybrid import BASE, _trace, run_one, timing
+import pytest
+
+from bench.hybrid import BASE, _trace, main, run_one, study, timing
 
 
 def test_padding_and_window_blocks_are_parts_of_their_states():
@@ -26,3 +28,17 @@ def test_timing_gives_both_runs_and_their_ratio():
     assert out["hybrid cpu_s"] > 0 and out["one group cpu_s"] > 0
     assert out["ratio_cpu"] == out["hybrid cpu_s"] / out["one group cpu_s"]
     assert out["ratio_wall"] == out["hybrid wall_s"] / out["one group wall_s"]
+
+
+def test_chunked_prefill_serves_the_long_prompt_the_hybrid_layout_refuses_whole():
+    trace = _trace(12)  # request 11: 87,169 prompt tokens, 5,449 blocks in each of the 7 groups at once
+    assert trace["prompt_len"].max() == 87169
+    whole = run_one(trace, BASE)
+    chunked = study(12, 8192)["hybrid"]
+    assert whole["finished"] == 11 and chunked["finished"] == 12
+
+
+def test_a_chunk_of_no_tokens_is_refused(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--chunk", "0", "--out", "unused"])
+    assert exc.value.code == 2 and "--chunk must be >= 1 token, got 0" in capsys.readouterr().err
