@@ -7,7 +7,7 @@ import dataclasses
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import initialize, invariant
 
 from simulator import AllocStatus, Sequence, SequenceGroup
 from simulator.config import SimConfig
@@ -16,6 +16,7 @@ from simulator.core.paged.kv_groups import GroupedBlockManager
 from simulator.core.scheduler import Scheduler, SchedulerConfig
 from simulator.core.sequence import SequenceStatus
 from simulator.loop import simulate
+from tests.simulator.core.test_scheduler_props import ChunkedPrefillMachine
 from traces import SyntheticConfig, generate_trace
 
 # One sliding-window layer (window 4) and one full layer, blocks of 2 tokens.
@@ -70,9 +71,9 @@ def test_a_hybrid_model_serves_a_long_prompt_chunk_by_chunk_that_it_rejects_whol
     assert runs[0] == runs[1]
 
 
-class GroupedChunkMachine(RuleBasedStateMachine):
-    """Requests with few distinct token values (so prefixes repeat) through schedule/commit steps over a
-    small debug grouped pool (its invariants checked on every change)."""
+class GroupedChunkMachine(ChunkedPrefillMachine):
+    """The chunked-prefill scheduler machine (its requests, steps and final check) over a small debug
+    grouped pool instead, its invariants checked on every change."""
 
     @initialize(num_blocks=st.integers(8, 24), window=st.integers(2, 6), budget=st.integers(2, 8),
                 mode=st.sampled_from(["recompute", "swap"]))
@@ -81,29 +82,10 @@ class GroupedChunkMachine(RuleBasedStateMachine):
         self.bm = GroupedBlockManager(num_blocks, layout, num_cpu_blocks=16, debug=True, prefill_chunk=budget)
         self.sch = Scheduler(SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=budget, max_model_len=24,
                                              enable_chunked_prefill=True, preemption_mode=mode), self.bm)
+        self.bs = 2
         self.bound = self.bm.tables.specs[0].need + -(-budget // 2) + 1
         self.max_new: dict[int, int] = {}
         self.next_id = 0
-
-    @rule(prompt=st.lists(st.integers(0, 1), min_size=1, max_size=16), max_new=st.integers(1, 5))
-    def add_request(self, prompt, max_new):
-        self.next_id += 1
-        seq = Sequence(self.next_id, len(prompt), len(prompt) + max_new - 1, token_ids=list(prompt))
-        self.max_new[self.next_id] = max_new
-        self.sch.add_request(SequenceGroup(self.next_id, [seq]))
-
-    @rule(token=st.integers(0, 1))
-    def step(self, token):
-        out = self.sch.schedule()
-        self.sch.commit(out)
-        for sg in out.scheduled:
-            if sg.is_prefill and not sg.completes_prefill:
-                continue
-            for s in sg.group.live_seqs():
-                s.append_token(token)
-                if s.num_generated >= self.max_new[s.request_id]:
-                    self.sch.finish_seq(s)
-        self.sch.remove_finished()
 
     @invariant()
     def a_prompt_holds_slots_for_computed_chunks_only_a_window_its_span_and_caches_computed_blocks(self):
@@ -118,18 +100,10 @@ class GroupedChunkMachine(RuleBasedStateMachine):
                     assert s.num_tokens == s.length - left, (s.seq_id, s.num_tokens, s.length, left)
                     assert _held(self.bm, s.seq_id)[0] <= self.bound
                 computed = s.length - left if left else s.num_tokens
-                for g, table in enumerate(self.bm.tables.tables[s.seq_id]):
+                for k, table in enumerate(self.bm.tables.tables[s.seq_id]):
                     for i, bid in enumerate(table):
                         if bid is not None and self.bm.pool.key[bid] is not None:
-                            assert (i + 1) * 2 <= computed, f"group {g} block {i} cached, {computed} computed"
-
-    def teardown(self):
-        if not hasattr(self, "sch"):
-            return
-        for g in list(self.sch.running) + list(self.sch.swapped):
-            for s in g.live_seqs():
-                self.sch.finish_seq(s)
-        assert self.bm.num_used_blocks == 0 and self.bm.num_free_cpu_blocks == 16
+                            assert (i + 1) * self.bs <= computed, (k, i, computed)
 
 
 TestGroupedChunkMachine = GroupedChunkMachine.TestCase
