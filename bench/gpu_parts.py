@@ -20,7 +20,8 @@ GPU_TEST_FILES = ("tests/gpu_backend/test_ops_triton.py", "tests/gpu_backend/tes
                   "tests/gpu_backend/test_kv_cache.py", "tests/gpu_backend/test_cuda_graph.py",
                   "tests/gpu_backend/test_decode_step.py", "tests/gpu_backend/test_kernel_variants.py",
                   "tests/cli/test_cli_bench_engine.py", "tests/gpu_backend/test_engine_tiers.py",
-                  "tests/gpu_backend/test_engine_groups.py", "tests/gpu_backend/test_layer_ops.py")
+                  "tests/gpu_backend/test_engine_groups.py", "tests/gpu_backend/test_layer_ops.py",
+                  "tests/gpu_backend/test_engine_group_tiers.py")
 ALLOCATORS = ("paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle")
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: GPU_TEST_FILES are relative to it
 
