@@ -143,3 +143,14 @@ def test_a_grouped_tier_block_of_two_gpu_blocks_loads_whole_and_gives_recomputed
     engine, tokens = _run(hybrid, kv_offloading_size=64 * PAGE_GIB, kv_offloading_block_size=2 * BS)
     assert engine.allocator.tiers.per_tier == 2
     _check_load_equals_recompute(engine, tokens, recomputed, {"cpu": 4})
+
+
+def test_grouped_tiers_under_chunked_prefill_give_the_tokens_and_kv_of_recompute(hybrid):
+    """Prompts fed in chunks of 2 tokens, each chunk's pages taken as it is scheduled (after a loaded
+    prefix too, whose prompt has 3 more tokens): a prefix loaded from the CPU tier gives what the same
+    chunked engine without tiers recomputes."""
+    chunked = dict(enable_chunked_prefill=True, max_num_batched_tokens=2, max_num_seqs=2)
+    plain, plain_tokens = _run(hybrid, **chunked)
+    assert plain.allocator.prefill_chunk == 2 and plain.allocator.stats.evictions > 0
+    engine, tokens = _run(hybrid, kv_offloading_size=64 * PAGE_GIB, **chunked)
+    _check_load_equals_recompute(engine, tokens, (plain_tokens, _pages(plain)), {"cpu": 4})

@@ -10,6 +10,7 @@ import pytest
 from pagelab.eviction import POLICIES
 from simulator.config import SimConfig
 from simulator.loop import simulate
+from tests.simulator.test_simulate_fast import assert_identical
 from traces.multiturn import MultiTurnConfig, generate_multiturn
 
 BASE = SimConfig(model="gemma-3-27b", gpu="h100-80gb", max_model_len=32768, kv_memory_gb=1.2)
@@ -60,3 +61,20 @@ def test_the_policies_evict_differently(trace):
                                                             kv_offloading_policy=policy)).summary["kv_tiers"]
                for policy in POLICIES}
     assert len({tiers["cpu"]["evicted_blocks"] for tiers in evicted.values()}) == len(POLICIES), evicted
+
+
+@pytest.mark.parametrize("store", ["lazy", "eager"])
+def test_tiers_extend_hits_of_prompts_allocated_chunk_by_chunk_fast_as_step(trace, store):
+    """Chunked prefill over a grouped pool with tiers: each prompt takes its first chunk past the hit the
+    tiers extend, then a chunk at a time, so the small pool serves prompts it refuses whole; the
+    invariants hold every step and fast mode is step mode."""
+    tiered = dataclasses.replace(BASE, kv_offloading_size=0.5, kv_offloading_disk_size=2.0,
+                                 kv_offloading_store=store)
+    config = dataclasses.replace(tiered, enable_chunked_prefill=True, max_num_batched_tokens=1024, debug=True)
+    fast = simulate(trace, config)
+    step = simulate(trace, dataclasses.replace(config, mode="step"))
+    assert_identical(fast, step)
+    assert fast.summary["kv_tiers"] == step.summary["kv_tiers"]
+    by = fast.summary["kv_tiers"]["tokens_by_source"]
+    assert by["cpu_hit"] + by["disk_hit"] > 0
+    assert fast.summary["num_finished"] > simulate(trace, tiered).summary["num_finished"]

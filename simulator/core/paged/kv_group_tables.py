@@ -182,7 +182,7 @@ class GroupTables(GroupHits, GroupBulk):
         bs, n, stats = self.block_size, seq.length, self.pool.stats
         hit, hits = self.longest_hit(seq)
         if self.tiers is not None:  # pages in KV tiers may extend the hit (kv_group_tiers.py)
-            loaded = self.tiers.allocate(seq, rid, budget, hit)
+            loaded = self.tiers.allocate(seq, rid, budget, hit, chunked)
             if loaded is not None:
                 return loaded
         slots = min(n, hit * bs + budget) if chunked else n

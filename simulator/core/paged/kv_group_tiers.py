@@ -114,9 +114,10 @@ class GroupTiers:
         return best
 
     # ----------------------------------------------------------------- mutations
-    def allocate(self, seq: Sequence, rid: int, budget: int, hit: int) -> int | None:
+    def allocate(self, seq: Sequence, rid: int, budget: int, hit: int, chunked: bool = False) -> int | None:
         """GroupTables.allocate_one for a prompt whose hit the tiers extend (None: they do not; the
-        tables allocate it). GPU pages are held first, so the fresh blocks taken after cannot evict them."""
+        tables allocate it): every token's blocks, or (`chunked`) those up to `budget` tokens past the
+        extended hit. GPU pages are held first, so the fresh blocks taken after cannot evict them."""
         t, bs = self.tables, self.block_size
         if not t.enabled or (seq.token_ids is None and not seq.prefix_keys):
             return None
@@ -140,13 +141,14 @@ class GroupTiers:
                 if type(src) is int:
                     t.incref(src, rid, sid)
         deepest = [-1] * end  # per block: the deepest tier a page of it came from
-        total = -(-n // bs)
+        slots = min(n, end * bs + budget) if chunked else n
+        total = -(-slots // bs)
         tables = []
         for g, row in enumerate(rows):
             loads = [i for i, src in enumerate(row, starts[g]) if type(src) is not int]
             fills = [bs] * (len(loads) + total - end)
             if total > end:
-                fills[-1] = n - (total - 1) * bs
+                fills[-1] = slots - (total - 1) * bs
             new = iter(t.take(g, len(fills), rid, sid, fills))
             table: list = [None] * starts[g]
             for i, src in enumerate(row, starts[g]):
@@ -172,7 +174,7 @@ class GroupTiers:
         t.next_removal(sid)
         t.pending[sid] = 0
         t.mark_exclusive(sid)
-        seq.num_tokens = n
+        seq.num_tokens = slots
         seq.num_cached_tokens = end * bs
         t.seqs[sid] = seq
         t.chains[sid] = chain

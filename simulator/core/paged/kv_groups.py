@@ -76,8 +76,13 @@ class GroupedBlockManager(PoolCounts, KVAllocator):
         needed = 0
         for s in seqs:
             hit, blocks = self.tables.longest_hit(s)
-            slots = min(s.length, hit * self.block_size + num_new_tokens) if by_chunk else s.length
-            needed += self.tables.prompt_blocks(slots, hit)
+            if by_chunk and self.tiers is not None:
+                # Tiers may extend the hit by pages each needing a fresh block, as far as the whole prompt:
+                # count the widest first step a sliding group can take (what the NEVER bound allows).
+                needed += self.tables.peak_blocks(s.length, num_new_tokens)
+            else:
+                slots = min(s.length, hit * self.block_size + num_new_tokens) if by_chunk else s.length
+                needed += self.tables.prompt_blocks(slots, hit)
             needed -= self.tables.num_held(blocks)
         if self.pool.num_free - needed < self.watermark_blocks:
             return AllocStatus.LATER
@@ -95,10 +100,9 @@ class GroupedBlockManager(PoolCounts, KVAllocator):
         return seqs[:1] if len(seqs) > 1 and shares_allocation(seqs) else seqs
 
     def by_chunk(self, num_seqs: int) -> bool:
-        """Whether a prompt of `num_seqs` live sequences is allocated chunk by chunk: one sequence,
-        chunked prefill, no KV tiers (a tier hit loads its pages into blocks allocated for the whole
-        prompt)."""
-        return self.prefill_chunk is not None and self.tiers is None and num_seqs == 1
+        """Whether a prompt of `num_seqs` live sequences is allocated chunk by chunk: one sequence under
+        chunked prefill."""
+        return self.prefill_chunk is not None and num_seqs == 1
 
     def _peak_blocks(self, group: SequenceGroup, seqs: list[Sequence]) -> int:
         """Blocks the sequences hold at most at once: their prompts together (or, by chunk, one prompt's
