@@ -206,7 +206,11 @@ def test_tiny_hybrid_preset_runs_in_the_engine_past_its_window():
     # tokens, the short prompts growing) outgrow the pool and take turns, preempted mid-way.
     {"num_blocks": 16, "block_size": 4, "preemption_mode": "recompute", "watermark": 0.0},
     {"num_blocks": 16, "block_size": 4, "preemption_mode": "swap", "swap_space_gb": 0.001, "watermark": 0.0},
-], ids=["contiguous", "recompute", "swap"])
+    # 12 x 4 slots, prompts in chunks of up to 8 tokens, each chunk's blocks taken as it is scheduled: a
+    # chunk short of blocks preempts the latest running request (or its own, recomputed later).
+    {"num_blocks": 12, "block_size": 4, "preemption_mode": "recompute", "watermark": 0.0,
+     "enable_chunked_prefill": True, "max_num_batched_tokens": 8, "max_num_seqs": 6},
+], ids=["contiguous", "recompute", "swap", "chunked"])
 @pytest.mark.parametrize("name", ["mistral", "gemma2"])
 def test_engine_pools_and_preemption_with_windows_equal_transformers(checkpoints, name, options):
     path, hf = checkpoints[name]
