@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from gpu_backend.kv_tiers import TierData, _shape
+from gpu_backend.kv_tiers import TierData
 
 
 class GroupTierData(TierData):
@@ -36,13 +36,8 @@ class GroupTierData(TierData):
         return out
 
     # ----------------------------------------------------------------- mutations
-    def run(self) -> None:
-        """Perform the moves the core logged since the last call (before the device pool is written)."""
-        ops = self.log.take()
-        if not ops:
-            return
-        if self.cuda:  # reads take blocks the forwards queued so far have written
-            self.stream.wait_stream(torch.cuda.current_stream(self.cache.device))
+    def _apply(self, ops: list) -> list[list]:
+        """Apply the log's reads, frames and loads to the slots (TierData.run writes what they queue)."""
         loads: list[list] = []  # [tier, slot, GPU block, data read early or None]
         by_dst: dict[int, list] = {}  # GPU block -> the load it holds from here on
         reads: dict[int, int] = {}  # token -> GPU block, pages handed down in this batch
@@ -63,12 +58,10 @@ class GroupTierData(TierData):
             else:
                 self._frame(op[1], op[2], reads, loads)
         if reads:  # pages whose frame comes in a later batch: read before loads or forwards overwrite them
-            self._stage(reads)
-        self._flush_stores()
-        if self.cuda:  # loads and the next forward write blocks the side stream may still be reading
-            torch.cuda.current_stream(self.cache.device).wait_stream(self.stream)
-        if loads:
-            self._load(loads)
+            staging = self._gather(list(reads.values()))
+            for j, token in enumerate(reads):
+                self.staged[token] = staging[j]
+        return loads
 
     def _frame(self, changes: list, token: int | None, reads: dict[int, int], loads: list[list]) -> None:
         """Apply one frame: read every moving page, free the slots left, then fill the slots taken."""
@@ -98,15 +91,3 @@ class GroupTierData(TierData):
         if token is not None:
             reads.pop(token, None)
             self.staged.pop(token, None)
-
-    def _stage(self, reads: dict[int, int]) -> None:
-        """Copy the pages of `reads` (token -> GPU block) out of the pool, each tensor in one op."""
-        cache = self.cache
-        idx = torch.tensor(list(reads.values()), dtype=torch.int64, device=cache.device)
-        staging = torch.empty(_shape(cache, len(reads)), dtype=cache.dtype, device=cache.device)
-        for i in range(cache.num_tensors):
-            staging[:, i, 0] = cache.k_pools[i].index_select(0, idx)
-            staging[:, i, 1] = cache.v_pools[i].index_select(0, idx)
-        for j, token in enumerate(reads):
-            self.staged[token] = staging[j]
-

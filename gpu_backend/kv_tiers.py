@@ -181,7 +181,17 @@ class TierData:
             return
         if self.cuda:  # stores read blocks the forwards queued so far have written
             self.stream.wait_stream(torch.cuda.current_stream(self.cache.device))
-        loads: list[list] = []  # [tier, slot, GPU block, data read early or None]
+        loads = self._apply(ops)
+        self._flush_stores()
+        if self.cuda:  # loads and the next forward write blocks the side stream may still be reading
+            torch.cuda.current_stream(self.cache.device).wait_stream(self.stream)
+        if loads:
+            self._load(loads)
+
+    def _apply(self, ops: list) -> list[list]:
+        """Apply the log's ops to the slots, queueing stores; the loads, [tier, slot, GPU block, data read
+        early or None], to write once the stores have run."""
+        loads: list[list] = []
         by_op: dict[int, list] = {}  # id of a load op -> its entry in `loads`
         by_dst: dict[int, list] = {}  # GPU block -> the entry of the load it holds from here on
         for op in ops:
@@ -212,11 +222,7 @@ class TierData:
                 entry = [tier, tier.slot[op[2]], op[3], None]
                 loads.append(entry)
                 by_op[id(op)] = entry
-        self._flush_stores()
-        if self.cuda:  # loads and the next forward write blocks the side stream may still be reading
-            torch.cuda.current_stream(self.cache.device).wait_stream(self.stream)
-        if loads:
-            self._load(loads)
+        return loads
 
     def close(self) -> None:
         """Remove the disk tier's file."""
@@ -242,13 +248,8 @@ class TierData:
         stores, self._stores = self._stores, []
         if not stores:
             return
-        cache = self.cache
         with torch.cuda.stream(self.stream) if self.cuda else nullcontext():
-            idx = torch.tensor([b for b, _, _ in stores], dtype=torch.int64, device=cache.device)
-            staging = torch.empty(_shape(cache, len(stores)), dtype=cache.dtype, device=cache.device)
-            for i in range(cache.num_tensors):
-                staging[:, i, 0] = cache.k_pools[i].index_select(0, idx)
-                staging[:, i, 1] = cache.v_pools[i].index_select(0, idx)
+            staging = self._gather([b for b, _, _ in stores])
             for i, n in slot_runs([(tier, slot) for _, tier, slot in stores]):
                 tier, slot = stores[i][1], stores[i][2]
                 dst = tier.data[slot:slot + n]
@@ -256,6 +257,17 @@ class TierData:
         if self.cuda:
             self.event = torch.cuda.Event()
             self.event.record(self.stream)
+
+    def _gather(self, bids: list[int]) -> torch.Tensor:
+        """The GPU blocks `bids`, [len(bids), tensors, 2, block_size, kv_heads, head_dim], on the device:
+        each pool tensor's blocks read in one op."""
+        cache = self.cache
+        idx = torch.tensor(bids, dtype=torch.int64, device=cache.device)
+        staging = torch.empty(_shape(cache, len(bids)), dtype=cache.dtype, device=cache.device)
+        for i in range(cache.num_tensors):
+            staging[:, i, 0] = cache.k_pools[i].index_select(0, idx)
+            staging[:, i, 1] = cache.v_pools[i].index_select(0, idx)
+        return staging
 
     def _load(self, loads: list[list]) -> None:
         """Write the loads into their GPU blocks: one copy per run of consecutive slots into a device

@@ -10,25 +10,20 @@ same shape either way, so the comparison is exact).
 """
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
-from gpu_backend import EngineInputError, LLMEngine, SamplingParams
+from gpu_backend import EngineInputError, LLMEngine
 from gpu_backend.model import CausalLM
 from gpu_backend.model_presets import build_preset
 from gpu_backend.ops import get_backend
+from tests.gpu_backend.test_engine_tiers import CUDA, run_one_by_one, tier_prompts
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 BS = 16
 PREFIX_BLOCKS = 4  # 64 tokens: past the 32-token window, so the sliding group needs only its last two
-GREEDY = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
 PAGE_GIB = BS * 1024 * 2 / 2**30  # one pool block of tiny-hybrid in fp32: 16 tokens x 2 tensors x 1 KiB
-
-
-CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
-                                                                        reason="needs CUDA")])
 
 
 @pytest.fixture(scope="module", params=["cpu", CUDA])
@@ -37,20 +32,10 @@ def hybrid(request) -> CausalLM:
     return build_preset("tiny-hybrid", device=request.param, backend=get_backend("torch", request.param))
 
 
-def _prompts() -> list[list[int]]:
-    """The prefix with an ending, three unrelated prompts that push it out of a 14-block pool, and the
-    prefix again with another ending (the same lengths, so every prefill has the same shape)."""
-    rng = np.random.default_rng(0)
-    prefix = rng.integers(3, 1024, PREFIX_BLOCKS * BS).tolist()
-    others = [rng.integers(3, 1024, PREFIX_BLOCKS * BS + 3).tolist() for _ in range(3)]
-    return [prefix + rng.integers(3, 1024, 3).tolist(), *others, prefix + rng.integers(3, 1024, 3).tolist()]
-
-
 def _run(model, **kw) -> tuple[LLMEngine, list[list[int]]]:
-    """The prompts one after the other (each finishes before the next arrives)."""
+    """The shared-prefix prompts one after the other, over a 14-block pool unless given."""
     kw.setdefault("num_blocks", 14)
-    engine = LLMEngine(model, backend="torch", block_size=BS, watermark=0.0, **kw)
-    return engine, [engine.generate([p], GREEDY)[0].outputs[0].token_ids for p in _prompts()]
+    return run_one_by_one(model, tier_prompts(PREFIX_BLOCKS * BS, 1024), backend="torch", block_size=BS, **kw)
 
 
 def _pages(engine: LLMEngine) -> dict[int, torch.Tensor]:

@@ -47,20 +47,28 @@ def model(request) -> CausalLM:
     return m
 
 
-def _prompts() -> list[list[int]]:
-    """A prompt with a 4-block prefix, three unrelated prompts that push it out of a 12-block pool, and the
-    prefix again with another ending (the same lengths, so every prefill has the same shape)."""
+def tier_prompts(prefix_tokens: int, vocab: int) -> list[list[int]]:
+    """A prompt with a prefix of `prefix_tokens`, three unrelated prompts that push it out of a small pool,
+    and the prefix again with another ending (the same lengths, so every prefill has the same shape)."""
     rng = np.random.default_rng(0)
-    prefix = rng.integers(3, 256, PREFIX_BLOCKS * BS).tolist()
-    others = [rng.integers(3, 256, PREFIX_BLOCKS * BS + 3).tolist() for _ in range(3)]
-    return [prefix + rng.integers(3, 256, 3).tolist(), *others, prefix + rng.integers(3, 256, 3).tolist()]
+    prefix = rng.integers(3, vocab, prefix_tokens).tolist()
+    others = [rng.integers(3, vocab, prefix_tokens + 3).tolist() for _ in range(3)]
+    return [prefix + rng.integers(3, vocab, 3).tolist(), *others, prefix + rng.integers(3, vocab, 3).tolist()]
+
+
+def run_one_by_one(model, prompts: list[list[int]], **kw) -> tuple[LLMEngine, list[list[int]]]:
+    """The prompts one after the other (each finishes before the next arrives), 4 greedy tokens each."""
+    engine = LLMEngine(model, watermark=0.0, **kw)
+    return engine, [engine.generate([p], GREEDY)[0].outputs[0].token_ids for p in prompts]
+
+
+def _prompts() -> list[list[int]]:
+    return tier_prompts(PREFIX_BLOCKS * BS, 256)
 
 
 def _run(model, **kw) -> tuple[LLMEngine, list[list[int]]]:
-    """The prompts one after the other (each finishes before the next arrives)."""
     kw.setdefault("num_blocks", 12)
-    engine = LLMEngine(model, block_size=BS, watermark=0.0, **kw)
-    return engine, [engine.generate([p], GREEDY)[0].outputs[0].token_ids for p in _prompts()]
+    return run_one_by_one(model, _prompts(), block_size=BS, **kw)
 
 
 def _sources(engine: LLMEngine) -> dict[str, int]:
