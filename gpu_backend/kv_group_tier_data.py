@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from gpu_backend.kv_tiers import TierData
+from simulator.core.paged.kv_group_tiers import mask_groups
 
 
 class GroupTierData(TierData):
@@ -27,7 +28,7 @@ class GroupTierData(TierData):
         out = []
         for tier in self.tiers.tiers:
             slots = self.slots[tier.spec.name]
-            pages = {(h, g) for h, e in tier.keys.items() for g in range(e[2].bit_length()) if e[2] >> g & 1}
+            pages = {(h, g) for h, e in tier.keys.items() for g in mask_groups(e[2])}
             if set(slots.slot) != pages:
                 out.append(f"{slots.name}: {len(slots.slot)} slots in use, {len(pages)} pages held")
             if len(slots.slot) + len(slots.free) != slots.num_slots:

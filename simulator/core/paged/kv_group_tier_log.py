@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 
 from simulator.core.paged.group_policy import PolicyEntries
+from simulator.core.paged.kv_group_tiers import mask_groups
 
 
 class _Noting:
@@ -119,12 +120,7 @@ class GroupTierLog:
                 e = tier.keys.get(h)
                 if e is not None:
                     content, extra = e[0], e[1]
-                    mask, g = e[2], 0
-                    while mask:
-                        if mask & 1:
-                            pages[g] = tier.spec.name
-                        mask >>= 1
-                        g += 1
+                    pages.update(dict.fromkeys(mask_groups(e[2]), tier.spec.name))
             old = held.pop(h, None)
             before = {} if old is None else old[2]
             if before and pages and not (old[0] == content and old[1] == extra):  # a colliding range

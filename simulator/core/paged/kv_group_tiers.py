@@ -28,6 +28,11 @@ from simulator.core.paged.tier import TierSpec, TierStats, check_tiers, take_loa
 from simulator.core.sequence import Sequence
 
 
+def mask_groups(mask: int) -> list[int]:
+    """The groups whose pages an entry's group mask says it holds (bit g: group g)."""
+    return [g for g in range(mask.bit_length()) if mask >> g & 1]
+
+
 class GroupTier:
     """A tier's entries (range hash -> [content, extra key, group mask]; under LRU oldest first), pages
     and counters."""
