@@ -159,9 +159,9 @@ class Scheduler:
                 # An allocator that allocates by chunk (a window's groups) gave slots up to the last
                 # chunk's end: this one takes its own first, preempting as a decode would.
                 grow = seqs[0].length - left + chunk - seqs[0].num_tokens if len(seqs) == 1 else 0
-                if grow > 0 and not self._make_room(group, seqs, grow, queue, kept, out, prompt=True):
-                    continue
                 if grow > 0:
+                    if not self._make_room(group, seqs, grow, queue, kept, out, prompt=True):
+                        continue
                     out.blocks_to_copy.extend(self.allocator.append_slot(seqs[0], grow))
                 out.scheduled.append(ScheduledGroup(group, chunk, True, chunk == left))
                 out.num_batched_tokens += chunk

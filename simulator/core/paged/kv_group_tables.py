@@ -18,7 +18,7 @@ from simulator.core.paged.kv_group_hits import GroupHits
 from simulator.core.sequence import Sequence
 
 
-def _fills(tokens: int, block_size: int) -> list[int]:
+def block_fills(tokens: int, block_size: int) -> list[int]:
     """The fill of each of the fresh blocks that `tokens` more tokens take: full ones, then the rest."""
     num = _cdiv(tokens, block_size)
     return [block_size] * (num - 1) + [tokens - (num - 1) * block_size]
@@ -200,9 +200,7 @@ class GroupTables(GroupHits, GroupBulk):
         for per_group in hits:
             for bid in per_group:
                 self.incref(bid, rid, seq.seq_id)
-        fills = [bs] * (total - hit)
-        if fills:
-            fills[-1] = slots - (total - 1) * bs
+        fills = block_fills(slots - hit * bs, bs) if slots > hit * bs else []
         starts = [self.first_held(g, hit) for g in range(self.num_groups)]
         tables = [[None] * starts[g] + hits[g] + new
                   for g, new in enumerate(self.take_each(total - hit, rid, seq.seq_id, fills))]
@@ -281,8 +279,8 @@ class GroupTables(GroupHits, GroupBulk):
         tables = self.tables[seq.seq_id]
         if not rem:  # at a block boundary every group takes the same fresh blocks
             if k > 0:
-                for table, new in zip(tables, self.take_each(_cdiv(k, bs), rid, seq.seq_id, _fills(k, bs)),
-                                      strict=True):
+                fresh = self.take_each(_cdiv(k, bs), rid, seq.seq_id, block_fills(k, bs))
+                for table, new in zip(tables, fresh, strict=True):
                     table.extend(new)
         else:
             for g, table in enumerate(tables):
@@ -297,7 +295,7 @@ class GroupTables(GroupHits, GroupBulk):
                 self.fill(table[-1], fill)
                 left = k - fill
                 if left > 0:
-                    table.extend(self.take(g, _cdiv(left, bs), rid, seq.seq_id, _fills(left, bs)))
+                    table.extend(self.take(g, _cdiv(left, bs), rid, seq.seq_id, block_fills(left, bs)))
         seq.num_tokens = n + k
         if seq.token_ids is not None:
             for i in range(n // bs, seq.num_tokens // bs):

@@ -24,6 +24,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from simulator.core.paged.group_policy import PolicyEntries
+from simulator.core.paged.kv_group_tables import block_fills
 from simulator.core.paged.tier import TierSpec, TierStats, check_tiers, take_load_seconds, tier_summary
 from simulator.core.sequence import Sequence
 
@@ -151,9 +152,7 @@ class GroupTiers:
         tables = []
         for g, row in enumerate(rows):
             loads = [i for i, src in enumerate(row, starts[g]) if type(src) is not int]
-            fills = [bs] * (len(loads) + total - end)
-            if total > end:
-                fills[-1] = slots - (total - 1) * bs
+            fills = [bs] * len(loads) + (block_fills(slots - end * bs, bs) if total > end else [])
             new = iter(t.take(g, len(fills), rid, sid, fills))
             table: list = [None] * starts[g]
             for i, src in enumerate(row, starts[g]):

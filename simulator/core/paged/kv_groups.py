@@ -70,18 +70,19 @@ class GroupedBlockManager(PoolCounts, KVAllocator):
         """OK, LATER, or NEVER for the group's prompt in every KV cache group (allocating by chunk: for
         its first `num_new_tokens` past the hit)."""
         seqs = self._allocation_seqs(group)
-        if self._peak_blocks(group, seqs) > self.num_blocks - self.watermark_blocks:
+        chunked = self.by_chunk(len(group.live_seqs()))
+        if self._peak_blocks(seqs, chunked) > self.num_blocks - self.watermark_blocks:
             return AllocStatus.NEVER
-        by_chunk = num_new_tokens is not None and self.by_chunk(len(group.live_seqs()))
+        first_chunk = chunked and num_new_tokens is not None
         needed = 0
         for s in seqs:
             hit, blocks = self.tables.longest_hit(s)
-            if by_chunk and self.tiers is not None:
+            if first_chunk and self.tiers is not None:
                 # Tiers may extend the hit by pages each needing a fresh block, as far as the whole prompt:
                 # count the widest first step a sliding group can take (what the NEVER bound allows).
                 needed += self.tables.peak_blocks(s.length, num_new_tokens)
             else:
-                slots = min(s.length, hit * self.block_size + num_new_tokens) if by_chunk else s.length
+                slots = min(s.length, hit * self.block_size + num_new_tokens) if first_chunk else s.length
                 needed += self.tables.prompt_blocks(slots, hit)
             needed -= self.tables.num_held(blocks)
         if self.pool.num_free - needed < self.watermark_blocks:
@@ -90,7 +91,7 @@ class GroupedBlockManager(PoolCounts, KVAllocator):
 
     def can_ever_allocate(self, group: SequenceGroup) -> bool:
         """Whether the group's peak holding fits the pool at all."""
-        peak = self._peak_blocks(group, self._allocation_seqs(group))
+        peak = self._peak_blocks(self._allocation_seqs(group), self.by_chunk(len(group.live_seqs())))
         return peak <= self.num_blocks - self.watermark_blocks
 
     def _allocation_seqs(self, group: SequenceGroup) -> list[Sequence]:
@@ -104,10 +105,10 @@ class GroupedBlockManager(PoolCounts, KVAllocator):
         chunked prefill."""
         return self.prefill_chunk is not None and num_seqs == 1
 
-    def _peak_blocks(self, group: SequenceGroup, seqs: list[Sequence]) -> int:
-        """Blocks the sequences hold at most at once: their prompts together (or, by chunk, one prompt's
+    def _peak_blocks(self, seqs: list[Sequence], by_chunk: bool) -> int:
+        """Blocks the sequences hold at most at once: their prompts together (or, `by_chunk`, one prompt's
         widest step), or one at its final length."""
-        if self.by_chunk(len(group.live_seqs())):
+        if by_chunk:
             prompts = self.tables.peak_blocks(seqs[0].length, self.prefill_chunk)
         else:
             prompts = sum(self.tables.prompt_blocks(s.length, 0) for s in seqs)
