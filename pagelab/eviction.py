@@ -43,12 +43,7 @@ class EvictionPolicy:
         """Insert `key` (or refresh it, taking the larger size) and evict until the cache fits; the
         evicted keys, in eviction order. A key larger than the whole cache is not kept."""
         self.use(key, size)
-        evicted: list[Hashable] = []
-        while self.used > self.capacity:
-            victim = self._victim()
-            self.used -= self.size.pop(victim)
-            evicted.append(victim)
-        return evicted
+        return self._evict_to_fit()
 
     def use(self, key: Hashable, size: int = 1) -> None:
         """Insert `key`, or count a use of it and grow it to `size` if larger, without evicting."""
@@ -73,11 +68,12 @@ class EvictionPolicy:
     def resize(self, capacity: int) -> list[Hashable]:
         """Take a new capacity; the keys evicted to fit it, in eviction order."""
         self.capacity = capacity
+        return self._evict_to_fit()
+
+    def _evict_to_fit(self) -> list[Hashable]:
         evicted: list[Hashable] = []
-        while self.used > capacity:
-            victim = self._victim()
-            self.used -= self.size.pop(victim)
-            evicted.append(victim)
+        while self.used > self.capacity:
+            evicted.append(self.evict())
         return evicted
 
     def remove(self, key: Hashable) -> None:
