@@ -199,8 +199,11 @@ class BlockManager(PoolCounts, KVAllocator):
         num_full = min(n, (first + len(loaded)) * bs + budget) // bs if self.enable_prefix_caching else 0
         if seq.token_ids is None:
             num_full = min(num_full, len(seq.prefix_keys))
-        publish = self.prefix_cache.publish
-        if len(pool.free) < count:  # evictions interleave with publishing: keep them in step
+        chain = self.prefix_cache.chain(seq, first, num_full) if num_full > first else []
+        if len(pool.free) < count and not pool.evicts_none_of(count, chain):
+            # A block evicted here holds a hash published here: which of the two the cache keeps depends
+            # on the order, and the pool's order is one block taken, then published, at a time.
+            publish = self.prefix_cache.publish
             for i in range(first, first + count):
                 bid = pool.take(1, rid, sid)[0]
                 filled = min(bs, n - i * bs)
@@ -217,8 +220,7 @@ class BlockManager(PoolCounts, KVAllocator):
             filled[new[-1]] = n - (first + len(new) - 1) * bs
             pool.total_filled += n - first * bs
             table.extend(new)
-            for i in range(first, num_full):
-                publish(seq, i, table[i])
+            self.prefix_cache.publish_chain(new, chain)
         if loaded and self.tiers.log is not None:  # the driver copies the loaded blocks' data in
             self.tiers.log.place(table[first:first + len(loaded)])
         seq.num_tokens = n

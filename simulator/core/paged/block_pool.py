@@ -9,13 +9,17 @@ holds the map from content hash to the block published under it (`cached`); the 
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from itertools import islice, repeat
 from operator import itemgetter
 
 from simulator.core.allocator import EventLog
 from simulator.core.errors import AllocationError, ConfigError
+
+_drain = deque(maxlen=0).extend  # runs a map's calls at C speed, keeping nothing
+_BLOCK = itemgetter(0)  # of a free_cached item
 
 
 @dataclass
@@ -95,20 +99,8 @@ class BlockPool:
             new = free[::-1]
             free.clear()
             evicted = num - len(new)
-            cached, keys, hashes, filled = self.cached, self.key, self.hash, self.filled
-            pop, on_evict = self.free_cached.popitem, self.on_evict
-            for _ in range(evicted):
-                bid = pop(False)[0]
-                h = hashes[bid]
-                if on_evict is not None:
-                    on_evict((h, keys[bid]))
-                del cached[h]
-                keys[bid] = hashes[bid] = None
-                filled[bid] = 0
-                new.append(bid)
-            ref = self.ref
-            for bid in new:
-                ref[bid] = 1
+            self._evict_oldest(evicted, new)
+            _drain(map(self.ref.__setitem__, new, repeat(1)))
             self.stats.evictions += evicted
             self.stats.allocated_blocks += num
             return new
@@ -138,6 +130,29 @@ class BlockPool:
             events.now = now
         self.stats.allocated_blocks += num
         return new
+
+    def evicts_none_of(self, num: int, chain: list[tuple[tuple, int]]) -> bool:
+        """Whether taking `num` blocks now evicts no block whose hash is one of `chain`'s."""
+        evicted = num - len(self.free)
+        if evicted <= 0 or not chain:
+            return True
+        hashes = set(map(self.hash.__getitem__, islice(self.free_cached, evicted)))
+        return hashes.isdisjoint(map(itemgetter(1), chain))
+
+    def _evict_oldest(self, num: int, out: list[int]) -> None:
+        """Evict the `num` least recently used cached free blocks onto `out`, handing each to the tiers
+        first (`on_evict`, while the pool still maps its hash to it). Long prompts evict thousands of
+        blocks at a time: each pass is one C-level map over them."""
+        cached, keys, hashes = self.cached, self.key, self.hash
+        old = list(map(_BLOCK, map(self.free_cached.popitem, repeat(False, num))))
+        hs = list(map(hashes.__getitem__, old))
+        if self.on_evict is not None:
+            _drain(map(self.on_evict, zip(hs, map(keys.__getitem__, old), strict=True)))
+        _drain(map(cached.__delitem__, hs))
+        _drain(map(keys.__setitem__, old, repeat(None)))
+        _drain(map(hashes.__setitem__, old, repeat(None)))
+        _drain(map(self.filled.__setitem__, old, repeat(0)))
+        out += old
 
     def incref(self, bid: int, request_id: int, seq_id: int) -> None:
         """One more holder of block `bid` (a free cached block comes back into use, its tenure then

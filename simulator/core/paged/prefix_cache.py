@@ -69,6 +69,43 @@ class PrefixCache:
         pool.hash[bid] = h
         pool.cached.setdefault(h, bid)  # an identical or colliding block already published wins
 
+    def chain(self, seq: Sequence, start: int, stop: int) -> list[tuple[tuple, int]]:
+        """The chained (key, hash) that `publish` would give blocks `start` to `stop` - 1 of `seq`, none of
+        them published yet, following on from block `start` - 1's key; it ends where the content does."""
+        pool = self.pool
+        if start:
+            parent = seq.block_table[start - 1]
+            key, h = pool.key[parent], pool.hash[parent]
+            if key is None:
+                return []  # an unkeyed parent breaks the chain
+        else:
+            key = h = None
+        prefix = seq.prefix_keys if seq.token_ids is None else None
+        if prefix is not None:
+            stop = min(stop, len(prefix))
+        hash_fn, extra, bs = self.hash_fn, seq.extra_key, pool.block_size
+        out = []
+        for i in range(start, stop):
+            content = prefix[i] if prefix is not None else seq.block_content(i, bs)
+            if content is None:
+                break
+            h = hash_fn((h, content, extra))
+            key = (key, content, extra)
+            out.append((key, h))
+        return out
+
+    def publish_chain(self, bids: list[int], chain: list[tuple[tuple, int]]) -> None:
+        """Publish unkeyed blocks `bids` under `chain`'s keys, in order (`publish` for each)."""
+        if not chain:
+            return
+        pool = self.pool
+        keys, hashes, setdefault = pool.key, pool.hash, pool.cached.setdefault
+        pool.plain = False
+        for bid, (key, h) in zip(bids, chain, strict=False):  # bids may run past the chain
+            keys[bid] = key
+            hashes[bid] = h
+            setdefault(h, bid)  # an identical or colliding block already published wins
+
     def publish_computed(self, seqs: list[Sequence], num_left: int) -> None:
         """Publish the full blocks of `seqs` (one group's held sequences; equal ones share one table)
         whose tokens are computed once `num_left` prompt tokens are left to compute."""
