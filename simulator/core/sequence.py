@@ -24,6 +24,7 @@ class Sequence:
     hold a KV slot: `allocate` gives slots to all `length` tokens, `append_slot` one more (as in vLLM, the
     token sampled in one step gets its slot when the next step schedules it). `final_len` is the most
     slots the sequence will ever hold (prompt + output - 1: the last sampled token is never stored).
+    `extra_key` is what else a block's content depends on (a LoRA adapter, say): part of every prefix key.
     """
 
     __slots__ = ("seq_id", "request_id", "prompt_len", "final_len", "token_ids", "prefix_keys",
@@ -33,7 +34,7 @@ class Sequence:
 
     def __init__(self, seq_id: int, prompt_len: int, final_len: int | None = None, *,
                  request_id: int | None = None, token_ids: list[int] | None = None,
-                 prefix_keys: SeqLike[Hashable] = (), extra_key: Hashable = None):
+                 prefix_keys: SeqLike[Hashable] = (), extra_key: Hashable = 0):
         if token_ids is not None and len(token_ids) < prompt_len:
             from simulator.core.errors import AllocationError
             raise AllocationError(

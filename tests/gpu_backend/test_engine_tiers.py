@@ -23,6 +23,7 @@ from gpu_backend.model import CausalLM
 from gpu_backend.model_config import ModelConfig
 from gpu_backend.model_presets import init_random_weights
 from gpu_backend.ops import get_backend
+from simulator.core.sequence import Sequence
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -82,9 +83,8 @@ def _prefix_kv(engine: LLMEngine) -> list[torch.Tensor]:
     seq_blocks = []
     pool = engine.allocator.pool
     prompt = _prompts()[-1]
-    h = None
-    for i in range(PREFIX_BLOCKS):
-        h = engine.allocator.prefix_cache.hash_fn((h, tuple(prompt[i * BS:(i + 1) * BS]), None))
+    seq = Sequence(0, len(prompt), token_ids=prompt)
+    for _, h in engine.allocator.prefix_cache.chain(seq, 0, PREFIX_BLOCKS):
         seq_blocks.append(pool.cached[h])
     cache = engine.cache.device_cache
     return [t[seq_blocks] for t in (*cache.k, *cache.v)]

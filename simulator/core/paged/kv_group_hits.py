@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from operator import itemgetter
 
+from simulator.core.paged.prefix_cache import ROOT_HASH
 from simulator.core.sequence import Sequence
 
 
@@ -51,7 +52,7 @@ class GroupHits:
             content = seq.block_content(len(out), bs)
             if content is None:
                 break
-            key, h = out[-1] if out else (None, None)
+            key, h = out[-1] if out else (None, ROOT_HASH)
             out.append(((key, content, extra), self.hash_fn((h, content, extra))))
         return out
 

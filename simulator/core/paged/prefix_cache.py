@@ -17,6 +17,10 @@ from simulator.core.errors import AllocationError
 from simulator.core.paged.block_pool import BlockPool
 from simulator.core.sequence import Sequence
 
+# The parent hash of a prompt's first block. Not None: before Python 3.12 None hashes by its address, so
+# every chained hash (and the events table's prefix_key) would change from one process to the next.
+ROOT_HASH = 0
+
 
 class PrefixCache:
     """Content-addressed reuse of full, computed blocks of one pool (off: every call finds nothing)."""
@@ -34,7 +38,7 @@ class PrefixCache:
         bs, cached, keys = pool.block_size, pool.cached, pool.key
         hits: list[int] = []
         parent_key: tuple | None = None
-        parent_hash: int | None = None
+        parent_hash = ROOT_HASH
         for i in range((seq.length - 1) // bs):
             content = seq.block_content(i, bs)
             if content is None:
@@ -57,7 +61,7 @@ class PrefixCache:
         if content is None:
             return
         if index == 0:
-            parent_key = parent_hash = None
+            parent_key, parent_hash = None, ROOT_HASH
         else:
             parent = seq.block_table[index - 1]
             parent_key, parent_hash = pool.key[parent], pool.hash[parent]
@@ -79,7 +83,7 @@ class PrefixCache:
             if key is None:
                 return []  # an unkeyed parent breaks the chain
         else:
-            key = h = None
+            key, h = None, ROOT_HASH
         prefix = seq.prefix_keys if seq.token_ids is None else None
         if prefix is not None:
             stop = min(stop, len(prefix))

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from itertools import groupby, islice, repeat
 from operator import itemgetter
 
+from simulator.core.paged.prefix_cache import ROOT_HASH
 from simulator.core.paged.tier import (
     BLOCK_HASH,
     Tier,
@@ -65,7 +66,7 @@ class Tiers:
                 return tier
         return None
 
-    def match(self, seq, start: int, parent_hash: int | None,
+    def match(self, seq, start: int, parent_hash: int,
               hash_fn: Callable[[object], int]) -> list[tuple[Tier, int, tuple]]:
         """The blocks from index `start` of `seq` found in the tiers, as a leading run of (tier, hash,
         key), cut to whole tier blocks; nothing is loaded yet."""
@@ -240,7 +241,7 @@ def tier_hits(bm, seq, hits: list[int]) -> list:
         return []
     pool = bm.pool
     parent = hits[-1] if hits else None
-    found = bm.tiers.match(seq, len(hits), None if parent is None else pool.hash[parent],
+    found = bm.tiers.match(seq, len(hits), ROOT_HASH if parent is None else pool.hash[parent],
                            bm.prefix_cache.hash_fn)
     bm.tiers.load(found)
     return found

@@ -49,7 +49,7 @@ def _allocate_checked(bm, group: SequenceGroup) -> int:
     t, tiers, seq = bm.tables, bm.tiers, group.seqs[0]
     tiers.flush()
     chain = t.extend(seq, [], (seq.length - 1) // t.block_size)
-    served = [[t.cached(g, link) is not None or tiers.entry(link[1], link[0][1], None)[2] >> g & 1
+    served = [[t.cached(g, link) is not None or tiers.entry(link[1], link[0][1], seq.extra_key)[2] >> g & 1
                for g in range(t.num_groups)] for link in chain]  # looked up before allocating
     loaded = sum(tier.stats.hit_blocks for tier in tiers.tiers)
     hit = bm.allocate(group) // t.block_size
