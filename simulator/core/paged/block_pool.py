@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from itertools import islice, repeat
-from operator import itemgetter
+from itertools import compress, islice, repeat
+from operator import eq, itemgetter, not_
 
 from simulator.core.allocator import EventLog
 from simulator.core.errors import AllocationError, ConfigError
@@ -100,7 +100,9 @@ class BlockPool:
             free.clear()
             evicted = num - len(new)
             self._evict_oldest(evicted, new)
-            _drain(map(self.ref.__setitem__, new, repeat(1)))
+            ref = self.ref
+            for bid in new:
+                ref[bid] = 1
             self.stats.evictions += evicted
             self.stats.allocated_blocks += num
             return new
@@ -136,22 +138,24 @@ class BlockPool:
         evicted = num - len(self.free)
         if evicted <= 0 or not chain:
             return True
-        hashes = set(map(self.hash.__getitem__, islice(self.free_cached, evicted)))
-        return hashes.isdisjoint(map(itemgetter(1), chain))
+        hs = list(map(itemgetter(1), chain))
+        if not any(map(self.cached.__contains__, hs)):  # the common case: none is cached at all
+            return True
+        return set(map(self.hash.__getitem__, islice(self.free_cached, evicted))).isdisjoint(hs)
 
     def _evict_oldest(self, num: int, out: list[int]) -> None:
         """Evict the `num` least recently used cached free blocks onto `out`, handing each to the tiers
         first (`on_evict`, while the pool still maps its hash to it). Long prompts evict thousands of
-        blocks at a time: each pass is one C-level map over them."""
-        cached, keys, hashes = self.cached, self.key, self.hash
+        blocks at a time: the dict work runs as C-level maps over them (a list store is cheaper in a loop)."""
+        keys, hashes, filled = self.key, self.hash, self.filled
         old = list(map(_BLOCK, map(self.free_cached.popitem, repeat(False, num))))
         hs = list(map(hashes.__getitem__, old))
         if self.on_evict is not None:
             _drain(map(self.on_evict, zip(hs, map(keys.__getitem__, old), strict=True)))
-        _drain(map(cached.__delitem__, hs))
-        _drain(map(keys.__setitem__, old, repeat(None)))
-        _drain(map(hashes.__setitem__, old, repeat(None)))
-        _drain(map(self.filled.__setitem__, old, repeat(0)))
+        _drain(map(self.cached.__delitem__, hs))
+        for bid in old:
+            keys[bid] = hashes[bid] = None
+            filled[bid] = 0
         out += old
 
     def incref(self, bid: int, request_id: int, seq_id: int) -> None:
@@ -192,56 +196,63 @@ class BlockPool:
             self.free.append(bid)
 
     def release_table(self, table: list[int]) -> None:
-        """Drop one holder of every block of `table`, last block first (`decref` per block, inlined: it
-        runs for every block a finished sequence held)."""
-        ref, filled, hashes, keys = self.ref, self.filled, self.hash, self.key
+        """Drop one holder of every block of `table`, last block first (`decref` per block, in C-level
+        passes: it runs for every block a finished sequence held)."""
         n = len(table)
-        if n > 1:
-            get = itemgetter(*table)
-            if self.plain or (get(ref).count(1) == n and get(hashes).count(None) == n
-                              and get(keys).count(None) == n):
-                # The common case, no block shared or cached: all go back to the free stack at once.
-                fills = get(filled)
-                self.total_filled -= sum(fills)
-                for bid in table:
-                    ref[bid] = 0
-                    filled[bid] = 0
-                self.free.extend(reversed(table))  # last block first, as one by one
-                if self.events is not None:  # (the order inside one release does not matter)
-                    self.events.release_blocks(table, self.block_size, fills)
-                return
-        free, cached, free_cached = self.free, self.cached, self.free_cached
-        logging = self.events is not None
-        released: list[int] = []
-        released_filled: list[int] = []
-        released_keys: list[int] = []  # content keys (0: none), logged when any released block has one
-        total = self.total_filled
-        for bid in reversed(table):
-            r = ref[bid] - 1
-            ref[bid] = r
-            if r:
-                if logging:
-                    self.events.ref_change(bid, self.block_size, r)
-                continue
-            f = filled[bid]
-            total -= f
-            h = hashes[bid]
-            if logging:
-                released.append(bid)
-                released_filled.append(f)
-                released_keys.append(h or 0)
-            if h is not None and cached.get(h) == bid:
-                free_cached[bid] = None  # most recently used end
-                if self.on_release is not None:
-                    self.on_release((h, keys[bid]))
-            else:
+        if n > 1 and self.plain:
+            # No block shared or cached since the pool was made: all go back to the free stack at once.
+            ref, filled = self.ref, self.filled
+            fills = itemgetter(*table)(filled)
+            self.total_filled -= sum(fills)
+            for bid in table:
+                ref[bid] = 0
+                filled[bid] = 0
+            self.free.extend(reversed(table))  # last block first, as one by one
+            if self.events is not None:  # (the order inside one release does not matter)
+                self.events.release_blocks(table, self.block_size, fills)
+            return
+        rev = table[::-1]
+        refs = list(map(self.ref.__getitem__, rev))
+        if refs.count(1) == n:
+            gone = rev
+        else:  # shared blocks lose a holder and stay
+            ref, logging = self.ref, self.events is not None
+            gone = []
+            for bid, r in zip(rev, refs, strict=True):
+                ref[bid] = r - 1
+                if r == 1:
+                    gone.append(bid)
+                elif logging:
+                    self.events.ref_change(bid, self.block_size, r - 1)
+        if gone:
+            self._let_go(gone)
+
+    def _let_go(self, blocks: list[int]) -> None:
+        """Blocks whose last holder let go, in release order: those published under their own hash go to
+        the LRU's most recently used end, the others to the free stack."""
+        hs = list(map(self.hash.__getitem__, blocks))
+        fills = list(map(self.filled.__getitem__, blocks))
+        kept = list(map(eq, map(self.cached.get, hs), blocks))
+        self.total_filled -= sum(fills)
+        ref = self.ref
+        for bid in blocks:
+            ref[bid] = 0
+        cached = list(compress(blocks, kept))
+        if cached:
+            self.free_cached.update(zip(cached, repeat(None)))
+            if self.on_release is not None:
+                _drain(map(self.on_release, zip(compress(hs, kept), map(self.key.__getitem__, cached),
+                                                strict=True)))
+        if len(cached) < len(blocks):
+            dropped = list(compress(blocks, map(not_, kept)))
+            keys, hashes, filled = self.key, self.hash, self.filled
+            for bid in dropped:
                 keys[bid] = hashes[bid] = None
                 filled[bid] = 0
-                free.append(bid)
-        self.total_filled = total
-        if released:
-            keys = released_keys if any(released_keys) else None
-            self.events.release_blocks(released, self.block_size, released_filled, keys)
+            self.free.extend(dropped)
+        if self.events is not None:
+            keys = [h or 0 for h in hs]
+            self.events.release_blocks(blocks, self.block_size, fills, keys if any(keys) else None)
 
 
 class PoolCounts:

@@ -11,7 +11,9 @@ Deliberate differences from vLLM are listed in docs/concepts.md.
 """
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
+from operator import itemgetter
 
 from simulator.core.errors import AllocationError
 from simulator.core.paged.block_pool import BlockPool
@@ -20,6 +22,8 @@ from simulator.core.sequence import Sequence
 # The parent hash of a prompt's first block. Not None: before Python 3.12 None hashes by its address, so
 # every chained hash (and the events table's prefix_key) would change from one process to the next.
 ROOT_HASH = 0
+_HASH = itemgetter(1)  # of a chain's (key, hash)
+_drain = deque(maxlen=0).extend
 
 
 class PrefixCache:
@@ -103,12 +107,12 @@ class PrefixCache:
         if not chain:
             return
         pool = self.pool
-        keys, hashes, setdefault = pool.key, pool.hash, pool.cached.setdefault
         pool.plain = False
+        keys, hashes = pool.key, pool.hash
         for bid, (key, h) in zip(bids, chain, strict=False):  # bids may run past the chain
             keys[bid] = key
             hashes[bid] = h
-            setdefault(h, bid)  # an identical or colliding block already published wins
+        _drain(map(pool.cached.setdefault, map(_HASH, chain), bids))  # a block published first wins
 
     def publish_computed(self, seqs: list[Sequence], num_left: int) -> None:
         """Publish the full blocks of `seqs` (one group's held sequences; equal ones share one table)
