@@ -93,44 +93,19 @@ class BlockPool:
         if len(free) + len(self.free_cached) < num:
             raise AllocationError(f"out of KV blocks: {num} needed, {len(free) + len(self.free_cached)} "
                                   f"of {self.num_blocks} free")
-        if events is None:
-            # Nothing to log: the whole free stack, then the oldest cached blocks (each handed to the
-            # tiers, if any, while the pool still maps its hash to it).
-            new = free[::-1]
-            free.clear()
-            evicted = num - len(new)
-            self._evict_oldest(evicted, new)
-            ref = self.ref
-            for bid in new:
-                ref[bid] = 1
-            self.stats.evictions += evicted
-            self.stats.allocated_blocks += num
-            return new
-        # Evictions logged: one block at a time, each logged when it is taken.
-        rids = [request_id] * num if isinstance(request_id, int) else request_id
-        sids = [seq_id] * num if isinstance(seq_id, int) else seq_id
-        now = events.now if events is not None and times is not None else None
-        new = []
-        for k, rid in enumerate(rids):
-            if free:
-                bid = free.pop()
-            else:
-                bid, _ = self.free_cached.popitem(last=False)
-                if self.on_evict is not None:
-                    self.on_evict((self.hash[bid], self.key[bid]))
-                del self.cached[self.hash[bid]]
-                self.key[bid] = self.hash[bid] = None
-                self.filled[bid] = 0
-                self.stats.evictions += 1
-            self.ref[bid] = 1
-            if events is not None:
-                if times is not None:
-                    events.now = times[k]
-                events.acquire_blocks((bid,), self.block_size, rid, sids[k])
-            new.append(bid)
-        if now is not None:
-            events.now = now
+        # The whole free stack, then the oldest cached blocks (each handed to the tiers, if any, while the
+        # pool still maps its hash to it).
+        new = free[::-1]
+        free.clear()
+        evicted = num - len(new)
+        self._evict_oldest(evicted, new)
+        ref = self.ref
+        for bid in new:
+            ref[bid] = 1
+        self.stats.evictions += evicted
         self.stats.allocated_blocks += num
+        if events is not None:
+            events.acquire_blocks(new, self.block_size, request_id, seq_id, times)
         return new
 
     def evicts_none_of(self, num: int, chain: list[tuple[tuple, int]]) -> bool:
