@@ -171,8 +171,8 @@ class BlockPool:
             self.free.append(bid)
 
     def release_table(self, table: list[int]) -> None:
-        """Drop one holder of every block of `table`, last block first (`decref` per block, in C-level
-        passes: it runs for every block a finished sequence held)."""
+        """Drop one holder of every block of `table`, last block first (`decref` per block, in a few passes
+        over the blocks: it runs for every block a finished sequence held)."""
         n = len(table)
         if n > 1 and self.plain:
             # No block shared or cached since the pool was made: all go back to the free stack at once.
