@@ -77,35 +77,29 @@ class BlockPool:
         """`num` blocks with ref count 1: from the free stack (lowest id first), then the least recently
         used cached ones, evicted. `request_id` and `seq_id` (the acquiring sequence, events only) are one
         id each or one per block; `times` (events only) says when each was taken if not now."""
-        free, events = self.free, self.events
+        free = self.free
         if len(free) >= num:
             # No eviction: one slice off the top of the stack, in the order repeated pops give.
             new = free[len(free) - num:]
             del free[len(free) - num:]
             new.reverse()
-            ref = self.ref
-            for bid in new:
-                ref[bid] = 1
-            self.stats.allocated_blocks += num
-            if events is not None:
-                events.acquire_blocks(new, self.block_size, request_id, seq_id, times)
-            return new
-        if len(free) + len(self.free_cached) < num:
-            raise AllocationError(f"out of KV blocks: {num} needed, {len(free) + len(self.free_cached)} "
-                                  f"of {self.num_blocks} free")
-        # The whole free stack, then the oldest cached blocks (each handed to the tiers, if any, while the
-        # pool still maps its hash to it).
-        new = free[::-1]
-        free.clear()
-        evicted = num - len(new)
-        self._evict_oldest(evicted, new)
+        else:
+            if len(free) + len(self.free_cached) < num:
+                raise AllocationError(f"out of KV blocks: {num} needed, {len(free) + len(self.free_cached)} "
+                                      f"of {self.num_blocks} free")
+            # The whole free stack, then the oldest cached blocks (each handed to the tiers, if any, while
+            # the pool still maps its hash to it).
+            new = free[::-1]
+            free.clear()
+            evicted = num - len(new)
+            self._evict_oldest(evicted, new)
+            self.stats.evictions += evicted
         ref = self.ref
         for bid in new:
             ref[bid] = 1
-        self.stats.evictions += evicted
         self.stats.allocated_blocks += num
-        if events is not None:
-            events.acquire_blocks(new, self.block_size, request_id, seq_id, times)
+        if self.events is not None:
+            self.events.acquire_blocks(new, self.block_size, request_id, seq_id, times)
         return new
 
     def evicts_none_of(self, num: int, chain: list[tuple[tuple, int]]) -> bool:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from operator import itemgetter
 
-from simulator.core.paged.prefix_cache import ROOT_HASH
+from simulator.core.paged.prefix_cache import ROOT_HASH, chain_links
 from simulator.core.sequence import Sequence
 
 
@@ -47,13 +47,9 @@ class GroupHits:
 
     def extend(self, seq: Sequence, out: list[tuple[tuple, int]], upto: int) -> list[tuple[tuple, int]]:
         """`out`, a chain of `seq`'s blocks, extended to `upto` links where their content is known."""
-        bs, extra = self.block_size, seq.extra_key
-        while len(out) < upto:
-            content = seq.block_content(len(out), bs)
-            if content is None:
-                break
-            key, h = out[-1] if out else (None, ROOT_HASH)
-            out.append(((key, content, extra), self.hash_fn((h, content, extra))))
+        if len(out) < upto:
+            out += chain_links(seq, len(out), upto, out[-1] if out else (None, ROOT_HASH), self.hash_fn,
+                               self.block_size)
         return out
 
     def cached(self, g: int, link: tuple[tuple, int]) -> int | None:

@@ -26,6 +26,27 @@ _HASH = itemgetter(1)  # of a chain's (key, hash)
 _drain = deque(maxlen=0).extend
 
 
+def chain_links(seq: Sequence, start: int, stop: int, parent: tuple[tuple | None, int],
+                hash_fn: Callable[[object], int], block_size: int) -> list[tuple[tuple, int]]:
+    """The chained (key, hash) of full blocks `start` to `stop` - 1 of `seq`, following on from block
+    `start` - 1's `parent` (key, hash) (the first block's: (None, ROOT_HASH)); it ends where the content
+    does."""
+    key, h = parent
+    prefix = seq.prefix_keys if seq.token_ids is None else None
+    if prefix is not None:  # a simulated prompt's content keys, `block_content` inlined
+        stop = min(stop, len(prefix))
+    extra = seq.extra_key
+    out = []
+    for i in range(start, stop):
+        content = prefix[i] if prefix is not None else seq.block_content(i, block_size)
+        if content is None:
+            break
+        h = hash_fn((h, content, extra))
+        key = (key, content, extra)
+        out.append((key, h))
+    return out
+
+
 class PrefixCache:
     """Content-addressed reuse of full, computed blocks of one pool (off: every call finds nothing)."""
 
@@ -81,26 +102,13 @@ class PrefixCache:
         """The chained (key, hash) that `publish` would give blocks `start` to `stop` - 1 of `seq`, none of
         them published yet, following on from block `start` - 1's key; it ends where the content does."""
         pool = self.pool
+        parent = (None, ROOT_HASH)
         if start:
-            parent = seq.block_table[start - 1]
-            key, h = pool.key[parent], pool.hash[parent]
-            if key is None:
+            bid = seq.block_table[start - 1]
+            parent = pool.key[bid], pool.hash[bid]
+            if parent[0] is None:
                 return []  # an unkeyed parent breaks the chain
-        else:
-            key, h = None, ROOT_HASH
-        prefix = seq.prefix_keys if seq.token_ids is None else None
-        if prefix is not None:
-            stop = min(stop, len(prefix))
-        hash_fn, extra, bs = self.hash_fn, seq.extra_key, pool.block_size
-        out = []
-        for i in range(start, stop):
-            content = prefix[i] if prefix is not None else seq.block_content(i, bs)
-            if content is None:
-                break
-            h = hash_fn((h, content, extra))
-            key = (key, content, extra)
-            out.append((key, h))
-        return out
+        return chain_links(seq, start, stop, parent, self.hash_fn, pool.block_size)
 
     def publish_chain(self, bids: list[int], chain: list[tuple[tuple, int]]) -> None:
         """Publish unkeyed blocks `bids` under `chain`'s keys, in order (`publish` for each)."""
