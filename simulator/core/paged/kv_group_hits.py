@@ -12,10 +12,13 @@ hit, and an eviction changes it only when it evicts one of the blocks it found.
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import repeat
 from operator import itemgetter
 
 from simulator.core.paged.prefix_cache import ROOT_HASH, chain_links
 from simulator.core.sequence import Sequence
+
+_KEY, _HASH = itemgetter(0), itemgetter(1)  # of a chain's (key, hash)
 
 
 def _gather(blocks: list[list[int]]) -> Callable[[list], tuple]:
@@ -142,12 +145,17 @@ class GroupHits:
         if not self.enabled or start >= stop:
             return
         chain = self.chain(seq, stop)
+        stop = min(stop, len(chain))
+        if start >= stop:
+            return
+        if self.bulk and self.tiers is None and self._publish_fresh(seq, chain, start, stop):
+            return
         pool, hash_fn, tables = self.pool, self.hash_fn, self.tables[seq.seq_id]
         keys, hashes, setdefault = pool.key, pool.hash, pool.cached.setdefault
         tiers = self.tiers
         groups = range(len(tables))
         published = 0
-        for i in range(start, min(stop, len(chain))):
+        for i in range(start, stop):
             key, h = chain[i]
             for g in groups:
                 bid = tables[g][i]
@@ -161,6 +169,35 @@ class GroupHits:
         if published:
             pool.plain = False
             self.publishes += published
+
+    def _publish_fresh(self, seq: Sequence, chain: list, start: int, stop: int) -> bool:
+        """The loop above, group by group as C-level maps, where its order cannot matter: every block is
+        held and unpublished, and no two tagged hashes are equal or already cached (so each `setdefault`
+        inserts). A prompt's fresh blocks in every group are the common case. False: nothing done."""
+        pool, hash_fn, tables = self.pool, self.hash_fn, self.tables[seq.seq_id]
+        keys, n = pool.key, stop - start
+        runs = [table[start:stop] for table in tables]
+        for bids in runs:
+            if None in bids:
+                return False
+            if (itemgetter(*bids)(keys).count(None) != n) if n > 1 else keys[bids[0]] is not None:
+                return False
+        links = chain[start:stop]
+        hs = list(map(_HASH, links))
+        tagged = [list(map(hash_fn, zip(repeat(g), hs))) for g in range(len(tables))]
+        every = set().union(*tagged)
+        if len(every) != n * len(tables) or not pool.cached.keys().isdisjoint(every):
+            return False
+        chained = list(map(_KEY, links))
+        hashes, cached = pool.hash, pool.cached
+        for g, (bids, ghs) in enumerate(zip(runs, tagged, strict=True)):
+            for bid, key, gh in zip(bids, zip(repeat(g), chained), ghs, strict=True):
+                keys[bid] = key
+                hashes[bid] = gh
+            cached.update(zip(ghs, bids, strict=True))
+        pool.plain = False
+        self.publishes += n * len(tables)
+        return True
 
     def publish_index(self, seq: Sequence, i: int) -> None:
         """Publish full block `i` of `seq` in every group that still holds it, under the group-tagged
