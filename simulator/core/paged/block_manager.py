@@ -12,7 +12,7 @@ from collections.abc import Callable
 from simulator.core.allocator import AllocStatus, EventLog, KVAllocator, MemoryBreakdown
 from simulator.core.errors import AllocationError, ConfigError
 from simulator.core.paged.block_pool import BlockManagerStats, BlockPool, PoolCounts
-from simulator.core.paged.prefix_cache import PrefixCache
+from simulator.core.paged.prefix_cache import LINK_HASH, LINK_KEY, PrefixCache
 from simulator.core.paged.swap import SwapSpace
 from simulator.core.paged.tiers import tier_hits
 from simulator.core.sequence import Sequence, SequenceGroup, SequenceStatus, shares_allocation
@@ -200,7 +200,8 @@ class BlockManager(PoolCounts, KVAllocator):
         if seq.token_ids is None:
             num_full = min(num_full, len(seq.prefix_keys))
         chain = self.prefix_cache.chain(seq, first, num_full) if num_full > first else []
-        if len(pool.free) < count and not pool.evicts_none_of(count, chain):
+        hashes = list(map(LINK_HASH, chain))
+        if len(pool.free) < count and not pool.evicts_none_of(count, hashes):
             # A block evicted here holds a hash published here: which of the two the cache keeps depends
             # on the order, and the pool's order is one block taken, then published, at a time.
             publish = self.prefix_cache.publish
@@ -220,7 +221,7 @@ class BlockManager(PoolCounts, KVAllocator):
             filled[new[-1]] = n - (first + len(new) - 1) * bs
             pool.total_filled += n - first * bs
             table.extend(new)
-            self.prefix_cache.publish_chain(new, chain)
+            pool.publish(new, map(LINK_KEY, chain), hashes)
         if loaded and self.tiers.log is not None:  # the driver copies the loaded blocks' data in
             self.tiers.log.place(table[first:first + len(loaded)])
         seq.num_tokens = n

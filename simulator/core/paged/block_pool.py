@@ -10,7 +10,7 @@ holds the map from content hash to the block published under it (`cached`); the 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from itertools import compress, islice, repeat
 from operator import eq, itemgetter, not_
@@ -102,15 +102,26 @@ class BlockPool:
             self.events.acquire_blocks(new, self.block_size, request_id, seq_id, times)
         return new
 
-    def evicts_none_of(self, num: int, chain: list[tuple[tuple, int]]) -> bool:
-        """Whether taking `num` blocks now evicts no block whose hash is one of `chain`'s."""
+    def evicts_none_of(self, num: int, hashes: list[int]) -> bool:
+        """Whether taking `num` blocks now evicts no block published under one of `hashes`."""
         evicted = num - len(self.free)
-        if evicted <= 0 or not chain:
+        if evicted <= 0 or not hashes:
             return True
-        hs = list(map(itemgetter(1), chain))
-        if not any(map(self.cached.__contains__, hs)):  # the common case: none is cached at all
+        if not any(map(self.cached.__contains__, hashes)):  # the common case: none is cached at all
             return True
-        return set(map(self.hash.__getitem__, islice(self.free_cached, evicted))).isdisjoint(hs)
+        return set(map(self.hash.__getitem__, islice(self.free_cached, evicted))).isdisjoint(hashes)
+
+    def publish(self, bids: list[int], keys: Iterable[tuple], hashes: list[int]) -> None:
+        """Give held, unkeyed blocks `bids` the content `keys` and `hashes`, in order (`bids` may run
+        longer); a hash already cached keeps its block (the block published first wins)."""
+        if not hashes:
+            return
+        self.plain = False
+        key, hash_ = self.key, self.hash
+        for bid, k, h in zip(bids, keys, hashes, strict=False):
+            key[bid] = k
+            hash_[bid] = h
+        _drain(map(self.cached.setdefault, hashes, bids))
 
     def _evict_oldest(self, num: int, out: list[int]) -> None:
         """Evict the `num` least recently used cached free blocks onto `out`, handing each to the tiers

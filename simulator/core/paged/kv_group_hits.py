@@ -15,10 +15,8 @@ from collections.abc import Callable
 from itertools import repeat
 from operator import itemgetter
 
-from simulator.core.paged.prefix_cache import ROOT_HASH, chain_links
+from simulator.core.paged.prefix_cache import LINK_HASH, LINK_KEY, ROOT_HASH, chain_links
 from simulator.core.sequence import Sequence
-
-_KEY, _HASH = itemgetter(0), itemgetter(1)  # of a chain's (key, hash)
 
 
 def _gather(blocks: list[list[int]]) -> Callable[[list], tuple]:
@@ -183,19 +181,14 @@ class GroupHits:
             if (itemgetter(*bids)(keys).count(None) != n) if n > 1 else keys[bids[0]] is not None:
                 return False
         links = chain[start:stop]
-        hs = list(map(_HASH, links))
+        hs = list(map(LINK_HASH, links))
         tagged = [list(map(hash_fn, zip(repeat(g), hs))) for g in range(len(tables))]
         every = set().union(*tagged)
         if len(every) != n * len(tables) or not pool.cached.keys().isdisjoint(every):
             return False
-        chained = list(map(_KEY, links))
-        hashes, cached = pool.hash, pool.cached
+        chained = list(map(LINK_KEY, links))
         for g, (bids, ghs) in enumerate(zip(runs, tagged, strict=True)):
-            for bid, key, gh in zip(bids, zip(repeat(g), chained), ghs, strict=True):
-                keys[bid] = key
-                hashes[bid] = gh
-            cached.update(zip(ghs, bids, strict=True))
-        pool.plain = False
+            pool.publish(bids, zip(repeat(g), chained), ghs)
         self.publishes += n * len(tables)
         return True
 

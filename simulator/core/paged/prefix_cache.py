@@ -11,7 +11,6 @@ Deliberate differences from vLLM are listed in docs/concepts.md.
 """
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from operator import itemgetter
 
@@ -22,8 +21,7 @@ from simulator.core.sequence import Sequence
 # The parent hash of a prompt's first block. Not None: before Python 3.12 None hashes by its address, so
 # every chained hash (and the events table's prefix_key) would change from one process to the next.
 ROOT_HASH = 0
-_HASH = itemgetter(1)  # of a chain's (key, hash)
-_drain = deque(maxlen=0).extend
+LINK_KEY, LINK_HASH = itemgetter(0), itemgetter(1)  # of a chain link, (key, hash)
 
 
 def chain_links(seq: Sequence, start: int, stop: int, parent: tuple[tuple | None, int],
@@ -109,18 +107,6 @@ class PrefixCache:
             if parent[0] is None:
                 return []  # an unkeyed parent breaks the chain
         return chain_links(seq, start, stop, parent, self.hash_fn, pool.block_size)
-
-    def publish_chain(self, bids: list[int], chain: list[tuple[tuple, int]]) -> None:
-        """Publish unkeyed blocks `bids` under `chain`'s keys, in order (`publish` for each)."""
-        if not chain:
-            return
-        pool = self.pool
-        pool.plain = False
-        keys, hashes = pool.key, pool.hash
-        for bid, (key, h) in zip(bids, chain, strict=False):  # bids may run past the chain
-            keys[bid] = key
-            hashes[bid] = h
-        _drain(map(pool.cached.setdefault, map(_HASH, chain), bids))  # a block published first wins
 
     def publish_computed(self, seqs: list[Sequence], num_left: int) -> None:
         """Publish the full blocks of `seqs` (one group's held sequences; equal ones share one table)

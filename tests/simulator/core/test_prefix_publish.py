@@ -45,7 +45,8 @@ def test_an_evicted_block_holding_a_published_hash_leaves_the_cache_as_one_at_a_
     bm.free(first.seqs[0])
     assert dict(bm.pool.cached) == {7: 0}
     second = _group(1, [2, 3], 3)
-    assert not bm.pool.evicts_none_of(3, bm.prefix_cache.chain(second.seqs[0], 0, 2))
+    chain = bm.prefix_cache.chain(second.seqs[0], 0, 2)
+    assert not bm.pool.evicts_none_of(3, [h for _, h in chain])
     bm.allocate(second)
     assert second.seqs[0].block_table == [1, 2, 0]
     assert bm.pool.cached == {}
