@@ -231,8 +231,8 @@ class BlockPool:
                 filled[bid] = 0
             self.free.extend(dropped)
         if self.events is not None:
-            keys = [h or 0 for h in hs]
-            self.events.release_blocks(blocks, self.block_size, fills, keys if any(keys) else None)
+            logged = [h or 0 for h in hs]  # the events' prefix_key (0: none)
+            self.events.release_blocks(blocks, self.block_size, fills, logged if any(logged) else None)
 
 
 class PoolCounts:
