@@ -33,14 +33,22 @@ _COLUMNS = tuple(EVENT_COLUMNS)
 
 
 class OpenTenures:
-    """Tenures acquired but not yet written, with their release (NaN: still held) and share data."""
+    """Tenures acquired but not yet written, with their release (NaN: still held) and share data.
+
+    The rows sit in buffers that grow by doubling; a written row only leaves `live` until written rows
+    outnumber the live ones, when the live rows move down together. So a batch copies its own rows, not
+    every open tenure again (about the pool's size: the 2^14-acquisition batches would copy it each time).
+    """
 
     def __init__(self) -> None:
-        self.row = np.zeros(0, np.int64)
+        self.num = 0  # rows in the buffers, written or not
+        self.num_live = 0
+        self.row = np.zeros(0, np.int64)  # acquisition numbers, ascending
+        self.live = np.zeros(0, bool)
         self.cols = {c: np.zeros(0, EVENT_DTYPES[c]) for c in _COLUMNS}
 
     def __len__(self) -> int:
-        return len(self.row)
+        return self.num_live
 
     def add(self, first_row: int, request_id: np.ndarray, start: np.ndarray, size: np.ndarray,
             t_start: np.ndarray, seq_id: np.ndarray) -> None:
@@ -51,19 +59,39 @@ class OpenTenures:
             return
         if start.max() + size.max() > _INT32_MAX or request_id.max() > _INT32_MAX:
             raise ValueError("pool offsets and request ids must fit in int32 for the events table")
-        new = {"request_id": request_id, "start": start, "size": size, "t_start_s": t_start,
-               "t_end_s": np.full(n, np.nan), "max_ref_count": np.ones(n), "filled": np.zeros(n),
-               "prefix_key": np.zeros(n), "seq_id": seq_id}
-        self.row = np.concatenate([self.row, np.arange(first_row, first_row + n, dtype=np.int64)])
-        self.cols = {c: np.concatenate([self.cols[c], new[c].astype(EVENT_DTYPES[c], copy=False)])
-                     for c in _COLUMNS}
+        lo, hi = self.num, self.num + n
+        if hi > len(self.row):
+            self._resize(max(hi, 2 * len(self.row)))
+        self.row[lo:hi] = np.arange(first_row, first_row + n, dtype=np.int64)
+        self.live[lo:hi] = True
+        cols = self.cols
+        for c, v in (("request_id", request_id), ("start", start), ("size", size), ("t_start_s", t_start),
+                     ("seq_id", seq_id)):
+            cols[c][lo:hi] = v
+        cols["t_end_s"][lo:hi] = np.nan
+        cols["max_ref_count"][lo:hi] = 1
+        cols["filled"][lo:hi] = 0
+        cols["prefix_key"][lo:hi] = 0
+        self.num, self.num_live = hi, self.num_live + n
+
+    def _resize(self, capacity: int) -> None:
+        """Buffers of `capacity` rows holding the first `num`."""
+        def grown(a: np.ndarray) -> np.ndarray:
+            out = np.empty(capacity, a.dtype)
+            out[:self.num] = a[:self.num]
+            return out
+        self.row, self.live = grown(self.row), grown(self.live)
+        self.cols = {c: grown(v) for c, v in self.cols.items()}
+
+    def _positions(self, rows: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.row[:self.num], rows)
 
     def release(self, rows: np.ndarray, t_end: np.ndarray, filled: np.ndarray,
                 prefix_keys: np.ndarray | None = None) -> None:
         """Mark the tenures of acquisition numbers `rows` released at `t_end` holding `filled` tokens (and
         `prefix_keys`, when given)."""
         if len(rows):
-            pos = np.searchsorted(self.row, rows)
+            pos = self._positions(rows)
             self.cols["t_end_s"][pos] = t_end
             self.cols["filled"][pos] = filled
             if prefix_keys is not None:
@@ -72,28 +100,40 @@ class OpenTenures:
     def share(self, rows: np.ndarray, ref_counts: np.ndarray) -> None:
         """Raise the peak owner count of the tenures `rows`."""
         if len(rows):
-            pos = np.searchsorted(self.row, rows)
+            pos = self._positions(rows)
             np.maximum.at(self.cols["max_ref_count"], pos, ref_counts.astype(np.int32))
 
     def flush(self, sink: TableSink, before: float | None, end_s: float = 0.0) -> None:
         """Hand `sink` the tenures released before `before`, or all of them (held ones end at `end_s`)
         when `before` is None; keep the rest."""
-        t_end = self.cols["t_end_s"]
+        n = self.num
+        t_end, live = self.cols["t_end_s"][:n], self.live[:n]
         if before is None:
-            t_end[np.isnan(t_end)] = end_s
-            done = np.ones(len(t_end), bool)
+            t_end[np.isnan(t_end) & live] = end_s
+            done = live.copy()
         else:
             done = t_end < before  # NaN (held) compares False
-        if not done.any():
+            done &= live
+        order = np.flatnonzero(done)
+        if not len(order):
             return
         # Positions ascend with acquisition numbers, so a stable sort on t_end keeps acquisition order
         # among equal ends (the same as a lexsort on both, for less).
-        order = np.flatnonzero(done)
         order = order[np.argsort(t_end[order], kind="stable")]
         sink.write({c: self.cols[c][order] for c in _COLUMNS})
-        keep = ~done
-        self.row = self.row[keep]
-        self.cols = {c: v[keep] for c, v in self.cols.items()}
+        live[done] = False
+        self.num_live -= len(order)
+        if n - self.num_live > self.num_live:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Move the live rows to the front of the buffers, in order."""
+        keep = np.flatnonzero(self.live[:self.num])
+        k = len(keep)
+        for a in (self.row, *self.cols.values()):
+            a[:k] = a[keep]
+        self.live[:k] = True
+        self.num = k
 
 
 def _per_event(per_run: np.ndarray, counts: np.ndarray, flagged: np.ndarray, listed: list, dtype
