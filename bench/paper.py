@@ -20,6 +20,7 @@ import pandas as pd
 from pagelab.run_format import MEMORY_STATES
 from simulator.config import SimConfig
 from simulator.loop import RunResult, simulate
+from simulator.output.memory_rows import dot
 from traces import SyntheticConfig, generate_trace
 
 STATES = MEMORY_STATES
@@ -48,7 +49,7 @@ def window_shares(memory: pd.DataFrame, saturated: bool) -> dict[str, float]:
     total = w.sum()
     if total <= 0:
         return {s: float("nan") for s in STATES}
-    return {s: float(np.dot(rows[s].to_numpy(np.float64), w) / total) for s in STATES}
+    return {s: float(dot(rows[s].to_numpy(np.float64), w) / total) for s in STATES}
 
 
 def saturated_time_share(memory: pd.DataFrame) -> float:
@@ -88,7 +89,7 @@ def paged_free_causes(trace: pd.DataFrame, base: SimConfig = BASE) -> dict[str, 
     total, pre = dt.sum(), preempted > 0
 
     def mean(x, mask):
-        return float(np.dot(x[mask], dt[mask]) / dt[mask].sum()) if dt[mask].sum() > 0 else float("nan")
+        return float(dot(x[mask], dt[mask]) / dt[mask].sum()) if dt[mask].sum() > 0 else float("nan")
 
     return {"saturated_s": float(total), "mean_free_blocks": mean(free, dt > 0),
             "head_preempted_time_share": float(dt[pre].sum() / total),

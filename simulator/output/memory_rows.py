@@ -107,7 +107,7 @@ class MemoryTable:
 
     def _add_sums(self, rows: np.ndarray) -> None:
         floats = structured_to_unstructured(rows[self._floats], copy=False)  # a view: no copy
-        self._wsum += floats[:, _DT] @ floats
+        self._wsum += np.einsum("i,ij->j", floats[:, _DT], floats)  # no BLAS: see `dot`
         self._dt += float(floats[:, _DT].sum())
 
     def close(self) -> tuple[np.ndarray, float]:
@@ -171,9 +171,16 @@ def frame_means(memory: pd.DataFrame) -> tuple[dict, float, float]:
     if total <= 0:
         nan = float("nan")
         return dict.fromkeys(shares, nan), nan, nan
-    mean = {s: float(np.dot(memory[s].to_numpy(), w) / total) for s in shares}
-    return (mean, float(np.dot(memory["token_occupancy"].to_numpy(), w) / total),
-            float(np.dot(memory["block_occupancy"].to_numpy(), w) / total))
+    mean = {s: float(dot(memory[s].to_numpy(), w) / total) for s in shares}
+    return (mean, float(dot(memory["token_occupancy"].to_numpy(), w) / total),
+            float(dot(memory["block_occupancy"].to_numpy(), w) / total))
+
+
+def dot(values: np.ndarray, weights: np.ndarray) -> float:
+    """The sum of `values * weights`, the same on every machine. A BLAS dot product splits long vectors
+    among as many threads as there are cores (so its last bits depend on the core count), and its idle
+    threads then spin for a while, burning a core the run's child process could use."""
+    return float(np.einsum("i,i->", values, weights))
 
 
 class MemoryRows:
