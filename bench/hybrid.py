@@ -22,10 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
+from pagelab.column_stats import weighted_sum
 from pagelab.run_format import HYBRID_STATES, MEMORY_STATES
 from simulator.config import SimConfig
 from simulator.loop import simulate
-from simulator.output.memory_rows import dot
 from traces import load_trace
 
 BASE = SimConfig(model="gemma-3-27b", gpu="h100-80gb", max_model_len=131072, max_num_batched_tokens=131072,
@@ -47,7 +47,7 @@ def run_one(trace, config: SimConfig) -> dict:
     res = simulate(trace, config)
     m, s = res.memory, res.summary
     w = m["dt_s"].to_numpy()
-    shares = {k: float(dot(m[k].to_numpy(), w) / w.sum()) if k in m else 0.0
+    shares = {k: float(weighted_sum(w, m[k].to_numpy()) / w.sum()) if k in m else 0.0
               for k in (*MEMORY_STATES, "cached_free", *HYBRID_STATES)}
     return {"num_blocks": s["num_blocks"], "mean_batch": s["mean_batch_size"],
             "throughput_tok_s": s["throughput_tokens_per_s"], "prefix_hit_rate": s["prefix_cache_hit_rate"],

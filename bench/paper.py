@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from pagelab.column_stats import weighted_sum
 from pagelab.run_format import MEMORY_STATES
 from simulator.config import SimConfig
 from simulator.loop import RunResult, simulate
-from simulator.output.memory_rows import dot
 from traces import SyntheticConfig, generate_trace
 
 STATES = MEMORY_STATES
@@ -49,7 +49,7 @@ def window_shares(memory: pd.DataFrame, saturated: bool) -> dict[str, float]:
     total = w.sum()
     if total <= 0:
         return {s: float("nan") for s in STATES}
-    return {s: float(dot(rows[s].to_numpy(np.float64), w) / total) for s in STATES}
+    return {s: float(weighted_sum(w, rows[s].to_numpy(np.float64)) / total) for s in STATES}
 
 
 def saturated_time_share(memory: pd.DataFrame) -> float:
@@ -89,7 +89,7 @@ def paged_free_causes(trace: pd.DataFrame, base: SimConfig = BASE) -> dict[str, 
     total, pre = dt.sum(), preempted > 0
 
     def mean(x, mask):
-        return float(dot(x[mask], dt[mask]) / dt[mask].sum()) if dt[mask].sum() > 0 else float("nan")
+        return float(weighted_sum(dt[mask], x[mask]) / dt[mask].sum()) if dt[mask].sum() > 0 else float("nan")
 
     return {"saturated_s": float(total), "mean_free_blocks": mean(free, dt > 0),
             "head_preempted_time_share": float(dt[pre].sum() / total),

@@ -26,6 +26,14 @@ _SIGN = np.uint64(1 << 63)
 Batches = Callable[[], Iterator[tuple[np.ndarray, np.ndarray | None]]]  # (values, weights or None) batches
 
 
+def weighted_sum(weights: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """The sum over rows of `weights[i] * values[i]`: a 0-d array for a column, one sum per column for a
+    2-D `values`. The same on every machine: a BLAS dot product splits long vectors among as many threads
+    as there are cores (so its last bits follow the core count), and its idle threads then spin for a
+    while, burning a core a run's child process could use."""
+    return np.einsum("i,i...->...", weights, values)
+
+
 def _keys(values: np.ndarray) -> np.ndarray:
     """uint64 keys ordered as the (non-NaN) float64 values; -0.0 and 0.0 get the same key."""
     # In place on one copy: a batch's keys are the pass's largest temporary (8 bytes a row).

@@ -16,8 +16,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from pagelab.column_stats import BATCH_ROWS, Batches, median_and_percentiles, weighted_percentiles
-from simulator.output.memory_rows import dot, frame_means, weighted_means
+from pagelab.column_stats import (
+    BATCH_ROWS,
+    Batches,
+    median_and_percentiles,
+    weighted_percentiles,
+    weighted_sum,
+)
+from simulator.output.memory_rows import frame_means, weighted_means
 from simulator.output.request_rows import RequestColumns, RequestTotals, output_tokens
 from simulator.slo import Limit
 from traces.batches import FrameBatches
@@ -67,7 +73,7 @@ def _moments(read: Batches, spread: bool = True) -> tuple[int, float, float, flo
     for v, w in read():
         count += len(v)
         weight += float(len(v) if w is None else w.sum())
-        total += float(v.sum() if w is None else dot(v, w))
+        total += float(v.sum() if w is None else weighted_sum(w, v))
     if count == 0:
         return 0, 0.0, math.nan, math.nan
     mean = total / weight
@@ -76,7 +82,7 @@ def _moments(read: Batches, spread: bool = True) -> tuple[int, float, float, flo
     squares = 0.0
     for v, w in read():
         d = (v - mean) ** 2
-        squares += float(d.sum() if w is None else dot(d, w))
+        squares += float(d.sum() if w is None else weighted_sum(w, d))
     return count, weight, mean, math.sqrt(squares / weight)
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.lib.recfunctions import structured_to_unstructured
 
+from pagelab.column_stats import weighted_sum
 from pagelab.run_format import HYBRID_MEMORY_COLUMNS, HYBRID_STATES, MEMORY_STATES
 from pagelab.run_format import MEMORY_COLUMNS as MEMORY_TYPES
 
@@ -107,7 +108,7 @@ class MemoryTable:
 
     def _add_sums(self, rows: np.ndarray) -> None:
         floats = structured_to_unstructured(rows[self._floats], copy=False)  # a view: no copy
-        self._wsum += np.einsum("i,ij->j", floats[:, _DT], floats)  # no BLAS: see `dot`
+        self._wsum += weighted_sum(floats[:, _DT], floats)
         self._dt += float(floats[:, _DT].sum())
 
     def close(self) -> tuple[np.ndarray, float]:
@@ -171,16 +172,9 @@ def frame_means(memory: pd.DataFrame) -> tuple[dict, float, float]:
     if total <= 0:
         nan = float("nan")
         return dict.fromkeys(shares, nan), nan, nan
-    mean = {s: float(dot(memory[s].to_numpy(), w) / total) for s in shares}
-    return (mean, float(dot(memory["token_occupancy"].to_numpy(), w) / total),
-            float(dot(memory["block_occupancy"].to_numpy(), w) / total))
-
-
-def dot(values: np.ndarray, weights: np.ndarray) -> float:
-    """The sum of `values * weights`, the same on every machine. A BLAS dot product splits long vectors
-    among as many threads as there are cores (so its last bits depend on the core count), and its idle
-    threads then spin for a while, burning a core the run's child process could use."""
-    return float(np.einsum("i,i->", values, weights))
+    mean = {s: float(weighted_sum(w, memory[s].to_numpy()) / total) for s in shares}
+    return (mean, float(weighted_sum(w, memory["token_occupancy"].to_numpy()) / total),
+            float(weighted_sum(w, memory["block_occupancy"].to_numpy()) / total))
 
 
 class MemoryRows:

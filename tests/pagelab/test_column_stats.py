@@ -1,6 +1,11 @@
 """pagelab.column_stats: exact percentiles of a column read in blocks, equal to numpy's on the whole."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -104,3 +109,15 @@ def test_known_ranks_are_reused_and_only_missing_ones_selected():
     assert again == (first[0], [first[1][2], first[1][0]])
     more = cs.median_and_percentiles(read, len(v), (10,), known)
     assert passes and more[1] == [float(np.percentile(v, 10))] and more[0] == float(np.median(v))
+
+
+def test_weighted_sums_are_the_same_whatever_the_number_of_blas_threads():
+    # A BLAS dot product splits a long vector among threads: its last bits would follow the core count.
+    code = ("import numpy as np; from pagelab.column_stats import weighted_sum; "
+            "rng = np.random.default_rng(0); w, a, m = rng.random(1_000_003), rng.random(1_000_003), "
+            "rng.random((50_000, 12)); "
+            "print(repr(float(weighted_sum(w, a))), weighted_sum(m[:, 0], m).tolist())")
+    root = Path(__file__).resolve().parents[2]
+    outs = {subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True,
+                           env={**os.environ, "OPENBLAS_NUM_THREADS": str(n)}).stdout for n in (1, 2, 4)}
+    assert len(outs) == 1, outs

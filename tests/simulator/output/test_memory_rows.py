@@ -1,11 +1,6 @@
 """The memory table's rows: packed as they come, read back exactly, summed for the summary."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -71,15 +66,3 @@ def test_memory_rows_reach_a_file_in_row_groups_of_their_size(num, group, batch)
         want = (expected["token_occupancy"] * dt).sum() / dt.sum()
         assert token_occupancy == pytest.approx(want, rel=1e-12)
         assert means["free"] == pytest.approx((expected["free"] * dt).sum() / dt.sum(), rel=1e-12)
-
-
-def test_weighted_sums_are_the_same_whatever_the_number_of_blas_threads():
-    # A BLAS dot product splits a long vector among threads: its last bits would follow the core count.
-    code = ("import numpy as np; from simulator.output.memory_rows import dot; "
-            "rng = np.random.default_rng(0); a, w = rng.random(1_000_003), rng.random(1_000_003); "
-            "m = rng.random((50_000, 12)); "
-            "print(repr(dot(a, w)), repr(np.einsum('i,ij->j', m[:, 0], m).tolist()))")
-    root = Path(__file__).resolve().parents[3]
-    outs = {subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True,
-                           env={**os.environ, "OPENBLAS_NUM_THREADS": str(n)}).stdout for n in (1, 2, 4)}
-    assert len(outs) == 1, outs
