@@ -139,7 +139,8 @@ class GroupHits:
         return len(refs) - refs.count(0)
 
     def publish_range(self, seq: Sequence, start: int, stop: int) -> None:
-        """`publish_index` for each of the sequence's blocks `start` to `stop` - 1, in that order."""
+        """Publish full blocks `start` to `stop` - 1 of `seq`, in that order, in every group that still holds
+        them, under the group-tagged chained key of their content."""
         if not self.enabled or start >= stop:
             return
         chain = self.chain(seq, stop)
@@ -191,25 +192,3 @@ class GroupHits:
             pool.publish(bids, zip(repeat(g), chained), ghs)
         self.publishes += n * len(tables)
         return True
-
-    def publish_index(self, seq: Sequence, i: int) -> None:
-        """Publish full block `i` of `seq` in every group that still holds it, under the group-tagged
-        chained key of its content."""
-        if not self.enabled:
-            return
-        chain = self.chain(seq, i + 1)
-        if len(chain) <= i:
-            return
-        key, h = chain[i]
-        pool = self.pool
-        for g, table in enumerate(self.tables[seq.seq_id]):
-            bid = table[i]
-            if bid is None or pool.key[bid] is not None:
-                continue
-            gh = self.hash_fn((g, h))
-            pool.plain = False
-            pool.key[bid], pool.hash[bid] = (g, key), gh
-            pool.cached.setdefault(gh, bid)
-            if self.tiers is not None and pool.cached[gh] == bid:  # tiers key pages by range, untagged
-                self.tiers.ranges[gh] = h
-            self.publishes += 1

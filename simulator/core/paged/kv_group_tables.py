@@ -298,8 +298,7 @@ class GroupTables(GroupHits, GroupBulk):
                     table.extend(self.take(g, _cdiv(left, bs), rid, seq.seq_id, block_fills(left, bs)))
         seq.num_tokens = n + k
         if seq.token_ids is not None:
-            for i in range(n // bs, seq.num_tokens // bs):
-                self.publish_index(seq, i)
+            self.publish_range(seq, n // bs, seq.num_tokens // bs)
         self.count_internal(seq)
         self.mark_exclusive(seq.seq_id)
         return copies

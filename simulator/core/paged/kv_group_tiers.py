@@ -183,8 +183,7 @@ class GroupTiers:
         t.seqs[sid] = seq
         t.chains[sid] = chain
         t.count_internal(seq)
-        for i in range(hit, min(n, end * bs + budget) // bs):
-            t.publish_index(seq, i)
+        t.publish_range(seq, hit, min(n, end * bs + budget) // bs)
         return end * bs
 
     def flush(self) -> None:
