@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import statistics
 import sys
@@ -113,9 +114,9 @@ def figure(results: dict, path: Path) -> Path:
 
 
 def overhead(trace, repeats: int) -> dict:
-    """Wall and CPU seconds of GPU-only and CPU + disk runs of `trace`, alternating; medians and their
-    ratios, the wall ratio also per simulated step (tier hits shorten prefills, which changes how many
-    steps the run takes)."""
+    """Wall and CPU seconds of GPU-only and CPU + disk runs of `trace` (each with the collection of what it
+    left), alternating; medians and their ratios, the wall ratio also per simulated step (tier hits
+    shorten prefills, which changes how many steps the run takes)."""
     times: dict[str, list[float]] = {"GPU only": [], "+CPU +disk": []}
     cpu: dict[str, list[float]] = {"GPU only": [], "+CPU +disk": []}
     steps: dict[str, int] = {}
@@ -124,6 +125,7 @@ def overhead(trace, repeats: int) -> dict:
         for label, extra in (("GPU only", {}), ("+CPU +disk", tiered)):
             t0, c0 = time.perf_counter(), time.process_time()
             steps[label] = simulate(trace, dataclasses.replace(BASE, **extra)).summary["num_steps"]
+            gc.collect()  # a run's cost includes freeing what it built, not left to a later run
             times[label].append(time.perf_counter() - t0)
             cpu[label].append(time.process_time() - c0)
     med = {k: statistics.median(v) for k, v in times.items()}

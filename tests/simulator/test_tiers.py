@@ -41,14 +41,20 @@ def _manager(gpu_blocks: int, cpu: int, disk: int = 0, store: str = "lazy", per_
 def _check(tiers: Tiers, handed: set[int], swap_used: int = 0) -> None:
     """Capacities hold, a block is in one tier at most, tiers hold only blocks the GPU let go."""
     tiers.flush()
-    assert tiers.cpu.cache.used + swap_used <= tiers.cpu.spec.num_blocks
+    assert tiers.cpu.used + swap_used <= tiers.cpu.spec.num_blocks
     seen: set[int] = set()
     for tier in tiers.tiers:
-        assert tier.cache.used <= tier.cache.capacity <= tier.spec.num_blocks
-        assert set(tier.keys) == set(tier.cache.size)
-        assert not (seen & set(tier.keys))
-        seen |= set(tier.keys)
-        assert set(tier.keys) <= handed
+        held = list(tier.keys)
+        assert len(held) == len(set(held)) == tier.used <= tier.capacity <= tier.spec.num_blocks
+        if tier.lru:  # the numbered stack maps each held hash to its entry, and no other
+            assert all(h in tier.keys for h in held)
+        else:
+            assert set(held) == set(tier.cache.size)
+        assert not (seen & set(held))
+        seen |= set(held)
+        assert set(held) <= handed
+    if tiers.tiers and tiers.tiers[0].lru:
+        assert set(tiers.stack.loc) == seen
 
 
 def _group(i: int, conv: int, nblocks: int, extra: int = 1) -> SequenceGroup:
@@ -150,7 +156,7 @@ def test_swapped_blocks_take_their_room_from_the_cpu_tier():
         swap = run.alloc.swap
         used = swap.num_blocks - len(swap.free)
         assert swap.num_blocks == cpu_blocks
-        assert tiers.cpu.cache.used + used <= cpu_blocks
+        assert tiers.cpu.used + used <= cpu_blocks
         observe.swapped = max(observe.swapped, used)
 
     observe.swapped = 0

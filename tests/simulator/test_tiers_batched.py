@@ -1,6 +1,7 @@
-"""The tiers' batched paths (`Tiers.flush` storing, discarding and spilling whole batches through C-level
-map/zip and set operations; `Tiers.load` counting runs of one tier at once) against the same rules
-written as plain per-block loops: a batch stores what one block at a time stores."""
+"""The tiers' batched paths against the same rules written as plain per-block loops: a batch stores what
+one block at a time stores. An all-LRU stack is kept as numbered entries (tier_lru.py: spills by ranges,
+compaction); other policies go block by block (tier.PolicyTiers). The rules: `Tier` objects, one `put` at
+a time, what each evicts going one tier down before the next block comes."""
 from __future__ import annotations
 
 from hypothesis import given, settings
@@ -12,16 +13,12 @@ from simulator.core.paged.tiers import Tiers
 # A hash may repeat in a batch: eager stores hand a block down each time it is released.
 STORE = st.tuples(st.just("store"), st.lists(st.integers(0, 30), max_size=12))
 LOAD = st.tuples(st.just("load"), st.lists(st.integers(0, 30), max_size=6))
+SWAP = st.tuples(st.just("swap"), st.integers(0, 8))  # blocks swapped out: the CPU tier's room shrinks
 POLICIES = st.sampled_from(["lru", "lfu", "s3fifo"])
 
 
 def _key(h: int) -> tuple:
     return (None, h % 7, None)  # (parent key, content, extra key), as the pool publishes them
-
-
-def _put_many(tier: Tier, pairs: list) -> list:
-    """Store each pair in order, one `put` at a time; the pairs evicted (the rule `Tier.put_many` keeps)."""
-    return [e for h, key in pairs for e in tier.put(h, key)]
 
 
 def _store(tier: Tier, pairs: list) -> None:
@@ -31,53 +28,104 @@ def _store(tier: Tier, pairs: list) -> None:
         for other in tier.below:
             if h in other.keys:
                 other.discard(h)
-        evicted = tier.put(h, key)
-        if evicted:
-            tier.stats.evicted_blocks += len(evicted)
-            if tier.below:
-                _store(tier.below[0], evicted)
+        _spill(tier, tier.put(h, key))
 
 
-@settings(max_examples=400, deadline=None)
-@given(ops=st.lists(st.one_of(STORE, LOAD), max_size=40), cpu=st.integers(0, 8), disk=st.integers(0, 8),
-       policy=POLICIES)
-def test_batched_stores_and_loads_equal_the_per_block_rules(ops, cpu, disk, policy):
+def _spill(tier: Tier, evicted: list) -> None:
+    if evicted:
+        tier.stats.evicted_blocks += len(evicted)
+        if tier.below:
+            _store(tier.below[0], evicted)
+
+
+def _rules(specs: list[TierSpec]) -> list[Tier]:
+    tiers = [Tier(s) for s in specs]
+    for i, tier in enumerate(tiers):
+        tier.below = tiers[i + 1:]
+    return tiers
+
+
+def _order(tier) -> list:
+    """A tier's (hash, key) pairs, in its policy's order where the tier keeps one (LRU: oldest first)."""
+    if tier.lru:
+        return list(tier.keys.items())
+    if tier.spec.policy == "lru":
+        return [(h, tier.keys[h]) for h in tier.cache.order]
+    return sorted(tier.keys.items())
+
+
+def _check_numbered(tiers: Tiers) -> None:
+    """The numbered stack's own bookkeeping: every mapped hash names a held entry holding it, and each
+    tier's count is what its bytes say."""
+    s = tiers.stack
+    assert len(s.pairs) == len(s.where)
+    for h, g in s.loc.items():
+        assert s.where[g - s.base] and s.pairs[g - s.base][0] == h
+    assert s.used == [s.where.count(i + 1) for i in range(len(s.tiers))]
+    assert len(s.loc) == sum(s.used)
+
+
+@settings(max_examples=500, deadline=None)
+@given(ops=st.lists(st.one_of(STORE, LOAD, SWAP), max_size=40), cpu=st.integers(0, 8),
+       disk=st.integers(0, 8), policy=POLICIES, compact=st.booleans())
+def test_batched_stores_and_loads_equal_the_per_block_rules(ops, cpu, disk, policy, compact):
     specs = [TierSpec("cpu", cpu, policy=policy), TierSpec("disk", disk, policy=policy)]
-    batched, plain = Tiers(specs, "lazy", 4, 8), Tiers(specs, "lazy", 4, 8)
-    for op, hashes in ops:
+    swapped = [0]
+    batched, plain = Tiers(specs, "lazy", 4, 8, swap_used=lambda: swapped[0]), _rules(specs)
+
+    def fit_plain() -> None:  # the CPU tier keeps the room swapped-out blocks leave it
+        room = max(0, cpu - swapped[0])
+        if plain[0].capacity != room:
+            _spill(plain[0], plain[0].resize(room))
+
+    assert batched.tiers[0].lru == (policy == "lru")
+    if compact and policy == "lru":
+        batched.stack.compact_min = batched.stack.compact_at = 4
+    for op, arg in ops:
         if op == "store":
-            batched.queue.extend((h, _key(h)) for h in hashes)
+            batched.queue.extend((h, _key(h)) for h in arg)
             batched.flush()
-            _store(plain.top, [(h, _key(h)) for h in hashes])
-            continue
-        for tiers in (batched, plain):
-            found = [(t, h, t.keys[h]) for h in hashes for t in tiers.tiers if h in t.keys]
-            if tiers is batched:
-                tiers.load(found)
-            else:
-                for tier, h, _ in found:
-                    tier.touch(h)
-                    tier.pending += 1
-                    tier.stats.hit_blocks += 1
-                    tier.stats.hit_tokens += tiers.block_size
-        for a, b in zip(batched.tiers, plain.tiers, strict=True):
-            assert list(a.keys.items()) == list(b.keys.items())
-            assert (a.stats, a.pending) == (b.stats, b.pending)
-            assert sorted(a.cache.size) == sorted(b.cache.size)
+            if arg and plain[0].capacity != cpu:
+                fit_plain()
+            _store(plain[0], [(h, _key(h)) for h in arg])
+        elif op == "swap":
+            swapped[0] = arg
+            batched.fit()
+            fit_plain()
+        else:
+            found = [(t, h, t.keys[h]) for h in dict.fromkeys(arg) for t in batched.tiers if h in t.keys]
+            batched.load(found)
+            for h in dict.fromkeys(arg):
+                for tier in plain:
+                    if h in tier.keys:
+                        tier.touch(h)
+                        tier.pending += 1
+                        tier.stats.hit_blocks += 1
+                        tier.stats.hit_tokens += batched.block_size
+        for a, b in zip(batched.tiers, plain, strict=True):
+            assert _order(a) == _order(b)
+            assert (a.stats, a.pending, a.used, a.capacity) == (b.stats, b.pending, b.used, b.capacity)
+        if policy == "lru":
+            _check_numbered(batched)
 
 
 @settings(max_examples=300, deadline=None)
 @given(held=st.lists(st.integers(0, 20), max_size=10, unique=True), capacity=st.integers(0, 10),
-       batch=st.lists(st.integers(0, 25), max_size=14))
-def test_an_lru_batch_evicts_what_one_put_at_a_time_evicts(held, capacity, batch):
-    """Held blocks among the oldest, repeated hashes and batches larger than the tier included: a held
-    block that one put at a time evicts before its turn comes back as a new store."""
-    tiers = [Tier(TierSpec("cpu", capacity)) for _ in range(2)]
-    for tier in tiers:
-        for h in held:
-            tier.put(h, _key(h))
-        tier.stats.stored_blocks = 0
+       batch=st.lists(st.integers(0, 25), max_size=14), disk=st.integers(0, 12))
+def test_an_lru_batch_evicts_what_one_put_at_a_time_evicts(held, capacity, batch, disk):
+    """Held blocks among the oldest of either tier, repeated hashes and batches larger than the tier: a
+    held block that one put at a time evicts before its turn comes back as a new store."""
+    specs = [TierSpec("cpu", capacity), TierSpec("disk", disk)]
+    numbered, plain = Tiers(specs, "lazy", 4, 8), _rules(specs)
+    for h in held:  # one at a time: the tiers fill, the CPU tier spills into the disk tier
+        numbered.queue.append((h, _key(h)))
+        numbered.flush()
+        _store(plain[0], [(h, _key(h))])
     pairs = [(h, _key(h + i)) for i, h in enumerate(batch)]
-    assert tiers[0].put_many(pairs) == _put_many(tiers[1], pairs)
-    assert list(tiers[0].keys.items()) == list(tiers[1].keys.items())
-    assert tiers[0].stats == tiers[1].stats
+    numbered.queue.extend(pairs)
+    numbered.flush()
+    _store(plain[0], pairs)
+    for a, b in zip(numbered.tiers, plain, strict=True):
+        assert _order(a) == _order(b)
+        assert a.stats == b.stats
+    _check_numbered(numbered)

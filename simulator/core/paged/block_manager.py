@@ -46,8 +46,9 @@ class BlockManager(PoolCounts, KVAllocator):
         self.pool = BlockPool(num_blocks, block_size, self.stats, self.events)
         self.prefix_cache = PrefixCache(self.pool, enable_prefix_caching, hash_fn)
         self.seqs: dict[int, Sequence] = {}  # sequences holding device blocks, by id
-        self.swap = SwapSpace(num_cpu_blocks, self.pool, self.seqs, self.watermark_blocks,
-                              self.release_device, self._adopt)
+        # The swap space is handed the two callbacks per call: held here, they would tie the manager into
+        # a reference cycle that keeps the pool and its tiers alive until the cyclic collector runs.
+        self.swap = SwapSpace(num_cpu_blocks, self.pool, self.seqs, self.watermark_blocks)
         self.num_internal_slots = 0  # slots of final blocks that their sequences will never fill
         self.tiers = None  # the CPU and disk tiers behind the pool, when attached (tiers.py)
 
@@ -356,7 +357,7 @@ class BlockManager(PoolCounts, KVAllocator):
 
     def swap_out(self, group: SequenceGroup) -> list[tuple[int, int]]:
         """Move the group's device blocks to the CPU pool; blocks shared inside the group stay shared."""
-        copies = self.swap.swap_out(group)
+        copies = self.swap.swap_out(group, self.release_device)
         if self.tiers is not None:  # the swapped blocks take their room from the CPU tier's cache
             self.tiers.fit()
         self._check()
@@ -364,7 +365,7 @@ class BlockManager(PoolCounts, KVAllocator):
 
     def swap_in(self, group: SequenceGroup) -> list[tuple[int, int]]:
         """Bring the group's blocks back; full blocks still cached on the device are shared again."""
-        copies = self.swap.swap_in(group)
+        copies = self.swap.swap_in(group, self._adopt)
         self._check()
         return copies
 

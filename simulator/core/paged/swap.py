@@ -17,10 +17,9 @@ class SwapSpace:
     blocks, `adopt` gives a sequence back its device accounting once its blocks are back.
     """
 
-    def __init__(self, num_blocks: int, pool: BlockPool, held: dict[int, Sequence], watermark_blocks: int,
-                 release: Callable[[Sequence], None], adopt: Callable[[Sequence], None]) -> None:
+    def __init__(self, num_blocks: int, pool: BlockPool, held: dict[int, Sequence],
+                 watermark_blocks: int) -> None:
         self.pool, self.held, self.watermark_blocks = pool, held, watermark_blocks
-        self.release, self.adopt = release, adopt
         self.num_blocks = num_blocks
         self.ref = [0] * num_blocks
         self.filled = [0] * num_blocks
@@ -90,8 +89,9 @@ class SwapSpace:
             self._decref(cid)
         seq.cpu_block_table = []
 
-    def swap_out(self, group: SequenceGroup) -> list[tuple[int, int]]:
-        """Move the group's device blocks here; return the (device, CPU) copies."""
+    def swap_out(self, group: SequenceGroup, release: Callable[[Sequence], None]) -> list[tuple[int, int]]:
+        """Move the group's device blocks here, then `release` each sequence's device blocks; return the
+        (device, CPU) copies."""
         pool = self.pool
         seqs = [s for s in group.seqs if s.seq_id in self.held]
         if not self.can_swap_out(group):
@@ -108,15 +108,15 @@ class SwapSpace:
                 self.ref[cid] += 1
             s.cpu_block_table = [mapping[b] for b in s.block_table]
         for s in seqs:
-            self.release(s)
+            release(s)
             self.seqs[s.seq_id] = s
         pool.stats.swapped_out_blocks += len(mapping)
         return list(mapping.items())
 
-    def swap_in(self, group: SequenceGroup) -> list[tuple[int, int]]:
+    def swap_in(self, group: SequenceGroup, adopt: Callable[[Sequence], None]) -> list[tuple[int, int]]:
         """Bring the group's blocks back: full blocks still cached on the device are shared again (as
-        vLLM's prefix-caching allocator does), the rest are copied into fresh blocks; return the (CPU,
-        device) copies."""
+        vLLM's prefix-caching allocator does), the rest are copied into fresh blocks; `adopt` each
+        sequence; return the (CPU, device) copies."""
         pool = self.pool
         seqs = [s for s in group.seqs if s.seq_id in self.seqs]
         status = self.can_swap_in(group)
@@ -155,6 +155,6 @@ class SwapSpace:
             s.block_table = table
         for s in seqs:
             self.drop(s)
-            self.adopt(s)
+            adopt(s)
         pool.stats.swapped_in_blocks += len(copies)
         return copies

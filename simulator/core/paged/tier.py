@@ -1,13 +1,12 @@
-"""One KV tier below the GPU (tiers.py stacks them behind a pool): its spec, counters and keys by content
-hash, with the eviction policy over them (LRU on the keys' own order by default, or a pagelab.eviction
-policy), and the functions a stack of tiers reports through (also kv_group_tiers.py's).
+"""KV tiers below the GPU, block by block: a tier's spec and counters, a tier that keeps its keys by content
+hash under a pagelab.eviction policy (`Tier`), the stack of such tiers (`PolicyTiers`, any policy), and
+the functions a stack of tiers reports through (also kv_group_tiers.py's). A stack that is all LRU is
+kept by tier_lru.NumberedLRU instead, which follows the same rules at the cost of ranges of blocks.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from itertools import islice, repeat
 from operator import itemgetter
 
 from pagelab.eviction import EvictionPolicy, make_policy
@@ -46,112 +45,104 @@ class TierStats:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-class _KeyLRU:
-    """LRU over a tier's own OrderedDict of keys (oldest first): the default policy without a second
-    structure to keep in step, since every block stored into a tier below the GPU passes here."""
-
-    name = "lru"
-
-    def __init__(self, keys: OrderedDict, capacity: int) -> None:
-        self.keys, self.capacity = keys, capacity
-
-    @property
-    def used(self) -> int:
-        """Blocks held."""
-        return len(self.keys)
-
-    @property
-    def size(self) -> OrderedDict:
-        """The held blocks (each of size one)."""
-        return self.keys
-
-
 class Tier:
-    """A tier's state: its keys by content hash, the eviction policy over them, counters."""
+    """A tier kept block by block: its keys by content hash and a pagelab.eviction policy over them (the
+    tiers of a stack that is all LRU live in tier_lru.py instead, numbered)."""
+
+    lru = False
 
     def __init__(self, spec: TierSpec) -> None:
         self.spec = spec
-        self.lru = spec.policy == "lru"
-        self.keys: dict[int, tuple] = OrderedDict() if self.lru else {}  # hash -> the pool's key
-        self.cache: EvictionPolicy | _KeyLRU = _KeyLRU(self.keys, spec.num_blocks) if self.lru \
-            else make_policy(spec.policy, spec.num_blocks)
+        self.keys: dict[int, tuple] = {}  # hash -> the pool's key
+        self.cache: EvictionPolicy = make_policy(spec.policy, spec.num_blocks)
         self.stats = TierStats()
         self.pending = 0  # blocks loaded from this tier since the step time last took them
-        self.below: list[Tier] = []  # the tiers under this one, nearest first
+        self.below: list = []  # the tiers under this one, nearest first
 
     @property
     def used(self) -> int:
         """Blocks held."""
         return len(self.keys)
+
+    @property
+    def capacity(self) -> int:
+        """Blocks it may hold now."""
+        return self.cache.capacity
 
     def put(self, h: int, key: tuple) -> list[tuple[int, tuple]]:
         """Store (or refresh) a block; the (hash, key) pairs evicted to make room."""
         keys = self.keys
-        if h in keys:
-            self.touch(h)
-        else:
+        if h not in keys:
             self.stats.stored_blocks += 1
         keys[h] = key
-        if not self.lru:
-            return [(v, keys.pop(v)) for v in self.cache.admit(h)]
-        cap = self.cache.capacity
-        out = []
-        while len(keys) > cap:
-            out.append(keys.popitem(last=False))
-        return out
-
-    def put_many(self, pairs: list[tuple[int, tuple]]) -> list[tuple[int, tuple]]:
-        """`put` each pair in order; every pair evicted on the way, as one `put` at a time gives them (for
-        LRU at C speed, `put_batch`, when `batch_differs` finds that gives the same)."""
-        if not self.lru or self.batch_differs(set(map(BLOCK_HASH, pairs)), len(pairs)):
-            return [e for h, key in pairs for e in self.put(h, key)]
-        return self.put_batch(pairs)
-
-    def batch_differs(self, hashes: set, num_pairs: int) -> bool:
-        """Whether storing a batch at once (`put_batch`) could differ from one `put` at a time: a hash that
-        repeats (it may leave before its second turn), or a block held among the oldest that make room
-        (one at a time, it leaves before its turn and comes back as a new store). Only the oldest can
-        leave: walking them against the batch costs far less than looking each hash up in a tier of a
-        million (how many make room is bounded by taking none of the batch as held)."""
-        if len(hashes) != num_pairs:
-            return True
-        over = len(self.keys) + num_pairs - self.cache.capacity
-        return over > 0 and not hashes.isdisjoint(islice(self.keys, over))
-
-    def put_batch(self, pairs: list[tuple[int, tuple]]) -> list[tuple[int, tuple]]:
-        """Store an LRU batch that `batch_differs` cleared, at C speed; the (hash, key) pairs evicted."""
-        keys = self.keys
-        before = len(keys)
-        keys.update(pairs)  # all new (the common case): appended in order
-        if len(keys) - before != len(pairs):  # some were held: each goes to the end in order
-            for h, _ in pairs:
-                keys.move_to_end(h)
-        self.stats.stored_blocks += len(keys) - before
-        over = len(keys) - self.cache.capacity
-        return list(map(keys.popitem, repeat(False, over))) if over > 0 else []
+        return [(v, keys.pop(v)) for v in self.cache.admit(h)]
 
     def touch(self, h: int) -> None:
         """A block of this tier was used again."""
-        if self.lru:
-            self.keys.move_to_end(h)
-        else:
-            self.cache.admit(h)
+        self.cache.admit(h)
 
     def discard(self, h: int) -> None:
         """Drop a block without counting an eviction."""
         del self.keys[h]
-        if not self.lru:
-            self.cache.remove(h)
+        self.cache.remove(h)
 
     def resize(self, capacity: int) -> list[tuple[int, tuple]]:
         """Take a new capacity; the (hash, key) pairs evicted to fit it."""
-        if not self.lru:
-            return [(v, self.keys.pop(v)) for v in self.cache.resize(capacity)]
-        self.cache.capacity = capacity
-        out = []
-        while len(self.keys) > capacity:
-            out.append(self.keys.popitem(last=False))
-        return out
+        return [(v, self.keys.pop(v)) for v in self.cache.resize(capacity)]
+
+
+class PolicyTiers:
+    """A stack of tiers kept block by block, any policy: each stored block leaves the lower tiers (a block
+    lives in one tier), its tier takes it, and what that evicts goes one tier down before the next block
+    comes. tier_lru.NumberedLRU keeps the same rules for LRU at the cost of ranges, not blocks."""
+
+    def __init__(self, specs: list[TierSpec]) -> None:
+        self.tiers = [Tier(s) for s in specs]
+        for i, tier in enumerate(self.tiers):
+            tier.below = self.tiers[i + 1:]
+        self.log = None  # a tier_log.TierLog when a driver keeps the blocks' data
+
+    def lookup(self, h: int) -> tuple | None:
+        """(tier, key) of the block stored under hash `h`, if any tier holds it."""
+        for tier in self.tiers:
+            key = tier.keys.get(h)
+            if key is not None:
+                return tier, key
+        return None
+
+    def store(self, pairs: list[tuple[int, tuple]], i: int = 0) -> None:
+        """Store (hash, key) `pairs` into tier `i`, in order, one at a time."""
+        tier, log = self.tiers[i], self.log
+        for h, key in pairs:
+            if log is not None:
+                log.entering(tier, [(h, key)])
+            for other in tier.below:
+                if h in other.keys:
+                    other.discard(h)
+            evicted = tier.put(h, key)
+            if evicted:
+                self._spill(i, evicted)
+            if log is not None:
+                log.entered(tier)
+
+    def touch(self, i: int, hashes: list[int]) -> None:
+        """Blocks of tier `i` were used again, in this order."""
+        for h in hashes:
+            self.tiers[i].touch(h)
+
+    def resize(self, i: int, capacity: int) -> None:
+        """Give tier `i` a new capacity; what it evicts goes one tier down."""
+        evicted = self.tiers[i].resize(capacity)
+        if evicted:
+            self._spill(i, evicted)
+
+    def _spill(self, i: int, evicted: list[tuple[int, tuple]]) -> None:
+        tier = self.tiers[i]
+        tier.stats.evicted_blocks += len(evicted)
+        if self.log is not None:
+            self.log.spilling(tier, evicted)
+        if tier.below:
+            self.store(evicted, i + 1)
 
 
 def check_tiers(specs: list[TierSpec], store: str) -> None:

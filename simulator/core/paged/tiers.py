@@ -18,20 +18,19 @@ what is left (`fit`).
 """
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
-from itertools import groupby, islice, repeat
+from itertools import groupby
 from operator import itemgetter
 
 from simulator.core.paged.prefix_cache import ROOT_HASH
 from simulator.core.paged.tier import (
-    BLOCK_HASH,
-    Tier,
+    PolicyTiers,
     TierSpec,
     check_tiers,
     take_load_seconds,
     tier_summary,
 )
+from simulator.core.paged.tier_lru import NumberedLRU
 
 _TIER, _FOUND_HASH = itemgetter(0), itemgetter(1)  # of `match`'s (tier, hash, key)
 
@@ -40,11 +39,13 @@ class Tiers:
     """The CPU tier and the disk tier behind one GPU block pool (either may be absent)."""
 
     def __init__(self, specs: list[TierSpec], store: str, block_size: int, bytes_per_token: int,
-                 swap_used: Callable[[], int] = lambda: 0) -> None:
+                 swap_used: Callable[[], int] = lambda: 0, numbered: bool = True) -> None:
         check_tiers(specs, store)
-        self.tiers = [Tier(s) for s in specs]
-        for i, tier in enumerate(self.tiers):
-            tier.below = self.tiers[i + 1:]
+        # An all-LRU stack (the default policy) is kept as numbered entries; `numbered=False` keeps it
+        # block by block, the rules the numbered stack is tested against.
+        lru = numbered and bool(specs) and all(s.policy == "lru" for s in specs)
+        self.stack: NumberedLRU | PolicyTiers = NumberedLRU(specs) if lru else PolicyTiers(specs)
+        self.tiers = self.stack.tiers
         self.store_mode = store
         self.eager = store == "eager"
         self.block_size = block_size
@@ -53,26 +54,23 @@ class Tiers:
         self.queue: list[tuple[int, tuple]] = []  # (hash, key) of blocks handed down, not yet stored
         self.cpu = next((t for t in self.tiers if t.spec.name == "cpu"), None)
         self.top = self.tiers[0] if self.tiers else None
-        self.log = None  # a tier_log.TierLog when a driver keeps the blocks' data (the engine)
+
+    @property
+    def log(self):
+        """The tier_log.TierLog a driver that keeps the blocks' data attached (the engine), or None."""
+        return self.stack.log
+
+    @log.setter
+    def log(self, log) -> None:
+        self.stack.log = log
 
     # ----------------------------------------------------------------- queries
-    def find(self, h: int, content: object, extra: object) -> Tier | None:
-        """The tier holding the block of hash `h` with this content, if any. The hash chains the whole
-        prefix; comparing the block's own content too guards against collisions without walking the chain
-        of parent keys (thousands deep for a long prompt)."""
-        for tier in self.tiers:
-            held = tier.keys.get(h)
-            if held is not None and held[1] == content and held[2] == extra:
-                return tier
-        return None
-
-    def match(self, seq, start: int, parent_hash: int,
-              hash_fn: Callable[[object], int]) -> list[tuple[Tier, int, tuple]]:
+    def match(self, seq, start: int, parent_hash: int, hash_fn: Callable[[object], int]) -> list[tuple]:
         """The blocks from index `start` of `seq` found in the tiers, as a leading run of (tier, hash,
         key), cut to whole tier blocks; nothing is loaded yet."""
         self.flush()
-        found: list[tuple[Tier, int, tuple]] = []
-        bs, tiers, extra = self.block_size, self.tiers, seq.extra_key
+        found: list[tuple] = []
+        bs, extra, lookup = self.block_size, seq.extra_key, self.stack.lookup
         end = (seq.length - 1) // bs
         # A simulated prompt's content keys are its prefix keys: `block_content`, inlined, past them none.
         prefix = seq.prefix_keys if seq.token_ids is None else None
@@ -83,13 +81,12 @@ class Tiers:
             if content is None:
                 break
             h = hash_fn((parent_hash, content, extra))
-            for tier in tiers:  # `find`, inlined: this runs for every block a prompt could load
-                held = tier.keys.get(h)
-                if held is not None and held[1] == content and held[2] == extra:
-                    break
-            else:
+            # The hash chains the whole prefix; comparing the block's own content too guards against
+            # collisions without walking the chain of parent keys (thousands deep for a long prompt).
+            held = lookup(h)
+            if held is None or held[1][1] != content or held[1][2] != extra:
                 break
-            found.append((tier, h, held))
+            found.append((held[0], h, held[1]))
             parent_hash = h
         # A tier block is hit only as a whole: drop the blocks past the last complete one of each tier.
         while found:
@@ -102,17 +99,13 @@ class Tiers:
         return found
 
     # ----------------------------------------------------------------- mutations
-    def load(self, found: list[tuple[Tier, int, tuple]]) -> None:
+    def load(self, found: list[tuple]) -> None:
         """Count the blocks of `match` as loaded into the GPU (they stay in their tier, touched)."""
         if self.log is not None:
             self.log.loading(found)
         for tier, run in groupby(found, key=_TIER):  # runs of one tier: touched in order, counted at once
             hashes = list(map(_FOUND_HASH, run))
-            if tier.lru:
-                deque(map(tier.keys.move_to_end, hashes), maxlen=0)
-            else:
-                for h in hashes:
-                    tier.cache.admit(h)
+            self.stack.touch(self.tiers.index(tier), hashes)
             tier.pending += len(hashes)
             tier.stats.hit_blocks += len(hashes)
             tier.stats.hit_tokens += len(hashes) * self.block_size
@@ -132,68 +125,11 @@ class Tiers:
             # tuple per block dominated the cost of storing. The parent keys it chains stay alive with it,
             # which costs no collector pass in the loop (simulate runs with the cyclic collector off) and
             # one pass elsewhere (tuples of untracked items leave the collector's lists).
-            queue = self.queue
-            batch = queue[:]
-            queue.clear()
-            self._store_many(batch, self.top)
-
-    def _store_many(self, pairs: list[tuple[int, tuple]], tier: Tier) -> None:
-        """Store `pairs` in `tier` with what one pair at a time would give (the batch is only faster)."""
-        if len(pairs) > 1 and (not tier.lru or self._order_matters(pairs, tier)):
-            for pair in pairs:
-                self._store_many([pair], tier)
-            return
-        if tier is self.cpu and tier.cache.capacity != tier.spec.num_blocks:
-            self._fit()  # swapped blocks came back since the budget last shrank: the cache may grow
-        log = self.log
-        if log is not None:
-            log.entering(tier, pairs)
-        for other in tier.below:  # a block lives in one tier at a time
-            held = other.keys
-            if not held:
-                continue
-            if other.lru:
-                # One C-level pop per hash (absent ones pass): an LRU tier's OrderedDict keeps the same
-                # order whichever key leaves first, and a discard counts nothing.
-                deque(map(held.pop, map(BLOCK_HASH, pairs), repeat(None)), maxlen=0)
-            else:
-                for h in [h for h, _ in pairs if h in held]:
-                    other.discard(h)
-        evicted = tier.put_batch(pairs) if tier.lru else tier.put_many(pairs)
-        if evicted:
-            self._spill(tier, evicted)
-        if log is not None:
-            log.entered(tier)
-
-    @staticmethod
-    def _order_matters(pairs: list[tuple[int, tuple]], tier: Tier) -> bool:
-        """Whether storing the batch at once could differ from one pair at a time: a hash that repeats (one
-        at a time, it may spill down between its turns and be taken back up); a block the tier holds among
-        the oldest that make room (one at a time, it spills down before its turn and comes back up); or a
-        block of the batch that a lower tier holds and that could leave it before its own turn (one at a
-        time, the blocks stored before it spill down and evict that tier's oldest, at most one per pair,
-        where a batch takes its blocks out of the lower tiers first; other policies evict in no order a
-        position can bound)."""
-        hashes = set(map(BLOCK_HASH, pairs))
-        if tier.batch_differs(hashes, len(pairs)):
-            return True
-        for other in tier.below:
-            if not other.keys:
-                continue
-            if not other.lru:
-                if not hashes.isdisjoint(other.keys):
-                    return True
-            elif not hashes.isdisjoint(islice(other.keys, len(pairs))):
-                return True
-        return False
-
-    def _spill(self, tier: Tier, evicted: list[tuple[int, tuple]]) -> None:
-        """Hand `tier`'s evicted blocks to the tier below it (or drop them)."""
-        tier.stats.evicted_blocks += len(evicted)
-        if self.log is not None:
-            self.log.spilling(tier, evicted)
-        if tier.below:
-            self._store_many(evicted, tier.below[0])
+            batch = self.queue[:]
+            self.queue.clear()
+            if self.cpu is not None and self.cpu.capacity != self.cpu.spec.num_blocks:
+                self._fit()  # swapped blocks came back since the budget last shrank: the cache may grow
+            self.stack.store(batch)
 
     def fit(self) -> None:
         """Shrink or grow the CPU tier's cache to the budget that swapped-out blocks leave it."""
@@ -205,10 +141,8 @@ class Tiers:
         if cpu is None:
             return
         room = max(0, cpu.spec.num_blocks - self.swap_used())
-        if cpu.cache.capacity != room:
-            evicted = cpu.resize(room)
-            if evicted:
-                self._spill(cpu, evicted)
+        if cpu.capacity != room:
+            self.stack.resize(self.tiers.index(cpu), room)
 
     def take_load_seconds(self, load_time: Callable[[int, float, float], float]) -> float:
         """Seconds the blocks loaded since the last call take, from the latency model's `load_time`
@@ -220,7 +154,6 @@ class Tiers:
         """Prompt tokens by source (computed, GPU hit, each tier's hit) and each tier's counters."""
         self.flush()
         return tier_summary(self.tiers, self.store_mode, query_tokens, gpu_hit_tokens)
-
 
 
 def attach(bm, tiers: Tiers) -> None:

@@ -1,0 +1,300 @@
+"""A stack of LRU tiers (CPU over disk) kept as one log of numbered entries.
+
+A tier stack sees every block the GPU evicts, millions over a long multi-turn trace, and a disk tier
+holds a million of them: an ordered map per tier costs a map insert and a pop per block in each tier it
+passes. Here each block a tier takes gets the next entry number; `loc` maps its hash to that number, and
+`where` (one byte per entry) says which tier holds it (0: it left). A tier's LRU order is a queue of
+ranges of entry numbers, oldest first. Evicting the oldest blocks of a tier into the one below relabels
+their bytes and hands the range over (`bytes.translate`, C speed): a block keeps its number while it
+moves down, so a spill costs per range, not per block. The per-block map work is `loc`: once when a block
+enters the top tier and once when it leaves the bottom one. A block used again (loaded, or stored while
+held) takes a new number at the end of its tier's order; its old entry is marked as left.
+
+A batch is stored as one block at a time would store it (`PolicyTiers` with LRU, the rules the tests
+compare against) unless a block of the batch that some tier holds could leave that tier before its own
+turn comes, or a hash repeats; such a batch is stored one block at a time.
+"""
+from __future__ import annotations
+
+import weakref
+from collections import deque
+from collections.abc import Iterator, Mapping
+from itertools import compress, repeat
+from operator import lt, sub
+
+from simulator.core.paged.tier import BLOCK_HASH, TierSpec, TierStats
+
+_drain = deque(maxlen=0).extend  # runs a map's calls at C speed, keeping nothing
+
+
+class HeldKeys(Mapping):
+    """The blocks tier `index` of a NumberedLRU holds, hash -> the pool's key, oldest first."""
+
+    def __init__(self, stack: NumberedLRU, index: int) -> None:
+        self.stack, self.code = weakref.proxy(stack), index + 1  # a proxy: no cycle with the stack
+
+    def __getitem__(self, h: int) -> tuple:
+        if h not in self:
+            raise KeyError(h)
+        s = self.stack
+        return s.pairs[s.loc[h] - s.base][1]
+
+    def __contains__(self, h: object) -> bool:
+        s = self.stack
+        g = s.loc.get(h)
+        # A batch being stored maps its hashes before it appends their entries: not held yet.
+        return g is not None and g - s.base < len(s.where) and s.where[g - s.base] == self.code
+
+    def __len__(self) -> int:
+        return self.stack.used[self.code - 1]
+
+    def __iter__(self) -> Iterator[int]:
+        s = self.stack
+        for a, b in list(s.ranges[self.code - 1]):
+            for g in range(a - s.base, b - s.base):
+                if s.where[g] == self.code:
+                    yield s.pairs[g][0]
+
+
+class LRUTier:
+    """One tier of a NumberedLRU: its spec, counters and held keys, read as tier.Tier's are."""
+
+    lru = True
+
+    def __init__(self, spec: TierSpec, stack: NumberedLRU, index: int) -> None:
+        # A proxy: a cycle with the stack would keep a long run's entries alive until the cyclic
+        # collector runs, instead of freeing them with the run.
+        self.spec, self.stack, self.index = spec, weakref.proxy(stack), index
+        self.keys = HeldKeys(stack, index)
+        self.stats = TierStats()
+        self.pending = 0  # blocks loaded from this tier since the step time last took them
+        self.below: list[LRUTier] = []  # the tiers under this one, nearest first
+
+    @property
+    def used(self) -> int:
+        """Blocks held."""
+        return self.stack.used[self.index]
+
+    @property
+    def capacity(self) -> int:
+        """Blocks it may hold now."""
+        return self.stack.caps[self.index]
+
+
+class NumberedLRU:
+    """LRU tiers, top first, as numbered entries (see the module docstring)."""
+
+    def __init__(self, specs: list[TierSpec]) -> None:
+        n = len(specs)
+        self.loc: dict[int, int] = {}  # hash -> entry number of the block stored under it
+        self.pairs: list[tuple[int, tuple] | None] = []  # entry - base -> (hash, key); None once it left
+        self.where = bytearray()  # entry - base -> 1 + index of the tier holding it; 0 once it left
+        self.base = 0  # entry number of pairs[0]: entries below it are gone
+        self.compact_min = 1 << 16  # entries kept before the first compaction (tests make it small)
+        self.compact_at = self.compact_min
+        self.ranges: list[deque[list[int]]] = [deque() for _ in specs]  # [start, end) per tier, oldest first
+        self.used = [0] * n
+        self.caps = [s.num_blocks for s in specs]
+        self.tiers = [LRUTier(s, self, i) for i, s in enumerate(specs)]
+        for i, tier in enumerate(self.tiers):
+            tier.below = self.tiers[i + 1:]
+        # bytes.translate tables, per tier: its code moved one tier down, its code cleared, its code as 1
+        codes = range(1, n + 1)
+        self.down = [bytes.maketrans(bytes([c]), bytes([c + 1])) for c in codes]
+        self.gone = [bytes.maketrans(bytes([c]), b"\0") for c in codes]
+        self.pick = [bytes(int(b == c) for b in range(256)) for c in codes]
+        self.log = None  # a tier_log.TierLog when a driver keeps the blocks' data
+
+    # ----------------------------------------------------------------- queries
+    def lookup(self, h: int) -> tuple | None:
+        """(tier, key) of the block stored under hash `h`, if any tier holds it."""
+        g = self.loc.get(h)
+        if g is None:
+            return None
+        g -= self.base
+        return self.tiers[self.where[g] - 1], self.pairs[g][1]
+
+    # ----------------------------------------------------------------- mutations
+    def store(self, pairs: list[tuple[int, tuple]]) -> None:
+        """Store (hash, key) `pairs` into the top tier as one `put` at a time would, in order."""
+        n, loc = len(pairs), self.loc
+        hashes = list(map(BLOCK_HASH, pairs))
+        g0 = self.base + len(self.pairs)
+        numbers = range(g0, g0 + n)
+        # One probe per block maps the new hashes to their entries and finds the ones some tier holds.
+        olds = list(map(loc.setdefault, hashes, numbers))
+        held: list[int] = []
+        if olds != list(numbers):
+            older = list(map(lt, olds, repeat(g0)))
+            held = list(compress(olds, older))
+            if n > 1 and (len(set(hashes)) != n or self._may_leave_first(held, n)):
+                for h, g in zip(hashes, olds, strict=True):  # undo the mapping, then one at a time
+                    if g >= g0:
+                        loc.pop(h, None)
+                for pair in pairs:
+                    self.store([pair])
+                return
+        top, log = self.tiers[0], self.log
+        if log is not None:
+            log.entering(top, pairs)
+        refreshed = self._leave(held)
+        if held:
+            loc.update(compress(zip(hashes, numbers, strict=True), older))
+        self._append(0, pairs)
+        top.stats.stored_blocks += n - refreshed
+        self._trim(0)
+        if log is not None:
+            log.entered(top)
+
+    def touch(self, i: int, hashes: list[int]) -> None:
+        """Blocks of tier `i` were used again, in this order: they become its newest."""
+        gs = list(map(self.loc.__getitem__, hashes))
+        moved = list(map(self.pairs.__getitem__, map(sub, gs, repeat(self.base))))
+        self._leave(gs)
+        g0 = self.base + len(self.pairs)
+        self.loc.update(zip(hashes, range(g0, g0 + len(hashes)), strict=True))
+        self._append(i, moved)
+
+    def resize(self, i: int, capacity: int) -> None:
+        """Give tier `i` a new capacity; what it evicts goes one tier down."""
+        self.caps[i] = capacity
+        self._trim(i)
+
+    # ----------------------------------------------------------------- internals
+    def _append(self, i: int, pairs: list) -> None:
+        """New entries, in order, at the newest end of tier `i` (the caller maps their hashes)."""
+        g0, n = self.base + len(self.pairs), len(pairs)
+        self.pairs.extend(pairs)
+        self.where.extend(bytes([i + 1]) * n)
+        q = self.ranges[i]
+        if q and q[-1][1] == g0:
+            q[-1][1] = g0 + n
+        else:
+            q.append([g0, g0 + n])
+        self.used[i] += n
+
+    def _leave(self, gs: list[int]) -> int:
+        """Mark entries `gs` as left (their blocks move or refresh); how many were in the top tier."""
+        if not gs:
+            return 0
+        where, used = self.where, self.used
+        at = list(map(sub, gs, repeat(self.base)))
+        codes = bytes(map(where.__getitem__, at))
+        for i in range(len(used)):
+            used[i] -= codes.count(i + 1)
+        _drain(map(where.__setitem__, at, repeat(0)))
+        _drain(map(self.pairs.__setitem__, at, repeat(None)))
+        return codes.count(1)
+
+    def _nth(self, code: int, a: int, b: int, k: int) -> int:
+        """The entry number just past the `k`-th entry of tier `code` in [a, b) (it has at least `k`)."""
+        base, where = self.base, self.where
+        lo, hi = a - base + k, b - base  # the answer lies in [lo, hi]: at least k entries precede it
+        if where.count(code, a - base, lo) == k:
+            return lo + base
+        while lo < hi:  # the shortest prefix holding k entries of the tier; each count runs at C speed
+            mid = (lo + hi) // 2
+            if where.count(code, a - base, mid) >= k:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo + base
+
+    def _may_leave_first(self, held: list[int], n: int) -> bool:
+        """Whether a held entry is among those that storing `n` blocks could evict before its turn: the
+        top tier's oldest (as many as it overflows by), each lower tier's oldest `n` (each block stored
+        moves at most one down)."""
+        base, where = self.base, self.where
+        codes = bytes(map(where.__getitem__, map(sub, held, repeat(base))))
+        for i, q in enumerate(self.ranges):
+            code = i + 1
+            mine = list(compress(held, codes.translate(self.pick[i])))
+            left = min(n, self.used[0] + n - self.caps[0]) if i == 0 else n
+            if not mine or left <= 0:
+                continue
+            for a, b in q:
+                live = where.count(code, a - base, b - base)
+                end = self._nth(code, a, b, left) if live >= left else b
+                if any(map(range(a, end).__contains__, mine)):
+                    return True
+                left -= live
+                if left <= 0:
+                    break
+        return False
+
+    def _trim(self, i: int) -> None:
+        """Evict tier `i`'s oldest blocks down to its capacity: into the tier below, or dropped."""
+        over = self.used[i] - self.caps[i]
+        if over <= 0:
+            return
+        code, q, base, where = i + 1, self.ranges[i], self.base, self.where
+        out: list[tuple[int, int]] = []
+        left = over
+        while left:
+            seg = q[0]
+            a, b = seg
+            live = where.count(code, a - base, b - base)
+            if live <= left:
+                q.popleft()
+                cut, left = b, left - live
+            else:
+                cut = seg[0] = self._nth(code, a, b, left)
+                left = 0
+            if live:
+                out.append((a, cut))
+        tier = self.tiers[i]
+        self.used[i] -= over
+        tier.stats.evicted_blocks += over
+        log = self.log
+        evicted = self._held_pairs(code, out) if log is not None else None
+        if log is not None:
+            log.spilling(tier, evicted)
+        if not tier.below:
+            self._drop(i, out)
+            return
+        lower = tier.below[0]
+        if log is not None:
+            log.entering(lower, evicted)
+        table, dq = self.down[i], self.ranges[i + 1]
+        for a, cut in out:
+            where[a - base:cut - base] = where[a - base:cut - base].translate(table)
+            if dq and dq[-1][1] == a:
+                dq[-1][1] = cut
+            else:
+                dq.append([a, cut])
+        self.used[i + 1] += over
+        lower.stats.stored_blocks += over
+        self._trim(i + 1)
+        if log is not None:
+            log.entered(lower)
+
+    def _held_pairs(self, code: int, spans: list[tuple[int, int]]) -> list[tuple[int, tuple]]:
+        """The (hash, key) pairs tier `code` holds in `spans`, in order."""
+        base, pick, pairs, where = self.base, self.pick[code - 1], self.pairs, self.where
+        out: list[tuple[int, tuple]] = []
+        for a, b in spans:
+            out += compress(pairs[a - base:b - base], where[a - base:b - base].translate(pick))
+        return out
+
+    def _drop(self, i: int, spans: list[tuple[int, int]]) -> None:
+        """Blocks of the bottom tier `i` in `spans` leave the stack."""
+        base, where, pairs, pick = self.base, self.where, self.pairs, self.pick[i]
+        for a, b in spans:
+            held = where[a - base:b - base]
+            _drain(map(self.loc.__delitem__, map(BLOCK_HASH, compress(pairs[a - base:b - base],
+                                                                         held.translate(pick)))))
+            where[a - base:b - base] = held.translate(self.gone[i])
+            pairs[a - base:b - base] = repeat(None, b - a)
+        if len(pairs) >= self.compact_at:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Forget the entries before the oldest one any tier's order still covers."""
+        starts = [a for q in self.ranges for a, _ in q]
+        first = min(starts) if starts else self.base + len(self.pairs)
+        k = first - self.base
+        if k:
+            del self.pairs[:k]
+            del self.where[:k]
+            self.base = first
+        self.compact_at = max(self.compact_min, 2 * len(self.pairs))
