@@ -1,6 +1,9 @@
 """KV tiers below the GPU: invariants under random use, hits extend the GPU's, loads cost step time."""
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -163,6 +166,31 @@ def test_swapped_blocks_take_their_room_from_the_cpu_tier():
     config = _config(kv_offloading_size=0.05, preemption_mode="swap", mode="step")
     simulate(trace, config, observer=observe)
     assert observe.swapped > 0
+
+
+@pytest.mark.parametrize("store", ["lazy", "eager"])
+@pytest.mark.parametrize("grouped", [False, True])
+def test_a_tiered_run_frees_its_pool_and_tiers_when_it_ends(grouped, store):
+    """No reference cycle holds the manager or its tiers: they go with the run, not at a later collection
+    (which a following run in the same process would pay for)."""
+    tiers = dict(kv_offloading_size=0.05, kv_offloading_disk_size=0.1, kv_offloading_store=store,
+                 preemption_mode="swap", record_events=False)
+    config = SimConfig(model="gemma-3-27b", gpu="h100-80gb", max_model_len=8192, kv_memory_gb=0.3, **tiers) \
+        if grouped else _config(**{k: v for k, v in tiers.items() if k != "record_events"})
+    refs: list[weakref.ref] = []
+
+    def observe(run):
+        if not refs:  # the manager, its tiers, and their own state where they keep it apart
+            held = run.alloc.tiers
+            refs.extend(weakref.ref(o) for o in (run.alloc, held, getattr(held, "stack", held)))
+
+    gc.disable()  # only reference counts may free them
+    try:
+        summary = simulate(_chat(40), config, observer=observe).summary
+        assert summary["kv_tiers"]["cpu"]["stored_blocks"] > 0
+        assert len(refs) == 3 and all(r() is None for r in refs)
+    finally:
+        gc.enable()
 
 
 @pytest.mark.parametrize(("field", "value", "message"), [

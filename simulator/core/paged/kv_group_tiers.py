@@ -20,6 +20,7 @@ through group_policy.py). Stores are not charged, as in tiers.py.
 """
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -273,9 +274,14 @@ class GroupTiers:
 def attach_groups(bm, tiers: GroupTiers) -> None:
     """Put `tiers` behind a GroupedBlockManager's pool: they take the pages it lets go (evicted, or
     released when storing eagerly) and extend prompts' hits; swapping uses the CPU tier's budget."""
-    bm.tiers = bm.tables.tiers = tiers
-    swap = bm.swap
-    tiers.swap_used = lambda: swap.num_blocks - len(swap.free)
+    # The tables reach the tiers through a proxy (the manager holds them): a cycle would keep a run's pool
+    # and tiers alive until the cyclic collector runs, instead of freeing them with the run.
+    bm.tiers = tiers
+    bm.tables.tiers = weakref.proxy(tiers)
+    # The swap space's own free list, not the swap space: it reaches back to the tables holding these
+    # tiers, a cycle that would outlive the run.
+    free, num_blocks = bm.swap.free, bm.swap.num_blocks
+    tiers.swap_used = lambda: num_blocks - len(free)
     if tiers.eager:
         bm.pool.on_release = tiers.queue.append
         bm.pool.on_evict = tiers.evicted.append

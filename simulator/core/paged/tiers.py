@@ -160,8 +160,10 @@ def attach(bm, tiers: Tiers) -> None:
     """Put `tiers` behind a BlockManager's pool: they take the published blocks it lets go (evicted, or
     released when storing eagerly) and extend prompts' prefix hits; swapping uses the CPU tier's budget."""
     bm.tiers = tiers
-    swap = bm.swap
-    tiers.swap_used = lambda: swap.num_blocks - len(swap.free)
+    # The swap space's own free list, not the swap space: it reaches back to the tables holding these
+    # tiers, a cycle that would outlive the run.
+    free, num_blocks = bm.swap.free, bm.swap.num_blocks
+    tiers.swap_used = lambda: num_blocks - len(free)
     if tiers.eager:
         bm.pool.on_release = tiers.queue.append
     else:
