@@ -58,9 +58,11 @@ def _check_numbered(tiers: Tiers) -> None:
     """The numbered stack's own bookkeeping: every mapped hash names a held entry holding it, and each
     tier's count is what its bytes say."""
     s = tiers.stack
-    assert len(s.pairs) == len(s.where)
+    assert len(s.hashes) == len(s.keys) == len(s.where)
     for h, g in s.loc.items():
-        assert s.where[g - s.base] and s.pairs[g - s.base][0] == h
+        assert s.where[g - s.base] and s.hashes[g - s.base] == h and s.keys[g - s.base] is not None
+    for g, code in enumerate(s.where):  # an entry that left keeps nothing alive
+        assert (s.keys[g] is None) == (code == 0)
     assert s.used == [s.where.count(i + 1) for i in range(len(s.tiers))]
     assert len(s.loc) == sum(s.used)
 

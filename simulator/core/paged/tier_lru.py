@@ -20,11 +20,12 @@ import weakref
 from collections import deque
 from collections.abc import Iterator, Mapping
 from itertools import compress, repeat
-from operator import lt, sub
+from operator import itemgetter, lt, sub
 
 from simulator.core.paged.tier import BLOCK_HASH, TierSpec, TierStats
 
 _drain = deque(maxlen=0).extend  # runs a map's calls at C speed, keeping nothing
+_KEY = itemgetter(1)  # of a (hash, key) pair
 
 
 class HeldKeys(Mapping):
@@ -37,7 +38,7 @@ class HeldKeys(Mapping):
         if h not in self:
             raise KeyError(h)
         s = self.stack
-        return s.pairs[s.loc[h] - s.base][1]
+        return s.keys[s.loc[h] - s.base]
 
     def __contains__(self, h: object) -> bool:
         s = self.stack
@@ -53,7 +54,7 @@ class HeldKeys(Mapping):
         for a, b in list(s.ranges[self.code - 1]):
             for g in range(a - s.base, b - s.base):
                 if s.where[g] == self.code:
-                    yield s.pairs[g][0]
+                    yield s.hashes[g]
 
 
 class LRUTier:
@@ -87,9 +88,12 @@ class NumberedLRU:
     def __init__(self, specs: list[TierSpec]) -> None:
         n = len(specs)
         self.loc: dict[int, int] = {}  # hash -> entry number of the block stored under it
-        self.pairs: list[tuple[int, tuple] | None] = []  # entry - base -> (hash, key); None once it left
+        # entry - base -> the block's hash and the pool's key (None once it left); two lists, not one of
+        # pairs: a million tuples held would crowd the caches the pool's own maps run from
+        self.hashes: list[int | None] = []
+        self.keys: list[tuple | None] = []
         self.where = bytearray()  # entry - base -> 1 + index of the tier holding it; 0 once it left
-        self.base = 0  # entry number of pairs[0]: entries below it are gone
+        self.base = 0  # entry number of keys[0]: entries below it are gone
         self.compact_min = 1 << 16  # entries kept before the first compaction (tests make it small)
         self.compact_at = self.compact_min
         self.ranges: list[deque[list[int]]] = [deque() for _ in specs]  # [start, end) per tier, oldest first
@@ -112,14 +116,14 @@ class NumberedLRU:
         if g is None:
             return None
         g -= self.base
-        return self.tiers[self.where[g] - 1], self.pairs[g][1]
+        return self.tiers[self.where[g] - 1], self.keys[g]
 
     # ----------------------------------------------------------------- mutations
     def store(self, pairs: list[tuple[int, tuple]]) -> None:
         """Store (hash, key) `pairs` into the top tier as one `put` at a time would, in order."""
         n, loc = len(pairs), self.loc
         hashes = list(map(BLOCK_HASH, pairs))
-        g0 = self.base + len(self.pairs)
+        g0 = self.base + len(self.keys)
         numbers = range(g0, g0 + n)
         # One probe per block maps the new hashes to their entries and finds the ones some tier holds.
         olds = list(map(loc.setdefault, hashes, numbers))
@@ -140,7 +144,7 @@ class NumberedLRU:
         refreshed = self._leave(held)
         if held:
             loc.update(compress(zip(hashes, numbers, strict=True), older))
-        self._append(0, pairs)
+        self._append(0, hashes, list(map(_KEY, pairs)))
         top.stats.stored_blocks += n - refreshed
         self._trim(0)
         if log is not None:
@@ -149,11 +153,11 @@ class NumberedLRU:
     def touch(self, i: int, hashes: list[int]) -> None:
         """Blocks of tier `i` were used again, in this order: they become its newest."""
         gs = list(map(self.loc.__getitem__, hashes))
-        moved = list(map(self.pairs.__getitem__, map(sub, gs, repeat(self.base))))
+        moved = list(map(self.keys.__getitem__, map(sub, gs, repeat(self.base))))
         self._leave(gs)
-        g0 = self.base + len(self.pairs)
+        g0 = self.base + len(self.keys)
         self.loc.update(zip(hashes, range(g0, g0 + len(hashes)), strict=True))
-        self._append(i, moved)
+        self._append(i, hashes, moved)
 
     def resize(self, i: int, capacity: int) -> None:
         """Give tier `i` a new capacity; what it evicts goes one tier down."""
@@ -161,10 +165,11 @@ class NumberedLRU:
         self._trim(i)
 
     # ----------------------------------------------------------------- internals
-    def _append(self, i: int, pairs: list) -> None:
+    def _append(self, i: int, hashes: list[int], keys: list[tuple]) -> None:
         """New entries, in order, at the newest end of tier `i` (the caller maps their hashes)."""
-        g0, n = self.base + len(self.pairs), len(pairs)
-        self.pairs.extend(pairs)
+        g0, n = self.base + len(self.keys), len(keys)
+        self.hashes.extend(hashes)
+        self.keys.extend(keys)
         self.where.extend(bytes([i + 1]) * n)
         q = self.ranges[i]
         if q and q[-1][1] == g0:
@@ -183,7 +188,8 @@ class NumberedLRU:
         for i in range(len(used)):
             used[i] -= codes.count(i + 1)
         _drain(map(where.__setitem__, at, repeat(0)))
-        _drain(map(self.pairs.__setitem__, at, repeat(None)))
+        _drain(map(self.hashes.__setitem__, at, repeat(None)))
+        _drain(map(self.keys.__setitem__, at, repeat(None)))
         return codes.count(1)
 
     def _nth(self, code: int, a: int, b: int, k: int) -> int:
@@ -270,31 +276,33 @@ class NumberedLRU:
 
     def _held_pairs(self, code: int, spans: list[tuple[int, int]]) -> list[tuple[int, tuple]]:
         """The (hash, key) pairs tier `code` holds in `spans`, in order."""
-        base, pick, pairs, where = self.base, self.pick[code - 1], self.pairs, self.where
+        base, pick, where = self.base, self.pick[code - 1], self.where
         out: list[tuple[int, tuple]] = []
         for a, b in spans:
-            out += compress(pairs[a - base:b - base], where[a - base:b - base].translate(pick))
+            held = where[a - base:b - base].translate(pick)
+            out += zip(compress(self.hashes[a - base:b - base], held),
+                       compress(self.keys[a - base:b - base], held), strict=True)
         return out
 
     def _drop(self, i: int, spans: list[tuple[int, int]]) -> None:
         """Blocks of the bottom tier `i` in `spans` leave the stack."""
-        base, where, pairs, pick = self.base, self.where, self.pairs, self.pick[i]
+        base, where, hashes, pick = self.base, self.where, self.hashes, self.pick[i]
         for a, b in spans:
             held = where[a - base:b - base]
-            _drain(map(self.loc.__delitem__, map(BLOCK_HASH, compress(pairs[a - base:b - base],
-                                                                         held.translate(pick)))))
+            _drain(map(self.loc.__delitem__, compress(hashes[a - base:b - base], held.translate(pick))))
             where[a - base:b - base] = held.translate(self.gone[i])
-            pairs[a - base:b - base] = repeat(None, b - a)
-        if len(pairs) >= self.compact_at:
+            hashes[a - base:b - base] = self.keys[a - base:b - base] = [None] * (b - a)
+        if len(hashes) >= self.compact_at:
             self._compact()
 
     def _compact(self) -> None:
         """Forget the entries before the oldest one any tier's order still covers."""
         starts = [a for q in self.ranges for a, _ in q]
-        first = min(starts) if starts else self.base + len(self.pairs)
+        first = min(starts) if starts else self.base + len(self.keys)
         k = first - self.base
         if k:
-            del self.pairs[:k]
+            del self.hashes[:k]
+            del self.keys[:k]
             del self.where[:k]
             self.base = first
-        self.compact_at = max(self.compact_min, 2 * len(self.pairs))
+        self.compact_at = max(self.compact_min, 2 * len(self.keys))
