@@ -131,3 +131,15 @@ def test_an_lru_batch_evicts_what_one_put_at_a_time_evicts(held, capacity, batch
         assert _order(a) == _order(b)
         assert a.stats == b.stats
     _check_numbered(numbered)
+
+
+def test_a_block_stored_again_while_held_counts_one_use():
+    """As a load does (and as the tiers of KV cache groups count it): LFU's count and S3-FIFO's frequency
+    go up by one, and the store is not counted again."""
+    lfu, s3 = Tier(TierSpec("cpu", 4, policy="lfu")), Tier(TierSpec("cpu", 4, policy="s3fifo"))
+    for tier in (lfu, s3):
+        tier.put(1, _key(1))
+        tier.put(1, _key(1))
+        assert tier.stats.stored_blocks == 1
+    assert lfu.cache.count[1] == 2
+    assert s3.cache.freq[1] == 1
