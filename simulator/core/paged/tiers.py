@@ -39,11 +39,11 @@ class Tiers:
     """The CPU tier and the disk tier behind one GPU block pool (either may be absent)."""
 
     def __init__(self, specs: list[TierSpec], store: str, block_size: int, bytes_per_token: int,
-                 swap_used: Callable[[], int] = lambda: 0, numbered: bool = True) -> None:
+                 swap_used: Callable[[], int] = lambda: 0) -> None:
         check_tiers(specs, store)
-        # An all-LRU stack (the default policy) is kept as numbered entries; `numbered=False` keeps it
-        # block by block, the rules the numbered stack is tested against.
-        lru = numbered and bool(specs) and all(s.policy == "lru" for s in specs)
+        # An all-LRU stack (the default policy) is kept as numbered entries (tier_lru.py), others block by
+        # block (tier.PolicyTiers: the rules the numbered stack is tested against).
+        lru = bool(specs) and all(s.policy == "lru" for s in specs)
         self.stack: NumberedLRU | PolicyTiers = NumberedLRU(specs) if lru else PolicyTiers(specs)
         self.tiers = self.stack.tiers
         self.store_mode = store
