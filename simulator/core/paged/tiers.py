@@ -160,8 +160,8 @@ def attach(bm, tiers: Tiers) -> None:
     """Put `tiers` behind a BlockManager's pool: they take the published blocks it lets go (evicted, or
     released when storing eagerly) and extend prompts' prefix hits; swapping uses the CPU tier's budget."""
     bm.tiers = tiers
-    # The swap space's own free list, not the swap space: it reaches back to the tables holding these
-    # tiers, a cycle that would outlive the run.
+    # The swap space's free list, not the swap space: the tiers then hold nothing that could lead back to
+    # the manager (a cycle would keep the run's pool and tiers alive after it ends).
     free, num_blocks = bm.swap.free, bm.swap.num_blocks
     tiers.swap_used = lambda: num_blocks - len(free)
     if tiers.eager:
