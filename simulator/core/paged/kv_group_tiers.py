@@ -26,7 +26,14 @@ from collections.abc import Callable
 
 from simulator.core.paged.group_policy import PolicyEntries
 from simulator.core.paged.kv_group_tables import block_fills
-from simulator.core.paged.tier import TierSpec, TierStats, check_tiers, take_load_seconds, tier_summary
+from simulator.core.paged.tier import (
+    TierSpec,
+    TierStats,
+    check_tiers,
+    swap_counter,
+    take_load_seconds,
+    tier_summary,
+)
 from simulator.core.sequence import Sequence
 
 
@@ -278,10 +285,7 @@ def attach_groups(bm, tiers: GroupTiers) -> None:
     # and tiers alive until the cyclic collector runs, instead of freeing them with the run.
     bm.tiers = tiers
     bm.tables.tiers = weakref.proxy(tiers)
-    # The swap space's own free list, not the swap space: it reaches back to the tables holding these
-    # tiers, a cycle that would outlive the run.
-    free, num_blocks = bm.swap.free, bm.swap.num_blocks
-    tiers.swap_used = lambda: num_blocks - len(free)
+    tiers.swap_used = swap_counter(bm.swap)
     if tiers.eager:
         bm.pool.on_release = tiers.queue.append
         bm.pool.on_evict = tiers.evicted.append

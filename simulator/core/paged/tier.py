@@ -158,6 +158,15 @@ def check_tiers(specs: list[TierSpec], store: str) -> None:
 
 
 
+def swap_counter(swap) -> Callable[[], int]:
+    """Blocks a swap space (swap.SwapSpace, kv_group_swap.GroupSwap) holds now, as the CPU tier's budget
+    reads them. The closure keeps the swap space's free list, not the swap space, which may lead back to
+    the tiers (the grouped one holds the tables that hold them): a cycle would keep a run's pool and
+    tiers alive after it ends."""
+    free, num_blocks = swap.free, swap.num_blocks
+    return lambda: num_blocks - len(free)
+
+
 def take_load_seconds(tiers: list, tokens_per_unit: float, load_time: Callable) -> float:
     """Seconds the units (blocks or pages) each tier loaded since the last call take, reset to none."""
     total = 0.0

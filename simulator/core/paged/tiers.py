@@ -27,6 +27,7 @@ from simulator.core.paged.tier import (
     PolicyTiers,
     TierSpec,
     check_tiers,
+    swap_counter,
     take_load_seconds,
     tier_summary,
 )
@@ -110,16 +111,13 @@ class Tiers:
             tier.stats.hit_blocks += len(hashes)
             tier.stats.hit_tokens += len(hashes) * self.block_size
 
-    def store(self, h: int, key: tuple) -> None:
-        """Keep a block's content in the top tier (queued: applied, in order, before the next query).
+    def flush(self) -> None:
+        """Apply the stores queued since the last call (the pool hands blocks to `queue`): the top tier takes
+        them in order, what it evicts goes one tier down.
 
         A store costs no step time: vLLM's offloading connector copies blocks out on its own CUDA stream,
         overlapping compute, and PCIe is full duplex, so GPU -> CPU copies take no bandwidth from the
         CPU -> GPU loads that are charged; the disk tier is written from CPU memory, off the GPU's path."""
-        self.queue.append((h, key))
-
-    def flush(self) -> None:
-        """Apply the queued stores: the top tier takes them, what it evicts goes one tier down."""
         if self.queue and self.top is not None:
             # A tier keeps the pool's own key tuple, not a copy of its (content, extra key): allocating a
             # tuple per block dominated the cost of storing. The parent keys it chains stay alive with it,
@@ -160,10 +158,7 @@ def attach(bm, tiers: Tiers) -> None:
     """Put `tiers` behind a BlockManager's pool: they take the published blocks it lets go (evicted, or
     released when storing eagerly) and extend prompts' prefix hits; swapping uses the CPU tier's budget."""
     bm.tiers = tiers
-    # The swap space's free list, not the swap space: the tiers then hold nothing that could lead back to
-    # the manager (a cycle would keep the run's pool and tiers alive after it ends).
-    free, num_blocks = bm.swap.free, bm.swap.num_blocks
-    tiers.swap_used = lambda: num_blocks - len(free)
+    tiers.swap_used = swap_counter(bm.swap)
     if tiers.eager:
         bm.pool.on_release = tiers.queue.append
     else:
