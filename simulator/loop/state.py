@@ -94,9 +94,11 @@ class RunState:
         """Hand the output the allocation events logged so far once there are enough of them (all of them,
         those still held ending now, when `final`)."""
         events = self.events
-        if events is not None and events.rc_t:
+        if events is None:
+            return
+        if events.rc_t:
             self.refcounts.extend(*events.take_ref_changes())
-        if events is not None and (final or events.num_acquired - events.first_unread >= self._event_batch):
+        if final or events.num_acquired - events.first_unread >= self._event_batch:
             raw, first = events.take()
             self.output.tenures(raw, first, None if final else self.now, self.now)
 
