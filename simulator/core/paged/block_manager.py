@@ -71,8 +71,7 @@ class BlockManager(PoolCounts, KVAllocator):
                 for b in self.prefix_cache.lookup(s):
                     if ref[b] > 0:
                         needed -= 1
-        pool = self.pool  # `pool.num_free`, inlined: asked for the head of the queue every step
-        if len(pool.free) + len(pool.free_cached) - needed < self.watermark_blocks:
+        if self.pool.num_free - needed < self.watermark_blocks:
             return AllocStatus.LATER
         return AllocStatus.OK
 

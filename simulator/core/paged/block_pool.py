@@ -250,8 +250,7 @@ class PoolCounts:
     @property
     def num_free_blocks(self) -> int:
         """Blocks that can be handed out now, cached-but-unreferenced ones included."""
-        pool = self.pool  # BlockPool.num_free, inlined: the decode batch asks every step
-        return len(pool.free) + len(pool.free_cached)
+        return self.pool.num_free
 
     @property
     def num_cached_free_blocks(self) -> int:
