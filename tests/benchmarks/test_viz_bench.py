@@ -17,18 +17,21 @@ from viz.load import load_runs
 PER_RUN_FIGURES = [n for n in FIGURES if n not in ("sweep_latency", "block_size_sweep")]
 
 
-def _make_fake_run():
-    """tests/viz/make_fake_run.py, imported by path (tests/ is not a package)."""
-    path = Path(__file__).resolve().parents[1] / "tests" / "viz" / "make_fake_run.py"
-    spec = importlib.util.spec_from_file_location("make_fake_run", path)
+def _import_by_path(path: Path):
+    """A helper module of tests/ imported by its path (tests/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
+# Imported when the file is collected, so that an ordinary (benchmark-less) test run fails if it moves.
+make_fake_run = _import_by_path(Path(__file__).resolve().parents[1] / "viz" / "make_fake_run.py")
+
+
 @pytest.fixture(scope="module")
 def fake_run(tmp_path_factory):
-    return _make_fake_run().write_fake_run(tmp_path_factory.mktemp("viz_bench") / "fake", seed=0)
+    return make_fake_run.write_fake_run(tmp_path_factory.mktemp("viz_bench") / "fake", seed=0)
 
 
 @pytest.fixture
