@@ -27,6 +27,16 @@ from simulator.core.sequence import RunningGroups, Sequence, SequenceGroup, Sequ
 PREEMPTION_MODES = ("recompute", "swap")
 
 
+class _Head:
+    """What the lengths of the group at the head of the waiting queue decide (Scheduler.head_admission)."""
+
+    __slots__ = ("group", "too_long", "prefill_tokens", "fits_ever")
+
+    def __init__(self, group: SequenceGroup, too_long: bool, prefill_tokens: int) -> None:
+        self.group, self.too_long, self.prefill_tokens = group, too_long, prefill_tokens
+        self.fits_ever: bool | None = None  # the allocator's can_ever_allocate, once asked
+
+
 class Admission(enum.Enum):
     """What admission does with the request at the head of the waiting queue."""
 
@@ -118,9 +128,10 @@ class Scheduler:
         self.swapped: deque[SequenceGroup] = deque()
         self.num_preemptions = 0
         self.prefill_left: dict[int, int] = {}  # request id -> prompt tokens left (prefill or recompute)
-        # The waiting head `can_ever_allocate` accepted: a group does not grow while it waits, so the
-        # answer holds until it leaves the queue (an overloaded run asks again at every step otherwise).
-        self._fits_ever: SequenceGroup | None = None
+        # What the waiting head's lengths decide (too long for the model, prompt tokens, and whether
+        # `can_ever_allocate` accepted it): a group does not grow while it waits, so they hold until it
+        # leaves the queue (an overloaded run asks about the same head at every step otherwise).
+        self._head: _Head | None = None
         self._fresh: tuple[SequenceGroup, int] | None = None  # the last admitted group and its length then
         batch = DecodeBatch if getattr(allocator, "layout", None) is None else GroupedDecodeBatch
         self.decode = None if output_len is None else batch(allocator, self.prefill_left, output_len)
@@ -258,19 +269,23 @@ class Scheduler:
 
     def head_admission(self, room: int) -> Admission:
         """What admission would do now with the request at the head of the queue, given `room` tokens
-        left in this step's budget (a query: nothing changes but a memo of `can_ever_allocate`). WAIT is
-        stable while memory only shrinks and the running set does not change, which lets the simulator
-        skip steps (simulator/span.py)."""
+        left in this step's budget (a query: nothing changes but the memo of what the head's lengths decide).
+        WAIT is stable while memory only shrinks and the running set does not change, which lets the
+        simulator skip steps (spans, simulator/loop/step.py)."""
         group = self.waiting[0]
-        seqs = group.live_seqs()
-        limit = self.config.max_model_len
-        if seqs[0].length > limit or (seqs[0].final_len or 0) > limit:
+        head = self._head
+        if head is None or head.group is not group:
+            seqs = group.live_seqs()
+            limit = self.config.max_model_len
+            too_long = seqs[0].length > limit or (seqs[0].final_len or 0) > limit
+            head = self._head = _Head(group, too_long, self._prefill_tokens(seqs))
+        if head.too_long:
             return Admission.REJECT
         if len(self.running) >= self.config.max_num_seqs or room <= 0 or \
-                (not self.config.enable_chunked_prefill and self._prefill_tokens(seqs) > room):
+                (not self.config.enable_chunked_prefill and head.prefill_tokens > room):
             # No seat, or the whole prompt must fit in this step's token budget and does not: it waits
             # whatever memory is free now (only NEVER would reject it), the cheap question.
-            return Admission.WAIT if self._can_ever_allocate(group) else Admission.REJECT
+            return Admission.WAIT if self._can_ever_allocate(head) else Admission.REJECT
         status = self.allocator.can_allocate(group, room if self.config.enable_chunked_prefill else None)
         if status is AllocStatus.NEVER:
             return Admission.REJECT
@@ -278,14 +293,11 @@ class Scheduler:
             return Admission.WAIT
         return Admission.ADMIT
 
-    def _can_ever_allocate(self, group: SequenceGroup) -> bool:
-        """The allocator's `can_ever_allocate`, asked once while `group` heads the queue."""
-        if group is self._fits_ever:
-            return True
-        if self.allocator.can_ever_allocate(group):
-            self._fits_ever = group
-            return True
-        return False
+    def _can_ever_allocate(self, head: _Head) -> bool:
+        """The allocator's `can_ever_allocate`, asked once while the group heads the queue."""
+        if head.fits_ever is None:
+            head.fits_ever = self.allocator.can_ever_allocate(head.group)
+        return head.fits_ever
 
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
         waiting = self.waiting
@@ -295,7 +307,7 @@ class Scheduler:
             if decision is Admission.WAIT:
                 return
             group = waiting.popleft()
-            self._fits_ever = None
+            self._head = None
             if decision is Admission.REJECT:
                 self._reject(group, out)
                 continue

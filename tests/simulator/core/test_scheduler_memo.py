@@ -1,9 +1,11 @@
-"""Property test: the Scheduler's memo of `can_ever_allocate` for the waiting head changes no decision.
+"""Property test: the Scheduler's memo of what the waiting head's lengths decide (too long, prompt tokens,
+`can_ever_allocate`) changes no decision.
 
-Two schedulers run the same requests step by step: the real one, and one whose `_can_ever_allocate`
-asks the allocator every time. Sequences of unknown final length grow until they stop or outgrow the
-pool, so groups are preempted (recompute or swap), re-queued longer than before and rejected: every
-step's admissions, rejections, preemptions and scheduled work must be the same in both.
+Two schedulers run the same requests step by step: the real one, and one that forgets the memo before
+every admission decision, so it works everything out again each time. Sequences of unknown final length
+grow until they stop or outgrow the pool, so groups are preempted (recompute or swap), re-queued longer
+than before and rejected: every step's admissions, rejections, preemptions and scheduled work must be the
+same in both.
 """
 from __future__ import annotations
 
@@ -11,14 +13,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from simulator import BlockManager, Sequence, SequenceGroup
-from simulator.core.scheduler import Scheduler, SchedulerConfig
+from simulator.core.scheduler import Admission, Scheduler, SchedulerConfig
 
 
 class _AskEveryTime(Scheduler):
     """The reference: no memo."""
 
-    def _can_ever_allocate(self, group: SequenceGroup) -> bool:
-        return self.allocator.can_ever_allocate(group)
+    def head_admission(self, room: int):
+        self._head = None
+        return super().head_admission(room)
 
 
 def _build(cls, num_blocks: int, mode: str, max_num_seqs: int, max_model_len: int) -> Scheduler:
@@ -62,3 +65,15 @@ def test_memo_changes_no_decision(num_blocks, mode, max_num_seqs, max_model_len,
             outcomes.append(_outcome(out))
         assert outcomes[0] == outcomes[1], f"step {step}"
     assert [len(s.waiting) for s in pair] == [len(pair[1].waiting)] * 2
+
+
+def test_a_group_pushed_to_the_front_is_judged_by_its_own_lengths():
+    """A preempted group goes back to the front of the queue ahead of the memoized head: the memo must
+    not answer for it (here the old head waits for a seat, the new one is too long for the model)."""
+    sch = _build(Scheduler, num_blocks=12, mode="recompute", max_num_seqs=1, max_model_len=16)
+    sch.add_request(SequenceGroup(0, [Sequence(0, 4, None, request_id=0)]))
+    sch.commit(sch.schedule())  # request 0 takes the only seat
+    sch.add_request(SequenceGroup(1, [Sequence(1, 6, None, request_id=1)]))
+    assert sch.head_admission(room=64) is Admission.WAIT  # no seat; memoized
+    sch.waiting.appendleft(SequenceGroup(2, [Sequence(2, 20, None, request_id=2)]))
+    assert sch.head_admission(room=64) is Admission.REJECT
