@@ -306,13 +306,13 @@ class Scheduler:
             decision = self.head_admission(room)
             if decision is Admission.WAIT:
                 return
-            group = waiting.popleft()
+            group, head = waiting.popleft(), self._head  # head_admission just judged this group
             self._head = None
             if decision is Admission.REJECT:
                 self._reject(group, out)
                 continue
             seqs = group.live_seqs()
-            need = self._prefill_tokens(seqs)
+            need = head.prefill_tokens
             # Only the blocks this step computes are published (the budget caps the first chunk).
             hit = self.allocator.allocate(group, room)
             self._fresh = (group, seqs[0].length)  # no token decoded since (see schedule)

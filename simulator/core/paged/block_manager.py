@@ -176,8 +176,7 @@ class BlockManager(PoolCounts, KVAllocator):
                 got = self._allocate_one(s, group.request_id, budget)
                 hit += got
                 budget = max(0, budget - (s.length - got))
-        if self.debug:
-            self._check()
+        self._check()
         return hit
 
     def _allocate_one(self, seq: Sequence, rid: int, budget: int) -> int:
@@ -223,8 +222,7 @@ class BlockManager(PoolCounts, KVAllocator):
             filled[new[-1]] = n - (first + len(new) - 1) * bs
             pool.total_filled += n - first * bs
             table.extend(new)
-            if hashes:
-                pool.publish(new, map(LINK_KEY, chain), hashes)
+            pool.publish(new, map(LINK_KEY, chain), hashes)
         if loaded and self.tiers.log is not None:  # the driver copies the loaded blocks' data in
             self.tiers.log.place(table[first:first + len(loaded)])
         seq.num_tokens = n
@@ -306,8 +304,7 @@ class BlockManager(PoolCounts, KVAllocator):
                 self.prefix_cache.publish(seq, i, table[i])
         if not seq._internal_counted:
             self.count_internal(seq)
-        if self.debug:
-            self._check()
+        self._check()
         return copies
 
     def count_internal(self, seq: Sequence) -> None:
@@ -330,8 +327,7 @@ class BlockManager(PoolCounts, KVAllocator):
         child.block_table = list(parent.block_table)
         child.num_tokens = parent.num_tokens
         self.seqs[child.seq_id] = child
-        if self.debug:
-            self._check()
+        self._check()
         return _NO_COPIES
 
     def free(self, seq: Sequence) -> None:
@@ -343,8 +339,7 @@ class BlockManager(PoolCounts, KVAllocator):
         else:
             raise AllocationError(f"cannot free sequence {seq.seq_id}: it holds no blocks (freed twice?)")
         seq.num_tokens = 0
-        if self.debug:
-            self._check()
+        self._check()
 
     def release_device(self, seq: Sequence) -> None:
         """Drop the sequence's device blocks and its internal-fragmentation share (free, swap out)."""
@@ -364,19 +359,17 @@ class BlockManager(PoolCounts, KVAllocator):
         copies = self.swap.swap_out(group, self.release_device)
         if self.tiers is not None:  # the swapped blocks take their room from the CPU tier's cache
             self.tiers.fit()
-        if self.debug:
-            self._check()
+        self._check()
         return copies
 
     def swap_in(self, group: SequenceGroup) -> list[tuple[int, int]]:
         """Bring the group's blocks back; full blocks still cached on the device are shared again."""
         copies = self.swap.swap_in(group, self._adopt)
-        if self.debug:
-            self._check()
+        self._check()
         return copies
 
     def _check(self) -> None:
-        """Check the invariants (callers ask only when `debug`: allocate and free run per request)."""
-        from simulator.core.invariants import check_invariants
+        if self.debug:
+            from simulator.core.invariants import check_invariants
 
-        check_invariants(self)
+            check_invariants(self)
