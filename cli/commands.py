@@ -1,37 +1,38 @@
-"""The `pagelab` typer app: the root options, every command registered on it, and the entry point.
+"""The `pagelab` typer app: the root options, the command registry, and the entry point.
 
 The command modules define plain functions (and the `trace` and `bench` sub-apps); this module registers
-them, so no command module imports the module that imports it.
+them, so no command module imports the module that imports it. `main` registers only the command it is
+asked to run (all of them for `pagelab -h` or a name it does not know), so a command starts without
+importing the others; `app` holds every command.
 """
+import importlib
 import signal
 import sys
+from collections.abc import Iterable
 
 import typer
 
-from cli.bench import bench_app
-from cli.calibrate import calibrate_cmd
-from cli.compare import compare_cmd
-from cli.export import export_cmd
 from cli.help import use_panels
-from cli.plan import plan_cmd
-from cli.plot import plot_cmd
-from cli.presets import presets_cmd
-from cli.replay import replay_cmd
-from cli.simulate import simulate_cmd
-from cli.sweep import sweep_cmd
-from cli.trace import trace_app
-from cli.view import view_cmd
 
+# name: (module, attribute). Registration order is `pagelab --help`'s order (typer lists the commands,
+# then the groups); a group is a typer sub-app.
+COMMANDS = {
+    "calibrate": ("cli.calibrate", "calibrate_cmd"),
+    "compare": ("cli.compare", "compare_cmd"),
+    "export": ("cli.export", "export_cmd"),
+    "plan": ("cli.plan", "plan_cmd"),
+    "plot": ("cli.plot", "plot_cmd"),
+    "presets": ("cli.presets", "presets_cmd"),
+    "replay": ("cli.replay", "replay_cmd"),
+    "simulate": ("cli.simulate", "simulate_cmd"),
+    "sweep": ("cli.sweep", "sweep_cmd"),
+    "view": ("cli.view", "view_cmd"),
+}
+GROUPS = {
+    "bench": ("cli.bench", "bench_app"),
+    "trace": ("cli.trace", "trace_app"),
+}
 HELP = {"help_option_names": ["-h", "--help"]}
-
-app = typer.Typer(
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    context_settings=HELP,
-    rich_markup_mode=None,  # help is drawn by cli/help.py: panels that never cut a name or a description
-    help="pagelab: see where KV-cache memory goes in LLM serving.",
-)
 
 
 def _version_callback(value: bool) -> None:
@@ -43,10 +44,38 @@ def _version_callback(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
 def _root(version: bool = typer.Option(None, "--version", "-V", callback=_version_callback, is_eager=True,
                                        help="Print pagelab, Python and torch versions and exit.")) -> None:
     """pagelab: see where KV-cache memory goes in LLM serving."""
+
+
+def build_app(names: Iterable[str] | None = None) -> typer.Typer:
+    """The `pagelab` app with the named commands and groups registered (None: all of them)."""
+    wanted = set(COMMANDS) | set(GROUPS) if names is None else set(names)
+    app = typer.Typer(
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        context_settings=HELP,
+        rich_markup_mode=None,  # help is drawn by cli/help.py: panels that never cut a name or a description
+        help="pagelab: see where KV-cache memory goes in LLM serving.",
+    )
+    app.callback()(_root)
+    for name, (module, attr) in {**GROUPS, **COMMANDS}.items():
+        if name in wanted:
+            target = getattr(importlib.import_module(module), attr)
+            if name in GROUPS:
+                app.add_typer(target, name=name)
+            else:
+                app.command(name)(target)
+    use_panels(app)
+    return app
+
+
+def __getattr__(name: str):
+    if name == "app":  # every command: what `pagelab -h` lists and tests drive
+        return build_app()
+    raise AttributeError(f"module 'cli.commands' has no attribute {name!r}")
 
 
 def _terminate(signum, frame) -> None:
@@ -94,8 +123,11 @@ def main() -> None:
     from typer.exceptions import Abort
 
     signal.signal(signal.SIGTERM, _terminate)
+    args = spread_goodput(sys.argv[1:])
+    named = args[0] if args and (args[0] in COMMANDS or args[0] in GROUPS) else None
+    app = build_app(None if named is None else [named])
     try:
-        code = app(args=spread_goodput(sys.argv[1:]), prog_name="pagelab", standalone_mode=False)
+        code = app(args=args, prog_name="pagelab", standalone_mode=False)
     except ClickException as exc:
         if exc.__class__.__name__ == "NoArgsIsHelpError":
             exc.show()  # prints the help
@@ -105,19 +137,3 @@ def main() -> None:
     except Abort:
         sys.exit(130)
     sys.exit(code if isinstance(code, int) else 0)
-
-
-# Registration order is `pagelab --help`'s order (typer lists the commands, then the groups).
-app.add_typer(bench_app, name="bench")
-app.command("calibrate")(calibrate_cmd)
-app.command("compare")(compare_cmd)
-app.command("export")(export_cmd)
-app.command("plan")(plan_cmd)
-app.command("plot")(plot_cmd)
-app.command("presets")(presets_cmd)
-app.command("replay")(replay_cmd)
-app.command("simulate")(simulate_cmd)
-app.command("sweep")(sweep_cmd)
-app.command("view")(view_cmd)
-app.add_typer(trace_app, name="trace")
-use_panels(app)
