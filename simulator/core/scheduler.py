@@ -144,7 +144,7 @@ class Scheduler:
 
     def has_unfinished(self) -> bool:
         """Whether any request is waiting, running or swapped."""
-        return bool(self.waiting or self.running or self.swapped)
+        return bool(self.running or self.waiting or self.swapped)  # running first: its truth is a dict's
 
     def _prefill_tokens(self, seqs: list[Sequence]) -> int:
         """Tokens a (re)admitted group computes: one shared prompt, or each diverged sequence."""

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Hashable, Iterable
 from collections.abc import Sequence as SeqLike
 
 
@@ -153,56 +153,39 @@ def shares_allocation(seqs: list[Sequence]) -> bool:
         seqs[0].token_ids is None or all(s.token_ids == seqs[0].token_ids for s in seqs))
 
 
-class RunningGroups:
+class RunningGroups(dict):
     """Groups in admission order (the last one is preempted first); iterate, index, append, remove.
 
-    An insertion-ordered dict keyed by the group: a finished group sits anywhere in admission order, and
-    leaves in O(1) where `list.remove` would scan half of a full batch every step.
+    An insertion-ordered dict keyed by the group (values None): a finished group sits anywhere in
+    admission order, and leaves in O(1) where `list.remove` would scan half of a full batch every step.
+    Length, truth, membership and iteration are the dict's own, so the scheduler's many checks of
+    them cost no Python call.
     """
 
-    __slots__ = ("_groups",)
+    __slots__ = ()
 
     def __init__(self, groups: Iterable[SequenceGroup] = ()) -> None:
-        self._groups: dict[SequenceGroup, None] = dict.fromkeys(groups)
-
-    def __len__(self) -> int:
-        return len(self._groups)
-
-    def __bool__(self) -> bool:
-        return bool(self._groups)
-
-    def __iter__(self) -> Iterator[SequenceGroup]:
-        return iter(self._groups)
-
-    def __reversed__(self) -> Iterator[SequenceGroup]:
-        return reversed(self._groups)
-
-    def __contains__(self, group: object) -> bool:
-        return group in self._groups
+        super().__init__(dict.fromkeys(groups))
 
     def __getitem__(self, index: int | slice) -> SequenceGroup | list[SequenceGroup]:
         """By position, as a list would (O(n): for inspection, not for the scheduler's loops)."""
-        return list(self._groups)[index]
+        return list(self)[index]
 
     def __add__(self, other: Iterable[SequenceGroup]) -> list[SequenceGroup]:
-        return [*self._groups, *other]
+        return [*self, *other]
 
     def __radd__(self, other: Iterable[SequenceGroup]) -> list[SequenceGroup]:
-        return [*other, *self._groups]
+        return [*other, *self]
 
     def append(self, group: SequenceGroup) -> None:
         """Add a group at the end (the newest)."""
-        if group in self._groups:
+        if group in self:
             raise ValueError(f"request {group.request_id} is already running")
-        self._groups[group] = None
+        self[group] = None
 
     def remove(self, group: SequenceGroup) -> None:
         """Drop a group wherever it is."""
         try:
-            del self._groups[group]
+            del self[group]
         except KeyError:
             raise ValueError(f"request {group.request_id} is not running") from None
-
-    def clear(self) -> None:
-        """Drop every group."""
-        self._groups.clear()

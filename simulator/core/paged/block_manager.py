@@ -65,13 +65,14 @@ class BlockManager(PoolCounts, KVAllocator):
         if needed < 0:
             return AllocStatus.NEVER
         # Hits on referenced blocks cost nothing; hits on evictable ones use up a free block like a miss.
+        pool = self.pool
         if self.enable_prefix_caching:
-            ref = self.pool.ref
+            ref = pool.ref
             for s in seqs:
                 for b in self.prefix_cache.lookup(s):
                     if ref[b] > 0:
                         needed -= 1
-        if self.pool.num_free - needed < self.watermark_blocks:
+        if len(pool.free) + len(pool.free_cached) - needed < self.watermark_blocks:
             return AllocStatus.LATER
         return AllocStatus.OK
 

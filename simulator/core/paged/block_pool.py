@@ -250,7 +250,8 @@ class PoolCounts:
     @property
     def num_free_blocks(self) -> int:
         """Blocks that can be handed out now, cached-but-unreferenced ones included."""
-        return self.pool.num_free
+        pool = self.pool  # the pool's own count, inlined: the loop asks nearly every step
+        return len(pool.free) + len(pool.free_cached)
 
     @property
     def num_cached_free_blocks(self) -> int:
