@@ -63,10 +63,11 @@ def drive(run: RunState, advance: Callable[[RunState], SchedulerOutput | None],
     `progress(done, total)` is called every `report_every` steps and at the end."""
     num = run.num_requests
     next_report = report_every
-    while run.next < num or run.has_unfinished():
+    sched = run.sched
+    while run.next < num or sched.has_unfinished():
         if run.next_arrival <= run.now:
             run.arrive_until(run.now)
-        if not run.has_unfinished():
+        if not sched.has_unfinished():
             run.idle_until(run.next_arrival)
             continue
         out = advance(run)

@@ -71,10 +71,6 @@ class RunState:
         group where a grouped pool counts layer slots (simulator/core/paged/kv_groups.py)."""
         return getattr(self.alloc, "block_slots", self.alloc.block_size)
 
-    def has_unfinished(self) -> bool:
-        """Whether any request is waiting, running or swapped."""
-        return self.sched.has_unfinished()
-
     def head(self) -> SequenceGroup | None:
         """The request at the head of the waiting queue."""
         return self.sched.waiting[0] if self.sched.waiting else None
