@@ -124,8 +124,8 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, _terminate)
     args = spread_goodput(sys.argv[1:])
-    named = args[0] if args and (args[0] in COMMANDS or args[0] in GROUPS) else None
-    app = build_app(None if named is None else [named])
+    known = bool(args) and (args[0] in COMMANDS or args[0] in GROUPS)
+    app = build_app(args[:1] if known else None)
     try:
         code = app(args=args, prog_name="pagelab", standalone_mode=False)
     except ClickException as exc:
