@@ -76,7 +76,8 @@ def drive(run: RunState, advance: Callable[[RunState], SchedulerOutput | None],
                 run.idle_until(run.next_arrival)
             elif not out.preempted:  # a group that preempted itself is admitted again next step
                 raise RuntimeError("scheduler stalled with work left and no future arrival (a bug)")
-        run.drain_events()
+        if run.events is not None:
+            run.drain_events()
         if observer is not None:
             observer(run)
         if progress is not None and run.step >= next_report:

@@ -59,17 +59,11 @@ class RunState:
         self.refcounts = self.output.ref_count_rows()
         self.events = self.alloc.events
         self._event_batch = self.output.sizes.tenure_batch
-
-    @property
-    def block_size(self) -> int:
-        """The allocator's block size (1 for contiguous regions)."""
-        return self.alloc.block_size
-
-    @property
-    def block_slots(self) -> int:
-        """Slots one block counts for in the allocator's breakdown: its block size, times the layers per
-        group where a grouped pool counts layer slots (simulator/core/paged/kv_groups.py)."""
-        return getattr(self.alloc, "block_slots", self.alloc.block_size)
+        # Read every step: plain attributes. The allocator's block size (1 for contiguous regions), and
+        # the slots one block counts for in its breakdown: the block size, times the layers per group
+        # where a grouped pool counts layer slots (simulator/core/paged/kv_groups.py).
+        self.block_size: int = self.alloc.block_size
+        self.block_slots: int = getattr(self.alloc, "block_slots", self.alloc.block_size)
 
     def head(self) -> SequenceGroup | None:
         """The request at the head of the waiting queue."""
@@ -141,75 +135,63 @@ class RunState:
         self.step += num_steps
 
 
-class WaitingQueue:
+class WaitingQueue(deque):
     """The scheduler's waiting queue: groups already built, then arrived trace rows [next_row, end_row)
     built only when they reach the head.
 
     An overloaded trace keeps millions of requests waiting, yet the scheduler only ever looks at the head
     (FCFS; preempted groups go back to the front): same order, same decisions, and the queue's objects
-    stay bounded by the requests that were preempted back into it. It offers what the scheduler uses of a
-    deque: len, truth, [0], popleft, appendleft, append (once no row is pending) and iteration.
+    stay bounded by the requests that were preempted back into it. Whenever a row is pending the head is
+    built, so the deque's own truth test and `[0]` (C calls, asked several times a step) answer for the
+    whole queue; `len()` counts the built groups only, `num_waiting` every arrived one.
     """
 
-    __slots__ = ("_groups", "_make", "next_row", "end_row")
+    __slots__ = ("_make", "next_row", "end_row")
 
     def __init__(self, make_group: Callable[[int], SequenceGroup], start_row: int = 0):
-        self._groups: deque[SequenceGroup] = deque()
+        super().__init__()
         self._make = make_group
         self.next_row = start_row  # the first trace row not yet built
         self.end_row = start_row  # rows before this one have arrived
 
+    @property
+    def num_waiting(self) -> int:
+        """Groups waiting, the pending rows included."""
+        return len(self) + self.end_row - self.next_row
+
     def arrive(self, end_row: int) -> None:
         """Rows up to `end_row` (exclusive) have arrived: they queue behind everything else."""
         self.end_row = end_row
+        if not self and self.next_row < end_row:
+            self._build()
 
-    def _build(self) -> SequenceGroup:
-        group = self._make(self.next_row)
+    def _build(self) -> None:
+        deque.append(self, self._make(self.next_row))
         self.next_row += 1
-        self._groups.append(group)
-        return group
 
     def close(self) -> None:
         """No row will be built any more: drop the builder, which refers back to the run (the run's one
         reference cycle), so that a finished run is freed as soon as it is dropped."""
         self._make = None
 
-    def __len__(self) -> int:
-        return len(self._groups) + self.end_row - self.next_row
-
-    def __bool__(self) -> bool:
-        return bool(self._groups) or self.next_row < self.end_row
-
-    def __getitem__(self, index: int) -> SequenceGroup:
-        if index != 0:
-            raise IndexError("the waiting queue is read at its head only")
-        if self._groups:
-            return self._groups[0]
-        if self.next_row < self.end_row:
-            return self._build()
-        raise IndexError("the waiting queue is empty")
-
     def popleft(self) -> SequenceGroup:
-        """Take the head."""
-        if not self._groups and self.next_row < self.end_row:
+        """Take the head (the next pending row becomes the head)."""
+        group = deque.popleft(self)
+        if not self and self.next_row < self.end_row:
             self._build()
-        return self._groups.popleft()
-
-    def appendleft(self, group: SequenceGroup) -> None:
-        """Put a (preempted) group back at the front."""
-        self._groups.appendleft(group)
+        return group
 
     def append(self, group: SequenceGroup) -> None:
         """Queue a group at the tail (only while no row is pending)."""
         if self.next_row < self.end_row:
             raise RuntimeError("cannot queue a group behind trace rows that are still pending")
-        self._groups.append(group)
+        deque.append(self, group)
 
     def __iter__(self) -> Iterator[SequenceGroup]:
         """Every waiting group, in order (this builds the pending rows)."""
         while self.next_row < self.end_row:
             self._build()
-        return iter(self._groups)
+        return deque.__iter__(self)
 
 
 @dataclass(eq=False)
@@ -302,6 +284,11 @@ class SimState(RunState):
         if not self._rows_start <= i < self._rows_end:
             raise RuntimeError(f"request row {i} built out of order (next batch: rows {self._rows_start}.."
                                f"{self._rows_end - 1})")
+
+    def counts(self) -> tuple[int, int, int]:
+        """Running, waiting (pending rows included) and swapped requests."""
+        s, q = self.sched, self.queue
+        return len(s.running), len(q) + q.end_row - q.next_row, len(s.swapped)
 
     def retire(self, i: int) -> None:
         """Request row `i` finished or was rejected: its result row is complete."""

@@ -18,6 +18,7 @@ from simulator.core.paged.tiers import tier_hits
 from simulator.core.sequence import Sequence, SequenceGroup, SequenceStatus, shares_allocation
 
 _NO_COPIES: list = []
+_new_tuple = tuple.__new__
 
 
 class BlockManager(PoolCounts, KVAllocator):
@@ -60,8 +61,7 @@ class BlockManager(PoolCounts, KVAllocator):
     # ----------------------------------------------------------------- queries
     def can_allocate(self, group: SequenceGroup, num_new_tokens: int | None = None) -> AllocStatus:
         """OK, LATER, or NEVER for the group's prompt (prefix hits on referenced blocks cost nothing)."""
-        seqs = self._allocation_seqs(group)
-        needed = self._never_needed(seqs)
+        seqs, needed = self._blocks_needed(group)
         if needed < 0:
             return AllocStatus.NEVER
         # Hits on referenced blocks cost nothing; hits on evictable ones use up a free block like a miss.
@@ -78,20 +78,17 @@ class BlockManager(PoolCounts, KVAllocator):
 
     def can_ever_allocate(self, group: SequenceGroup) -> bool:
         """Whether `can_allocate` would not answer NEVER: that depends only on the group's lengths."""
-        return self._never_needed(self._allocation_seqs(group)) >= 0
+        return self._blocks_needed(group)[1] >= 0
 
-    def _allocation_seqs(self, group: SequenceGroup) -> list[Sequence]:
-        """The live sequences `allocate` gives blocks to one by one (equal ones share a single table)."""
+    def _blocks_needed(self, group: SequenceGroup) -> tuple[list[Sequence], int]:
+        """The live sequences `allocate` gives blocks to one by one (equal ones share a single table) and
+        the blocks their tokens need before prefix hits, -1 when they could never fit (a sequence whose
+        final length can never fit would preempt itself forever: refuse it now)."""
         seqs = group.live_seqs()
         if not seqs:
             raise AllocationError(f"request {group.request_id}: every sequence has finished")
         if len(seqs) > 1 and shares_allocation(seqs):
             seqs = seqs[:1]
-        return seqs
-
-    def _never_needed(self, seqs: list[Sequence]) -> int:
-        """Blocks the sequences' tokens need (before prefix hits), or -1 when they could never fit (a
-        sequence whose final length can never fit would preempt itself forever: refuse it now)."""
         bs = self.block_size
         needed = final = 0
         for s in seqs:
@@ -101,7 +98,7 @@ class BlockManager(PoolCounts, KVAllocator):
             m = -(-(f if f is not None and f > n else n) // bs)
             if m > final:
                 final = m
-        return -1 if max(needed, final) > self.num_blocks - self.watermark_blocks else needed
+        return seqs, -1 if max(needed, final) > self.num_blocks - self.watermark_blocks else needed
 
     def can_append(self, seqs: list[Sequence], num_tokens: int = 1) -> bool:
         """Whether every sequence can grow by `num_tokens` at once (copy-on-write copies included)."""
@@ -138,9 +135,10 @@ class BlockManager(PoolCounts, KVAllocator):
         used = (self.num_blocks - num_free) * bs
         empty = used - pool.total_filled
         internal = min(self.num_internal_slots, empty)
-        return MemoryBreakdown(self.capacity_tokens, pool.total_filled, empty - internal, internal,
-                               self.capacity_tokens - self.num_blocks * bs, num_free * bs,
-                               len(pool.free_cached) * bs, used)
+        # tuple.__new__ skips the Python frame of the named tuple's own constructor (asked every step)
+        return _new_tuple(MemoryBreakdown, (self.capacity_tokens, pool.total_filled, empty - internal,
+                                            internal, self.capacity_tokens - self.num_blocks * bs,
+                                            num_free * bs, len(pool.free_cached) * bs, used))
 
     # ----------------------------------------------------------------- mutations
     def allocate(self, group: SequenceGroup, num_new_tokens: int | None = None) -> int:
