@@ -215,16 +215,14 @@ def span_length(run: SimState) -> tuple[int, tuple | None]:
         if now + first >= arrival:
             return _NO_SPAN
         k = min(k, int((arrival - now) / first) + 2)
-    step_time = run.latency.step_time
-    dts, clock = [], [now]
-    t, ctx = now, tokens
-    for j in range(k):
+    dts = run.latency.decode_times(b, tokens, k)
+    clock = [now]
+    t = now
+    for j, dt in enumerate(dts):
         if arrival is not None and t >= arrival:
             k = j
+            del dts[j:]
             break
-        ctx += b
-        dt = step_time(b, ctx, ctx, b)
-        dts.append(dt)
         t += dt  # the same sequence of additions as step mode's clock
         clock.append(t)
     return (k, (dts, clock)) if k >= 2 else _NO_SPAN

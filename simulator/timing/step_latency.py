@@ -71,6 +71,8 @@ class LatencyModel(Protocol):
     def step_times(self, num_batched_tokens: np.ndarray, attn_pairs: np.ndarray,
                    kv_tokens_read: np.ndarray, num_decode_seqs: np.ndarray | int = 0) -> np.ndarray: ...
 
+    def decode_times(self, num_seqs: int, context: int, num_steps: int) -> list[float]: ...
+
     def swap_time(self, num_blocks: int, block_size: int) -> float: ...
 
     def load_time(self, num_tokens: int, bandwidth: float, latency_s: float) -> float: ...
@@ -84,6 +86,13 @@ class _SwapAndPrefill:
     model: ModelSpec
     gpu: GPUSpec
     kv_bytes_per_token: int | None = None  # None: the KV cache is stored in the weights' dtype
+
+    def decode_times(self, num_seqs: int, context: int, num_steps: int) -> list[float]:
+        """`step_time` of each of `num_steps` decode steps of `num_seqs` sequences holding `context` tokens
+        in all before the first (each step adds one per sequence): a span of steps (simulator/loop)."""
+        step_time = self.step_time
+        return [step_time(num_seqs, ctx, ctx, num_seqs)
+                for ctx in (context + num_seqs * j for j in range(1, num_steps + 1))]
 
     def swap_time(self, num_blocks: int, block_size: int) -> float:
         """Seconds to move num_blocks KV blocks of block_size tokens one way over PCIe."""
@@ -150,6 +159,23 @@ class RooflineLatency(_SwapAndPrefill):
             return 0.0
         compute, memory = self.terms(num_batched_tokens, attn_pairs, kv_tokens_read)
         return self._coef.overhead_s + max(compute, memory)
+
+    def decode_times(self, num_seqs: int, context: int, num_steps: int) -> list[float]:
+        """The base class's, with `step_time`'s operations inlined in one loop (the same floats): a long
+        span asks for thousands of steps."""
+        if num_seqs <= 0:
+            return [0.0] * num_steps
+        c = self._coef
+        token_flops, pair_flops = c.flops_per_token * num_seqs, c.flops_per_attn_pair
+        flops_rate = c.flops_rate
+        weights, per_token, bytes_rate = c.weight_bytes, c.bytes_per_token, c.bytes_rate
+        overhead = c.overhead_s
+        out = []
+        for ctx in range(context + num_seqs, context + num_seqs * num_steps + 1, num_seqs):  # num_seqs > 0
+            compute = (token_flops + pair_flops * ctx) / flops_rate
+            memory = (weights + per_token * (ctx + num_seqs)) / bytes_rate
+            out.append(overhead + (memory if memory > compute else compute))  # max(compute, memory)
+        return out
 
     def step_times(self, num_batched_tokens: np.ndarray, attn_pairs: np.ndarray,
                    kv_tokens_read: np.ndarray, num_decode_seqs: np.ndarray | int = 0) -> np.ndarray:

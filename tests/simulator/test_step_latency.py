@@ -96,6 +96,20 @@ def test_vectorized_equals_scalar(kind, model_name):
     assert (vector[tokens == 0] == 0).all() and (vector[tokens > 0] > 0).all()
 
 
+@settings(max_examples=200, deadline=None)
+@given(model=st.sampled_from([n for n, m in MODELS.items() if m.num_params is not None]),
+       gpu=st.sampled_from(list(GPUS)), num_seqs=st.integers(0, 512), context=st.integers(0, 10**6),
+       num_steps=st.integers(0, 300), coefs=st.sampled_from([TRUE_COEFS, (*TRUE_COEFS, 1e-5, 2e-4, 3e-3)]))
+def test_decode_times_are_the_steps_times_one_by_one(model, gpu, num_seqs, context, num_steps, coefs):
+    for latency in (RooflineLatency(get_model(model), get_gpu(gpu)),
+                    FittedLatency(get_model(model), get_gpu(gpu), coefs)):
+        one_by_one, ctx = [], context
+        for _ in range(num_steps):
+            ctx += num_seqs
+            one_by_one.append(latency.step_time(num_seqs, ctx, ctx, num_seqs))
+        assert latency.decode_times(num_seqs, context, num_steps) == one_by_one  # the same floats
+
+
 _counts = st.integers(min_value=0, max_value=10**7)
 
 
