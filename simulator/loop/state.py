@@ -287,8 +287,8 @@ class SimState(RunState):
 
     def counts(self) -> tuple[int, int, int]:
         """Running, waiting (pending rows included) and swapped requests."""
-        s, q = self.sched, self.queue
-        return len(s.running), len(q) + q.end_row - q.next_row, len(s.swapped)
+        s = self.sched
+        return len(s.running), self.queue.num_waiting, len(s.swapped)
 
     def retire(self, i: int) -> None:
         """Request row `i` finished or was rejected: its result row is complete."""
