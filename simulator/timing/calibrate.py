@@ -16,7 +16,8 @@ import pandas as pd
 from simulator.core.errors import ConfigError
 from simulator.core.models import canonical_name, get_model
 from simulator.presets import get_gpu
-from simulator.timing.step_latency import DECODE_FEATURE, FEATURES, FittedLatency, fit_latency, stall_mask
+from simulator.timing.latency_fit import fit_latency
+from simulator.timing.step_latency import DECODE_FEATURE, FEATURES, FittedLatency, stall_mask
 
 # A 4-coefficient fit needs far more steps than coefficients to say anything about its error.
 MIN_STEPS = 20

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from cli import app
 from simulator.core.models import get_model
 from simulator.presets import get_gpu
-from simulator.timing.step_latency import fit_latency
+from simulator.timing.latency_fit import fit_latency
 
 DATA = Path(__file__).parent.parent / "data" / "h200-azure-40-79"
 REPLAY, TRACE = DATA / "replay", DATA / "trace.csv"

@@ -12,14 +12,13 @@ from hypothesis import strategies as st
 from simulator.core.errors import ConfigError
 from simulator.core.models import MODELS, get_model
 from simulator.presets import GPUS, get_gpu
+from simulator.timing.latency_fit import fit_latency, nnls
 from simulator.timing.step_latency import (
     LATENCY_MODELS,
     FittedLatency,
     RooflineLatency,
-    fit_latency,
     load_fitted,
     make_latency_model,
-    nnls,
     step_features,
 )
 
