@@ -6,6 +6,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import typer
 from rich.console import Console
@@ -117,3 +118,12 @@ def finite_float(value: float | None, option: str, *, minimum: float | None = No
         raise UserError(f"{option} must be >= {minimum:g}, got {value:g}")
     return value
 
+
+def plot_format(path: Path) -> str:
+    """The figure format a --plot path names by its suffix (png without one), refused before any work."""
+    from viz.common import FORMATS
+
+    fmt = path.suffix.lstrip(".").lower() or "png"
+    if fmt not in FORMATS:
+        raise UserError(f"--plot {path}: format '{fmt}' is not one of {', '.join(FORMATS)}")
+    return fmt

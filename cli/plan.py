@@ -60,7 +60,7 @@ def plan_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
 ) -> None:
     """KV bytes per token and per block of each KV cache group, padding layers, pool size in tokens and
-    blocks, and the maximum concurrency at max-model-len, by vLLM's rules."""
+    blocks, the maximum concurrency at max-model-len and whether vLLM would start, by vLLM's rules."""
     from simulator.core.errors import ConfigError
     from simulator.presets import kv_capacity
 

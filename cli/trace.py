@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from cli.common import UserError, console, err_console, pick_one, user_errors
+from cli.common import UserError, console, err_console, pick_one, plot_format, user_errors
 
 trace_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
                         help="Generate, inspect and convert request traces.")
@@ -197,6 +197,7 @@ def info(
     from traces import load_trace
     from traces.stats import trace_info
 
+    fmt = None if plot is None else plot_format(plot)
     with _printing_warnings() as warnings:
         trace = load_trace(path, format, warnings=warnings)
     stats = trace_info(trace)
@@ -205,12 +206,8 @@ def info(
     else:
         console.print(_info_table(path, stats))
     if plot is not None:
-        try:
-            from viz.trace_overview import save_trace_overview
-        except ImportError as exc:
-            raise UserError(f"--plot is not available: viz.trace_overview.save_trace_overview cannot be "
-                            f"imported ({exc})") from None
-        fmt = plot.suffix.lstrip(".").lower() or "png"
+        from viz.trace_overview import save_trace_overview
+
         written = save_trace_overview(trace, plot, fmt)
         err_console.print(f"wrote {escape(str(written))}", highlight=False)
 

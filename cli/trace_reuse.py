@@ -8,7 +8,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from cli.common import UserError, console, err_console
+from cli.common import UserError, console, err_console, plot_format
 
 
 def _tokens(text: str | None) -> list[int]:
@@ -75,6 +75,8 @@ def reuse_cmd(
     if block_size < 1:
         raise UserError(f"--block-size must be >= 1 (got {block_size})")
     capacities = _tokens(capacity)
+    if plot is not None:
+        plot_format(plot)
     warnings: list[str] = []
     refs, recorded = load_refs(path, block_size, format, warnings=warnings)
     for message in warnings:

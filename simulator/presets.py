@@ -212,6 +212,22 @@ class KVCapacity:
         """Requests of max_model_len tokens the paged pool holds at once (vLLM's "Maximum concurrency")."""
         return self.num_blocks / self.blocks_per_request
 
+    @property
+    def request_bytes(self) -> int:
+        """KV bytes one request of max_model_len tokens needs: what vLLM's start-up check asks of the pool."""
+        return self.layout.request_bytes(self.max_model_len, self.max_num_batched_tokens)
+
+    @property
+    def fits_max_model_len(self) -> bool:
+        """Whether one request of max_model_len tokens fits the pool, without which vLLM refuses to start
+        (`check_enough_kv_cache_memory`)."""
+        return self.request_bytes <= self.pool_bytes
+
+    def longest_model_len(self) -> int:
+        """The longest max_model_len (up to this one) whose one request fits the pool (vLLM's
+        `estimate_max_model_len`)."""
+        return self.layout.longest_model_len(self.pool_bytes, self.max_model_len, self.max_num_batched_tokens)
+
     def group_rows(self) -> list[dict]:
         """Each KV cache group: its kind, window, layers, padding layers and bytes per token and page."""
         layout = self.layout
@@ -227,7 +243,9 @@ class KVCapacity:
     def to_dict(self) -> dict:
         """Plain JSON, with the derived numbers (and the groups, where there are several)."""
         out = {k: v for k, v in asdict(self).items() if k not in ("layout", "max_num_batched_tokens")}
-        out.update(num_tokens=self.num_tokens, max_concurrency=self.max_concurrency)
+        out.update(num_tokens=self.num_tokens, max_concurrency=self.max_concurrency,
+                   request_kv_bytes=self.request_bytes, fits_max_model_len=self.fits_max_model_len,
+                   estimated_max_model_len=None if self.fits_max_model_len else self.longest_model_len())
         if self.grouped:
             out.update(max_num_batched_tokens=self.max_num_batched_tokens, kv_groups=self.group_rows(),
                        padding_layers=self.layout.num_padding_layers, block_bytes=self.layout.block_bytes,
@@ -265,7 +283,19 @@ class KVCapacity:
         return [head, *self.group_lines(), pool,
                 f"{self.device} KV cache size: {self.num_tokens:,} tokens ({blocks})",
                 f"Maximum concurrency for {self.max_model_len:,} tokens per request: "
-                f"{self.max_concurrency:.2f}x"]
+                f"{self.max_concurrency:.2f}x", *self.startup_lines()]
+
+    def startup_lines(self) -> list[str]:
+        """vLLM's refusal to start, worded as its error, when one request of max_model_len tokens does not
+        fit the pool; nothing when it does."""
+        if self.fits_max_model_len:
+            return []
+        longest = self.longest_model_len()
+        hint = (f" Based on the available memory, the estimated maximum model length is {longest:,}."
+                if longest else "")
+        return [f"vLLM would not start: to serve one request of max_model_len {self.max_model_len:,} tokens, "
+                f"{self.request_bytes / GIB:.2f} GiB of KV cache is needed, more than the "
+                f"{self.pool_bytes / GIB:.2f} GiB available.{hint}"]
 
 
 def kv_capacity(model: ModelSpec | str, gpu: GPUSpec | str | None = None, *,

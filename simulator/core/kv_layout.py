@@ -131,6 +131,29 @@ class KVLayout:
         (`get_max_concurrency_for_kv_cache_config`)."""
         return num_blocks / self.blocks_per_request(max_model_len, max_num_batched_tokens)
 
+    def request_bytes(self, max_model_len: int, max_num_batched_tokens: int) -> int:
+        """KV bytes one request of max_model_len tokens needs, summed over the layers (vLLM's
+        `max_memory_usage_bytes` of the per-layer specs: padding layers count nothing here)."""
+        return sum(len(g.layers) * g.spec.max_memory_usage_bytes(max_model_len, max_num_batched_tokens)
+                   for g in self.groups)
+
+    def longest_model_len(self, available_bytes: int, max_model_len: int, max_num_batched_tokens: int) -> int:
+        """The longest max_model_len up to `max_model_len` whose one request fits in `available_bytes`, 0
+        when not one token does (`estimate_max_model_len`: the same binary search)."""
+        def fits(length: int) -> bool:
+            return self.request_bytes(length, max_num_batched_tokens) <= available_bytes
+
+        if not fits(1):
+            return 0
+        lo, hi, best = 1, max_model_len, 1
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            if fits(mid):
+                best, lo = mid, mid + 1
+            else:
+                hi = mid - 1
+        return best
+
 
 def layer_kv_specs(model: ModelSpec, block_size: int, kv_dtype_bytes: int) -> tuple[LayerKV, ...]:
     """Each layer's KV format in a KV cache of `kv_dtype_bytes` bytes per element (the attention

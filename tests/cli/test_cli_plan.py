@@ -33,3 +33,16 @@ def test_plan_json_matches_the_arithmetic():
 def test_plan_without_a_pool_size_is_one_line_error():
     assert "--gpu or --kv-memory-gb" in one_line_error(pagelab("plan", "--model", "llama-3.1-8b"))
     assert "give kv_memory_gb" in one_line_error(pagelab("plan", "--model", "gpt-oss-120b", "--gpu", "h200"))
+
+
+def test_plan_says_when_vllm_would_refuse_to_start_and_the_longest_length_that_fits():
+    text = pagelab("plan", "--model", "llama-3.1-8b", "--kv-memory-gb", "1", COLUMNS="200")
+    assert text.returncode == 0, text.stderr
+    assert ("vLLM would not start: to serve one request of max_model_len 131,072 tokens, 16.00 GiB of KV "
+            "cache is needed, more than the 1.00 GiB available. Based on the available memory, the "
+            "estimated maximum model length is 8,192.") in text.stdout
+    plan = json.loads(pagelab("plan", "--model", "llama-3.1-8b", "--kv-memory-gb", "1", "--json").stdout)
+    assert (plan["fits_max_model_len"], plan["estimated_max_model_len"]) == (False, 8192)
+    assert plan["request_kv_bytes"] == 16 * 2**30
+    fits = pagelab("plan", "--model", "llama-3.1-8b", "--kv-memory-gb", "1", "--max-model-len", "8192")
+    assert fits.returncode == 0 and "would not start" not in fits.stdout

@@ -1,7 +1,6 @@
 """`pagelab trace gen | info | convert` through typer's CliRunner: exit codes, messages, files."""
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pandas as pd
@@ -122,19 +121,14 @@ def test_convert_refuses_unknown_output_suffix_and_unknown_input(tmp_path):
     assert result.exit_code == 2 and "unknown trace format" in result.stderr
 
 
-HAS_OVERVIEW = importlib.util.find_spec("viz.trace_overview") is not None
-
-
-@pytest.mark.skipif(HAS_OVERVIEW, reason="viz.trace_overview exists; the plot itself is tested below")
-def test_info_plot_reports_a_missing_plotter_cleanly(tmp_path):
-    result = run("trace", "info", "azure-code", "--plot", tmp_path / "p.png")
-    assert result.exit_code == 2
-    assert "--plot is not available" in result.stderr and "Traceback" not in result.output
-
-
-@pytest.mark.skipif(not HAS_OVERVIEW, reason="viz.trace_overview is not written yet")
 def test_info_plot_writes_the_overview(tmp_path):
     out = tmp_path / "p.png"
     result = run("trace", "info", "azure-code", "--plot", out)
     assert result.exit_code == 0, result.output
     assert out.exists() and out.stat().st_size > 0
+
+
+def test_info_refuses_a_plot_format_before_reading_the_trace(tmp_path):
+    result = run("trace", "info", "azure-code", "--plot", tmp_path / "p.xyz")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert "format 'xyz' is not one of png, svg, pdf" in result.stderr

@@ -60,11 +60,13 @@ def test_reuse_table_names_the_trace(chat):
     (["--capacity", "1e4,lots"], "--capacity expects token counts"),
     (["--policy", "lru,arc"], "--policy expects names from lru, lfu, s3fifo"),
     (["--block-size", "48"], "block_size 48 cannot reuse prefix keys recorded at 64"),
+    (["--plot", "curve.xyz"], "--plot curve.xyz: format 'xyz' is not one of png, svg, pdf"),
 ])
 def test_bad_options_exit_2(chat, args, message):
     result = run("trace", "reuse", chat, *args)
     assert result.exit_code == 2
     assert message in result.stderr
+    assert result.stdout == ""  # refused before the trace is read
 
 
 def test_a_trace_without_keys_is_refused(tmp_path):

@@ -6,6 +6,8 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from simulator.core.errors import ConfigError
 from simulator.core.kv_layout import LayerKV, kv_cache_groups, model_kv_layout
@@ -82,6 +84,38 @@ def test_mistral_slides_on_every_layer_in_one_group():
     # min(4,095 + 2,048, 32,768) = 6,143 tokens -> ceil(6,143 / 16) + 1 = 385 blocks, not 32,768 / 16.
     assert cap.blocks_per_request == 385
     assert cap.num_blocks == 40 * 2**30 // (16 * 8 * 128 * 2 * 2) // 32
+
+
+def test_a_pool_too_small_for_one_request_reports_vllms_refusal_and_the_longest_length_that_fits():
+    cap = kv_capacity("gemma-3-27b", kv_memory_gb=0.5, max_num_batched_tokens=STEP)
+    # Per layer a page is 16 x 16 heads x 128 x K,V x 2 bytes = 131,072 bytes. A request of L <= 9,215
+    # tokens needs c = ceil(L / 16) pages on each of 10 full layers and c + 1 on each of 52 sliding ones:
+    # (62c + 52) pages, padding layers not counted. 0.5 GiB is 4,096 pages: c <= 65, so L <= 1,040.
+    assert cap.layout.request_bytes(1040, STEP) == (62 * 65 + 52) * 131_072 <= 2**29
+    assert cap.layout.request_bytes(1041, STEP) > 2**29
+    assert not cap.fits_max_model_len and cap.longest_model_len() == 1040
+    assert cap.to_dict()["estimated_max_model_len"] == 1040
+    assert cap.lines()[-1].startswith("vLLM would not start: to serve one request of max_model_len 131,072")
+    assert cap.lines()[-1].endswith("the estimated maximum model length is 1,040.")
+    # Llama 3.1 8B: 128 KiB a token, so 1 GiB serves exactly 8,192 tokens.
+    small = kv_capacity("llama-3.1-8b", kv_memory_gb=1)
+    assert small.request_bytes == 131_072 * 131_072 and small.longest_model_len() == 8192
+    fits = kv_capacity("llama-3.1-8b", kv_memory_gb=KV)
+    assert fits.fits_max_model_len and fits.to_dict()["estimated_max_model_len"] is None
+    assert not fits.lines()[-1].startswith("vLLM would not start")
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(["llama-3.1-8b", "gemma-3-27b", "gpt-oss-20b", "mistral-7b-v0.1", "deepseek-v3"]),
+       pool=st.integers(1, 2**36), max_len=st.integers(1, 200_000), step=st.integers(1, 16_384))
+def test_the_longest_model_len_is_the_last_length_that_fits(name, pool, max_len, step):
+    layout = model_kv_layout(get_model(name), 16, 2)
+    longest = layout.longest_model_len(pool, max_len, step)
+    assert 0 <= longest <= max_len
+    if longest:
+        assert layout.request_bytes(longest, step) <= pool
+    if longest < max_len:  # the next length does not fit, and a request never shrinks as it grows
+        assert layout.request_bytes(longest + 1, step) > pool
 
 
 def test_a_group_size_near_the_largest_type_pads_the_smaller():
