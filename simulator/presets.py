@@ -267,7 +267,7 @@ class KVCapacity:
                 f"{layout.page_size_bytes / 1024:g} KiB = {layout.block_bytes / 1024:g} KiB"]
 
     def lines(self) -> list[str]:
-        """The start-up report: model and dtype, the pool's arithmetic, then vLLM's two lines."""
+        """The start-up report: model and dtype, the pool's arithmetic, vLLM's lines, its refusal if any."""
         on = f" on {self.gpu}" if self.gpu else ""
         head = (f"Model {self.model}{on}, KV cache in {self.kv_cache_dtype} "
                 f"({self.bytes_per_token / 1024:g} KiB per token)")
