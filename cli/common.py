@@ -120,10 +120,11 @@ def finite_float(value: float | None, option: str, *, minimum: float | None = No
 
 
 def plot_format(path: Path) -> str:
-    """The figure format a --plot path names by its suffix (png without one), refused before any work."""
-    from viz.common import FORMATS
+    """The figure format a --plot path names (viz.common.figure_format), refused before any work."""
+    from viz.common import figure_format
+    from viz.errors import VizError
 
-    fmt = path.suffix.lstrip(".").lower() or "png"
-    if fmt not in FORMATS:
-        raise UserError(f"--plot {path}: format '{fmt}' is not one of {', '.join(FORMATS)}")
-    return fmt
+    try:
+        return figure_format(path)
+    except VizError as exc:
+        raise UserError(f"--plot {exc}") from None

@@ -243,9 +243,10 @@ class KVCapacity:
     def to_dict(self) -> dict:
         """Plain JSON, with the derived numbers (and the groups, where there are several)."""
         out = {k: v for k, v in asdict(self).items() if k not in ("layout", "max_num_batched_tokens")}
+        fits = self.fits_max_model_len
         out.update(num_tokens=self.num_tokens, max_concurrency=self.max_concurrency,
-                   request_kv_bytes=self.request_bytes, fits_max_model_len=self.fits_max_model_len,
-                   estimated_max_model_len=None if self.fits_max_model_len else self.longest_model_len())
+                   request_kv_bytes=self.request_bytes, fits_max_model_len=fits,
+                   estimated_max_model_len=None if fits else self.longest_model_len())
         if self.grouped:
             out.update(max_num_batched_tokens=self.max_num_batched_tokens, kv_groups=self.group_rows(),
                        padding_layers=self.layout.num_padding_layers, block_bytes=self.layout.block_bytes,

@@ -12,6 +12,7 @@ from matplotlib.patches import Patch
 
 from pagelab.atomic import atomic_write
 from pagelab.writes import open_out
+from viz.errors import VizError
 from viz.palette import OWNER_LEGEND, SHARED_HATCH
 
 FORMATS = ("png", "svg", "pdf")
@@ -68,6 +69,14 @@ def new_figure(width: float, height: float) -> Figure:
     fig = TitledFigure(figsize=(width, height), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
+
+
+def figure_format(path: Path) -> str:
+    """The format a figure's path names by its suffix (png without one); refused unless in FORMATS."""
+    fmt = Path(path).suffix.lstrip(".").lower() or "png"
+    if fmt not in FORMATS:
+        raise VizError(f"{path}: format '{fmt}' is not one of {', '.join(FORMATS)}")
+    return fmt
 
 
 def save_figure(fig: Figure, path: Path, fmt: str) -> Path:

@@ -3,15 +3,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from viz.common import FORMATS, new_figure, save_figure
-from viz.errors import VizError
+from viz.common import figure_format, new_figure, save_figure
 
 
 def save_reuse_curve(report: dict, out: Path, title: str = "Prefix reuse") -> Path:
     """Draw the LRU curve of a reuse report, with the other policies at the requested capacities."""
-    fmt = Path(out).suffix.lstrip(".").lower() or "png"
-    if fmt not in FORMATS:
-        raise VizError(f"{out}: format '{fmt}' is not one of {', '.join(FORMATS)}")
+    fmt = figure_format(out)
     fig = new_figure(6.4, 4.2)
     ax = fig.subplots()
     curve = report["lru_curve"]
