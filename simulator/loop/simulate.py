@@ -142,26 +142,28 @@ def simulate(trace: pd.DataFrame | TraceBatches, config: SimConfig, output: RunO
     fast = fast and run.sched.decode is not None
     run.measured = step_times
     # The loop allocates millions of small objects and makes no reference cycles, so the cyclic collector
-    # would only re-scan the ever larger heap of live requests: refcounting frees everything.
+    # would only re-scan the ever larger heap of live requests: refcounting frees everything. It stays off
+    # until the run state is gone, so that no collection walks the millions of keys a KV tier holds.
     gc_enabled = gc.isenabled()
     gc.disable()
     try:
-        drive(run, _fast_advance if fast else exact_step, progress, observer)
-        if run.sched.decode is not None:
-            run.sched.decode.deactivate()
-        run.drain_events(final=True)
-        kept = output.close()
-    except BaseException:
-        output.abort()
-        raise
+        try:
+            drive(run, _fast_advance if fast else exact_step, progress, observer)
+            if run.sched.decode is not None:
+                run.sched.decode.deactivate()
+            run.drain_events(final=True)
+            kept = output.close()
+        except BaseException:
+            output.abort()
+            raise
+        summary = run_summary(run, kept, time.perf_counter() - wall0)
+        # The run's one reference cycle (its queue builds groups through it), broken: the state is freed as
+        # soon as it is dropped, before the statistics read the request table again.
+        run.queue.close()
+        del run
     finally:
         if gc_enabled:
             gc.enable()
-    summary = run_summary(run, kept, time.perf_counter() - wall0)
-    # The run's one reference cycle (its queue builds groups through it), broken: the state is freed as
-    # soon as it is dropped, before the statistics read the request table again.
-    run.queue.close()
-    del run
     release_free_memory()
     add_latencies(summary, kept.requests)
     return RunResult(config=config.to_dict(), summary=summary, requests=kept.requests.frame,

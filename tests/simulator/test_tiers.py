@@ -49,15 +49,17 @@ def _check(tiers: Tiers, handed: set[int], swap_used: int = 0) -> None:
     for tier in tiers.tiers:
         held = list(tier.keys)
         assert len(held) == len(set(held)) == tier.used <= tier.capacity <= tier.spec.num_blocks
-        if tier.lru:  # the numbered stack maps each held hash to its entry, and no other
+        if tier.lru:  # the numbered stack finds each held block by its hash
             assert all(h in tier.keys for h in held)
         else:
             assert set(held) == set(tier.cache.size)
         assert not (seen & set(held))
         seen |= set(held)
         assert set(held) <= handed
-    if tiers.tiers and tiers.tiers[0].lru:
-        assert set(tiers.stack.loc) == seen
+    if tiers.tiers and tiers.tiers[0].lru:  # one index entry per held block, and no other
+        s = tiers.stack
+        assert len(s.loc) + len(s.clash) == len(seen)
+        assert {s.hashes[g - s.base] for g in [*s.loc.values(), *s.clash.values()]} == seen
 
 
 def _group(i: int, conv: int, nblocks: int, extra: int = 1) -> SequenceGroup:

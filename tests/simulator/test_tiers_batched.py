@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator.core.paged.tier import Tier, TierSpec
+from simulator.core.paged.tier_lru import index_keys
 from simulator.core.paged.tiers import Tiers
 
 # A hash may repeat in a batch: eager stores hand a block down each time it is released.
@@ -17,8 +18,16 @@ SWAP = st.tuples(st.just("swap"), st.integers(0, 8))  # blocks swapped out: the 
 POLICIES = st.sampled_from(["lru", "lfu", "s3fifo"])
 
 
-def _key(h: int) -> tuple:
-    return (None, h % 7, None)  # (parent key, content, extra key), as the pool publishes them
+# How a block's content key relates to its hash: a trace's block id per prefix ("ids"), an id shared by
+# several prefixes ("shared": the numbered stack indexes all but one of them apart), token content
+# ("tokens", indexed by hash), or a mix.
+CONTENTS = st.sampled_from(["ids", "shared", "tokens", "mixed"])
+
+
+def _key(h: int, contents: str = "shared") -> tuple:
+    """The pool's key (parent key, content, extra key) of the block with hash `h`."""
+    content = {"ids": h, "shared": h % 7, "tokens": (h % 7,), "mixed": h % 7 if h % 2 else (h,)}[contents]
+    return (None, content, None)
 
 
 def _store(tier: Tier, pairs: list) -> None:
@@ -55,22 +64,31 @@ def _order(tier) -> list:
 
 
 def _check_numbered(tiers: Tiers) -> None:
-    """The numbered stack's own bookkeeping: every mapped hash names a held entry holding it, and each
+    """The numbered stack's own bookkeeping: every index key names a held entry with that key, a block
+    indexed apart is not also indexed by its key, every held block is found by lookup, and each
     tier's count is what its bytes say."""
     s = tiers.stack
     assert len(s.hashes) == len(s.keys) == len(s.where)
-    for h, g in s.loc.items():
-        assert s.where[g - s.base] and s.hashes[g - s.base] == h and s.keys[g - s.base] is not None
+    for k, g in s.loc.items():
+        assert s.where[g - s.base] and s.keys[g - s.base] is not None
+        assert index_keys([s.hashes[g - s.base]], [s.keys[g - s.base]]) == [k]
+    for h, g in s.clash.items():
+        assert s.where[g - s.base] and s.hashes[g - s.base] == h
+        other = s.loc.get(index_keys([h], [s.keys[g - s.base]])[0])
+        assert other is None or s.hashes[other - s.base] != h
+    for g, h in enumerate(s.hashes):
+        if h is not None:
+            assert s.lookup(h, s.keys[g][1]) == (s.tiers[s.where[g] - 1], s.keys[g])
     for g, code in enumerate(s.where):  # an entry that left keeps nothing alive
         assert (s.keys[g] is None) == (code == 0)
     assert s.used == [s.where.count(i + 1) for i in range(len(s.tiers))]
-    assert len(s.loc) == sum(s.used)
+    assert len(s.loc) + len(s.clash) == sum(s.used)
 
 
 @settings(max_examples=500, deadline=None)
 @given(ops=st.lists(st.one_of(STORE, LOAD, SWAP), max_size=40), cpu=st.integers(0, 8),
-       disk=st.integers(0, 8), policy=POLICIES, compact=st.booleans())
-def test_batched_stores_and_loads_equal_the_per_block_rules(ops, cpu, disk, policy, compact):
+       disk=st.integers(0, 8), policy=POLICIES, compact=st.booleans(), contents=CONTENTS)
+def test_batched_stores_and_loads_equal_the_per_block_rules(ops, cpu, disk, policy, compact, contents):
     specs = [TierSpec("cpu", cpu, policy=policy), TierSpec("disk", disk, policy=policy)]
     swapped = [0]
     batched, plain = Tiers(specs, "lazy", 4, 8, swap_used=lambda: swapped[0]), _rules(specs)
@@ -85,11 +103,11 @@ def test_batched_stores_and_loads_equal_the_per_block_rules(ops, cpu, disk, poli
         batched.stack.compact_min = batched.stack.compact_at = 4
     for op, arg in ops:
         if op == "store":
-            batched.queue.extend((h, _key(h)) for h in arg)
+            batched.queue.extend((h, _key(h, contents)) for h in arg)
             batched.flush()
             if arg and plain[0].capacity != cpu:
                 fit_plain()
-            _store(plain[0], [(h, _key(h)) for h in arg])
+            _store(plain[0], [(h, _key(h, contents)) for h in arg])
         elif op == "swap":
             swapped[0] = arg
             batched.fit()
@@ -113,17 +131,17 @@ def test_batched_stores_and_loads_equal_the_per_block_rules(ops, cpu, disk, poli
 
 @settings(max_examples=300, deadline=None)
 @given(held=st.lists(st.integers(0, 20), max_size=10, unique=True), capacity=st.integers(0, 10),
-       batch=st.lists(st.integers(0, 25), max_size=14), disk=st.integers(0, 12))
-def test_an_lru_batch_evicts_what_one_put_at_a_time_evicts(held, capacity, batch, disk):
+       batch=st.lists(st.integers(0, 25), max_size=14), disk=st.integers(0, 12), contents=CONTENTS)
+def test_an_lru_batch_evicts_what_one_put_at_a_time_evicts(held, capacity, batch, disk, contents):
     """Held blocks among the oldest of either tier, repeated hashes and batches larger than the tier: a
     held block that one put at a time evicts before its turn comes back as a new store."""
     specs = [TierSpec("cpu", capacity), TierSpec("disk", disk)]
     numbered, plain = Tiers(specs, "lazy", 4, 8), _rules(specs)
     for h in held:  # one at a time: the tiers fill, the CPU tier spills into the disk tier
-        numbered.queue.append((h, _key(h)))
+        numbered.queue.append((h, _key(h, contents)))
         numbered.flush()
-        _store(plain[0], [(h, _key(h))])
-    pairs = [(h, _key(h + i)) for i, h in enumerate(batch)]
+        _store(plain[0], [(h, _key(h, contents))])
+    pairs = [(h, _key(h, contents)) for h in batch]
     numbered.queue.extend(pairs)
     numbered.flush()
     _store(plain[0], pairs)

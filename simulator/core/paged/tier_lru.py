@@ -2,84 +2,50 @@
 
 A tier stack sees every block the GPU evicts, millions over a long multi-turn trace, and a disk tier
 holds a million of them: an ordered map per tier costs a map insert and a pop per block in each tier it
-passes. Here each block a tier takes gets the next entry number; `loc` maps its hash to that number, and
-`where` (one byte per entry) says which tier holds it (0: it left). A tier's LRU order is a queue of
-ranges of entry numbers, oldest first. Evicting the oldest blocks of a tier into the one below relabels
-their bytes and hands the range over (`bytes.translate`, C speed): a block keeps its number while it
-moves down, so a spill costs per range, not per block. The per-block map work is `loc`: once when a block
-enters the top tier and once when it leaves the bottom one. A block used again (loaded, or stored while
-held) takes a new number at the end of its tier's order; its old entry is marked as left.
+passes. Here each block a tier takes gets the next entry number; `loc` maps its index key (below) to that
+number, and `where` (one byte per entry) says which tier holds it (0: it left). A tier's LRU order is a
+queue of ranges of entry numbers, oldest first. Evicting the oldest blocks of a tier into the one below
+relabels their bytes and hands the range over (`bytes.translate`, C speed): a block keeps its number
+while it moves down, so a spill costs per range, not per block. The per-block map work is `loc`: once
+when a block enters the top tier and once when it leaves the bottom one. A block used again (loaded, or
+stored while held) takes a new number at the end of its tier's order; its old entry is marked as left.
 
 A batch is stored as one block at a time would store it (`PolicyTiers` with LRU, the rules the tests
 compare against) unless a block of the batch that some tier holds could leave that tier before its own
-turn comes, or a hash repeats; such a batch is stored one block at a time.
+turn comes, or an index key repeats, or a block of it is indexed in `clash`; such a batch is stored one
+block at a time.
+
+The index (`loc`) is keyed by each block's content key when that is an int, a trace's block id, and by
+its chained hash otherwise (a real prompt's token content). Traces number their blocks as they first
+appear, so the blocks of one prompt, stored and looked up together, sit side by side in the index: with
+a million blocks held, a map keyed by random hashes takes a cache miss per probe, several times the
+cost of one keyed by neighbouring ids. An entry's hash confirms what the index finds. A block whose
+content key another held block has (the same id under another prefix or extra key) is indexed by its
+hash in `clash` instead.
 """
 from __future__ import annotations
 
-import weakref
 from collections import deque
-from collections.abc import Iterator, Mapping
 from itertools import compress, repeat
 from operator import itemgetter, lt, sub
 
-from simulator.core.paged.tier import BLOCK_HASH, TierSpec, TierStats
+from simulator.core.paged.lru_tier import LRUTier
+from simulator.core.paged.tier import BLOCK_HASH, TierSpec
 
 _drain = deque(maxlen=0).extend  # runs a map's calls at C speed, keeping nothing
 _KEY = itemgetter(1)  # of a (hash, key) pair
+_CONTENT = itemgetter(1)  # of the pool's key, (parent key, content, extra key)
 
 
-class HeldKeys(Mapping):
-    """The blocks tier `index` of a NumberedLRU holds, hash -> the pool's key, oldest first."""
-
-    def __init__(self, stack: NumberedLRU, index: int) -> None:
-        self.stack, self.code = weakref.proxy(stack), index + 1  # a proxy: no cycle with the stack
-
-    def __getitem__(self, h: int) -> tuple:
-        if h not in self:
-            raise KeyError(h)
-        s = self.stack
-        return s.keys[s.loc[h] - s.base]
-
-    def __contains__(self, h: object) -> bool:
-        s = self.stack
-        g = s.loc.get(h)
-        # A batch being stored maps its hashes before it appends their entries: not held yet.
-        return g is not None and g - s.base < len(s.where) and s.where[g - s.base] == self.code
-
-    def __len__(self) -> int:
-        return self.stack.used[self.code - 1]
-
-    def __iter__(self) -> Iterator[int]:
-        s = self.stack
-        for a, b in list(s.ranges[self.code - 1]):
-            for g in range(a - s.base, b - s.base):
-                if s.where[g] == self.code:
-                    yield s.hashes[g]
-
-
-class LRUTier:
-    """One tier of a NumberedLRU: its spec, counters and held keys, read as tier.Tier's are."""
-
-    lru = True
-
-    def __init__(self, spec: TierSpec, stack: NumberedLRU, index: int) -> None:
-        # A proxy: a cycle with the stack would keep a long run's entries alive until the cyclic
-        # collector runs, instead of freeing them with the run.
-        self.spec, self.stack, self.index = spec, weakref.proxy(stack), index
-        self.keys = HeldKeys(stack, index)
-        self.stats = TierStats()
-        self.pending = 0  # blocks loaded from this tier since the step time last took them
-        self.below: list[LRUTier] = []  # the tiers under this one, nearest first
-
-    @property
-    def used(self) -> int:
-        """Blocks held."""
-        return self.stack.used[self.index]
-
-    @property
-    def capacity(self) -> int:
-        """Blocks it may hold now."""
-        return self.stack.caps[self.index]
+def index_keys(hashes: list[int], keys: list[tuple]) -> list:
+    """Each block's index key: its content key when that is an int, else its hash."""
+    contents = list(map(_CONTENT, keys))
+    kinds = set(map(type, contents))
+    if int not in kinds:
+        return hashes
+    if len(kinds) == 1:
+        return contents
+    return [c if type(c) is int else h for h, c in zip(hashes, contents, strict=True)]
 
 
 class NumberedLRU:
@@ -87,7 +53,9 @@ class NumberedLRU:
 
     def __init__(self, specs: list[TierSpec]) -> None:
         n = len(specs)
-        self.loc: dict[int, int] = {}  # hash -> entry number of the block stored under it
+        self.loc: dict[object, int] = {}  # index key -> entry number of the block stored under it
+        self.clash: dict[int, int] = {}  # hash -> entry number, of blocks whose index key another has
+        self.by_content = False  # whether some block was indexed by its content key
         # entry - base -> the block's hash and the pool's key (None once it left); two lists, not one of
         # pairs: a million tuples held would crowd the caches the pool's own maps run from
         self.hashes: list[int | None] = []
@@ -110,54 +78,124 @@ class NumberedLRU:
         self.log = None  # a tier_log.TierLog when a driver keeps the blocks' data
 
     # ----------------------------------------------------------------- queries
-    def lookup(self, h: int) -> tuple | None:
-        """(tier, key) of the block stored under hash `h`, if any tier holds it."""
-        g = self.loc.get(h)
+    def lookup(self, h: int, content: object) -> tuple | None:
+        """(tier, key) of the block stored under hash `h` with content key `content`, if a tier holds it."""
+        g = self.loc.get(content if type(content) is int else h)
+        if g is not None and self.hashes[g - self.base] == h:
+            g -= self.base
+            return self.tiers[self.where[g] - 1], self.keys[g]
+        g = self.clash.get(h) if self.clash else None
         if g is None:
             return None
         g -= self.base
         return self.tiers[self.where[g] - 1], self.keys[g]
+
+    def find(self, h: int) -> int | None:
+        """The entry number of the held block with hash `h`, knowing only the hash (a scan of the entries
+        when blocks are indexed by content key: for logs and tests, not the simulation's path)."""
+        base, hashes = self.base, self.hashes
+        g = self.loc.get(h)
+        # A batch being stored maps its keys before it appends their entries: not held yet.
+        if g is not None and g - base < len(hashes) and hashes[g - base] == h:
+            return g
+        g = self.clash.get(h)
+        if g is not None and g - base < len(hashes):
+            return g
+        if self.by_content:
+            try:
+                return base + hashes.index(h)
+            except ValueError:
+                pass
+        return None
 
     # ----------------------------------------------------------------- mutations
     def store(self, pairs: list[tuple[int, tuple]]) -> None:
         """Store (hash, key) `pairs` into the top tier as one `put` at a time would, in order."""
         n, loc = len(pairs), self.loc
         hashes = list(map(BLOCK_HASH, pairs))
+        keys = list(map(_KEY, pairs))
+        ikeys = index_keys(hashes, keys)
+        self.by_content = self.by_content or ikeys is not hashes
+        if self.clash and not self.clash.keys().isdisjoint(hashes):
+            self._store_apart(pairs)
+            return
         g0 = self.base + len(self.keys)
         numbers = range(g0, g0 + n)
-        # One probe per block maps the new hashes to their entries and finds the ones some tier holds.
-        olds = list(map(loc.setdefault, hashes, numbers))
+        # One probe per block maps the new keys to their entries and finds the ones some tier holds.
+        olds = list(map(loc.setdefault, ikeys, numbers))
         held: list[int] = []
         if olds != list(numbers):
             older = list(map(lt, olds, repeat(g0)))
             held = list(compress(olds, older))
-            if n > 1 and (len(set(hashes)) != n or self._may_leave_first(held, n)):
-                for h, g in zip(hashes, olds, strict=True):  # undo the mapping, then one at a time
+            # A key another held block has, a key twice in the batch, or a held entry that could leave
+            # before its turn: one block at a time.
+            others = list(map(self.hashes.__getitem__, map(sub, held, repeat(self.base))))
+            if others != list(compress(hashes, older)) or len(set(ikeys)) != n or (
+                    n > 1 and self._may_leave_first(held, n)):
+                for k, g in zip(ikeys, olds, strict=True):  # undo the mapping
                     if g >= g0:
-                        loc.pop(h, None)
-                for pair in pairs:
-                    self.store([pair])
+                        loc.pop(k, None)
+                self._store_apart(pairs)
                 return
+            remap = [(loc, k, g) for k, g in compress(zip(ikeys, numbers, strict=True), older)]
+        self._put(hashes, keys, held, remap if held else [])
+
+    def _store_apart(self, pairs: list[tuple[int, tuple]]) -> None:
+        """Store `pairs` one block at a time; a block whose index key another held block has is indexed by
+        its hash in `clash`."""
+        loc, clash = self.loc, self.clash
+        for h, key in pairs:
+            k = index_keys([h], [key])[0]
+            g0 = self.base + len(self.keys)
+            g = clash.get(h)
+            if g is not None:  # held, indexed apart
+                self._put([h], [key], [g], [(clash, h, g0)])
+                continue
+            g = loc.setdefault(k, g0)
+            if g == g0:
+                self._put([h], [key], [], [])
+            elif self.hashes[g - self.base] == h:  # held
+                self._put([h], [key], [g], [(loc, k, g0)])
+            else:  # another held block has its index key
+                clash[h] = g0
+                self._put([h], [key], [], [])
+
+    def _put(self, hashes: list[int], keys: list[tuple], held: list[int], remap: list[tuple]) -> None:
+        """Append blocks to the top tier: entries `held` (of those some tier holds) leave, and `remap`'s
+        (index, key, entry number) point the index at their new entries; new blocks are mapped already."""
         top, log = self.tiers[0], self.log
         if log is not None:
-            log.entering(top, pairs)
+            log.entering(top, list(zip(hashes, keys, strict=True)))
         refreshed = self._leave(held)
-        if held:
-            loc.update(compress(zip(hashes, numbers, strict=True), older))
-        self._append(0, hashes, list(map(_KEY, pairs)))
-        top.stats.stored_blocks += n - refreshed
+        for index, k, g in remap:
+            index[k] = g
+        self._append(0, hashes, keys)
+        top.stats.stored_blocks += len(hashes) - refreshed
         self._trim(0)
         if log is not None:
             log.entered(top)
 
-    def touch(self, i: int, hashes: list[int]) -> None:
-        """Blocks of tier `i` were used again, in this order: they become its newest."""
-        gs = list(map(self.loc.__getitem__, hashes))
-        moved = list(map(self.keys.__getitem__, map(sub, gs, repeat(self.base))))
+    def touch(self, i: int, hashes: list[int], keys: list[tuple]) -> None:
+        """Blocks of tier `i` (hashes and keys) were used again, in this order: they become its newest."""
+        ikeys = index_keys(hashes, keys)
+        loc, clash = self.loc, self.clash
+        apart = bool(clash) and not clash.keys().isdisjoint(hashes)
+        if apart:
+            gs = [clash[h] if h in clash else loc[k] for h, k in zip(hashes, ikeys, strict=True)]
+        else:
+            gs = list(map(loc.__getitem__, ikeys))
         self._leave(gs)
         g0 = self.base + len(self.keys)
-        self.loc.update(zip(hashes, range(g0, g0 + len(hashes)), strict=True))
-        self._append(i, hashes, moved)
+        numbers = range(g0, g0 + len(hashes))
+        if apart:
+            for h, k, g in zip(hashes, ikeys, numbers, strict=True):
+                if h in clash:
+                    clash[h] = g
+                else:
+                    loc[k] = g
+        else:
+            loc.update(zip(ikeys, numbers, strict=True))
+        self._append(i, hashes, keys)
 
     def resize(self, i: int, capacity: int) -> None:
         """Give tier `i` a new capacity; what it evicts goes one tier down."""
@@ -286,10 +324,20 @@ class NumberedLRU:
 
     def _drop(self, i: int, spans: list[tuple[int, int]]) -> None:
         """Blocks of the bottom tier `i` in `spans` leave the stack."""
-        base, where, hashes, pick = self.base, self.where, self.hashes, self.pick[i]
+        base, where, hashes, pick, clash = self.base, self.where, self.hashes, self.pick[i], self.clash
         for a, b in spans:
             held = where[a - base:b - base]
-            _drain(map(self.loc.__delitem__, compress(hashes[a - base:b - base], held.translate(pick))))
+            mine = held.translate(pick)
+            hs = list(compress(hashes[a - base:b - base], mine))
+            ikeys = index_keys(hs, list(compress(self.keys[a - base:b - base], mine)))
+            if clash and not clash.keys().isdisjoint(hs):
+                for h, k, g in zip(hs, ikeys, compress(range(a, b), mine), strict=True):
+                    if clash.get(h) == g:
+                        del clash[h]
+                    else:
+                        del self.loc[k]
+            else:
+                _drain(map(self.loc.__delitem__, ikeys))
             where[a - base:b - base] = held.translate(self.gone[i])
             hashes[a - base:b - base] = self.keys[a - base:b - base] = [None] * (b - a)
         if len(hashes) >= self.compact_at:

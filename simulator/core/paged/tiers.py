@@ -33,7 +33,7 @@ from simulator.core.paged.tier import (
 )
 from simulator.core.paged.tier_lru import NumberedLRU
 
-_TIER, _FOUND_HASH = itemgetter(0), itemgetter(1)  # of `match`'s (tier, hash, key)
+_TIER, _FOUND_HASH, _FOUND_KEY = itemgetter(0), itemgetter(1), itemgetter(2)  # of `match`'s (tier, hash, key)
 
 
 class Tiers:
@@ -84,7 +84,7 @@ class Tiers:
             h = hash_fn((parent_hash, content, extra))
             # The hash chains the whole prefix; comparing the block's own content too guards against
             # collisions without walking the chain of parent keys (thousands deep for a long prompt).
-            held = lookup(h)
+            held = lookup(h, content)
             if held is None or held[1][1] != content or held[1][2] != extra:
                 break
             found.append((held[0], h, held[1]))
@@ -105,8 +105,9 @@ class Tiers:
         if self.log is not None:
             self.log.loading(found)
         for tier, run in groupby(found, key=_TIER):  # runs of one tier: touched in order, counted at once
+            run = list(run)
             hashes = list(map(_FOUND_HASH, run))
-            self.stack.touch(self.tiers.index(tier), hashes)
+            self.stack.touch(self.tiers.index(tier), hashes, list(map(_FOUND_KEY, run)))
             tier.pending += len(hashes)
             tier.stats.hit_blocks += len(hashes)
             tier.stats.hit_tokens += len(hashes) * self.block_size
