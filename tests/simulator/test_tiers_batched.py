@@ -8,7 +8,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator.core.paged.tier import Tier, TierSpec
-from simulator.core.paged.tier_lru import index_keys
 from simulator.core.paged.tiers import Tiers
 
 # A hash may repeat in a batch: eager stores hand a block down each time it is released.
@@ -19,8 +18,8 @@ POLICIES = st.sampled_from(["lru", "lfu", "s3fifo"])
 
 
 # How a block's content key relates to its hash: a trace's block id per prefix ("ids"), an id shared by
-# several prefixes ("shared": the numbered stack indexes all but one of them apart), token content
-# ("tokens", indexed by hash), or a mix.
+# several prefixes ("shared": the numbered stack indexes all but one held block of an id by hash), a tuple
+# of tokens as the engine's blocks have ("tokens"), or a mix.
 CONTENTS = st.sampled_from(["ids", "shared", "tokens", "mixed"])
 
 
@@ -64,17 +63,17 @@ def _order(tier) -> list:
 
 
 def _check_numbered(tiers: Tiers) -> None:
-    """The numbered stack's own bookkeeping: every index key names a held entry with that key, a block
-    indexed apart is not also indexed by its key, every held block is found by lookup, and each
-    tier's count is what its bytes say."""
+    """The numbered stack's own bookkeeping: every content key in the index names a held entry with that
+    content, a block indexed by hash is not also indexed by content, every held block is found by lookup,
+    and each tier's count is what its bytes say."""
     s = tiers.stack
     assert len(s.hashes) == len(s.keys) == len(s.where)
     for k, g in s.loc.items():
         assert s.where[g - s.base] and s.keys[g - s.base] is not None
-        assert index_keys([s.hashes[g - s.base]], [s.keys[g - s.base]]) == [k]
+        assert s.keys[g - s.base][1] == k
     for h, g in s.clash.items():
         assert s.where[g - s.base] and s.hashes[g - s.base] == h
-        other = s.loc.get(index_keys([h], [s.keys[g - s.base]])[0])
+        other = s.loc.get(s.keys[g - s.base][1])
         assert other is None or s.hashes[other - s.base] != h
     for g, h in enumerate(s.hashes):
         if h is not None:
@@ -99,11 +98,13 @@ def test_batched_stores_and_loads_equal_the_per_block_rules(ops, cpu, disk, poli
             _spill(plain[0], plain[0].resize(room))
 
     assert batched.tiers[0].lru == (policy == "lru")
+    handed: dict[int, tuple] = {}
     if compact and policy == "lru":
         batched.stack.compact_min = batched.stack.compact_at = 4
     for op, arg in ops:
         if op == "store":
             batched.queue.extend((h, _key(h, contents)) for h in arg)
+            handed.update((h, _key(h, contents)) for h in arg)
             batched.flush()
             if arg and plain[0].capacity != cpu:
                 fit_plain()
@@ -125,6 +126,7 @@ def test_batched_stores_and_loads_equal_the_per_block_rules(ops, cpu, disk, poli
         for a, b in zip(batched.tiers, plain, strict=True):
             assert _order(a) == _order(b)
             assert (a.stats, a.pending, a.used, a.capacity) == (b.stats, b.pending, b.used, b.capacity)
+            assert {h for h, key in handed.items() if a.holds(h, key)} == set(b.keys)
         if policy == "lru":
             _check_numbered(batched)
 

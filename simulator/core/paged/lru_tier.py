@@ -13,7 +13,8 @@ if TYPE_CHECKING:
 
 
 class HeldKeys(Mapping):
-    """The blocks tier `index` of a NumberedLRU holds, hash -> the pool's key, oldest first."""
+    """The blocks tier `index` of a NumberedLRU holds, hash -> the pool's key, oldest first (by hash alone a
+    block is found by a scan: LRUTier.holds is the indexed query)."""
 
     def __init__(self, stack: NumberedLRU, index: int) -> None:
         self.stack, self.code = weakref.proxy(stack), index + 1  # a proxy: no cycle with the stack
@@ -28,7 +29,6 @@ class HeldKeys(Mapping):
         s = self.stack
         g = s.find(h)
         return g is not None and s.where[g - s.base] == self.code
-
     def __len__(self) -> int:
         return self.stack.used[self.code - 1]
 
@@ -53,6 +53,12 @@ class LRUTier:
         self.stats = TierStats()
         self.pending = 0  # blocks loaded from this tier since the step time last took them
         self.below: list[LRUTier] = []  # the tiers under this one, nearest first
+
+    def holds(self, h: int, key: tuple) -> bool:
+        """Whether this tier holds the block with hash `h` and the pool's key `key`."""
+        s = self.stack
+        g = s.entry(h, key[1])
+        return g is not None and s.where[g - s.base] == self.index + 1
 
     @property
     def used(self) -> int:

@@ -69,6 +69,10 @@ class Tier:
         """Blocks it may hold now."""
         return self.cache.capacity
 
+    def holds(self, h: int, key: tuple) -> bool:
+        """Whether this tier holds the block with hash `h` (and the pool's key `key`)."""
+        return h in self.keys
+
     def put(self, h: int, key: tuple) -> list[tuple[int, tuple]]:
         """Store (or refresh) a block; the (hash, key) pairs evicted to make room."""
         keys = self.keys

@@ -42,10 +42,8 @@ class TierLog:
     def entering(self, tier, pairs: list[tuple[int, tuple]]) -> None:
         """`pairs` are about to be stored into `tier`: the tiers below give up the ones they hold."""
         for other in tier.below:
-            held = other.keys
-            self.ops.extend(("drop", other.spec.name, h) for h, _ in pairs if h in held)
-        keys = tier.keys
-        self.frames.append((tier, [h for h, _ in pairs], {h for h, _ in pairs if h not in keys}))
+            self.ops.extend(("drop", other.spec.name, h) for h, key in pairs if other.holds(h, key))
+        self.frames.append((tier, [h for h, _ in pairs], {h for h, key in pairs if not tier.holds(h, key)}))
 
     def spilling(self, tier, evicted: list[tuple[int, tuple]]) -> None:
         """`tier` evicted `evicted`: held ones move down with their slot (or are dropped at the bottom);

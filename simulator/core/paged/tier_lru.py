@@ -15,17 +15,17 @@ compare against) unless a block of the batch that some tier holds could leave th
 turn comes, or an index key repeats, or a block of it is indexed in `clash`; such a batch is stored one
 block at a time.
 
-The index (`loc`) is keyed by each block's content key when that is an int, a trace's block id, and by
-its chained hash otherwise (a real prompt's token content). Traces number their blocks as they first
-appear, so the blocks of one prompt, stored and looked up together, sit side by side in the index: with
-a million blocks held, a map keyed by random hashes takes a cache miss per probe, several times the
-cost of one keyed by neighbouring ids. An entry's hash confirms what the index finds. A block whose
-content key another held block has (the same id under another prefix or extra key) is indexed by its
-hash in `clash` instead.
+The index (`loc`) is keyed by each block's content key, not its chained hash: a trace's block ids are
+numbered as they first appear, so the blocks of one prompt, stored and looked up together, sit side by
+side in the index. With a million blocks held, a map keyed by random hashes takes a cache miss per
+probe, several times the cost of one keyed by neighbouring ids. An entry's hash confirms what the index
+finds (a hash names one block: the pool's chained hash of its key). A block whose content key another
+held block has (the same content under another prefix or extra key) is indexed by its hash in `clash`.
 """
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Hashable
 from itertools import compress, repeat
 from operator import itemgetter, lt, sub
 
@@ -34,18 +34,7 @@ from simulator.core.paged.tier import BLOCK_HASH, TierSpec
 
 _drain = deque(maxlen=0).extend  # runs a map's calls at C speed, keeping nothing
 _KEY = itemgetter(1)  # of a (hash, key) pair
-_CONTENT = itemgetter(1)  # of the pool's key, (parent key, content, extra key)
-
-
-def index_keys(hashes: list[int], keys: list[tuple]) -> list:
-    """Each block's index key: its content key when that is an int, else its hash."""
-    contents = list(map(_CONTENT, keys))
-    kinds = set(map(type, contents))
-    if int not in kinds:
-        return hashes
-    if len(kinds) == 1:
-        return contents
-    return [c if type(c) is int else h for h, c in zip(hashes, contents, strict=True)]
+_CONTENT = itemgetter(1)  # of the pool's key, (parent key, content, extra key): a block's index key
 
 
 class NumberedLRU:
@@ -53,9 +42,8 @@ class NumberedLRU:
 
     def __init__(self, specs: list[TierSpec]) -> None:
         n = len(specs)
-        self.loc: dict[object, int] = {}  # index key -> entry number of the block stored under it
-        self.clash: dict[int, int] = {}  # hash -> entry number, of blocks whose index key another has
-        self.by_content = False  # whether some block was indexed by its content key
+        self.loc: dict[object, int] = {}  # content key -> entry number of the block stored under it
+        self.clash: dict[int, int] = {}  # hash -> entry number, of blocks whose content key another has
         # entry - base -> the block's hash and the pool's key (None once it left); two lists, not one of
         # pairs: a million tuples held would crowd the caches the pool's own maps run from
         self.hashes: list[int | None] = []
@@ -78,35 +66,31 @@ class NumberedLRU:
         self.log = None  # a tier_log.TierLog when a driver keeps the blocks' data
 
     # ----------------------------------------------------------------- queries
-    def lookup(self, h: int, content: object) -> tuple | None:
+    def lookup(self, h: int, content: Hashable) -> tuple | None:
         """(tier, key) of the block stored under hash `h` with content key `content`, if a tier holds it."""
-        g = self.loc.get(content if type(content) is int else h)
-        if g is not None and self.hashes[g - self.base] == h:
-            g -= self.base
-            return self.tiers[self.where[g] - 1], self.keys[g]
-        g = self.clash.get(h) if self.clash else None
+        g = self.entry(h, content)
         if g is None:
             return None
         g -= self.base
         return self.tiers[self.where[g] - 1], self.keys[g]
 
-    def find(self, h: int) -> int | None:
-        """The entry number of the held block with hash `h`, knowing only the hash (a scan of the entries
-        when blocks are indexed by content key: for logs and tests, not the simulation's path)."""
+    def entry(self, h: int, content: Hashable) -> int | None:
+        """The entry number of the held block with hash `h` and content key `content`, if any."""
         base, hashes = self.base, self.hashes
-        g = self.loc.get(h)
+        g = self.loc.get(content)
         # A batch being stored maps its keys before it appends their entries: not held yet.
         if g is not None and g - base < len(hashes) and hashes[g - base] == h:
             return g
-        g = self.clash.get(h)
-        if g is not None and g - base < len(hashes):
-            return g
-        if self.by_content:
-            try:
-                return base + hashes.index(h)
-            except ValueError:
-                pass
-        return None
+        g = self.clash.get(h) if self.clash else None
+        return g if g is not None and g - base < len(hashes) else None
+
+    def find(self, h: int) -> int | None:
+        """The entry number of the held block with hash `h`, knowing only the hash: a scan of the entries,
+        for tests (the tiers' own paths know each block's key)."""
+        try:
+            return self.base + self.hashes.index(h)
+        except ValueError:
+            return None
 
     # ----------------------------------------------------------------- mutations
     def store(self, pairs: list[tuple[int, tuple]]) -> None:
@@ -114,8 +98,7 @@ class NumberedLRU:
         n, loc = len(pairs), self.loc
         hashes = list(map(BLOCK_HASH, pairs))
         keys = list(map(_KEY, pairs))
-        ikeys = index_keys(hashes, keys)
-        self.by_content = self.by_content or ikeys is not hashes
+        ikeys = list(map(_CONTENT, keys))
         if self.clash and not self.clash.keys().isdisjoint(hashes):
             self._store_apart(pairs)
             return
@@ -145,7 +128,7 @@ class NumberedLRU:
         its hash in `clash`."""
         loc, clash = self.loc, self.clash
         for h, key in pairs:
-            k = index_keys([h], [key])[0]
+            k = key[1]
             g0 = self.base + len(self.keys)
             g = clash.get(h)
             if g is not None:  # held, indexed apart
@@ -177,7 +160,7 @@ class NumberedLRU:
 
     def touch(self, i: int, hashes: list[int], keys: list[tuple]) -> None:
         """Blocks of tier `i` (hashes and keys) were used again, in this order: they become its newest."""
-        ikeys = index_keys(hashes, keys)
+        ikeys = list(map(_CONTENT, keys))
         loc, clash = self.loc, self.clash
         apart = bool(clash) and not clash.keys().isdisjoint(hashes)
         if apart:
@@ -329,7 +312,7 @@ class NumberedLRU:
             held = where[a - base:b - base]
             mine = held.translate(pick)
             hs = list(compress(hashes[a - base:b - base], mine))
-            ikeys = index_keys(hs, list(compress(self.keys[a - base:b - base], mine)))
+            ikeys = list(map(_CONTENT, compress(self.keys[a - base:b - base], mine)))
             if clash and not clash.keys().isdisjoint(hs):
                 for h, k, g in zip(hs, ikeys, compress(range(a, b), mine), strict=True):
                     if clash.get(h) == g:
