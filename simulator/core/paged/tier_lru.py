@@ -24,6 +24,7 @@ held block has (the same content under another prefix or extra key) is indexed b
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Hashable
 from itertools import compress, repeat
@@ -68,9 +69,11 @@ class NumberedLRU:
     # ----------------------------------------------------------------- queries
     def lookup(self, h: int, content: Hashable) -> tuple | None:
         """(tier, key) of the block stored under hash `h` with content key `content`, if a tier holds it."""
-        g = self.entry(h, content)
-        if g is None:
-            return None
+        g = self.loc.get(content)  # `entry` inlined: a prompt's every block past its GPU hits asks
+        if g is None or self.hashes[g - self.base] != h:
+            g = self.clash.get(h) if self.clash else None
+            if g is None:
+                return None
         g -= self.base
         return self.tiers[self.where[g] - 1], self.keys[g]
 
@@ -105,9 +108,11 @@ class NumberedLRU:
         g0 = self.base + len(self.keys)
         numbers = range(g0, g0 + n)
         # One probe per block maps the new keys to their entries and finds the ones some tier holds.
+        before = len(loc)
         olds = list(map(loc.setdefault, ikeys, numbers))
         held: list[int] = []
-        if olds != list(numbers):
+        remap: tuple = ()
+        if len(loc) - before != n:  # a key was mapped already
             older = list(map(lt, olds, repeat(g0)))
             held = list(compress(olds, older))
             # A key another held block has, a key twice in the batch, or a held entry that could leave
@@ -120,8 +125,9 @@ class NumberedLRU:
                         loc.pop(k, None)
                 self._store_apart(pairs)
                 return
-            remap = [(loc, k, g) for k, g in compress(zip(ikeys, numbers, strict=True), older)]
-        self._put(hashes, keys, held, remap if held else [])
+            if held:
+                remap = (loc, list(compress(ikeys, older)), list(compress(numbers, older)))
+        self._put(hashes, keys, held, remap)
 
     def _store_apart(self, pairs: list[tuple[int, tuple]]) -> None:
         """Store `pairs` one block at a time; a block whose index key another held block has is indexed by
@@ -132,26 +138,28 @@ class NumberedLRU:
             g0 = self.base + len(self.keys)
             g = clash.get(h)
             if g is not None:  # held, indexed apart
-                self._put([h], [key], [g], [(clash, h, g0)])
+                self._put([h], [key], [g], (clash, [h], [g0]))
                 continue
             g = loc.setdefault(k, g0)
             if g == g0:
-                self._put([h], [key], [], [])
+                self._put([h], [key], [], ())
             elif self.hashes[g - self.base] == h:  # held
-                self._put([h], [key], [g], [(loc, k, g0)])
+                self._put([h], [key], [g], (loc, [k], [g0]))
             else:  # another held block has its index key
                 clash[h] = g0
-                self._put([h], [key], [], [])
+                self._put([h], [key], [], ())
 
-    def _put(self, hashes: list[int], keys: list[tuple], held: list[int], remap: list[tuple]) -> None:
-        """Append blocks to the top tier: entries `held` (of those some tier holds) leave, and `remap`'s
-        (index, key, entry number) point the index at their new entries; new blocks are mapped already."""
+    def _put(self, hashes: list[int], keys: list[tuple], held: list[int], remap: tuple) -> None:
+        """Append blocks to the top tier: entries `held` (of those some tier holds) leave, and `remap`,
+        (index, index keys, entry numbers), points the index at their new entries; new blocks are mapped
+        already."""
         top, log = self.tiers[0], self.log
         if log is not None:
             log.entering(top, list(zip(hashes, keys, strict=True)))
         refreshed = self._leave(held)
-        for index, k, g in remap:
-            index[k] = g
+        if remap:
+            index, moved, numbers = remap
+            index.update(zip(moved, numbers, strict=True))
         self._append(0, hashes, keys)
         top.stats.stored_blocks += len(hashes) - refreshed
         self._trim(0)
@@ -235,14 +243,15 @@ class NumberedLRU:
         codes = bytes(map(where.__getitem__, map(sub, held, repeat(base))))
         for i, q in enumerate(self.ranges):
             code = i + 1
-            mine = list(compress(held, codes.translate(self.pick[i])))
+            mine = sorted(compress(held, codes.translate(self.pick[i])))
             left = min(n, self.used[0] + n - self.caps[0]) if i == 0 else n
             if not mine or left <= 0:
                 continue
             for a, b in q:
                 live = where.count(code, a - base, b - base)
                 end = self._nth(code, a, b, left) if live >= left else b
-                if any(map(range(a, end).__contains__, mine)):
+                j = bisect_left(mine, a)
+                if j < len(mine) and mine[j] < end:
                     return True
                 left -= live
                 if left <= 0:
