@@ -29,6 +29,7 @@ class HeldKeys(Mapping):
         s = self.stack
         g = s.find(h)
         return g is not None and s.where[g - s.base] == self.code
+
     def __len__(self) -> int:
         return self.stack.used[self.code - 1]
 

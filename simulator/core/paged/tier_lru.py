@@ -2,9 +2,9 @@
 
 A tier stack sees every block the GPU evicts, millions over a long multi-turn trace, and a disk tier
 holds a million of them: an ordered map per tier costs a map insert and a pop per block in each tier it
-passes. Here each block a tier takes gets the next entry number; `loc` maps its index key (below) to that
-number, and `where` (one byte per entry) says which tier holds it (0: it left). A tier's LRU order is a
-queue of ranges of entry numbers, oldest first. Evicting the oldest blocks of a tier into the one below
+passes. Here each block a tier takes gets the next entry number; `loc` maps its content key (below) to
+that number, and `where` (one byte per entry) says which tier holds it (0: it left). A tier's LRU order is
+a queue of ranges of entry numbers, oldest first. Evicting the oldest blocks of a tier into the one below
 relabels their bytes and hands the range over (`bytes.translate`, C speed): a block keeps its number
 while it moves down, so a spill costs per range, not per block. The per-block map work is `loc`: once
 when a block enters the top tier and once when it leaves the bottom one. A block used again (loaded, or
@@ -12,8 +12,8 @@ stored while held) takes a new number at the end of its tier's order; its old en
 
 A batch is stored as one block at a time would store it (`PolicyTiers` with LRU, the rules the tests
 compare against) unless a block of the batch that some tier holds could leave that tier before its own
-turn comes, or an index key repeats, or a block of it is indexed in `clash`; such a batch is stored one
-block at a time.
+turn comes, or a content key repeats, or a block of it is indexed in `clash`; such a batch is stored
+one block at a time.
 
 The index (`loc`) is keyed by each block's content key, not its chained hash: a trace's block ids are
 numbered as they first appear, so the blocks of one prompt, stored and looked up together, sit side by
@@ -35,7 +35,7 @@ from simulator.core.paged.tier import BLOCK_HASH, TierSpec
 
 _drain = deque(maxlen=0).extend  # runs a map's calls at C speed, keeping nothing
 _KEY = itemgetter(1)  # of a (hash, key) pair
-_CONTENT = itemgetter(1)  # of the pool's key, (parent key, content, extra key): a block's index key
+_CONTENT = itemgetter(1)  # of the pool's key, (parent key, content, extra key)
 
 
 class NumberedLRU:
@@ -101,7 +101,7 @@ class NumberedLRU:
         n, loc = len(pairs), self.loc
         hashes = list(map(BLOCK_HASH, pairs))
         keys = list(map(_KEY, pairs))
-        ikeys = list(map(_CONTENT, keys))
+        contents = list(map(_CONTENT, keys))
         if self.clash and not self.clash.keys().isdisjoint(hashes):
             self._store_apart(pairs)
             return
@@ -109,7 +109,7 @@ class NumberedLRU:
         numbers = range(g0, g0 + n)
         # One probe per block maps the new keys to their entries and finds the ones some tier holds.
         before = len(loc)
-        olds = list(map(loc.setdefault, ikeys, numbers))
+        olds = list(map(loc.setdefault, contents, numbers))
         held: list[int] = []
         remap: tuple = ()
         if len(loc) - before != n:  # a key was mapped already
@@ -118,20 +118,20 @@ class NumberedLRU:
             # A key another held block has, a key twice in the batch, or a held entry that could leave
             # before its turn: one block at a time.
             others = list(map(self.hashes.__getitem__, map(sub, held, repeat(self.base))))
-            if others != list(compress(hashes, older)) or len(set(ikeys)) != n or (
+            if others != list(compress(hashes, older)) or len(set(contents)) != n or (
                     n > 1 and self._may_leave_first(held, n)):
-                for k, g in zip(ikeys, olds, strict=True):  # undo the mapping
+                for k, g in zip(contents, olds, strict=True):  # undo the mapping
                     if g >= g0:
                         loc.pop(k, None)
                 self._store_apart(pairs)
                 return
             if held:
-                remap = (loc, list(compress(ikeys, older)), list(compress(numbers, older)))
+                remap = (loc, list(compress(contents, older)), list(compress(numbers, older)))
         self._put(hashes, keys, held, remap)
 
     def _store_apart(self, pairs: list[tuple[int, tuple]]) -> None:
-        """Store `pairs` one block at a time; a block whose index key another held block has is indexed by
-        its hash in `clash`."""
+        """Store `pairs` one block at a time; a block whose content key another held block has is indexed
+        by its hash in `clash`."""
         loc, clash = self.loc, self.clash
         for h, key in pairs:
             k = key[1]
@@ -145,13 +145,13 @@ class NumberedLRU:
                 self._put([h], [key], [], ())
             elif self.hashes[g - self.base] == h:  # held
                 self._put([h], [key], [g], (loc, [k], [g0]))
-            else:  # another held block has its index key
+            else:  # another held block has its content key
                 clash[h] = g0
                 self._put([h], [key], [], ())
 
     def _put(self, hashes: list[int], keys: list[tuple], held: list[int], remap: tuple) -> None:
         """Append blocks to the top tier: entries `held` (of those some tier holds) leave, and `remap`,
-        (index, index keys, entry numbers), points the index at their new entries; new blocks are mapped
+        (index, keys in it, entry numbers) points the index at their new entries; new blocks are mapped
         already."""
         top, log = self.tiers[0], self.log
         if log is not None:
@@ -168,24 +168,24 @@ class NumberedLRU:
 
     def touch(self, i: int, hashes: list[int], keys: list[tuple]) -> None:
         """Blocks of tier `i` (hashes and keys) were used again, in this order: they become its newest."""
-        ikeys = list(map(_CONTENT, keys))
+        contents = list(map(_CONTENT, keys))
         loc, clash = self.loc, self.clash
         apart = bool(clash) and not clash.keys().isdisjoint(hashes)
         if apart:
-            gs = [clash[h] if h in clash else loc[k] for h, k in zip(hashes, ikeys, strict=True)]
+            gs = [clash[h] if h in clash else loc[k] for h, k in zip(hashes, contents, strict=True)]
         else:
-            gs = list(map(loc.__getitem__, ikeys))
+            gs = list(map(loc.__getitem__, contents))
         self._leave(gs)
         g0 = self.base + len(self.keys)
         numbers = range(g0, g0 + len(hashes))
         if apart:
-            for h, k, g in zip(hashes, ikeys, numbers, strict=True):
+            for h, k, g in zip(hashes, contents, numbers, strict=True):
                 if h in clash:
                     clash[h] = g
                 else:
                     loc[k] = g
         else:
-            loc.update(zip(ikeys, numbers, strict=True))
+            loc.update(zip(contents, numbers, strict=True))
         self._append(i, hashes, keys)
 
     def resize(self, i: int, capacity: int) -> None:
@@ -321,15 +321,15 @@ class NumberedLRU:
             held = where[a - base:b - base]
             mine = held.translate(pick)
             hs = list(compress(hashes[a - base:b - base], mine))
-            ikeys = list(map(_CONTENT, compress(self.keys[a - base:b - base], mine)))
+            contents = list(map(_CONTENT, compress(self.keys[a - base:b - base], mine)))
             if clash and not clash.keys().isdisjoint(hs):
-                for h, k, g in zip(hs, ikeys, compress(range(a, b), mine), strict=True):
+                for h, k, g in zip(hs, contents, compress(range(a, b), mine), strict=True):
                     if clash.get(h) == g:
                         del clash[h]
                     else:
                         del self.loc[k]
             else:
-                _drain(map(self.loc.__delitem__, ikeys))
+                _drain(map(self.loc.__delitem__, contents))
             where[a - base:b - base] = held.translate(self.gone[i])
             hashes[a - base:b - base] = self.keys[a - base:b - base] = [None] * (b - a)
         if len(hashes) >= self.compact_at:
