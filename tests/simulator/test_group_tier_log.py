@@ -33,9 +33,10 @@ class SlotModel:
         self.drops = self.moves = 0
         hand = pool.on_release if tiers.eager else pool.on_evict
 
-        def spy(pair: tuple[int, tuple]) -> None:
-            self.handed[self.log.next_token] = (tiers.ranges[pair[0]], pair[1][0])
-            hand(pair)
+        def spy(hashes: list[int], keys: list[tuple]) -> None:
+            for h, key in zip(hashes, keys, strict=True):  # one at a time: each page takes the next token
+                self.handed[self.log.next_token] = (tiers.ranges[h], key[0])
+                hand([h], [key])
 
         if tiers.eager:
             pool.on_release = spy

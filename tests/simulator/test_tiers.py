@@ -33,9 +33,9 @@ def _manager(gpu_blocks: int, cpu: int, disk: int = 0, store: str = "lazy", per_
     hook = "on_release" if store == "eager" else "on_evict"
     inner = getattr(bm.pool, hook)
 
-    def recording(pair):
-        handed.add(pair[0])
-        inner(pair)
+    def recording(hashes, keys):
+        handed.update(hashes)
+        inner(hashes, keys)
 
     setattr(bm.pool, hook, recording)
     return bm, tiers, handed

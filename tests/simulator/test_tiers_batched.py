@@ -103,7 +103,7 @@ def test_batched_stores_and_loads_equal_the_per_block_rules(ops, cpu, disk, poli
         batched.stack.compact_min = batched.stack.compact_at = 4
     for op, arg in ops:
         if op == "store":
-            batched.queue.extend((h, _key(h, contents)) for h in arg)
+            batched.hand(arg, [_key(h, contents) for h in arg])
             handed.update((h, _key(h, contents)) for h in arg)
             batched.flush()
             if arg and plain[0].capacity != cpu:
@@ -140,11 +140,11 @@ def test_an_lru_batch_evicts_what_one_put_at_a_time_evicts(held, capacity, batch
     specs = [TierSpec("cpu", capacity), TierSpec("disk", disk)]
     numbered, plain = Tiers(specs, "lazy", 4, 8), _rules(specs)
     for h in held:  # one at a time: the tiers fill, the CPU tier spills into the disk tier
-        numbered.queue.append((h, _key(h, contents)))
+        numbered.hand([h], [_key(h, contents)])
         numbered.flush()
         _store(plain[0], [(h, _key(h, contents))])
     pairs = [(h, _key(h, contents)) for h in batch]
-    numbered.queue.extend(pairs)
+    numbered.hand(batch, [key for _, key in pairs])
     numbered.flush()
     _store(plain[0], pairs)
     for a, b in zip(numbered.tiers, plain, strict=True):

@@ -62,10 +62,11 @@ class BlockPool:
         # then unshared and uncached, and a release needs no per-block check (`release_table`). Cleared
         # where shares and keys originate (`incref`, the prefix cache's publish).
         self.plain = True
-        # KV tiers below the GPU (tiers.py) when configured: handed (hash, key) of each published block the
-        # pool evicts (`on_evict`) and, storing eagerly, of each one its last holder releases (`on_release`).
-        self.on_evict: Callable[[tuple[int, tuple]], None] | None = None
-        self.on_release: Callable[[tuple[int, tuple]], None] | None = None
+        # KV tiers below the GPU (tiers.py) when configured: handed the hashes and keys of the published
+        # blocks the pool evicts (`on_evict`) and, storing eagerly, of those whose last holder releases them
+        # (`on_release`), a list of each per call, in order.
+        self.on_evict: Callable[[list[int], list[tuple]], None] | None = None
+        self.on_release: Callable[[list[int], list[tuple]], None] | None = None
 
     @property
     def num_free(self) -> int:
@@ -131,7 +132,7 @@ class BlockPool:
         old = list(map(_BLOCK, map(self.free_cached.popitem, repeat(False, num))))
         hs = list(map(hashes.__getitem__, old))
         if self.on_evict is not None:
-            _drain(map(self.on_evict, zip(hs, map(keys.__getitem__, old), strict=True)))
+            self.on_evict(hs, list(map(keys.__getitem__, old)))
         _drain(map(self.cached.__delitem__, hs))
         for bid in old:
             keys[bid] = hashes[bid] = None
@@ -169,7 +170,7 @@ class BlockPool:
         if h is not None and self.cached.get(h) == bid:
             self.free_cached[bid] = None  # most recently used end
             if self.on_release is not None:
-                self.on_release((h, self.key[bid]))
+                self.on_release([h], [self.key[bid]])
         else:
             self.key[bid] = self.hash[bid] = None
             self.filled[bid] = 0
@@ -221,8 +222,7 @@ class BlockPool:
         if cached:
             self.free_cached.update(zip(cached, repeat(None)))
             if self.on_release is not None:
-                _drain(map(self.on_release, zip(compress(hs, kept), map(self.key.__getitem__, cached),
-                                                strict=True)))
+                self.on_release(list(compress(hs, kept)), list(map(self.key.__getitem__, cached)))
         if len(cached) < len(blocks):
             dropped = list(compress(blocks, map(not_, kept)))
             keys, hashes, filled = self.key, self.hash, self.filled

@@ -156,9 +156,10 @@ def attach_group_log(bm, log: GroupTierLog) -> None:
     tiers.log = log
     cached, queue = pool.cached, tiers.queue
 
-    def hand(pair: tuple[int, tuple]) -> None:
-        log.hand(cached[pair[0]])
-        queue.append(pair)
+    def hand(hashes: list[int], keys: list[tuple]) -> None:
+        for h, key in zip(hashes, keys, strict=True):
+            log.hand(cached[h])
+            queue.append((h, key))
 
     if tiers.eager:
         pool.on_release = hand

@@ -30,6 +30,7 @@ from simulator.core.paged.tier import (
     TierSpec,
     TierStats,
     check_tiers,
+    pairs_into,
     swap_counter,
     take_load_seconds,
     tier_summary,
@@ -287,7 +288,7 @@ def attach_groups(bm, tiers: GroupTiers) -> None:
     bm.tables.tiers = weakref.proxy(tiers)
     tiers.swap_used = swap_counter(bm.swap)
     if tiers.eager:
-        bm.pool.on_release = tiers.queue.append
-        bm.pool.on_evict = tiers.evicted.append
+        bm.pool.on_release = pairs_into(tiers.queue)
+        bm.pool.on_evict = pairs_into(tiers.evicted)
     else:
-        bm.pool.on_evict = tiers.queue.append
+        bm.pool.on_evict = pairs_into(tiers.queue)

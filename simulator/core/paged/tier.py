@@ -13,9 +13,9 @@ from pagelab.eviction import EvictionPolicy, make_policy
 from simulator.core.errors import ConfigError
 
 STORE_MODES = ("lazy", "eager")
-# A tier sees every block the GPU lets go (millions in a long trace): batch operations run this getter of
-# a (hash, key) pair through map() so the per-block work stays in C.
-BLOCK_HASH = itemgetter(0)
+# A tier sees every block the GPU lets go (millions in a long trace): batch operations run these getters
+# of a (hash, key) pair through map() so the per-block work stays in C.
+BLOCK_HASH, BLOCK_KEY = itemgetter(0), itemgetter(1)
 
 
 @dataclass(frozen=True)
@@ -115,10 +115,10 @@ class PolicyTiers:
                 return tier, key
         return None
 
-    def store(self, pairs: list[tuple[int, tuple]], i: int = 0) -> None:
-        """Store (hash, key) `pairs` into tier `i`, in order, one at a time."""
+    def store(self, hashes: list[int], keys: list[tuple], i: int = 0) -> None:
+        """Store blocks (`hashes` and `keys`) into tier `i`, in order, one at a time."""
         tier, log = self.tiers[i], self.log
-        for h, key in pairs:
+        for h, key in zip(hashes, keys, strict=True):
             if log is not None:
                 log.entering(tier, [(h, key)])
             for other in tier.below:
@@ -147,7 +147,28 @@ class PolicyTiers:
         if self.log is not None:
             self.log.spilling(tier, evicted)
         if tier.below:
-            self.store(evicted, i + 1)
+            self.store(list(map(BLOCK_HASH, evicted)), list(map(BLOCK_KEY, evicted)), i + 1)
+
+
+def queue_into(hashes: list[int], keys: list[tuple]) -> Callable[[list[int], list[tuple]], None]:
+    """A pool hook (BlockPool.on_evict / on_release) queueing what it is handed onto `hashes` and `keys`. It
+    holds the two lists only: a hook bound to the tiers would make a cycle with the pool, keeping a run's
+    pool and tiers alive until the cyclic collector runs."""
+
+    def hand(handed_hashes: list[int], handed_keys: list[tuple]) -> None:
+        hashes.extend(handed_hashes)
+        keys.extend(handed_keys)
+
+    return hand
+
+
+def pairs_into(out: list) -> Callable[[list[int], list[tuple]], None]:
+    """A pool hook queueing what it is handed onto `out` as (hash, key) pairs (holding `out` only)."""
+
+    def hand(hashes: list[int], keys: list[tuple]) -> None:
+        out.extend(zip(hashes, keys, strict=True))
+
+    return hand
 
 
 def check_tiers(specs: list[TierSpec], store: str) -> None:

@@ -92,12 +92,13 @@ def attach_log(bm, log: TierLog) -> None:
     block the pool hands them is stored at once, from the GPU block it is published in."""
     tiers, pool = bm.tiers, bm.pool
     tiers.log = log
-    cached, source, queue, flush = pool.cached, log.source, tiers.queue, tiers.flush
+    cached, source, queue, flush = pool.cached, log.source, tiers.hand, tiers.flush
 
-    def hand(pair: tuple[int, tuple]) -> None:
-        source[pair[0]] = cached[pair[0]]  # the pool still maps the hash to its block here
-        queue.append(pair)
-        flush()
+    def hand(hashes: list[int], keys: list[tuple]) -> None:
+        for h, key in zip(hashes, keys, strict=True):
+            source[h] = cached[h]  # the pool still maps the hash to its block here
+            queue([h], [key])
+            flush()
 
     if tiers.eager:
         pool.on_release = hand

@@ -31,10 +31,9 @@ from itertools import compress, repeat
 from operator import itemgetter, lt, sub
 
 from simulator.core.paged.lru_tier import LRUTier
-from simulator.core.paged.tier import BLOCK_HASH, TierSpec
+from simulator.core.paged.tier import TierSpec
 
 _drain = deque(maxlen=0).extend  # runs a map's calls at C speed, keeping nothing
-_KEY = itemgetter(1)  # of a (hash, key) pair
 _CONTENT = itemgetter(1)  # of the pool's key, (parent key, content, extra key)
 
 
@@ -96,14 +95,13 @@ class NumberedLRU:
             return None
 
     # ----------------------------------------------------------------- mutations
-    def store(self, pairs: list[tuple[int, tuple]]) -> None:
-        """Store (hash, key) `pairs` into the top tier as one `put` at a time would, in order."""
-        n, loc = len(pairs), self.loc
-        hashes = list(map(BLOCK_HASH, pairs))
-        keys = list(map(_KEY, pairs))
+    def store(self, hashes: list[int], keys: list[tuple]) -> None:
+        """Store blocks (`hashes` and the pool's `keys`) into the top tier as one `put` at a time would, in
+        order."""
+        n, loc = len(hashes), self.loc
         contents = list(map(_CONTENT, keys))
         if self.clash and not self.clash.keys().isdisjoint(hashes):
-            self._store_apart(pairs)
+            self._store_apart(hashes, keys)
             return
         g0 = self.base + len(self.keys)
         numbers = range(g0, g0 + n)
@@ -123,17 +121,17 @@ class NumberedLRU:
                 for k, g in zip(contents, olds, strict=True):  # undo the mapping
                     if g >= g0:
                         loc.pop(k, None)
-                self._store_apart(pairs)
+                self._store_apart(hashes, keys)
                 return
             if held:
                 remap = (loc, list(compress(contents, older)), list(compress(numbers, older)))
         self._put(hashes, keys, held, remap)
 
-    def _store_apart(self, pairs: list[tuple[int, tuple]]) -> None:
-        """Store `pairs` one block at a time; a block whose content key another held block has is indexed
-        by its hash in `clash`."""
+    def _store_apart(self, hashes: list[int], keys: list[tuple]) -> None:
+        """Store blocks one at a time; a block whose content key another held block has is indexed by its
+        hash in `clash`."""
         loc, clash = self.loc, self.clash
-        for h, key in pairs:
+        for h, key in zip(hashes, keys, strict=True):
             k = key[1]
             g0 = self.base + len(self.keys)
             g = clash.get(h)

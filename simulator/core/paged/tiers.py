@@ -27,6 +27,7 @@ from simulator.core.paged.tier import (
     PolicyTiers,
     TierSpec,
     check_tiers,
+    queue_into,
     swap_counter,
     take_load_seconds,
     tier_summary,
@@ -52,7 +53,10 @@ class Tiers:
         self.block_size = block_size
         self.block_bytes = block_size * bytes_per_token
         self.swap_used = swap_used
-        self.queue: list[tuple[int, tuple]] = []  # (hash, key) of blocks handed down, not yet stored
+        # hashes and keys of the blocks handed down (`hand`, the pool's hook), not yet stored
+        self.queued_hashes: list[int] = []
+        self.queued_keys: list[tuple] = []
+        self.hand = queue_into(self.queued_hashes, self.queued_keys)
         self.cpu = next((t for t in self.tiers if t.spec.name == "cpu"), None)
         self.top = self.tiers[0] if self.tiers else None
 
@@ -113,22 +117,23 @@ class Tiers:
             tier.stats.hit_tokens += len(hashes) * self.block_size
 
     def flush(self) -> None:
-        """Apply the stores queued since the last call (the pool hands blocks to `queue`): the top tier takes
+        """Apply the stores queued since the last call (the pool hands blocks to `hand`): the top tier takes
         them in order, what it evicts goes one tier down.
 
         A store costs no step time: vLLM's offloading connector copies blocks out on its own CUDA stream,
         overlapping compute, and PCIe is full duplex, so GPU -> CPU copies take no bandwidth from the
         CPU -> GPU loads that are charged; the disk tier is written from CPU memory, off the GPU's path."""
-        if self.queue and self.top is not None:
+        if self.queued_hashes and self.top is not None:
             # A tier keeps the pool's own key tuple, not a copy of its (content, extra key): allocating a
             # tuple per block dominated the cost of storing. The parent keys it chains stay alive with it,
             # which costs no collector pass in the loop (simulate runs with the cyclic collector off) and
             # one pass elsewhere (tuples of untracked items leave the collector's lists).
-            batch = self.queue[:]
-            self.queue.clear()
+            hashes, keys = self.queued_hashes[:], self.queued_keys[:]
+            self.queued_hashes.clear()  # (the hook extends these very lists)
+            self.queued_keys.clear()
             if self.cpu is not None and self.cpu.capacity != self.cpu.spec.num_blocks:
                 self._fit()  # swapped blocks came back since the budget last shrank: the cache may grow
-            self.stack.store(batch)
+            self.stack.store(hashes, keys)
 
     def fit(self) -> None:
         """Shrink or grow the CPU tier's cache to the budget that swapped-out blocks leave it."""
@@ -161,9 +166,9 @@ def attach(bm, tiers: Tiers) -> None:
     bm.tiers = tiers
     tiers.swap_used = swap_counter(bm.swap)
     if tiers.eager:
-        bm.pool.on_release = tiers.queue.append
+        bm.pool.on_release = tiers.hand
     else:
-        bm.pool.on_evict = tiers.queue.append
+        bm.pool.on_evict = tiers.hand
 
 
 def tier_hits(bm, seq, hits: list[int]) -> list:
