@@ -113,11 +113,12 @@ class NumberedLRU:
         if len(loc) - before != n:  # a key was mapped already
             older = list(map(lt, olds, repeat(g0)))
             held = list(compress(olds, older))
-            # A key another held block has, a key twice in the batch, or a held entry that could leave
-            # before its turn: one block at a time.
+            # A key another held block has, a key twice in the batch (a second probe finds this batch's
+            # entry, or the held one again), or a held entry that could leave before its turn: one block
+            # at a time.
             others = list(map(self.hashes.__getitem__, map(sub, held, repeat(self.base))))
-            if others != list(compress(hashes, older)) or len(set(contents)) != n or (
-                    n > 1 and self._may_leave_first(held, n)):
+            if others != list(compress(hashes, older)) or len(loc) - before + len(held) != n or (
+                    len(set(held)) != len(held)) or (n > 1 and self._may_leave_first(held, n)):
                 for k, g in zip(contents, olds, strict=True):  # undo the mapping
                     if g >= g0:
                         loc.pop(k, None)
@@ -318,9 +319,9 @@ class NumberedLRU:
         for a, b in spans:
             held = where[a - base:b - base]
             mine = held.translate(pick)
-            hs = list(compress(hashes[a - base:b - base], mine))
             contents = list(map(_CONTENT, compress(self.keys[a - base:b - base], mine)))
-            if clash and not clash.keys().isdisjoint(hs):
+            if clash and not clash.keys().isdisjoint(compress(hashes[a - base:b - base], mine)):
+                hs = compress(hashes[a - base:b - base], mine)
                 for h, k, g in zip(hs, contents, compress(range(a, b), mine), strict=True):
                     if clash.get(h) == g:
                         del clash[h]
