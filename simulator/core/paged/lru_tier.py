@@ -20,15 +20,18 @@ class HeldKeys(Mapping):
         self.stack, self.code = weakref.proxy(stack), index + 1  # a proxy: no cycle with the stack
 
     def __getitem__(self, h: int) -> tuple:
-        if h not in self:
-            raise KeyError(h)
-        s = self.stack
-        return s.keys[s.find(h) - s.base]
-
-    def __contains__(self, h: object) -> bool:
         s = self.stack
         g = s.find(h)
-        return g is not None and s.where[g - s.base] == self.code
+        if g is None or s.where[g - s.base] != self.code:
+            raise KeyError(h)
+        return s.keys[g - s.base]
+
+    def __contains__(self, h: object) -> bool:
+        try:
+            self[h]
+        except KeyError:
+            return False
+        return True
 
     def __len__(self) -> int:
         return self.stack.used[self.code - 1]

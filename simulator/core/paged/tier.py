@@ -106,7 +106,7 @@ class PolicyTiers:
             tier.below = self.tiers[i + 1:]
         self.log = None  # a tier_log.TierLog when a driver keeps the blocks' data
 
-    def lookup(self, h: int, content: object = None) -> tuple | None:
+    def lookup(self, h: int, content: object) -> tuple | None:
         """(tier, key) of the block stored under hash `h`, if any tier holds it (`content`, its content
         key, is what tier_lru.NumberedLRU indexes by)."""
         for tier in self.tiers:
@@ -130,7 +130,7 @@ class PolicyTiers:
             if log is not None:
                 log.entered(tier)
 
-    def touch(self, i: int, hashes: list[int], keys: list[tuple] | None = None) -> None:
+    def touch(self, i: int, hashes: list[int], keys: list[tuple]) -> None:
         """Blocks of tier `i` were used again, in this order (`keys` as for tier_lru.NumberedLRU)."""
         for h in hashes:
             self.tiers[i].touch(h)

@@ -94,13 +94,21 @@ class NumberedLRU:
         except ValueError:
             return None
 
+    def _apart(self, hashes: list[int]) -> bool:
+        """Whether a block of `hashes` is indexed by its hash (in `clash`)."""
+        return bool(self.clash) and not self.clash.keys().isdisjoint(hashes)
+
+    def _slot(self, h: int, content: Hashable) -> tuple[dict, object]:
+        """The index holding the block with hash `h` and content key `content`, and its key there."""
+        return (self.clash, h) if h in self.clash else (self.loc, content)
+
     # ----------------------------------------------------------------- mutations
     def store(self, hashes: list[int], keys: list[tuple]) -> None:
         """Store blocks (`hashes` and the pool's `keys`) into the top tier as one `put` at a time would, in
         order."""
         n, loc = len(hashes), self.loc
         contents = list(map(_CONTENT, keys))
-        if self.clash and not self.clash.keys().isdisjoint(hashes):
+        if self._apart(hashes):
             self._store_apart(hashes, keys)
             return
         g0 = self.base + len(self.keys)
@@ -168,23 +176,20 @@ class NumberedLRU:
     def touch(self, i: int, hashes: list[int], keys: list[tuple]) -> None:
         """Blocks of tier `i` (hashes and keys) were used again, in this order: they become its newest."""
         contents = list(map(_CONTENT, keys))
-        loc, clash = self.loc, self.clash
-        apart = bool(clash) and not clash.keys().isdisjoint(hashes)
+        apart = self._apart(hashes)
         if apart:
-            gs = [clash[h] if h in clash else loc[k] for h, k in zip(hashes, contents, strict=True)]
+            slots = list(map(self._slot, hashes, contents))
+            gs = [index[k] for index, k in slots]
         else:
-            gs = list(map(loc.__getitem__, contents))
+            gs = list(map(self.loc.__getitem__, contents))
         self._leave(gs)
         g0 = self.base + len(self.keys)
         numbers = range(g0, g0 + len(hashes))
         if apart:
-            for h, k, g in zip(hashes, contents, numbers, strict=True):
-                if h in clash:
-                    clash[h] = g
-                else:
-                    loc[k] = g
+            for (index, k), g in zip(slots, numbers, strict=True):
+                index[k] = g
         else:
-            loc.update(zip(contents, numbers, strict=True))
+            self.loc.update(zip(contents, numbers, strict=True))
         self._append(i, hashes, keys)
 
     def resize(self, i: int, capacity: int) -> None:
@@ -315,18 +320,15 @@ class NumberedLRU:
 
     def _drop(self, i: int, spans: list[tuple[int, int]]) -> None:
         """Blocks of the bottom tier `i` in `spans` leave the stack."""
-        base, where, hashes, pick, clash = self.base, self.where, self.hashes, self.pick[i], self.clash
+        base, where, hashes, pick = self.base, self.where, self.hashes, self.pick[i]
         for a, b in spans:
             held = where[a - base:b - base]
             mine = held.translate(pick)
             contents = list(map(_CONTENT, compress(self.keys[a - base:b - base], mine)))
-            if clash and not clash.keys().isdisjoint(compress(hashes[a - base:b - base], mine)):
-                hs = compress(hashes[a - base:b - base], mine)
-                for h, k, g in zip(hs, contents, compress(range(a, b), mine), strict=True):
-                    if clash.get(h) == g:
-                        del clash[h]
-                    else:
-                        del self.loc[k]
+            hs = list(compress(hashes[a - base:b - base], mine)) if self.clash else []
+            if self._apart(hs):
+                for index, k in map(self._slot, hs, contents):
+                    del index[k]
             else:
                 _drain(map(self.loc.__delitem__, contents))
             where[a - base:b - base] = held.translate(self.gone[i])
