@@ -78,3 +78,18 @@ def test_tiers_extend_hits_of_prompts_allocated_chunk_by_chunk_fast_as_step(trac
     by = fast.summary["kv_tiers"]["tokens_by_source"]
     assert by["cpu_hit"] + by["disk_hit"] > 0
     assert fast.summary["num_finished"] > simulate(trace, tiered).summary["num_finished"]
+
+
+def test_a_turn_sharing_a_thousand_blocks_with_the_last_one_hits_the_tiers():
+    # Each turn's chain of content keys is built apart from the one published before it, a thousand
+    # parents deep: comparing the two must not recurse once per parent.
+    n = 16000
+    trace = pd.DataFrame({"request_id": [0, 1], "arrival_s": [0.0, 100.0], "prompt_len": [n, n + 1600],
+                          "output_len": [4, 4], "prefix_block_size": [16, 16],
+                          "prefix_blocks": [list(range(n // 16)), list(range(n // 16 + 100))]})
+    config = SimConfig(model="gemma-3-27b", capacity_tokens=100_000, max_model_len=32768,
+                       enable_chunked_prefill=True, max_num_batched_tokens=2048, kv_offloading_size=1.0)
+    result = simulate(trace, config)
+    assert result.summary["num_finished"] == 2
+    sources = result.summary["kv_tiers"]["tokens_by_source"]
+    assert sources["gpu_hit"] + sources["cpu_hit"] >= n - 16

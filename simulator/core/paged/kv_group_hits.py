@@ -15,7 +15,7 @@ from collections.abc import Callable
 from itertools import repeat
 from operator import itemgetter
 
-from simulator.core.paged.prefix_cache import LINK_HASH, LINK_KEY, ROOT_HASH, chain_links
+from simulator.core.paged.prefix_cache import LINK_HASH, LINK_KEY, ROOT_HASH, chain_links, same_key
 from simulator.core.sequence import Sequence
 
 
@@ -56,7 +56,10 @@ class GroupHits:
     def cached(self, g: int, link: tuple[tuple, int]) -> int | None:
         """The block of group `g` published under `link`, if any (whole keys compared)."""
         bid = self.pool.cached.get(self.hash_fn((g, link[1])))
-        return bid if bid is not None and self.pool.key[bid] == (g, link[0]) else None
+        if bid is None:
+            return None
+        stored = self.pool.key[bid]
+        return bid if stored[0] == g and same_key(stored[1], link[0]) else None
 
     def find(self, g: int, chain: list, i: int) -> int | None:
         """`cached(g, chain[i])`; on a hit, link `i` takes the pool's (equal) key object."""
@@ -66,7 +69,7 @@ class GroupHits:
             return None
         stored = self.pool.key[bid]
         if stored[1] is not key:
-            if stored != (g, key):
+            if stored[0] != g or not same_key(stored[1], key):
                 return None
             chain[i] = (stored[1], h)
         elif stored[0] != g:

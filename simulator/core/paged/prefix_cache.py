@@ -45,6 +45,17 @@ def chain_links(seq: Sequence, start: int, stop: int, parent: tuple[tuple | None
     return out
 
 
+def same_key(a: tuple | None, b: tuple | None) -> bool:
+    """Whether two chained content keys are equal. `==` on them recurses once per parent until it meets an
+    object both share, past the interpreter's recursion limit for two chains built apart (a 16k-token
+    prompt is a thousand blocks deep): this walks the parents instead."""
+    while a is not b:
+        if a is None or b is None or a[1] != b[1] or a[2] != b[2]:
+            return False
+        a, b = a[0], b[0]
+    return True
+
+
 class PrefixCache:
     """Content-addressed reuse of full, computed blocks of one pool (off: every call finds nothing)."""
 

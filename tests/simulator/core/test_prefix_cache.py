@@ -3,8 +3,11 @@ cached blocks on swap-in, exact `can_swap_in`, resetting the cache, hit statisti
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from simulator import AllocationError, AllocStatus
+from simulator.core.paged.prefix_cache import same_key
 from simulator.core.sequence import SequenceStatus
 
 
@@ -179,3 +182,38 @@ def test_reset_prefix_cache_refuses_while_blocks_are_in_use(paged, make_group):
     assert bm.prefix_cache.reset() == 2
     assert bm.num_cached_free_blocks == 0 and bm.num_free_blocks == 8
     assert bm.allocate(make_group(9, token_ids=prompt)) == 0  # nothing left to hit
+
+
+
+def _chain(contents: list[int], extra, parent: tuple | None = None) -> tuple | None:
+    """The chained key of `contents` following on from `parent`."""
+    key = parent
+    for c in contents:
+        key = (key, c, extra)
+    return key
+
+
+def _ancestor(key: tuple | None, up: int) -> tuple | None:
+    for _ in range(up):
+        key = key[0]
+    return key
+
+
+@given(a=st.lists(st.integers(0, 3), max_size=12), b=st.lists(st.integers(0, 3), max_size=12),
+       extra=st.sampled_from([None, 1]), other_extra=st.sampled_from([None, 1]), cut=st.integers(0, 12))
+def test_same_key_agrees_with_equality_on_keys_built_apart_or_sharing_a_parent(a, b, extra, other_extra, cut):
+    first = _chain(a, extra)
+    apart = _chain(b, other_extra)
+    assert same_key(first, apart) == (first == apart)
+    kept = min(cut, len(a))  # `grown` shares the very object of `first`'s first `kept` blocks
+    grown = _chain(b, extra, _ancestor(first, len(a) - kept))
+    assert same_key(first, grown) == (first == grown)
+
+
+def test_same_key_walks_chains_deeper_than_the_recursion_limit():
+    deep = _chain(list(range(5000)), None)
+    again = _chain(list(range(5000)), None)
+    with pytest.raises(RecursionError):
+        _ = deep == again
+    assert same_key(deep, again)
+    assert not same_key(deep, (again[0], -1, None))
