@@ -326,6 +326,7 @@ class BlockManager(PoolCounts, KVAllocator):
         child.block_table = list(parent.block_table)
         child.num_tokens = parent.num_tokens
         self.seqs[child.seq_id] = child
+        self.count_internal(child)  # its decode tokens may all fit the blocks it shares: counted now
         self._check()
         return _NO_COPIES
 

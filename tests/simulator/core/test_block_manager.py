@@ -283,3 +283,20 @@ def test_a_release_takes_the_bulk_path_only_while_no_block_was_ever_shared_or_ke
     assert bm.pool.plain is (how == "none")  # a claim about the past: it never turns back on
     if how == "publish":
         assert len(bm.pool.cached) == 2 and bm.num_cached_free_blocks == 2
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_a_forked_sequence_counts_the_waste_of_the_final_block_it_shares_at_once(make_group, debug):
+    # A beam forked once the parent holds its final block adds no block of its own: its waste past the
+    # final length must count at the fork, not at a block boundary it never reaches.
+    bm = BlockManager(16, 4, debug=debug)
+    group = make_group(6, 7)
+    bm.allocate(group)
+    parent = group.seqs[0]
+    assert bm.num_internal_slots == 1  # 8 slots for 7 tokens
+    child = Sequence(10**6, 6, 7, request_id=group.request_id)
+    bm.fork(parent, child)
+    assert bm.num_internal_slots == 2
+    for seq in (parent, child):
+        bm.append_slot(seq)  # the child copies the shared last block and still wastes one slot
+    assert bm.num_internal_slots == 2
