@@ -163,7 +163,10 @@ def warn_about(results: dict) -> None:
     for name, res in results.items():
         s = res.summary
         max_len = res.config.get("max_model_len") or res.config.get("engine", {}).get("max_model_len")
-        text = rejection_warning(res.request_data(), int(max_len or 0) or 2**62, s["capacity_tokens"],
+        # A paged pool refuses by blocks (of every KV cache group), a contiguous one by token slots.
+        pool = f"{s['num_blocks']:,} blocks of {s['block_size']} tokens" if s.get("allocator") == "paged" \
+            else f"{s['capacity_tokens']:,} token slots"
+        text = rejection_warning(res.request_data(), int(max_len or 0) or 2**62, pool,
                                  _model_limit(res.config.get("model")))
         if text:
             warn(f"{name}: {text}")

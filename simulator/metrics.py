@@ -188,11 +188,12 @@ def bench_metrics(requests: Requests, duration_s: float, *, metrics=DEFAULT_METR
     return result
 
 
-def rejection_warning(requests: Requests, max_model_len: int, capacity_tokens: int,
+def rejection_warning(requests: Requests, max_model_len: int, pool: str,
                       model_limit: int | None = None) -> str | None:
     """How many requests were refused, why, and what to change so that they are not (None when none was).
 
-    `model_limit`: the model's own context, when max_model_len was set below it.
+    `pool`: the KV pool in words ("6 blocks of 16 tokens"); `model_limit`: the model's own context, when
+    max_model_len was set below it.
     """
     num_rejected = too_long = 0
     longest = 0
@@ -209,7 +210,7 @@ def rejection_warning(requests: Requests, max_model_len: int, capacity_tokens: i
         reasons.append(f"{too_long:,} longer than max_model_len {max_model_len:,} (prompt + output): "
                        f"{_longer_context(longest, max_model_len, model_limit)}")
     if too_long < num_rejected:
-        reasons.append(f"{num_rejected - too_long:,} need more KV slots than the pool's {capacity_tokens:,}: "
+        reasons.append(f"{num_rejected - too_long:,} need more KV memory than the pool's {pool}: "
                        "give a larger pool (--kv-memory-gb, --gpu-memory-utilization or a larger --gpu)")
     share = 100 * num_rejected / len(requests)
     return (f"{num_rejected:,} of {len(requests):,} requests ({share:.1f}%) were rejected "

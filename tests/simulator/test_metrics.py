@@ -75,21 +75,21 @@ def test_goodput_limits_with_units_count_the_same_requests():
 
 
 def test_rejection_warning_gives_reasons_and_counts():
-    text = rejection_warning(REQS, max_model_len=2048, capacity_tokens=100_000)
+    text = rejection_warning(REQS, max_model_len=2048, pool="6,250 blocks of 16 tokens")
     assert text.startswith("1 of 4 requests (25.0%) were rejected (1 longer than max_model_len 2,048")
-    assert rejection_warning(REQS, max_model_len=10_000, capacity_tokens=100).startswith(
-        "1 of 4 requests (25.0%) were rejected (1 need more KV slots than the pool's 100: give a larger "
-        "pool (--kv-memory-gb, --gpu-memory-utilization or a larger --gpu)")
-    assert rejection_warning(REQS.iloc[:3], 2048, 100) is None
+    assert rejection_warning(REQS, max_model_len=10_000, pool="100 token slots").startswith(
+        "1 of 4 requests (25.0%) were rejected (1 need more KV memory than the pool's 100 token slots: "
+        "give a larger pool (--kv-memory-gb, --gpu-memory-utilization or a larger --gpu)")
+    assert rejection_warning(REQS.iloc[:3], 2048, "100 token slots") is None
 
 
 def test_rejection_warning_names_the_fix():
     longest = int((REQS["prompt_len"] + REQS["output_len"]).max())
     # The model allows more than the run's max_model_len: raise it, to a power of two that holds the longest.
-    text = rejection_warning(REQS, max_model_len=2048, capacity_tokens=100_000, model_limit=32_768)
+    text = rejection_warning(REQS, max_model_len=2048, pool="6,250 blocks of 16 tokens", model_limit=32_768)
     assert f"the longest needs {longest:,}; give --max-model-len 16384 (the model allows 32,768)" in text
     # It does not: the registry checkpoints whose context holds the longest request, shortest context first.
-    text = rejection_warning(REQS, max_model_len=2048, capacity_tokens=100_000, model_limit=2048)
+    text = rejection_warning(REQS, max_model_len=2048, pool="6,250 blocks of 16 tokens", model_limit=2048)
     assert "use a model whose context holds it, mistral-7b-v0.1 (32,768), qwen2.5-7b (32,768)" in text
     assert "qwen3-32b (40,960) or " in text and "more (pagelab presets)" in text  # three named, then a count
     assert "llama-3-8b" not in text  # 8,192 positions: too short
