@@ -108,7 +108,7 @@ def kv_bytes_for(
         raise ConfigError(f"activation_reserve_bytes must be >= 0, got {activation_reserve_bytes}")
     if model.num_params is None:
         raise ConfigError(f"{model.name or 'the model'}: its weight bytes are unknown (num_params), so the "
-                          "GPU cannot size its KV pool; give kv_memory_gb")
+                          "GPU cannot size its KV pool; give its size (--kv-memory-gb, kv_memory_gb)")
     budget = gpu.memory_bytes * gpu_memory_utilization
     kv_bytes = budget - model.weight_bytes - activation_reserve_bytes
     if kv_bytes <= 0:

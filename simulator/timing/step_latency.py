@@ -131,7 +131,11 @@ class RooflineLatency(_SwapAndPrefill):
     @cached_property
     def _coef(self) -> _RooflineCoefficients:
         m, g = self.model, self.gpu
-        weight_bytes = float(m.weight_bytes)  # first: a model of unknown parameter count is refused here
+        if m.num_params is None:
+            raise ConfigError(f"{m.name or 'the model'}: the roofline step time reads every weight, and its "
+                              "parameter count (num_params) is unknown: give a fitted latency profile "
+                              "(--profile or --latency PROFILE.json)")
+        weight_bytes = float(m.weight_bytes)
         return _RooflineCoefficients(
             overhead_s=g.step_overhead_s,
             # One multiply-add per parameter per token (embedding lookups overcount slightly; documented).
