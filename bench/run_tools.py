@@ -271,7 +271,8 @@ def replay_twin(real_run: Path, trace_df: pd.DataFrame | None, base, step_times:
     run = load_allocator(folder)
     cfg = run.config
     if cfg.get("source") != "replay":
-        raise RunFolderError(f"{folder / 'config.json'}: not a measured run (source {cfg.get('source')!r})")
+        raise RunFolderError(f"{folder}: a simulation, not a measured run: give the folder of a "
+                             "`pagelab replay` run")
     if trace_df is None:
         if cfg.get("trace") is None:
             raise RunFolderError(f"{folder / 'config.json'}: no 'trace' recorded; give the TRACE argument")

@@ -64,8 +64,8 @@ def calibrate(runs: Sequence[tuple[str, dict, pd.DataFrame]], gpu: str | None = 
     first_source, first, _ = runs[0]
     for source, config, steps in runs:
         if config.get("source") != "replay":
-            raise ConfigError(f"{source}: not a measured run (config.json source is "
-                              f"{config.get('source')!r}, expected 'replay')")
+            raise ConfigError(f"{source}: not a measured run (a simulation, or not a run): calibrate "
+                              "takes the folders of `pagelab replay` runs")
         check_steps(steps, source)
         for key in keys:
             if config.get(key) != first.get(key):

@@ -130,3 +130,11 @@ def test_a_run_without_events_has_an_empty_events_table(tmp_path):
 
     events = pd.read_parquet(tmp_path / "r" / "paged" / "events.parquet")
     assert len(events) == 0 and str(events["request_id"].dtype) == "int32"
+
+
+def test_config_from_a_simulation_says_it_takes_a_replay(tmp_path):
+    sim = tmp_path / "sim"
+    assert pagelab("simulate", "--limit", "20", "-a", "paged", "--out", sim).returncode == 0
+    message = one_line_error(pagelab("simulate", "--config-from", sim, "--out", tmp_path / "twin"))
+    assert "a simulation, not a measured run" in message and "pagelab replay" in message
+    assert not (tmp_path / "twin").exists()
