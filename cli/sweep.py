@@ -226,6 +226,9 @@ def point_line(p, slo, bound: int) -> str:
         verdict = "misses the SLO: requests left unfinished"
     how = "reused from an earlier run" if p.reused else \
         f"simulated in {p.summary.get('wall_s', float('nan')):.1f} s"
+    rejected = p.summary.get("num_rejected") or 0
+    if rejected:  # longer than max_model_len or the pool: refused at every rate, out of the SLO's count
+        how += f"; rejected at every rate: {rejected:,} (longer than max_model_len or the pool)"
     return f"point {p.done} of at most {bound}: {where}: {slo.name} {value:.4g} {slo.unit} ({verdict}); {how}"
 
 

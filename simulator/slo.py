@@ -95,10 +95,12 @@ class Limit:
         return float(v) if isinstance(v, (int, float)) else math.nan
 
     def met(self, summary: dict) -> bool:
-        """Whether a run keeps the limit and finished every request (one that rejected or never finished
-        requests has not served its load); a missing statistic is a miss."""
+        """Whether a run keeps the limit and finished every request it could serve (one that left requests
+        unfinished has not served its load; one longer than max_model_len or the pool is rejected at every
+        rate, so it takes no part); a missing statistic is a miss."""
         value = self.summary_value(summary)
-        finished_all = summary.get("num_finished") == summary.get("num_requests")
+        served = (summary.get("num_finished") or 0) + (summary.get("num_rejected") or 0)
+        finished_all = served == summary.get("num_requests")
         return finished_all and math.isfinite(value) and bool(self.within(value))
 
     def describe(self) -> str:

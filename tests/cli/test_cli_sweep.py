@@ -92,6 +92,21 @@ def test_an_slo_no_point_meets_is_reported_with_exit_0(tmp_path, trace_file):
     assert list(table["status"]) == ["below_range"] and table["max_rate"].isna().all()
 
 
+def test_a_request_too_long_for_every_rate_leaves_the_slo_to_the_others(tmp_path, trace_file):
+    # One request longer than max_model_len is rejected at every rate: the others still find a max rate.
+    trace = pd.read_parquet(trace_file)
+    long = trace.iloc[[-1]].assign(request_id=len(trace), prompt_len=3000)
+    save_trace(pd.concat([trace, long], ignore_index=True), tmp_path / "one-long.parquet")
+    out = tmp_path / "sweep"
+    result = pagelab("sweep", tmp_path / "one-long.parquet", *SMALL, "--rate", "0.2,0.4", "--no-search",
+                     "-a", "paged", "--out", out)
+    assert result.returncode == 0, result.stderr
+    table = pd.read_parquet(out / "sweep.parquet")
+    assert table["met_slo"].any() and (table["num_finished"] == len(trace)).all()
+    point_lines = [ln for ln in result.stderr.splitlines() if ln.startswith("point ")]
+    assert len(point_lines) == 2 and all("rejected at every rate: 1 " in ln for ln in point_lines)
+
+
 def test_small_sweep_writes_tables_logs_each_point_and_resumes(tmp_path, trace_file):
     out = tmp_path / "sweep"
     args = ("sweep", trace_file, *SMALL, "--rate", "0.2:2.6:0.8", "-a", "paged,contiguous-max",

@@ -131,11 +131,14 @@ def test_slo_refusals_name_the_option_the_text_and_the_forms(text, problem):
     assert "accepted: METRIC_pPCT:VALUE UNIT" in message and "norm_latency:0.2s/token" in message
 
 
-def test_a_run_meets_an_slo_only_with_every_request_finished():
+def test_a_run_meets_an_slo_only_with_every_request_it_can_serve_finished():
     slo = parse_slo("tpot_p99:50ms")
     ok = {"tpot_s": {"p99": 0.04}, "num_finished": 10, "num_requests": 10}
     assert slo.summary_value(ok) == 0.04 and slo.met(ok)
     assert not slo.met({**ok, "num_finished": 9})
+    # A request rejected as longer than max_model_len (or the pool) is rejected at every rate.
+    assert slo.met({**ok, "num_finished": 9, "num_rejected": 1})
+    assert not slo.met({**ok, "num_finished": 8, "num_rejected": 1})
     assert not slo.met({**ok, "tpot_s": {"p99": 0.06}})
     assert not slo.met({**ok, "tpot_s": {"p99": None}}) and math.isnan(slo.summary_value({}))
     mean = parse_slo("norm_latency:0.2s/token")
