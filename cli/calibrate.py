@@ -31,6 +31,10 @@ def calibrate_cmd(
     from bench.run_tools import measured_steps, write_profile
     from simulator.timing.step_latency import STALL_FACTOR
 
+    if len({run.resolve() for run in runs}) < len(runs):
+        raise UserError("a RUN is given twice: each measured run counts once")
+    if min_steps < 1:
+        raise UserError(f"--min-steps must be at least 1, got {min_steps}")
     measured = measured_steps(runs, allocator, warn=warn)
     if objective not in ("absolute", "relative"):
         raise UserError(f"--objective must be absolute or relative, got {objective!r}")

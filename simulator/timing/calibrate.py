@@ -76,6 +76,8 @@ def calibrate(runs: Sequence[tuple[str, dict, pd.DataFrame]], gpu: str | None = 
         if not device.startswith("cpu"):
             raise ConfigError(f"{first_source}: measured on {device!r}; name its GPU preset with --gpu")
         gpu = "cpu"
+    elif device.startswith("cpu") and get_gpu(gpu).name != "cpu":
+        raise ConfigError(f"{first_source}: measured on the CPU, not on --gpu {gpu}")
     model = get_model(canonical_name(str(first["model"])))
     table = pd.concat([s for _, _, s in runs], ignore_index=True)
     busy = int((table["num_batched_tokens"] > 0).sum())

@@ -128,7 +128,7 @@ def test_bundled_profile_works_by_name(tmp_path):
 
 
 @pytest.mark.parametrize("case", ["no-steps", "too-few", "unknown-profile", "other-model",
-                                  "other-block-size", "both-twins"])
+                                  "other-block-size", "both-twins", "run-twice", "gpu-of-a-cpu-run"])
 def test_bad_input_is_a_one_line_error_with_exit_2(replayed, tmp_path, case):
     tmp, real = replayed
     if case == "no-steps":
@@ -138,6 +138,11 @@ def test_bad_input_is_a_one_line_error_with_exit_2(replayed, tmp_path, case):
     elif case == "too-few":
         args = ["calibrate", real, "--out", tmp_path / "p.json", "--min-steps", 10_000]
         match = "too few steps"
+    elif case == "run-twice":
+        args, match = ["calibrate", real, real, "--out", tmp_path / "p.json"], "a RUN is given twice"
+    elif case == "gpu-of-a-cpu-run":
+        args = ["calibrate", real, "--gpu", "h100-80gb", "--out", tmp_path / "p.json"]
+        match = "measured on the CPU, not on --gpu h100-80gb"
     elif case == "unknown-profile":
         args, match = ["simulate", "--profile", "no-such-gpu", "--limit", 5], "neither a file nor a bundled"
     elif case == "other-model":
