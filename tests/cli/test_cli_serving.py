@@ -172,3 +172,11 @@ def test_presets_say_what_replays_each_registry_model():
     assert "llama-1b-shape (= llama-3.2-1b)" in table and "cannot run opt-13b" in table
     assert by_name["llama-3-8b"]["hf_id"] == "meta-llama/Meta-Llama-3-8B"
     assert "meta-llama/Meta-Llama-3-8B (llama-3-8b)" in table and "Instruct or chat variant" in table
+
+
+def test_a_max_model_len_past_the_models_context_is_warned(tmp_path):
+    long = pagelab("simulate", "--limit", "20", "-a", "paged", "--max-model-len", "100000", cwd=tmp_path)
+    assert long.returncode == 0, long.stderr
+    assert "--max-model-len 100,000 is longer than llama-3-8b's context of 8,192 tokens" in long.stderr
+    own = pagelab("simulate", "--limit", "20", "-a", "paged", "--max-model-len", "8192", cwd=tmp_path)
+    assert own.returncode == 0 and "context of" not in own.stderr
