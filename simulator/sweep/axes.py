@@ -51,6 +51,9 @@ def parse_rates(spec: str) -> tuple[tuple[float, ...], tuple[float, float]]:
         step = _number(parts[2], f"--rate {spec!r}")
         if step <= 0:
             raise SweepError(f"--rate {spec!r}: STEP must be > 0")
+        if step > stop - start + 1e-9:
+            raise SweepError(f"--rate {spec!r}: STEP is larger than STOP - START, so the grid would hold "
+                             "START alone; give a smaller STEP, or START:STOP to search between the two")
         count = math.floor((stop - start) / step + 1e-9) + 1
         if count > 10_000:
             raise SweepError(f"--rate {spec!r}: {count} rates is too many (at most 10000)")

@@ -20,7 +20,8 @@ def test_rate_bounds_only_and_lists():
 
 @pytest.mark.parametrize("spec, words", [
     ("4:1:0.5", "empty or inverted"), ("1:1", "empty or inverted"), ("1:4:0", "STEP must be > 0"),
-    ("1:4:-1", "STEP must be > 0"), ("0:4:1", "must be > 0"), ("a:4", "not a number"),
+    ("1:4:-1", "STEP must be > 0"), ("1:2:100", "grid would hold START alone"), ("0:4:1", "must be > 0"),
+    ("a:4", "not a number"),
     ("1:2:3:4", "use START:STOP"), ("", "empty value"), ("1,,2", "empty value"), ("-1,2", "must be > 0"),
     ("1:inf", "not a finite number"),
 ])
