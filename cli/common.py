@@ -1,6 +1,7 @@
 """Shared CLI helpers: consoles, user-facing errors and warnings, comma lists, progress, saved results."""
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import sys
@@ -39,17 +40,27 @@ def user_errors(func: Callable) -> Callable:
             err_console.print(f"[bold red]error:[/] {escape(message)}", emoji=False)
             raise typer.Exit(code=2) from None
         except OSError as exc:
-            from pagelab.writes import disk_full, is_disk_full
+            from pagelab.writes import destination, disk_full, is_disk_full
 
-            if not is_disk_full(exc):  # a full disk met outside pagelab.writes (mkdir, rename)
+            if is_disk_full(exc):  # a full disk met outside pagelab.writes (mkdir, rename)
+                message = str(disk_full(exc.filename or "."))
+            elif exc.errno in _PATH_ERRNOS and exc.filename:
+                # A path the checks before the work could not foresee (it changed meanwhile): name the
+                # destination (a rename's target), not the temporary name the user never gave.
+                message = f"{destination(exc.filename2 or exc.filename)}: {exc.strerror}"
+            else:
                 raise
-            message = str(disk_full(exc.filename or "."))
             err_console.print(f"[bold red]error:[/] {escape(message)}", emoji=False)
             raise typer.Exit(code=2) from None
         finally:
             release_held()  # the output folders' locks taken by the command (pagelab/folder_lock.py)
 
     return wrapper
+
+
+# The operating system refusing a path (permissions, a read-only file system, a folder or file in the way):
+# the user's environment, not a bug.
+_PATH_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.EISDIR, errno.ENOTDIR, errno.EEXIST)
 
 
 def _user_error_types() -> tuple[type[BaseException], ...]:
@@ -60,6 +71,16 @@ def _user_error_types() -> tuple[type[BaseException], ...]:
 def warn(message: str) -> None:
     """One yellow warning line on stderr; the message is printed literally."""
     err_console.print(f"[yellow]warning:[/] {escape(message)}", emoji=False)
+
+
+def figure_format(value: str, option: str = "--format") -> str:
+    """A figure format option as the figures take it (png, svg or pdf), refused before any work."""
+    from viz.common import FORMATS
+
+    fmt = value.lower().lstrip(".")
+    if fmt not in FORMATS:
+        raise UserError(f"{option} {value}: format '{fmt}' is not one of {', '.join(FORMATS)}")
+    return fmt
 
 
 def names_list(values: Iterable[str] | None) -> list[str]:

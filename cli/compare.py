@@ -10,7 +10,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from cli.common import UserError, console, err_console, user_errors, warn
+from cli.common import UserError, console, err_console, figure_format, user_errors, warn
 from cli.report import number
 from pagelab.units import latency_unit
 
@@ -178,7 +178,12 @@ def compare_cmd(
     fmt: str = typer.Option("png", "--format", "-f", help="Figure format: png, svg or pdf."),
 ) -> None:
     """Compare two runs: a simulation against a replay, or two runs of one kind side by side."""
+    fmt = figure_format(fmt)
     kinds = (run_kind(run_a), run_kind(run_b))
+    if out is not None:
+        from cli.runs import check_out_folder
+
+        check_out_folder(out, f"--out {out}")
     if set(kinds) == {"simulated", "measured"}:
         sim, real = (run_a, run_b) if kinds[0] == "simulated" else (run_b, run_a)
         return _sim_vs_real(sim, real, allocator, out, fmt)
@@ -202,14 +207,17 @@ def _side_by_side(run_a: Path, run_b: Path, kind: str, allocator: str | None, ou
     if out is None:
         return
     from pagelab.run_folder import write_json
-    from viz import plot_runs
+    from viz import no_steps, plot_runs
 
+    if no_steps(a) and no_steps(b):  # refused before comparison.json is written: nothing half done
+        raise UserError(f"--out {out}: no figure can be drawn: {folder_a}: {no_steps(a)}; {folder_b}: "
+                        f"{no_steps(b)}")
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "comparison.json", {
         "kind": f"{kind} vs {kind}", "a": {"run": str(run_a), "allocator": name_a},
         "b": {"run": str(run_b), "allocator": name_b},
         "rows": [{"section": s, "quantity": q, "a": va, "b": vb} for s, q, va, vb in rows]})
-    paths = plot_runs([folder_a, folder_b], out, fmt.lower().lstrip("."), ["breakdown", "latency_cdf"])
+    paths = plot_runs([folder_a, folder_b], out, fmt, ["breakdown", "latency_cdf"], warn=warn)
     err_console.print(f"wrote {out / 'comparison.json'} and {', '.join(str(p) for p in paths)}",
                       markup=False)
 

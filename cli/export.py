@@ -20,8 +20,15 @@ def export_cmd(
     """Write a run as a timeline other tools open: one track per request, counters for memory and queues."""
     if fmt.lower() not in FORMATS:
         raise UserError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
-    from viz.perfetto import export_perfetto
+    from cli.runs import check_out_file
+    from viz.load import load_run
+    from viz.perfetto import table_problem, write_perfetto
 
+    run = load_run(run_dir)
+    problem = table_problem(run)
+    if problem is not None:
+        raise problem
     path = out if out is not None else run_dir / "trace.json"
-    count = export_perfetto(run_dir, path)
+    check_out_file(path, f"--out {out}" if out is not None else str(path))
+    count = write_perfetto(run, path)
     err_console.print(f"wrote {path} ({count:,} trace events)", markup=False, highlight=False)

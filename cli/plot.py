@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from cli.common import UserError, err_console, user_errors, warn
+from cli.common import UserError, err_console, figure_format, user_errors, warn
 
 
 def _run_end(run_dir: Path) -> float | None:
@@ -57,15 +57,21 @@ def plot_cmd(
                                     "first part when it holds over 2,000,000 tenures)."),
 ) -> None:
     """Draw breakdowns, memory over time, block maps, latency CDFs and sweeps from run folders."""
-    from viz import plot_runs
+    from cli.runs import check_out_folder
+    from viz import save_figures
+    from viz.load import load_runs
 
-    fmt = fmt.lower().lstrip(".")
+    fmt = figure_format(fmt)
     names = [n.strip() for item in only or [] for n in item.split(",") if n.strip()] or None
+    label = f"--out {out}"
     if out is None:
         out = run_dirs[0] / "figures" if len(run_dirs) == 1 else Path("figures")
+        label = str(out)
     if at is not None:
         _check_at(at, run_dirs)
-    written = plot_runs(list(run_dirs), out, fmt, names, at=at, window=_window(window), warn=warn)
+    runs = load_runs(list(run_dirs))
+    check_out_folder(out, label)
+    written = save_figures(runs, out, fmt, names, at=at, window=_window(window), warn=warn)
     for path in written:
         err_console.print(f"wrote {path}", markup=False)
     if not written:

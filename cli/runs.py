@@ -22,8 +22,9 @@ from pagelab.run_folder import (
     write_table,
 )
 
-__all__ = ["RUN_MARKER", "check_out", "clean_json", "is_run_folder", "lock_out", "run_metadata",
-           "save_result", "versions", "write_json", "write_run", "write_run_files", "write_table"]
+__all__ = ["RUN_MARKER", "check_out", "check_out_file", "check_out_folder", "clean_json", "is_run_folder",
+           "lock_out", "run_metadata", "save_result", "versions", "write_json", "write_run",
+           "write_run_files", "write_table"]
 
 
 def is_run_folder(path: Path) -> bool:
@@ -49,7 +50,7 @@ def check_out(out: Path, overwrite: bool) -> Path:
         raise UserError(f"--out {text}: refusing to write a run folder over {target}")
     if (target.exists() or target.is_symlink()) and not target.is_dir():
         raise UserError(f"--out {text} is a file, not a folder; choose a folder path for the run")
-    _check_parent(text, target)
+    _check_creatable(f"--out {text}", target.parent, "folders")
     lock_out(out)  # before the checks of what the folder holds: a run that finishes meanwhile is seen
     if target.exists() or target.is_symlink():
         entries = sorted(p.name for p in target.iterdir())
@@ -76,21 +77,42 @@ def lock_out(out: Path) -> None:
         raise UserError(f"--out {out}: {exc.detail}") from None
 
 
-def _check_parent(text: str, target: Path) -> None:
-    """Refuse a destination under a file, or where no folder can be created."""
-    parent = target.parent
+def check_out_file(path: Path, label: str) -> Path:
+    """Refuse, before any work, a file destination that is a folder or where no file can be created (a
+    read-only file system, a file in the way); `label` names it in the message (the option, or the path)."""
+    target = Path(os.path.abspath(path))
+    if target.is_dir():
+        raise UserError(f"{label} is a folder, not a file; choose a file path")
+    _check_creatable(label, target.parent, "files")
+    return target
+
+
+def check_out_folder(path: Path, label: str) -> Path:
+    """Refuse, before any work, a folder to write files into that is a file, or where no file can be
+    created; existing files in it are replaced one by one (figures)."""
+    target = Path(os.path.abspath(path))
+    if (target.exists() or target.is_symlink()) and not target.is_dir():
+        raise UserError(f"{label} is a file, not a folder; choose a folder path")
+    _check_creatable(label, target, "files")
+    return target
+
+
+def _check_creatable(label: str, folder: Path, what: str) -> None:
+    """Refuse a destination whose `folder` (or its nearest existing folder above) is a file, or where no
+    `what` (files or folders) can be created."""
+    parent = folder
     while not parent.exists():
         parent = parent.parent
     if not parent.is_dir():
-        raise UserError(f"--out {text}: cannot create a folder under {parent}, which is a file")
+        raise UserError(f"{label}: cannot create a {what[:-1]} under {parent}, which is a file")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise UserError(f"--out {text}: no permission to create folders in {parent}")
+        raise UserError(f"{label}: no permission to create {what} in {parent}")
     probe = parent / f".pagelab-probe-{os.getpid()}"
     try:
         probe.mkdir()
         probe.rmdir()
     except OSError as exc:
-        raise UserError(f"--out {text}: cannot create folders in {parent} ({exc.strerror or exc})") from None
+        raise UserError(f"{label}: cannot create {what} in {parent} ({exc.strerror or exc})") from None
 
 
 def write_run(out: Path, trace_info: dict, results: dict, table_format: str = "parquet", *,

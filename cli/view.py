@@ -1,11 +1,12 @@
 """`pagelab view`: a run as one HTML page to scrub through (block maps, memory curve, request lanes)."""
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import typer
 
-from cli.common import err_console, user_errors
+from cli.common import UserError, err_console, user_errors
 
 
 @user_errors
@@ -20,24 +21,41 @@ def view_cmd(
     port: int = typer.Option(0, "--port", help="Port for --serve (default: any free one)."),
 ) -> None:
     """Write one self-contained HTML page that scrubs through a run: pool block map, memory, requests."""
+    from cli.runs import check_out_file
     from viz.explorer import check_windows
-    from viz.explorer_page import make_server, write_page
+    from viz.explorer_page import write_page
     from viz.load import load_run
     from viz.perfetto import run_end
 
+    if not 0 <= port <= 65535:
+        raise UserError(f"--port {port}: expected a port from 0 to 65535 (0: any free one)")
     run = load_run(run_dir)
     end = max(run_end(a) for a in run.allocators.values())
     windows = check_windows(list(window or []), end) or None
     path = out if out is not None else run_dir / "view.html"
-    size = write_page(run, path, windows, serve=serve)
-    err_console.print(f"wrote {path} ({size / 1e6:.1f} MB)", markup=False, highlight=False)
-    if serve:
-        server = make_server(run, path.read_bytes(), port)
+    check_out_file(path, f"--out {out}" if out is not None else str(path))
+    server = _listen(run, port) if serve else None  # a busy port is refused before the page is written
+    try:
+        size = write_page(run, path, windows, serve=serve)
+        err_console.print(f"wrote {path} ({size / 1e6:.1f} MB)", markup=False, highlight=False)
+        if server is None:
+            return
+        server.RequestHandlerClass.page = path.read_bytes()
         err_console.print(f"serving http://127.0.0.1:{server.server_port}/ (Ctrl-C stops)", markup=False,
                           highlight=False)
-        try:
+        with contextlib.suppress(KeyboardInterrupt):
             server.serve_forever()
-        except KeyboardInterrupt:
-            pass
-        finally:
+    finally:
+        if server is not None:
             server.server_close()
+
+
+def _listen(run, port: int):
+    """The page's server listening on `port` (it serves the page once it is written), or UserError: the
+    port is taken or not ours to open."""
+    from viz.explorer_page import make_server
+
+    try:
+        return make_server(run, b"", port)
+    except OSError as exc:
+        raise UserError(f"--port {port}: cannot listen on 127.0.0.1:{port} ({exc.strerror or exc})") from None

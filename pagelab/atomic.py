@@ -25,7 +25,9 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], object], suffi
         write(tmp)
         os.replace(tmp, path)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
+        # Where the temporary file could not be made (a read-only file system), unlinking it fails too:
+        # the first error is the one to report.
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
     return path

@@ -15,13 +15,14 @@ from viz.breakdown import plot_breakdown
 from viz.common import FORMATS, FigureResult, safe_stem, save_figure
 from viz.errors import TableError, VizError
 from viz.latency_cdf import plot_latency_cdf
-from viz.load import Run, load_runs
+from viz.load import AllocatorRun, Run, load_runs
 from viz.snapshot import plot_block_snapshot
 from viz.sweep import applies, plot_block_size_sweep, plot_sweep_latency
 from viz.timeline import plot_batch_size, plot_memory_over_time
 from viz.trace_overview import save_trace_overview
 
-__all__ = ["FIGURES", "VizError", "figure_results", "plot_runs", "save_trace_overview"]
+__all__ = ["FIGURES", "VizError", "figure_results", "no_steps", "plot_runs", "save_figures",
+           "save_trace_overview"]
 
 
 def _per_run(plot: Callable[..., FigureResult], name: str, *option_names: str
@@ -72,6 +73,33 @@ FIGURE_TABLES: dict[str, tuple[str, ...]] = {
 }
 
 
+def no_steps(alloc: AllocatorRun) -> str | None:
+    """Why an allocator has nothing to draw, or None: it ran no step, so its memory table has no rows and
+    its summary's memory shares are null (every request was rejected before the first step)."""
+    summary = alloc.summary
+    if summary.get("num_steps") != 0:
+        return None
+    total = summary.get("num_requests")
+    return "no steps: every request was rejected" if total and summary.get("num_rejected") == total \
+        else "no steps"
+
+
+def _with_steps(runs: list[Run], warn: Callable[[str], None]) -> list[Run]:
+    """The runs with only the allocators that ran a step (a warning for each other one); VizError naming
+    them when none did."""
+    kept, left_out = [], []
+    for run in runs:
+        allocs = {n: a for n, a in run.allocators.items() if no_steps(a) is None}
+        left_out += [(run, a) for a in run.allocators.values() if no_steps(a) is not None]
+        if allocs:
+            kept.append(dataclasses.replace(run, allocators=allocs))
+    if not kept:
+        raise VizError("nothing to draw: " + "; ".join(f"{a.path}: {no_steps(a)}" for _, a in left_out))
+    for run, alloc in left_out:
+        warn(f"{alloc.path}: {no_steps(alloc)}; the figures leave out {run.label}/{alloc.name}")
+    return kept
+
+
 def _readable(runs: list[Run], tables: tuple[str, ...]) -> list[Run]:
     """The runs with only the allocators whose `tables` can all be read (runs left with none dropped)."""
     kept = []
@@ -89,19 +117,22 @@ def figure_results(runs: list[Run], only: list[str] | None = None, at: float | N
     `at` is the snapshot's time, `window` the block map's (start, end) in seconds.
 
     A table that cannot be read leaves its allocator out of the figures that need it, with a `warn`ing
-    naming the file (Python's warnings without `warn`); a figure left with nothing to draw is skipped.
+    naming the file (Python's warnings without `warn`); a figure left with nothing to draw is skipped. So is
+    an allocator that ran no step, with a warning; VizError when no allocator did.
     """
     warn = warn or (lambda message: warnings.warn(message, stacklevel=3))
     unknown = [n for n in only or [] if n not in FIGURES]
     if unknown:
         raise VizError(f"unknown figure '{unknown[0]}'; choose from {', '.join(FIGURES)}")
+    runs = _with_steps(runs, warn)
     told: set[Path] = set()
     for name, (draw, check, why) in FIGURES.items():
         if only and name not in only:
             continue
         drawn: set[str] = set()  # a per-run figure redrawn after damage yields each file once
+        found: tuple[str, ...] = ()  # tables found damaged while drawing that FIGURE_TABLES does not list
         while True:
-            tables = FIGURE_TABLES[name]
+            tables = FIGURE_TABLES[name] + found
             for run in runs:
                 for alloc in run.allocators.values():
                     for problem in alloc.table_problems(tables):
@@ -124,6 +155,9 @@ def figure_results(runs: list[Run], only: list[str] | None = None, at: float | N
                         yield result
             except TableError as exc:  # damage the footers did not show: mark it and draw without it
                 _mark(runs, exc)
+                # The redraw must leave that allocator out, or it meets the same damage again, forever.
+                if exc.table not in tables:
+                    found += (exc.table,)
                 continue
             break
 
@@ -133,6 +167,8 @@ def _mark(runs: list[Run], exc: TableError) -> None:
     for run in runs:
         for alloc in run.allocators.values():
             if exc.path == alloc.path or alloc.path in exc.path.parents:
+                if alloc._problems.get(exc.table) is not None:
+                    raise exc  # already left out of the figure that met it: redrawing would not end
                 alloc._problems[exc.table] = exc
                 return
     raise exc  # not a table of these runs
@@ -156,8 +192,16 @@ def plot_runs(run_dirs: list[Path], out: Path, fmt: str = "png", only: list[str]
     runs and unreadable tables are reported through `warn` (see figure_results)."""
     if fmt not in FORMATS:
         raise VizError(f"format '{fmt}' is not one of {', '.join(FORMATS)}")
-    runs = load_runs([Path(d) for d in run_dirs])
-    warn = warn or (lambda message: warnings.warn(message, stacklevel=2))
+    return save_figures(load_runs([Path(d) for d in run_dirs]), out, fmt, only, at, warn, window)
+
+
+def save_figures(runs: list[Run], out: Path, fmt: str = "png", only: list[str] | None = None,
+                 at: float | None = None, warn: Callable[[str], None] | None = None,
+                 window: tuple[float, float] | None = None) -> list[Path]:
+    """`plot_runs` on runs already loaded (a caller checks them before it checks `out`)."""
+    if fmt not in FORMATS:
+        raise VizError(f"format '{fmt}' is not one of {', '.join(FORMATS)}")
+    warn = warn or (lambda message: warnings.warn(message, stacklevel=3))
     _warn_incomplete(runs, warn)
     written = []
     for result in figure_results(runs, only, at, warn, window):

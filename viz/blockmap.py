@@ -128,11 +128,15 @@ def owner_image(raster: OwnerRaster) -> np.ndarray:
 
 
 def zoom_window(run: Run, t_end: float) -> tuple[float, float] | None:
-    """A window around the first allocator's peak, ZOOM_LIFETIMES median request lifetimes wide.
+    """A window around the peak of the first allocator whose request and memory tables can be read,
+    ZOOM_LIFETIMES median request lifetimes wide.
 
-    None when that is not much shorter than the run (the full map is then readable as it is).
+    None when that is not much shorter than the run (the full map is then readable as it is), or when no
+    allocator has those tables: the map itself needs only the tenures.
     """
-    alloc = next(iter(run.allocators.values()))
+    alloc = next((a for a in run.allocators.values() if not a.table_problems(("requests", "memory"))), None)
+    if alloc is None:
+        return None
     req = alloc.request_columns(("admitted_s", "finish_s"))
     life = (req["finish_s"] - req["admitted_s"]).to_numpy(float)
     life = life[np.isfinite(life) & (life > 0)]

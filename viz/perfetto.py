@@ -21,7 +21,8 @@ import numpy as np
 from pagelab.atomic import atomic_write
 from pagelab.parquet_parts import iter_batches, table_exists
 from pagelab.writes import open_out
-from viz.load import AllocatorRun, Run, load_run, read_table
+from viz.errors import TableError
+from viz.load import AllocatorRun, Run, load_run, read_table, unreadable
 from viz.palette import STATE_ORDER
 
 PHASES = ("waiting", "prefill", "decode")  # a request's slices, in the order they happen
@@ -65,8 +66,11 @@ def _request_batches(alloc: AllocatorRun) -> Iterator[dict[str, np.ndarray]]:
     cols = ["request_id", "arrival_s", "admitted_s", "first_token_s", "finish_s", "rejected"]
     path = alloc.path / "requests.parquet"
     if table_exists(path):
-        for batch in iter_batches(path, cols, REQUEST_READ_ROWS):
-            yield {c: batch.column(i).to_numpy(zero_copy_only=False) for i, c in enumerate(cols)}
+        try:
+            for batch in iter_batches(path, cols, REQUEST_READ_ROWS):
+                yield {c: batch.column(i).to_numpy(zero_copy_only=False) for i, c in enumerate(cols)}
+        except (OSError, ValueError) as exc:  # damage its footer did not show (pyarrow's errors are these)
+            raise unreadable(alloc.path, "requests", exc) from None
     else:
         df = read_table(alloc.path, "requests", tuple(cols))
         yield {c: df[c].to_numpy() for c in cols}
@@ -151,10 +155,32 @@ def write_events(out: io.BufferedWriter, events: Iterable[str]) -> int:
     return count
 
 
+def table_problem(run: Run) -> TableError | None:
+    """The first table the export reads that cannot be read (from its footers), or None: found before
+    anything is written."""
+    from viz.transitions import has_table
+
+    for alloc in run.allocators.values():
+        optional = ("transitions",) if has_table(alloc, "transitions") else ()
+        problems = alloc.table_problems(("requests", "memory", *optional))
+        if problems:
+            return problems[0]
+    return None
+
+
 def export_perfetto(run_dir: Path, out_path: Path) -> int:
     """Write run folder `run_dir` as trace-event JSON at `out_path` (via a temporary name); return the
-    number of events."""
+    number of events. TableError naming the file when a table cannot be read."""
     run = load_run(Path(run_dir))
+    problem = table_problem(run)
+    if problem is not None:
+        raise problem
+    return write_perfetto(run, out_path)
+
+
+def write_perfetto(run: Run, out_path: Path) -> int:
+    """Write a loaded run as trace-event JSON at `out_path` (via a temporary name); return the number of
+    events."""
     counted = []
 
     def write(tmp: Path) -> None:

@@ -2,10 +2,16 @@
 from __future__ import annotations
 
 import json
+import shutil
+import socket
 
 import pandas as pd
 import pytest
+import typer
 from clirun import one_line_error, pagelab
+
+from cli.common import user_errors
+from pagelab.atomic import atomic_write_bytes
 
 TINY = "arrival_s,prompt_len,output_len\n0,10,5\n1,20,6\n2,30,7\n"
 
@@ -83,3 +89,66 @@ def test_plot_at_outside_the_run(files, at, message):
                    cwd=files).returncode == 0
     assert message in one_line_error(pagelab("plot", "r", "--at", at, cwd=files))
     assert not (files / "r" / "figures").exists()
+
+
+@pytest.fixture(scope="module")
+def outs(tmp_path_factory):
+    """A small run folder `r`, a file and a folder in the way of outputs, and a copy `cut` of the run with its
+    request table cut short."""
+    place = tmp_path_factory.mktemp("outs")
+    (place / "tiny.csv").write_text(TINY)
+    assert pagelab("simulate", "tiny.csv", "-a", "paged", "--kv-memory-gb", "1", "--out", "r",
+                   cwd=place).returncode == 0
+    (place / "afile").write_text("x")
+    (place / "adir").mkdir()
+    shutil.copytree(place / "r", place / "cut")
+    requests = place / "cut" / "paged" / "requests.parquet"
+    requests.write_bytes(requests.read_bytes()[:1000])
+    return place
+
+
+def _tree(place) -> list[str]:
+    return sorted(str(p.relative_to(place)) for p in place.rglob("*"))
+
+
+OUT_CASES = [
+    (("plot", "r", "-o", "afile"), "--out afile is a file, not a folder"),
+    (("compare", "r", "r", "--out", "afile"), "--out afile is a file, not a folder"),
+    (("view", "r", "--out", "adir"), "--out adir is a folder, not a file"),
+    (("export", "r", "--out", "adir"), "--out adir is a folder, not a file"),
+    (("plot", "r", "-o", "/proc/pagelab-figs"), "--out /proc/pagelab-figs: cannot create files in /proc"),
+    (("compare", "r", "r", "--out", "/proc/pagelab-c"), "--out /proc/pagelab-c: cannot create files in"),
+    (("view", "r", "--out", "/proc/v.html"), "--out /proc/v.html: cannot create files in /proc"),
+    (("export", "r", "--out", "/proc/t.json"), "--out /proc/t.json: cannot create files in /proc"),
+    (("view", "r", "--serve", "--port", "99999"), "--port 99999: expected a port from 0 to 65535"),
+    (("view", "r", "--serve", "--port", "-1"), "--port -1: expected a port from 0 to 65535"),
+    (("compare", "r", "r", "--format", "gif", "--out", "c"), "--format gif: format 'gif' is not one of"),
+    (("compare", "r", "r", "--format", "gif"), "--format gif: format 'gif' is not one of png, svg, pdf"),
+    (("export", "cut"), "paged/requests.parquet: cannot read table (Parquet magic bytes not found"),
+]
+
+
+@pytest.mark.parametrize("args, message", OUT_CASES, ids=[" ".join(a) for a, _ in OUT_CASES])
+def test_an_output_that_cannot_be_written_is_refused_first(outs, args, message):
+    before = _tree(outs)
+    assert message in one_line_error(pagelab(*args, cwd=outs))
+    assert _tree(outs) == before  # nothing written, no temporary file left
+
+
+def test_view_on_a_busy_port_is_refused_before_the_page(outs):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        line = one_line_error(pagelab("view", "r", "--serve", "--port", port, cwd=outs))
+    assert f"--port {port}: cannot listen on 127.0.0.1:{port} (Address already in use)" in line
+    assert not (outs / "r" / "view.html").exists()
+
+
+def test_a_path_refused_while_writing_is_one_line(tmp_path, capsys):
+    (tmp_path / "d").mkdir()
+    with pytest.raises(typer.Exit) as stop:
+        user_errors(lambda: atomic_write_bytes(tmp_path / "d", b"x"))()  # a rename over a folder
+    assert stop.value.exit_code == 2
+    assert capsys.readouterr().err.strip() == f"error: {tmp_path / 'd'}: Is a directory"
+    assert [p.name for p in tmp_path.iterdir()] == ["d"]

@@ -81,3 +81,48 @@ def test_runs_without_tenures_skip_block_figures(tmp_path):
     assert "breakdown.png" in written
     with pytest.raises(VizError, match="block_map' needs tenures"):
         plot_runs([run], tmp_path / "figs", only=["block_map"])
+
+
+@pytest.fixture(scope="module")
+def rejected(tmp_path_factory):
+    """`mix`: paged runs both requests while contiguous-max (reserving max_model_len) rejects them before
+    its first step; `none`: paged rejects its only request."""
+    from cli import app
+
+    place = tmp_path_factory.mktemp("rejected")
+    (place / "two.csv").write_text("request_id,arrival_s,prompt_len,output_len\n0,0,100,10\n1,0,50,5\n")
+    (place / "big.csv").write_text("request_id,arrival_s,prompt_len,output_len\n0,0,5000,10\n")
+    for trace, allocators, name in (("two.csv", "paged,contiguous-max", "mix"), ("big.csv", "paged", "none")):
+        done = CliRunner().invoke(app, ["simulate", str(place / trace), "-a", allocators, "--capacity-tokens",
+                                        "1000", "--max-model-len", "2000", "--out", str(place / name)])
+        assert done.exit_code == 0, done.output
+    return place
+
+
+def test_an_allocator_without_steps_is_left_out_with_a_warning(rejected, tmp_path):
+    warnings: list[str] = []
+    written = plot_runs([rejected / "mix"], tmp_path / "figs", warn=warnings.append)
+    assert [p.stem for p in written] == SINGLE_RUN
+    assert warnings == [f"{rejected / 'mix' / 'contiguous-max'}: no steps: every request was rejected; the "
+                        "figures leave out mix/contiguous-max"]
+    snapshot = next(figure_results(load_runs([rejected / "mix"]), ["block_snapshot"], warn=[].append))
+    assert snapshot.name == "block_snapshot"  # paged's tenures are drawn
+
+
+def test_nothing_to_draw_is_an_error_and_writes_nothing(rejected, tmp_path):
+    from cli import app
+
+    none = rejected / "none"
+    for args in (["plot", str(none)], ["plot", str(none), "--only", "memory_over_time"],
+                 ["compare", str(none), str(none), "--out", str(tmp_path / "cmp")]):
+        done = CliRunner().invoke(app, args)
+        assert done.exit_code == 2, done.output
+        assert f"{none / 'paged'}: no steps: every request was rejected" in done.output
+        assert "Traceback" not in done.output and "warning" not in done.output
+    assert not (none / "figures").exists() and not (tmp_path / "cmp").exists()
+    cmp = ["compare", str(rejected / "mix"), str(none), "--out", str(tmp_path / "c")]
+    done = CliRunner().invoke(app, cmp)
+    assert done.exit_code == 0, done.output
+    assert "no steps: every request was rejected; the figures leave out" in done.output
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["breakdown.png", "comparison.json",
+                                                                  "latency_cdf.png"]
