@@ -147,12 +147,10 @@ class SequenceGroup:
 
 
 def shares_allocation(seqs: list[Sequence]) -> bool:
-    """Whether the sequences can share one allocation (the same tokens so far). Sequences whose tokens are
-    not known (simulated ones) share it only while none has generated any: samples and beams diverge."""
-    first = seqs[0]
-    if first.token_ids is None:
-        return all(s.num_generated == 0 and s.prompt_len == first.prompt_len for s in seqs)
-    return all(s.length == first.length and s.token_ids == first.token_ids for s in seqs)
+    """Whether the sequences can share one allocation (the same tokens so far)."""
+    n = seqs[0].length
+    return all(s.length == n for s in seqs) and (
+        seqs[0].token_ids is None or all(s.token_ids == seqs[0].token_ids for s in seqs))
 
 
 class RunningGroups(dict):

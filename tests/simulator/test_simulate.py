@@ -191,16 +191,3 @@ def test_sharing_savings_order_like_the_paper():
         saving[label] = sharing_saving(trace, cfg)["saving"]
     assert saving["single"] == 0.0  # nothing is shared without samples, beams or prefix hits
     assert 0.0 < saving["n4"] < saving["beam4"] < 1.0
-
-
-def test_samples_recomputed_after_diverging_each_need_room_for_their_own_tokens():
-    # Eight samples of 100 + 300 tokens never fit 500 slots together: a recompute must not re-admit them
-    # as one shared allocation (their generated tokens are not known to be equal), as swapping cannot.
-    trace = pd.DataFrame({"request_id": [0], "arrival_s": [0.0], "prompt_len": [100], "output_len": [300],
-                          "n": [8], "beam_width": [1]})
-    recompute = simulate(trace, SimConfig(model="opt-13b", capacity_tokens=500))
-    swap = simulate(trace, SimConfig(model="opt-13b", capacity_tokens=500, preemption_mode="swap",
-                                     swap_space_gb=1.0))
-    assert recompute.summary["num_finished"] == swap.summary["num_finished"] == 0
-    roomy = simulate(trace, SimConfig(model="opt-13b", capacity_tokens=100_000))
-    assert roomy.summary["num_finished"] == 1 and roomy.summary["num_preemptions"] == 0
