@@ -139,6 +139,11 @@ def bench_simulate(num_requests_list: Sequence[int | None], allocators: Sequence
         raise ConfigError(f"repeat must be >= 1, got {repeat}")
     if trace is None and None in num_requests_list:
         raise ConfigError("a synthetic benchmark trace needs a number of requests")
+    if trace is not None and isolate:
+        # Read here first: a missing, malformed or too short trace is the caller's mistake, reported as
+        # such, not as the failure of a benchmark process.
+        sizes = [n for n in num_requests_list if n is not None]
+        _load(trace, max(sizes) if sizes else None)
     base = config or SimConfig()
     records = []
     with tempfile.TemporaryDirectory(prefix="pagelab-bench-traces-") as traces_dir:

@@ -295,7 +295,9 @@ def engine_bench(
                     "step minus forward)", as_json)
         return
     from bench.engine import compare
+    from gpu_backend.engine.model_setup import resolve_device
 
+    device = str(resolve_device(device))
     limit = pick_one("--limit/--num-prompts", limit, num_prompts)
     limit = 64 if limit is None else limit
     if limit < 1:

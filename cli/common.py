@@ -140,6 +140,13 @@ def finite_float(value: float | None, option: str, *, minimum: float | None = No
     return value
 
 
+def check_seed(seed: int, option: str = "--seed") -> int:
+    """Refuse a seed numpy's generators cannot take (they want a non-negative integer)."""
+    if seed < 0:
+        raise UserError(f"{option} must be a whole number >= 0, got {seed}")
+    return seed
+
+
 def plot_format(path: Path) -> str:
     """The figure format a --plot path names (viz.common.figure_format), refused before any work."""
     from viz.common import figure_format

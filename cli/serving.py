@@ -10,7 +10,7 @@ import pandas as pd
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cli.common import LogProgress, UserError, console, err_console, names_list, pick_one, warn
+from cli.common import LogProgress, UserError, check_seed, console, err_console, names_list, pick_one, warn
 from cli.help import VLLM
 from cli.report import (
     memory_table,
@@ -67,6 +67,7 @@ def load_workload(trace_arg: str | None, trace_opt: str | None, limit: int | Non
     from traces import load_trace, respace_arrivals
     from traces.stats import trace_info
 
+    check_seed(seed)
     source = pick_one("the trace (positional or --trace)", trace_arg, trace_opt) or "azure-conv"
     limit = pick_one("--limit/--num-prompts", limit, num_prompts)
     limit = default_limit if limit is None else limit

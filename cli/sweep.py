@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cli.common import UserError, console, err_console, user_errors
+from cli.common import UserError, check_seed, console, err_console, user_errors
 from cli.help import OUTPUT, POOL, SCHEDULER, TRACE
 from cli.report import short
 from cli.simulate import Placement, Preemption
@@ -25,6 +25,14 @@ STATUS_TEXT = {"found": "", "above_range": " (meets the SLO at the top of the ra
                "below_range": " (misses the SLO at the lowest rate)", "budget": " (search budget spent)",
                "searching": " (search off: grid only)",
                "point_failed": " (stopped: a point it needs failed, see sweep.parquet's error column)"}
+
+# SimConfig fields with an option of their own: the option's name and its default (a sweep option left at
+# its default may be set by a one-value --axis instead).
+OPTION_FLAGS = {"capacity_tokens": ("--capacity-tokens", None), "max_model_len": ("--max-model-len", None),
+                "max_num_seqs": ("--max-num-seqs", 256),
+                "max_num_batched_tokens": ("--max-num-batched-tokens", None),
+                "preemption_mode": ("--preemption", "recompute"), "placement": ("--placement", "buddy"),
+                "latency": ("--latency", "roofline"), "seed": ("--seed", 0)}
 
 
 def _list(name: str, text: str | None, kind: type) -> tuple | None:
@@ -128,6 +136,7 @@ def sweep_cmd(
     from simulator.sweep.runner import TRACE_FILE, SweepPlan
     from traces import load_trace
 
+    check_seed(seed)
     try:
         names = tuple(dict.fromkeys(n.strip() for item in allocator or list(ALLOCATORS)
                                     for n in item.split(",") if n.strip()))
@@ -143,12 +152,17 @@ def sweep_cmd(
             if axes_values.get(name) is not None and name in ("block_size", "kv_memory_gb", "model", "gpu"):
                 raise UserError(f"--axis {spec!r}: use --{name.replace('_', '-')} for this axis")
             axes_values[name] = values
-        # Axes with one value are shared options, not columns of the sweep.
+        options = {"capacity_tokens": capacity_tokens, "max_model_len": max_model_len,
+                   "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
+                   "preemption_mode": preemption, "placement": placement, "latency": latency, "seed": seed}
+        for name, value in options.items():
+            flag, default = OPTION_FLAGS[name]
+            if axes_values.get(name) is not None and value != default:
+                raise UserError(f"{flag} and --axis {name}=... both set {name}; give one of them")
+        # Axes with one value are shared options, not columns of the sweep; they replace the option's default.
         swept = {k: v for k, v in axes_values.items() if v is not None and len(v) > 1}
-        base = {k: v[0] for k, v in axes_values.items() if v is not None and len(v) == 1}
-        base.update(capacity_tokens=capacity_tokens, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                    max_num_batched_tokens=max_num_batched_tokens, preemption_mode=preemption,
-                    placement=placement, latency=latency, seed=seed, record_events=events)
+        base = {**options, **{k: v[0] for k, v in axes_values.items() if v is not None and len(v) == 1},
+                "record_events": events}
         axes = SweepAxes(rates, bounds, names, swept, base)
         axes.check()
         plan = SweepPlan(axes, parse_slo(slo or DEFAULT_SLO), search, tolerance, search_runs)

@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from cli.common import UserError, console, err_console, pick_one, plot_format, user_errors
+from cli.common import UserError, check_seed, console, err_console, pick_one, plot_format, user_errors
 
 trace_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
                         help="Generate, inspect and convert request traces.")
@@ -46,10 +46,46 @@ def _shared_prefix(text: str | None) -> dict[str, object]:
         return {}
     try:
         k, length, fraction = text.split(":")
-        return {"num_prefix_groups": int(k), "prefix_len": int(length), "prefix_fraction": float(fraction)}
+        fields = {"num_prefix_groups": int(k), "prefix_len": int(length), "prefix_fraction": float(fraction)}
     except ValueError:
         raise UserError("--shared-prefix expects K:L:F (K system prompts of L tokens used by a fraction F "
                         f"of the requests), e.g. 4:256:0.5 (got {text!r})") from None
+    if fields["num_prefix_groups"] < 1:
+        raise UserError(f"--shared-prefix {text}: K, the number of system prompts, must be >= 1")
+    return fields
+
+
+# Options that apply only to one kind of trace, and their defaults (a default is never refused).
+_SINGLE_TURN_ONLY = {"arrival": ("--arrival", "poisson"), "cv": ("--cv", None),
+                     "burstiness": ("--burstiness", None), "lengths": ("--lengths", "sharegpt"),
+                     "shared_prefix": ("--shared-prefix", None), "n": ("--n", 1),
+                     "beam_width": ("--beam-width", 1)}
+_MULTI_TURN_ONLY = {"turns": ("--turns", 1.55), "think_time": ("--think-time", 60.0),
+                    "think_dist": ("--think-dist", "exponential")}
+MAX_TURNS = 10_000  # mean turns per conversation; beyond it the geometric draws stop meaning anything
+MAX_THINK_S = 1e9  # about 30 years between turns
+
+
+def _refuse_unused(multi_turn: bool, **given) -> None:
+    """Refuse options the chosen kind of trace would silently ignore, naming them."""
+    other = _SINGLE_TURN_ONLY if multi_turn else _MULTI_TURN_ONLY
+    unused = [flag for name, (flag, default) in other.items() if given[name] != default]
+    if unused:
+        verb = "does" if len(unused) == 1 else "do"
+        raise UserError(f"{', '.join(unused)} {verb} not apply "
+                        f"{'with --multi-turn' if multi_turn else 'without --multi-turn'}")
+    if not multi_turn and given["cv"] is not None and given["arrival"] != "gamma":
+        raise UserError(f"--cv shapes gamma arrivals: it needs --arrival gamma "
+                        f"(got --arrival {given['arrival']})")
+    if given["burstiness"] is not None and given["arrival"] not in ("poisson", "gamma"):
+        raise UserError(f"--burstiness makes gamma arrivals: it does not apply with "
+                        f"--arrival {given['arrival']}")
+    turns, think = given["turns"], given["think_time"]
+    if not (math.isfinite(turns) and 1 <= turns <= MAX_TURNS):
+        raise UserError(f"--turns must be a finite number in [1, {MAX_TURNS:,}], got {turns}")
+    if not (math.isfinite(think) and 0 <= think <= MAX_THINK_S):
+        raise UserError(f"--think-time must be a finite number of seconds in [0, {MAX_THINK_S:g}], "
+                        f"got {think}")
 
 
 @trace_app.command("gen")
@@ -95,6 +131,10 @@ def gen(
     from traces import SyntheticConfig, generate_trace, save_trace
     from traces.stats import trace_info
 
+    check_seed(seed)
+    _refuse_unused(multi_turn, arrival=arrival, cv=cv, burstiness=burstiness, lengths=lengths,
+                   shared_prefix=shared_prefix, n=n, beam_width=beam_width, turns=turns,
+                   think_time=think_time, think_dist=think_dist)
     kind = lengths if lengths in _NAMED_LENGTHS else "resample"
     num = pick_one("--num/--num-prompts", num, num_prompts)
     num = 1000 if num is None else num

@@ -10,6 +10,8 @@ from rich.table import Table
 
 from cli.common import UserError, console, err_console, plot_format
 
+MAX_CAPACITY = 1e15  # tokens: far past any cache, and block counts stay exact in int64 and float64
+
 
 def _tokens(text: str | None) -> list[int]:
     """Parse --capacity 100000,1e6,... into whole token counts."""
@@ -22,8 +24,9 @@ def _tokens(text: str | None) -> list[int]:
         except ValueError:
             raise UserError(f"--capacity expects token counts separated by commas, e.g. 1e5,1e6 "
                             f"(got {part!r})") from None
-        if not (value >= 1 and value == int(value)):
-            raise UserError(f"--capacity expects whole token counts >= 1 (got {part!r})")
+        if not (1 <= value <= MAX_CAPACITY and value == int(value)):
+            raise UserError(f"--capacity expects whole token counts from 1 to {MAX_CAPACITY:.0e} "
+                            f"(got {part!r})")
         out.append(int(value))
     return out
 

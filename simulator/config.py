@@ -127,6 +127,21 @@ class SimConfig(CacheConfig):
         """The batching limits for the scheduler (max_model_len defaults to the resolved one)."""
         return super().scheduler_config(max_model_len or self.resolved_max_model_len)
 
+    def check_runnable(self) -> None:
+        """Raise the ConfigError that building the scheduler or the pool would raise, without building
+        them (a sweep checks every configuration before it writes anything)."""
+        self.scheduler_config()
+        capacity = self.capacity()
+        if capacity < 1:
+            raise ConfigError(f"the KV pool holds {capacity} token slots; give a larger pool")
+        if not self.is_paged:
+            return
+        layout = self.kv_layout()
+        if layout is not None and not self.kv_capacity().num_blocks:
+            raise ConfigError(f"the KV pool holds no block of {layout.block_bytes} bytes")
+        if layout is None and capacity < self.block_size:
+            raise ConfigError(f"a KV pool of {capacity} slots holds no block of {self.block_size} tokens")
+
     def build_allocator(self) -> KVAllocator:
         """The configured allocator over the configured capacity (logging its allocations when
         `record_events`)."""

@@ -223,3 +223,30 @@ def pagelab_parquet(path: Path, source: str, warnings: list[str] | None) -> RawT
     raw = RawTrace(frame=df, lines=np.arange(1, len(df) + 1), unit="row",
                    header="schema", relative_time=True)
     return _drop_unknown(raw, source, warnings)
+
+
+def parquet_prefix_columns(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """A Parquet trace's prefix keys (flat), keys per row, prompt lengths and recorded block sizes, read
+    straight from the columns when they need no checking: lists of signed integers beside integer lengths
+    and sizes, no nulls. None for any other file, which must be loaded and validated whole (that parses
+    keys stored as text and names the row of a key it cannot take)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    columns = ["prefix_blocks", "prompt_len", "prefix_block_size"]
+    try:
+        if not set(columns) <= set(pq.read_schema(path).names):
+            return None
+        # Only the columns used: reading the others too takes about as long again.
+        table = pq.read_table(path, columns=columns)
+    except Exception:  # noqa: BLE001 - the loader reports an unreadable file in its own words
+        return None
+    col = table.column("prefix_blocks").combine_chunks()
+    if not (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)):
+        return None
+    flat = col.flatten()
+    others = [table.column(c) for c in columns[1:]]
+    if not all(pa.types.is_signed_integer(c.type) and c.null_count == 0 for c in (flat, *others)):
+        return None
+    return (flat.to_numpy().astype(np.int64), np.diff(col.offsets.to_numpy()),
+            *(c.to_numpy().astype(np.int64) for c in others))

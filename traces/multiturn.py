@@ -56,12 +56,12 @@ class MultiTurnConfig:
         for name in ("rate", "first_prompt_len", "user_len", "output_len", "sigma"):
             if not getattr(self, name) > 0:
                 bad(name, "must be > 0")
-        if not self.mean_turns >= 1:
-            bad("mean_turns", "must be >= 1")
+        if not (self.mean_turns >= 1 and np.isfinite(self.mean_turns)):
+            bad("mean_turns", "must be a finite number >= 1")
         if self.system_prompt_len < 0:
             bad("system_prompt_len", "must be >= 0")
-        if not self.think_time_s >= 0:
-            bad("think_time_s", "must be >= 0")
+        if not (self.think_time_s >= 0 and np.isfinite(self.think_time_s)):
+            bad("think_time_s", "must be a finite number >= 0")
         if self.think_time not in THINK_TIMES:
             bad("think_time", f"must be one of {', '.join(THINK_TIMES)}")
         if self.prefix_block_size < 1:
@@ -117,8 +117,10 @@ def generate_multiturn(config: MultiTurnConfig, *, warnings: list[str] | None = 
     gaps = _think(config, think_rng, num)
     gaps[first] = 0.0
     starts = np.cumsum(start_rng.exponential(config.mean_turns / config.rate, nconv))
-    clock = np.cumsum(gaps)
-    arrival = np.repeat(starts, turns) + clock - np.repeat(clock[first], turns)
+    # Summed per conversation: a running sum over all conversations, less its value at each conversation's
+    # start, cancels away the think times once that sum dwarfs them.
+    since_start = pd.Series(gaps).groupby(conv, sort=False).cumsum().to_numpy()
+    arrival = np.repeat(starts, turns) + since_start
     keep = np.flatnonzero(fits)
     if len(keep) == 0:
         raise TraceError(f"multi-turn trace: no first turn fits in max_model_len {config.max_model_len}")

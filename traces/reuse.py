@@ -342,6 +342,7 @@ def lru_curve(refs: Refs) -> LRUCurve:
 def load_refs(path: str, block_size: int, format: str = "auto",
               warnings: list[str] | None = None) -> tuple[Refs, dict | None]:
     """The units of a trace file or bundled name, and trace info's prefix statistics of it."""
+    from traces.formats import parquet_prefix_columns
     from traces.loaders import detect_format, load_trace, resolve_trace
 
     try:
@@ -349,20 +350,9 @@ def load_refs(path: str, block_size: int, format: str = "auto",
         fmt = detect_format(file) if format == "auto" else format
     except Exception:  # noqa: BLE001 - load_trace below reports the problem in its own words
         file, fmt = None, format
-    if fmt == "parquet" and file is not None:
-        import pyarrow.parquet as pq
-
-        names = pq.read_schema(file).names
-        if "prefix_blocks" not in names:
-            raise TraceError(NO_KEYS.format(path))
-        # Only the columns used: reading the others too takes about as long again.
-        table = pq.read_table(file, columns=[c for c in ("prefix_blocks", "prompt_len", "prefix_block_size")
-                                             if c in names])
-        col = table.column("prefix_blocks").combine_chunks()
-        keys = col.flatten().to_numpy(zero_copy_only=False).astype(np.int64)
-        nkeys = np.diff(col.offsets.to_numpy())
-        prompt = table.column("prompt_len").to_numpy().astype(np.int64)
-        sizes = table.column("prefix_block_size").to_numpy()
+    columns = parquet_prefix_columns(file) if fmt == "parquet" and file is not None else None
+    if columns is not None:
+        keys, nkeys, prompt, sizes = columns
     else:
         from itertools import chain
 

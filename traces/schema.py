@@ -30,6 +30,7 @@ REQUIRED_COLUMNS = ("arrival_s", "prompt_len", "output_len")
 # Beyond this a "length" is certainly garbage, and float64 would stop holding it exactly.
 MAX_COUNT = 2**40
 COUNT_COLUMNS = ("prompt_len", "output_len", "n", "beam_width")
+KEY_MIN, KEY_MAX = -(2**63), 2**63 - 1  # prefix keys are int64 in every table and array
 
 
 class TraceWarning(UserWarning):
@@ -165,10 +166,13 @@ def _validate(raw: RawTrace, source: str, warnings: list[str] | None) -> pd.Data
     return result
 
 
-def _numbers(values: pd.Series, col: str, fail) -> np.ndarray:
-    """Values as float64, failing on the first one that is missing, not a number, not finite, or a boolean."""
+def _numbers(values: pd.Series, col: str, fail, expected: str = "") -> np.ndarray:
+    """Values as float64, failing on the first one that is missing, not a number, not finite, a boolean, or
+    a date or duration (whose numbers are in a unit of their own); `expected` says what should be there."""
     if values.dtype.kind in "iu":
         return values.to_numpy(dtype=np.float64)
+    if values.dtype.kind in "mM" or isinstance(values.dtype, pd.DatetimeTZDtype):
+        fail(0, col, f"a {values.dtype} column is not numbers{expected}")
     # pandas would read true/false as 1/0; a boolean is never a count or a time.
     if values.dtype.kind == "b":
         fail(0, col, f"boolean value {bool(values.iloc[0])!r} is not a number")
@@ -186,13 +190,13 @@ def _numbers(values: pd.Series, col: str, fail) -> np.ndarray:
             fail(pos, col, "missing value (NaN or empty)")
         if np.isinf(num[pos]):
             fail(pos, col, f"value is not finite: {cell!r}")
-        fail(pos, col, f"not a number: {cell!r}")
+        fail(pos, col, f"not a number: {cell!r}{expected}")
     return num
 
 
 def _arrival_column(values: pd.Series, fail) -> np.ndarray:
     """Arrival times in seconds: finite and not negative."""
-    arr = _numbers(values, "arrival_s", fail)
+    arr = _numbers(values, "arrival_s", fail, " (expected seconds, e.g. 0.25, since the trace's start)")
     neg = arr < 0
     if neg.any():
         pos = int(np.argmax(neg))
@@ -278,13 +282,19 @@ def _key_lists(cells: list, fail) -> list[list[int]]:
     """All prefix_blocks cells as fresh lists of Python ints (one C-speed pass when they already are)."""
     with bulk_objects():
         if set(map(type, cells)) == {list} and set(map(type, chain.from_iterable(cells))) <= {int}:
-            return [cell.copy() for cell in cells]
+            try:  # the one pass that finds a key outside int64; the loop below names its row
+                np.fromiter(chain.from_iterable(cells), np.int64)
+            except OverflowError:
+                pass
+            else:
+                return [cell.copy() for cell in cells]
         return [_key_list(cell, pos, fail) for pos, cell in enumerate(cells)]
 
 
 def _key_list(cell, pos: int, fail) -> list[int]:
-    """One prefix_blocks cell (list, array, or text "1 2 3" / "[1, 2, 3]") as a list of Python ints."""
-    if isinstance(cell, list) and all(type(x) is int for x in cell):
+    """One prefix_blocks cell (list, array, or text "1 2 3" / "[1, 2, 3]") as a list of Python ints that
+    fit in int64 (the key arrays of the reuse analysis and of Parquet files)."""
+    if isinstance(cell, list) and all(type(x) is int and KEY_MIN <= x <= KEY_MAX for x in cell):
         return list(cell)
     if cell is None or (isinstance(cell, float) and np.isnan(cell)):
         return []
@@ -292,7 +302,9 @@ def _key_list(cell, pos: int, fail) -> list[int]:
         text = cell.strip()
         if not text.startswith("["):
             with contextlib.suppress(ValueError):
-                return list(map(int, text.replace(",", " ").split()))
+                keys = list(map(int, text.replace(",", " ").split()))
+                if all(KEY_MIN <= k <= KEY_MAX for k in keys):
+                    return keys
         try:
             items = json.loads(text) if text.startswith("[") else text.replace(",", " ").split()
         except json.JSONDecodeError:
@@ -311,6 +323,9 @@ def _key_list(cell, pos: int, fail) -> list[int]:
             fail(pos, "prefix_blocks", f"not an integer key: {item!r}")
         if isinstance(item, (float, np.floating)) and key != item:
             fail(pos, "prefix_blocks", f"not an integer key: {item!r}")
+        if not KEY_MIN <= key <= KEY_MAX:
+            fail(pos, "prefix_blocks", f"key {key} is outside the signed 64-bit range "
+                                       f"[-2**63, 2**63 - 1] prefix keys are stored in")
         keys.append(key)
     return keys
 

@@ -79,6 +79,8 @@ class CacheConfig:
             out.append(f"swap_space_gb must be >= 0, got {self.swap_space_gb}")
         if not 0 <= self.watermark < 1:
             out.append(f"watermark must be in [0, 1), got {self.watermark}")
+        if self.seed < 0:  # numpy's generators take only non-negative seeds
+            out.append(f"seed must be >= 0, got {self.seed}")
         return out
 
     @property

@@ -161,7 +161,7 @@ class SweepAxes:
             try:  # presets are looked up lazily by the simulator; look them up now
                 get_gpu(sim.gpu)
                 sim.model_spec  # noqa: B018
-                sim.capacity()
+                sim.check_runnable()
                 if sim.latency != "roofline":
                     make_latency_model("fitted", sim.model, sim.gpu, path=sim.latency)
             except PagelabError as exc:

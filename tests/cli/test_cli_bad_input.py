@@ -69,6 +69,13 @@ CASES = [
     (("replay", "tiny.csv", "--max-model-len", "0"), "max_model_len must be > 0"),
     (("replay", "tiny.csv", "--kv-memory-gb", "1e6"), "does not fit in this machine's memory"),
     (("bench", "engine", "--num-prompts", "0"), "--limit/--num-prompts must be >= 1, got 0"),
+    (("bench", "engine", "--device", "tpu", "--limit", "2"), "unknown device 'tpu'"),
+    # bench simulate reads the trace before it starts a benchmark process.
+    (("bench", "simulate", "--trace", "nonexist.csv"), "nonexist.csv: no such file"),
+    (("bench", "simulate", "--trace", "bool.jsonl"), "boolean value True is not a number"),
+    (("bench", "simulate", "--trace", "tiny.csv", "--num", "5"), "tiny.csv has 3 requests, fewer than the 5"),
+    (("replay", "tiny.csv", "--seed", "-1"), "--seed must be a whole number >= 0, got -1"),
+    (("simulate", "tiny.csv", "--seed", "-1", "--rate", "2"), "--seed must be a whole number >= 0, got -1"),
     (("bench", "calibration", "--parts", "A,D"), "unknown part 'D'; choose from A, B, A-x2, C"),
     (("bench", "calibration", "--device", "tpu"), "--device must be one of cpu, cuda, got 'tpu'"),
     (("simulate", "--bogus"), "No such option: --bogus"),

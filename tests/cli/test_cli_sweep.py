@@ -53,6 +53,16 @@ def closed_port() -> int:
     (["--rate", "1:2", "--jobs", "0"], "--jobs must be >= 1"),
     (["--rate", "1:2", "--tolerance", "0"], "--tolerance"),
     (["--rate", "1:2", "--address", "127.0.0.1:6379"], "--address needs --executor ray"),
+    # Combinations only the scheduler or the pool would refuse are checked before the folder is made.
+    (["--rate", "1:2", "--max-num-batched-tokens", "1"], "max_num_batched_tokens (1) must be >= max_num"),
+    (["--rate", "1:2", "--axis", "enable_chunked_prefill=false", "--max-num-batched-tokens", "512"],
+     "max_num_batched_tokens (512) must be >= max_model_len (2048) unless chunked prefill"),
+    (["--rate", "1:2", "--capacity-tokens", "10"], "a KV pool of 10 slots holds no block of 16 tokens"),
+    (["--rate", "1:2", "--seed", "-1"], "--seed must be a whole number >= 0, got -1"),
+    (["--rate", "1:2", "--axis", "seed=-1,2"], "seed=-1: seed must be >= 0, got -1"),
+    (["--rate", "1:2", "--axis", "max_num_seqs=0"], "max_num_seqs must be > 0, got 0"),
+    (["--rate", "1:2", "--axis", "max_num_seqs=2", "--max-num-seqs", "4"],
+     "--max-num-seqs and --axis max_num_seqs=... both set max_num_seqs"),
 ])
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, trace_file, args, words):
     out = tmp_path / "sweep"
@@ -134,3 +144,12 @@ def test_small_sweep_writes_tables_logs_each_point_and_resumes(tmp_path, trace_f
     assert [c["allocator"] for c in result["configurations"]] == list(max_rates["allocator"])
     assert [c["max_rate"] for c in result["configurations"]] == pytest.approx(list(max_rates["max_rate"]))
     assert json.loads((out / "summary.json").read_text())["points"]["reused"] == len(table)
+
+
+def test_a_one_value_axis_applies_like_its_option(tmp_path, trace_file):
+    out = tmp_path / "sweep"
+    result = pagelab("sweep", trace_file, *SMALL, "--rate", "1", "--no-search", "-a", "paged", "--jobs", "1",
+                     "--axis", "max_num_seqs=2", "--axis", "preemption_mode=swap", "--out", out)
+    assert result.returncode == 0, result.stderr
+    base = json.loads((out / "summary.json").read_text())["base"]
+    assert base["max_num_seqs"] == 2 and base["preemption_mode"] == "swap"

@@ -64,6 +64,19 @@ def test_gen_lengths_from_a_vidur_length_only_file(tmp_path):
     (["--shared-prefix", "2:64"], "--shared-prefix expects K:L:F"),
     (["--prompt-range", "a:b", "--lengths", "uniform"], "--prompt-range expects LO:HI"),
     (["--lengths", "no-such-trace.csv"], "no-such-trace.csv: no such file"),
+    (["--seed", "-1"], "--seed must be a whole number >= 0, got -1"),
+    (["--shared-prefix", "0:10:0.5"], "K, the number of system prompts, must be >= 1"),
+    # Options the chosen kind of trace would ignore are refused, by name.
+    (["--multi-turn", "--arrival", "burst"], "--arrival does not apply with --multi-turn"),
+    (["--multi-turn", "--burstiness", "2", "--n", "2", "--beam-width", "2"],
+     "--burstiness, --n, --beam-width do not apply with --multi-turn"),
+    (["--multi-turn", "--cv", "2"], "--cv does not apply with --multi-turn"),
+    (["--cv", "2"], "--cv shapes gamma arrivals: it needs --arrival gamma (got --arrival poisson)"),
+    (["--arrival", "burst", "--burstiness", "2"], "--burstiness makes gamma arrivals"),
+    (["--turns", "3", "--think-time", "5"], "--turns, --think-time do not apply without --multi-turn"),
+    (["--multi-turn", "--turns", "inf"], "--turns must be a finite number in [1, 10,000], got inf"),
+    (["--multi-turn", "--think-time", "inf"], "--think-time must be a finite number of seconds"),
+    (["--multi-turn", "--think-time", "1e12"], "--think-time must be a finite number of seconds"),
 ])
 def test_gen_bad_options_exit_2_without_traceback(tmp_path, args, message):
     result = run("trace", "gen", "--out", tmp_path / "x.csv", *args)

@@ -58,6 +58,8 @@ def test_reuse_table_names_the_trace(chat):
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--capacity", "1e4,lots"], "--capacity expects token counts"),
+    (["--capacity", "inf"], "--capacity expects whole token counts from 1 to 1e+15 (got 'inf')"),
+    (["--capacity", "1e30"], "--capacity expects whole token counts from 1 to 1e+15 (got '1e30')"),
     (["--policy", "lru,arc"], "--policy expects names from lru, lfu, s3fifo"),
     (["--block-size", "48"], "block_size 48 cannot reuse prefix keys recorded at 64"),
     (["--plot", "curve.xyz"], "--plot curve.xyz: format 'xyz' is not one of png, svg, pdf"),
@@ -74,3 +76,33 @@ def test_a_trace_without_keys_is_refused(tmp_path):
     assert run("trace", "gen", "--num", "20", "-o", path).exit_code == 0
     result = run("trace", "reuse", path)
     assert result.exit_code == 2 and "records no prefix keys" in result.stderr
+
+
+def _parquet(path, keys, key_type):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"arrival_s": [0.0, 1.0], "prompt_len": [40, 40], "output_len": [5, 5],
+                             "prefix_blocks": pa.array(keys, key_type), "prefix_block_size": [16, 16]}), path)
+    return path
+
+
+def test_keys_stored_as_text_are_parsed_as_trace_info_parses_them(tmp_path):
+    import pyarrow as pa
+
+    text = _parquet(tmp_path / "text.parquet", ["1 2", "1 3"], pa.large_string())
+    lists = _parquet(tmp_path / "lists.parquet", [[1, 2], [1, 3]], pa.list_(pa.int64()))
+    reports = [run("trace", "reuse", path, "--json") for path in (text, lists)]
+    assert all(r.exit_code == 0 for r in reports), reports[0].output
+    assert json.loads(reports[0].stdout) == json.loads(reports[1].stdout)
+    assert json.loads(reports[0].stdout)["recorded"]["unique_blocks"] == 3
+
+
+@pytest.mark.parametrize("command", [["info"], ["reuse"], ["convert", "out.csv"]])
+def test_keys_beyond_int64_are_refused_by_every_command(tmp_path, command):
+    import pyarrow as pa
+
+    path = _parquet(tmp_path / "u64.parquet", [[1, 2**63], [1, 3]], pa.list_(pa.uint64()))
+    result = run("trace", command[0], path, *(str(tmp_path / c) for c in command[1:]))
+    assert result.exit_code == 2, result.output
+    assert "u64.parquet row 1, field 'prefix_blocks': key 9223372036854775808 is outside" in result.stderr

@@ -53,6 +53,12 @@ CASES = [
      "prefix_block_size", "missing column"),
     ("burst_neg.csv", "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
      "1,m,5,6,11,x\n2,m,5,-1,4,x\n", "line 3", "Response tokens", "negative"),
+    ("clock.csv", PL + "0,2024-01-01 00:00:00,5,6\n", "line 2", "arrival_s", "(expected seconds"),
+    # Prefix keys are int64 in every table and array: a wider one is refused where the trace is read.
+    ("bigkey.csv", PL.strip() + ",prefix_blocks,prefix_block_size\n0,0,40,5,99999999999999999999999 2,16\n",
+     "line 2", "prefix_blocks", "key 99999999999999999999999 is outside the signed 64-bit range"),
+    ("bigkey.jsonl", MC.format(0, 1024, 5, "[1, 18446744073709551616]"), "line 1", "hash_ids",
+     "key 18446744073709551616 is outside"),
 ]
 
 
@@ -122,6 +128,22 @@ def test_parquet_rows_are_named_by_data_row(tmp_path):
                   "output_len": [1, 0, 2]}).to_parquet(path)
     with pytest.raises(TraceError, match=r"bad\.parquet row 2, field 'output_len': zero output length"):
         load_trace(path)
+
+
+@pytest.mark.parametrize("stamps", [pd.to_datetime(["2024-01-01 00:00:00", "2024-01-01 00:00:01"]),
+                                    pd.to_timedelta([0, 1], unit="s")], ids=["datetime", "timedelta"])
+def test_a_parquet_clock_column_is_refused_not_read_as_seconds(tmp_path, stamps):
+    path = tmp_path / "clock.parquet"
+    pd.DataFrame({"arrival_s": stamps, "prompt_len": [5, 6], "output_len": [3, 3]}).to_parquet(path)
+    with pytest.raises(TraceError, match=r"clock.parquet row 1, field 'arrival_s': a \w+64\[\w+\] column is "
+                                         r"not numbers \(expected seconds"):
+        load_trace(path)
+
+
+def test_keys_at_the_ends_of_int64_load():
+    df = validate_trace(pd.DataFrame({"arrival_s": [0.0], "prompt_len": [32], "output_len": [1],
+                                      "prefix_blocks": [[-(2**63), 2**63 - 1]], "prefix_block_size": [16]}))
+    assert df["prefix_blocks"][0] == [-(2**63), 2**63 - 1]
 
 
 def test_validate_trace_on_a_frame():
