@@ -75,12 +75,13 @@ def warn(message: str) -> None:
 
 def figure_format(value: str, option: str = "--format") -> str:
     """A figure format option as the figures take it (png, svg or pdf), refused before any work."""
-    from viz.common import FORMATS
+    from viz.common import format_named
+    from viz.errors import VizError
 
-    fmt = value.lower().lstrip(".")
-    if fmt not in FORMATS:
-        raise UserError(f"{option} {value}: format '{fmt}' is not one of {', '.join(FORMATS)}")
-    return fmt
+    try:
+        return format_named(value, f"{option} {value}")
+    except VizError as exc:
+        raise UserError(str(exc)) from None
 
 
 def names_list(values: Iterable[str] | None) -> list[str]:

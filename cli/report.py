@@ -167,7 +167,7 @@ def warn_about(results: dict) -> None:
         pool = f"{s['num_blocks']:,} blocks of {s['block_size']} tokens" if s.get("allocator") == "paged" \
             else f"{s['capacity_tokens']:,} token slots"
         text = rejection_warning(res.request_data(), int(max_len or 0) or 2**62, pool,
-                                 _model_limit(res.config.get("model")))
+                                 model_limit(res.config.get("model")))
         if text:
             warn(f"{name}: {text}")
         text = overload_warning(res.request_data(), s["sim_duration_s"])
@@ -175,7 +175,7 @@ def warn_about(results: dict) -> None:
             warn(f"{name}: {text}")
 
 
-def _model_limit(model) -> int | None:
+def model_limit(model) -> int | None:
     """The context of the run's model, when it names one pagelab knows."""
     from simulator.core.errors import ConfigError
     from simulator.core.models import get_model

@@ -14,6 +14,7 @@ from cli.common import LogProgress, UserError, check_seed, console, err_console,
 from cli.help import VLLM
 from cli.report import (
     memory_table,
+    model_limit,
     parse_metrics,
     parse_percentiles,
     serving_table,
@@ -192,13 +193,8 @@ def print_capacity(capacity, model_id: str | None = None, *, stderr: bool = Fals
         lines.insert(0, f"{model_id}: the registry's {capacity.model}")
     for line in lines:
         (err_console if stderr else console).print(line, markup=False, soft_wrap=True)
-    from simulator.core.errors import ConfigError
-    from simulator.core.models import get_model
-    try:
-        own = get_model(capacity.model).max_model_len
-    except ConfigError:  # a model outside the registry (a local config.json): its limit was applied
-        return
-    if capacity.max_model_len > own:
+    own = model_limit(capacity.model)  # None outside the registry (a local config.json: its limit applied)
+    if own is not None and capacity.max_model_len > own:
         warn(f"--max-model-len {capacity.max_model_len:,} is longer than {capacity.model}'s context of "
              f"{own:,} tokens (vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)")
 

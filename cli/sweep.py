@@ -1,6 +1,7 @@
 """`pagelab sweep`: simulate a grid of rates and configurations, and find each one's capacity."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -26,13 +27,12 @@ STATUS_TEXT = {"found": "", "above_range": " (meets the SLO at the top of the ra
                "searching": " (search off: grid only)",
                "point_failed": " (stopped: a point it needs failed, see sweep.parquet's error column)"}
 
-# SimConfig fields with an option of their own: the option's name and its default (a sweep option left at
-# its default may be set by a one-value --axis instead).
-OPTION_FLAGS = {"capacity_tokens": ("--capacity-tokens", None), "max_model_len": ("--max-model-len", None),
-                "max_num_seqs": ("--max-num-seqs", 256),
-                "max_num_batched_tokens": ("--max-num-batched-tokens", None),
-                "preemption_mode": ("--preemption", "recompute"), "placement": ("--placement", "buddy"),
-                "latency": ("--latency", "roofline"), "seed": ("--seed", 0)}
+# SimConfig fields with an option of their own, and the option (one left at the field's default may be set
+# by a one-value --axis instead).
+OPTION_FLAGS = {"capacity_tokens": "--capacity-tokens", "max_model_len": "--max-model-len",
+                "max_num_seqs": "--max-num-seqs", "max_num_batched_tokens": "--max-num-batched-tokens",
+                "preemption_mode": "--preemption", "placement": "--placement", "latency": "--latency",
+                "seed": "--seed"}
 
 
 def _list(name: str, text: str | None, kind: type) -> tuple | None:
@@ -129,6 +129,7 @@ def sweep_cmd(
                                  help="Print the max-rate results as JSON instead of the table."),
 ) -> None:
     """Sweep request rates and configurations; report each configuration's max sustainable rate."""
+    from simulator.config import SimConfig
     from simulator.slo import DEFAULT_SLO, parse_slo
     from simulator.sweep import SweepError, parse_rates
     from simulator.sweep.axes import SweepAxes, parse_axis
@@ -155,10 +156,11 @@ def sweep_cmd(
         options = {"capacity_tokens": capacity_tokens, "max_model_len": max_model_len,
                    "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
                    "preemption_mode": preemption, "placement": placement, "latency": latency, "seed": seed}
+        defaults = {f.name: f.default for f in dataclasses.fields(SimConfig)}
         for name, value in options.items():
-            flag, default = OPTION_FLAGS[name]
-            if axes_values.get(name) is not None and value != default:
-                raise UserError(f"{flag} and --axis {name}=... both set {name}; give one of them")
+            if axes_values.get(name) is not None and value != defaults[name]:
+                raise UserError(f"{OPTION_FLAGS[name]} and --axis {name}=... both set {name}; "
+                                "give one of them")
         # Axes with one value are shared options, not columns of the sweep; they replace the option's default.
         swept = {k: v for k, v in axes_values.items() if v is not None and len(v) > 1}
         base = {**options, **{k: v[0] for k, v in axes_values.items() if v is not None and len(v) == 1},

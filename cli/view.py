@@ -23,7 +23,7 @@ def view_cmd(
     """Write one self-contained HTML page that scrubs through a run: pool block map, memory, requests."""
     from cli.runs import check_out_file
     from viz.explorer import check_windows
-    from viz.explorer_page import write_page
+    from viz.explorer_page import set_page, write_page
     from viz.load import load_run
     from viz.perfetto import run_end
 
@@ -40,7 +40,7 @@ def view_cmd(
         err_console.print(f"wrote {path} ({size / 1e6:.1f} MB)", markup=False, highlight=False)
         if server is None:
             return
-        server.RequestHandlerClass.page = path.read_bytes()
+        set_page(server, path.read_bytes())
         err_console.print(f"serving http://127.0.0.1:{server.server_port}/ (Ctrl-C stops)", markup=False,
                           highlight=False)
         with contextlib.suppress(KeyboardInterrupt):

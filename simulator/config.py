@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from simulator.core.allocator import KVAllocator
-from simulator.core.config import ALLOCATORS, CacheConfig, build_allocator
+from simulator.core.config import ALLOCATORS, CacheConfig, build_allocator, check_pool
 from simulator.core.errors import ConfigError
 from simulator.core.models import ModelSpec, get_model
 from simulator.core.paged.kv_group_tiers import attach_groups
@@ -131,22 +131,19 @@ class SimConfig(CacheConfig):
         """Raise the ConfigError that building the scheduler or the pool would raise, without building
         them (a sweep checks every configuration before it writes anything)."""
         self.scheduler_config()
-        capacity = self.capacity()
-        if capacity < 1:
-            raise ConfigError(f"the KV pool holds {capacity} token slots; give a larger pool")
-        if not self.is_paged:
-            return
-        layout = self.kv_layout()
-        if layout is not None and not self.kv_capacity().num_blocks:
-            raise ConfigError(f"the KV pool holds no block of {layout.block_bytes} bytes")
-        if layout is None and capacity < self.block_size:
-            raise ConfigError(f"a KV pool of {capacity} slots holds no block of {self.block_size} tokens")
+        self._check_slots()
+        layout = self.kv_layout() if self.is_paged else None
+        check_pool(self, self.capacity(), layout=layout,
+                   num_blocks=None if layout is None else self.kv_capacity().num_blocks)
+
+    def _check_slots(self) -> None:
+        if self.capacity() < 1:
+            raise ConfigError(f"the KV pool holds {self.capacity()} token slots; give a larger pool")
 
     def build_allocator(self) -> KVAllocator:
         """The configured allocator over the configured capacity (logging its allocations when
         `record_events`)."""
-        if self.capacity() < 1:
-            raise ConfigError(f"the KV pool holds {self.capacity()} token slots; give a larger pool")
+        self._check_slots()
         layout = self.kv_layout()
         if layout is not None:
             cpu_gb = self.swap_space_gb if self.kv_offloading_size is None else self.kv_offloading_size

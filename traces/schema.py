@@ -281,14 +281,19 @@ def bulk_objects() -> Iterator[None]:
 def _key_lists(cells: list, fail) -> list[list[int]]:
     """All prefix_blocks cells as fresh lists of Python ints (one C-speed pass when they already are)."""
     with bulk_objects():
-        if set(map(type, cells)) == {list} and set(map(type, chain.from_iterable(cells))) <= {int}:
-            try:  # the one pass that finds a key outside int64; the loop below names its row
-                np.fromiter(chain.from_iterable(cells), np.int64)
-            except OverflowError:
-                pass
-            else:
-                return [cell.copy() for cell in cells]
+        if set(map(type, cells)) == {list} and set(map(type, chain.from_iterable(cells))) <= {int} \
+                and _all_int64(chain.from_iterable(cells)):
+            return [cell.copy() for cell in cells]
         return [_key_list(cell, pos, fail) for pos, cell in enumerate(cells)]
+
+
+def _all_int64(keys) -> bool:
+    """Whether every key fits in int64, in one C-speed pass (`_key_list` names the row of any other)."""
+    try:
+        np.fromiter(keys, np.int64)
+    except OverflowError:
+        return False
+    return True
 
 
 def _key_list(cell, pos: int, fail) -> list[int]:

@@ -185,13 +185,17 @@ def _warn_incomplete(runs: list[Run], warn: Callable[[str], None]) -> None:
                      f"({stopped.get('reason', 'no reason recorded')}); its figures show the steps it ran")
 
 
+def _check_format(fmt: str) -> None:
+    if fmt not in FORMATS:
+        raise VizError(f"format '{fmt}' is not one of {', '.join(FORMATS)}")
+
+
 def plot_runs(run_dirs: list[Path], out: Path, fmt: str = "png", only: list[str] | None = None,
               at: float | None = None, warn: Callable[[str], None] | None = None,
               window: tuple[float, float] | None = None) -> list[Path]:
     """Draw every figure that applies to the run folders into `out`; returns the files written. Incomplete
     runs and unreadable tables are reported through `warn` (see figure_results)."""
-    if fmt not in FORMATS:
-        raise VizError(f"format '{fmt}' is not one of {', '.join(FORMATS)}")
+    _check_format(fmt)  # before the runs are read
     return save_figures(load_runs([Path(d) for d in run_dirs]), out, fmt, only, at, warn, window)
 
 
@@ -199,8 +203,7 @@ def save_figures(runs: list[Run], out: Path, fmt: str = "png", only: list[str] |
                  at: float | None = None, warn: Callable[[str], None] | None = None,
                  window: tuple[float, float] | None = None) -> list[Path]:
     """`plot_runs` on runs already loaded (a caller checks them before it checks `out`)."""
-    if fmt not in FORMATS:
-        raise VizError(f"format '{fmt}' is not one of {', '.join(FORMATS)}")
+    _check_format(fmt)
     warn = warn or (lambda message: warnings.warn(message, stacklevel=3))
     _warn_incomplete(runs, warn)
     written = []

@@ -73,9 +73,14 @@ def new_figure(width: float, height: float) -> Figure:
 
 def figure_format(path: Path) -> str:
     """The format a figure's path names by its suffix (png without one); refused unless in FORMATS."""
-    fmt = Path(path).suffix.lstrip(".").lower() or "png"
+    return format_named(Path(path).suffix or "png", path)
+
+
+def format_named(name: str, where: object) -> str:
+    """A figure format as FORMATS spells it (any case, a leading dot allowed); VizError naming `where`."""
+    fmt = name.lower().lstrip(".")
     if fmt not in FORMATS:
-        raise VizError(f"{path}: format '{fmt}' is not one of {', '.join(FORMATS)}")
+        raise VizError(f"{where}: format '{fmt}' is not one of {', '.join(FORMATS)}")
     return fmt
 
 

@@ -93,3 +93,8 @@ def make_server(run: Run, page: bytes, port: int = 0) -> ThreadingHTTPServer:
 
     handler = type("Handler", (_Handler,), {"page": page, "window_at": staticmethod(window_at)})
     return ThreadingHTTPServer(("127.0.0.1", port), handler)
+
+
+def set_page(server: ThreadingHTTPServer, page: bytes) -> None:
+    """The page a server from `make_server` serves (one made before its page was written)."""
+    server.RequestHandlerClass.page = page

@@ -12,7 +12,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from pagelab import run_format
-from pagelab.parquet_parts import PartedFile, part_files, table_exists
+from pagelab.parquet_parts import PartedFile, iter_batches, part_files, table_exists
 from viz.errors import TableError, VizError
 from viz.palette import PART_STATES, STATE_ORDER, allocator_sort_key
 
@@ -95,6 +95,15 @@ def unreadable(folder: Path, name: str, exc: BaseException) -> TableError:
     parquet = folder / f"{name}.parquet"
     path = parquet if table_exists(parquet) else folder / f"{name}.csv"
     return TableError(f"{path}: cannot read table ({_first_line(exc)})", path, name)
+
+
+def parquet_batches(folder: Path, name: str, columns: list[str], rows: int) -> Iterator:
+    """NAME's Parquet table in `folder` as record batches of `columns`, `rows` at a time; damage its footer
+    did not show (pyarrow raises OSError or ValueError) as `unreadable`'s error naming the file."""
+    try:
+        yield from iter_batches(folder / f"{name}.parquet", columns, rows)
+    except (OSError, ValueError) as exc:
+        raise unreadable(folder, name, exc) from None
 
 
 def check_columns(df: pd.DataFrame, columns: tuple[str, ...], where: str) -> None:

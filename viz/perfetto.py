@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 
 from pagelab.atomic import atomic_write
-from pagelab.parquet_parts import iter_batches, table_exists
+from pagelab.parquet_parts import table_exists
 from pagelab.writes import open_out
 from viz.errors import TableError
-from viz.load import AllocatorRun, Run, load_run, read_table, unreadable
+from viz.load import AllocatorRun, Run, load_run, parquet_batches, read_table
 from viz.palette import STATE_ORDER
 
 PHASES = ("waiting", "prefill", "decode")  # a request's slices, in the order they happen
@@ -66,11 +66,8 @@ def _request_batches(alloc: AllocatorRun) -> Iterator[dict[str, np.ndarray]]:
     cols = ["request_id", "arrival_s", "admitted_s", "first_token_s", "finish_s", "rejected"]
     path = alloc.path / "requests.parquet"
     if table_exists(path):
-        try:
-            for batch in iter_batches(path, cols, REQUEST_READ_ROWS):
-                yield {c: batch.column(i).to_numpy(zero_copy_only=False) for i, c in enumerate(cols)}
-        except (OSError, ValueError) as exc:  # damage its footer did not show (pyarrow's errors are these)
-            raise unreadable(alloc.path, "requests", exc) from None
+        for batch in parquet_batches(alloc.path, "requests", cols, REQUEST_READ_ROWS):
+            yield {c: batch.column(i).to_numpy(zero_copy_only=False) for i, c in enumerate(cols)}
     else:
         df = read_table(alloc.path, "requests", tuple(cols))
         yield {c: df[c].to_numpy() for c in cols}

@@ -7,10 +7,10 @@ from collections.abc import Iterator
 import numpy as np
 import pandas as pd
 
-from pagelab.parquet_parts import iter_batches, table_exists
+from pagelab.parquet_parts import table_exists
 from pagelab.run_format import TRANSITION_COLUMNS, TRANSITION_KINDS
 from viz.errors import VizError
-from viz.load import AllocatorRun, check_columns, read_table, unreadable
+from viz.load import AllocatorRun, check_columns, parquet_batches, read_table
 
 READ_ROWS = 262_144
 
@@ -26,15 +26,10 @@ def read_batches(alloc: AllocatorRun, name: str, columns: tuple[str, ...]) -> It
         return
     path = alloc.path / f"{name}.parquet"
     if table_exists(path):
-        try:
-            for batch in iter_batches(path, list(columns), READ_ROWS):
-                df = batch.to_pandas()
-                check_columns(df, columns, str(path))
-                yield df
-        except (OSError, ValueError) as exc:  # pyarrow's errors for a file cut short are these
-            if isinstance(exc, VizError):
-                raise
-            raise unreadable(alloc.path, name, exc) from None
+        for batch in parquet_batches(alloc.path, name, list(columns), READ_ROWS):
+            df = batch.to_pandas()
+            check_columns(df, columns, str(path))
+            yield df
     else:
         yield read_table(alloc.path, name, columns)
 

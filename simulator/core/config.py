@@ -97,31 +97,37 @@ class CacheConfig:
                                preemption_mode=self.preemption_mode)
 
 
+def check_pool(config: CacheConfig, capacity: int, *, layout=None, num_blocks: int | None = None) -> None:
+    """Refuse a paged pool that holds no block, as `build_allocator` would, without building it."""
+    if ALLOCATORS[config.allocator] is not None:
+        return
+    if layout is not None and not num_blocks:
+        raise ConfigError(f"the KV pool holds no block of {layout.block_bytes} bytes")
+    if layout is None and capacity < config.block_size:
+        raise ConfigError(f"a KV pool of {capacity} slots holds no block of {config.block_size} tokens")
+
+
 def build_allocator(config: CacheConfig, capacity: int, *, cpu_tokens: int, max_model_len: int,
                     record_events: bool = False, layout=None, num_blocks: int | None = None,
                     num_cpu_blocks: int | None = None) -> KVAllocator:
     """The configured allocator over `capacity` slots (the one factory of the simulator and the engine);
     with `record_events` it logs its allocations (`allocator.events`). A paged pool given a `layout` of
     several KV cache groups (simulator/core/kv_layout.py) is `num_blocks` blocks shared by the groups."""
+    check_pool(config, capacity, layout=layout, num_blocks=num_blocks)
     policy = ALLOCATORS[config.allocator]
     if policy is None and layout is not None:
         from simulator.core.paged.kv_groups import GroupedBlockManager  # loaded by grouped pools only
 
-        if not num_blocks:
-            raise ConfigError(f"the KV pool holds no block of {layout.block_bytes} bytes")
         chunk = config.scheduler_config(max_model_len).token_budget if config.enable_chunked_prefill else None
         return GroupedBlockManager(num_blocks, layout, num_cpu_blocks=num_cpu_blocks or 0,
                                    enable_prefix_caching=config.enable_prefix_caching,
                                    watermark=config.watermark, debug=config.debug,
                                    record_events=record_events, prefill_chunk=chunk)
     if policy is None:
-        bm = BlockManager.from_capacity(
+        return BlockManager.from_capacity(
             capacity, config.block_size, num_cpu_blocks=cpu_tokens // config.block_size,
             enable_prefix_caching=config.enable_prefix_caching, watermark=config.watermark,
             debug=config.debug, record_events=record_events)
-        if bm.num_blocks == 0:
-            raise ConfigError(f"a KV pool of {capacity} slots holds no block of {config.block_size} tokens")
-        return bm
     return ContiguousAllocator(capacity, policy, config.placement, max_model_len=max_model_len,
                                cpu_capacity_tokens=cpu_tokens, debug=config.debug,
                                record_events=record_events)
