@@ -90,6 +90,7 @@ class KVAllocator(abc.ABC):
     block_size: int
     capacity_tokens: int
     events: EventLog | None = None
+    shares_prompt = False  # whether the diverged sequences of a group share their prompt's full blocks
 
     @abc.abstractmethod
     def can_allocate(self, group: SequenceGroup, num_new_tokens: int | None = None) -> AllocStatus:

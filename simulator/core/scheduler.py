@@ -22,7 +22,14 @@ from simulator.core.allocator import AllocStatus, KVAllocator
 from simulator.core.decode import DecodeBatch
 from simulator.core.decode_groups import GroupedDecodeBatch
 from simulator.core.errors import ConfigError
-from simulator.core.sequence import RunningGroups, Sequence, SequenceGroup, SequenceStatus, shares_allocation
+from simulator.core.sequence import (
+    RunningGroups,
+    Sequence,
+    SequenceGroup,
+    SequenceStatus,
+    shared_prompt_tokens,
+    shares_allocation,
+)
 
 PREEMPTION_MODES = ("recompute", "swap")
 
@@ -147,10 +154,13 @@ class Scheduler:
         return bool(self.running or self.waiting or self.swapped)  # running first: its truth is a dict's
 
     def _prefill_tokens(self, seqs: list[Sequence]) -> int:
-        """Tokens a (re)admitted group computes: one shared prompt, or each diverged sequence."""
+        """Tokens a (re)admitted group computes: one shared prompt, or each diverged sequence past the
+        prompt blocks they share."""
         if len(seqs) == 1 or shares_allocation(seqs):
             return seqs[0].length
-        return sum(s.length for s in seqs)
+        alloc = self.allocator
+        shared = shared_prompt_tokens(seqs, alloc.block_size if alloc.shares_prompt else 0)
+        return sum(s.length for s in seqs) - shared * (len(seqs) - 1)
 
     def schedule(self) -> SchedulerOutput:
         """Decide the next step."""
@@ -277,8 +287,12 @@ class Scheduler:
         if head is None or head.group is not group:
             seqs = group.live_seqs()
             limit = self.config.max_model_len
-            too_long = seqs[0].length > limit or (seqs[0].final_len or 0) > limit
-            head = self._head = _Head(group, too_long, self._prefill_tokens(seqs))
+            prefill = self._prefill_tokens(seqs)
+            # Diverged sequences re-admitted without chunking compute their tokens in one step: more than a
+            # step's budget could never be scheduled.
+            too_long = seqs[0].length > limit or (seqs[0].final_len or 0) > limit or (
+                prefill > self.token_budget and not self.config.enable_chunked_prefill)
+            head = self._head = _Head(group, too_long, prefill)
         if head.too_long:
             return Admission.REJECT
         if len(self.running) >= self.config.max_num_seqs or room <= 0 or \

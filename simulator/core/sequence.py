@@ -59,7 +59,8 @@ class Sequence:
         self.num_generated = 0 if token_ids is None else len(token_ids) - prompt_len
         self.num_tokens = 0
         self.num_computed_tokens = 0
-        self.num_cached_tokens = 0  # prefix-cache hit of its last allocation (set by the allocator)
+        self.num_cached_tokens = 0  # tokens its last allocation did not compute: prefix-cache hits, or a
+        # diverged group's shared prompt blocks (set by the allocator)
         self.status = SequenceStatus.WAITING
         self.block_table: list[int] = []
         self.cpu_block_table: list[int] = []
@@ -147,10 +148,23 @@ class SequenceGroup:
 
 
 def shares_allocation(seqs: list[Sequence]) -> bool:
-    """Whether the sequences can share one allocation (the same tokens so far)."""
-    n = seqs[0].length
-    return all(s.length == n for s in seqs) and (
-        seqs[0].token_ids is None or all(s.token_ids == seqs[0].token_ids for s in seqs))
+    """Whether the sequences can share one allocation (the same tokens so far). Sequences whose tokens are
+    not known (simulated samples and beams) have the same tokens only until they generate: their outputs
+    differ."""
+    first = seqs[0]
+    if first.token_ids is None:
+        return all(s.num_generated == 0 and s.length == first.length for s in seqs)
+    return all(s.length == first.length and s.token_ids == first.token_ids for s in seqs)
+
+
+def shared_prompt_tokens(seqs: list[Sequence], block_size: int) -> int:
+    """Tokens that the diverged sequences of one group (re-admitted after a recompute) still hold in
+    common: simulated ones share their prompt's full blocks, as samples run as separate requests share
+    them through the prefix cache; nothing when `block_size` is 0 (an allocator that shares no memory) or
+    the tokens are known (the prefix cache finds what is common)."""
+    if not block_size or seqs[0].token_ids is not None:
+        return 0
+    return seqs[0].prompt_len // block_size * block_size
 
 
 class RunningGroups(dict):

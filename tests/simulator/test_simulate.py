@@ -191,3 +191,31 @@ def test_sharing_savings_order_like_the_paper():
         saving[label] = sharing_saving(trace, cfg)["saving"]
     assert saving["single"] == 0.0  # nothing is shared without samples, beams or prefix hits
     assert 0.0 < saving["n4"] < saving["beam4"] < 1.0
+
+
+def _samples(prompt_len: list[int], output_len: list[int], n: list[int]) -> pd.DataFrame:
+    num = len(n)
+    return pd.DataFrame({"request_id": range(num), "arrival_s": [0.0] * num, "prompt_len": prompt_len,
+                         "output_len": output_len, "n": n, "beam_width": [1] * num})
+
+
+def test_samples_recomputed_after_diverging_each_need_room_for_their_own_tokens():
+    # Eight samples of 100 + 300 tokens share 6 prompt blocks but need 8 x 19 of their own at the end: a
+    # recompute re-admits them with their own generated tokens, so 500 slots never hold them together.
+    trace = _samples([100], [300], [8])
+    tight = simulate(trace, SimConfig(model="opt-13b", capacity_tokens=500, debug=True)).summary
+    assert tight["num_preemptions"] >= 1 and tight["num_finished"] == 0 and tight["num_rejected"] == 1
+    roomy = simulate(trace, SimConfig(model="opt-13b", capacity_tokens=100_000)).summary
+    assert roomy["num_finished"] == 1 and roomy["num_preemptions"] == 0
+
+
+def test_recomputed_samples_longer_than_a_steps_budget_need_chunked_prefill():
+    # The four samples, preempted at ~1,340 tokens each by the longer request, recompute ~5,000 tokens:
+    # more than one step computes without chunking (refused, not waited for), fine chunk by chunk.
+    trace = _samples([100, 100], [1900, 1400], [1, 4])
+    cfg = SimConfig(model="opt-13b", capacity_tokens=6400, max_model_len=2048, debug=True)
+    whole = simulate(trace, cfg).requests
+    assert whole["num_preemptions"].tolist() == [0, 1] and whole["rejected"].tolist() == [False, True]
+    chunked = simulate(trace, dataclasses.replace(cfg, enable_chunked_prefill=True,
+                                                  max_num_batched_tokens=512)).requests
+    assert chunked["num_preemptions"].tolist() == [0, 1] and not chunked["rejected"].any()

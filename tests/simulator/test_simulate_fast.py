@@ -55,6 +55,8 @@ CASES = {
                           dict(model="opt-13b", capacity_tokens=3000, max_model_len=2048)),
     "beam search": (dict(num_requests=20, rate=5, lengths="alpaca", beam_width=3, seed=2),
                     dict(model="opt-13b", capacity_tokens=3000, max_model_len=2048)),
+    "samples recomputed": (dict(num_requests=40, arrival="burst", lengths="alpaca", n=4, seed=2),
+                           dict(model="opt-13b", capacity_tokens=1500, max_model_len=2048)),
     "first-fit placement": (dict(num_requests=40, rate=20, lengths="sharegpt", seed=4),
                             dict(model="opt-13b", capacity_tokens=4000, max_model_len=2048,
                                  placement="first-fit")),
@@ -74,6 +76,8 @@ def test_fast_is_step_bit_for_bit_with_invariant_checks(case, allocator):
 def test_pressure_cases_really_preempt_and_evict():
     """The cases above exercise what they claim (so the equality is not vacuous)."""
     trace_kw, sim_kw = CASES["memory pressure, recompute"]
+    assert simulate(_trace(**trace_kw), SimConfig(**sim_kw)).summary["num_preemptions"] > 0
+    trace_kw, sim_kw = CASES["samples recomputed"]
     assert simulate(_trace(**trace_kw), SimConfig(**sim_kw)).summary["num_preemptions"] > 0
     trace_kw, sim_kw = CASES["prefix cache with evictions"]
     stats = simulate(_trace(**trace_kw), SimConfig(**sim_kw)).summary["allocator_stats"]
@@ -170,15 +174,17 @@ def test_fast_is_step_bit_for_bit_on_hybrid_models(case, tmp_path):
 
 @given(seed=st.integers(0, 10_000), model=st.sampled_from(["gemma-3-27b", "mistral-7b-v0.1", "gpt-oss-20b"]),
        kv_gb=st.floats(0.05, 0.4), bs=st.sampled_from([8, 16, 48]), rate=st.floats(1, 80),
-       max_num_seqs=st.sampled_from([4, 16, 64]), swap=st.booleans(), chunk=st.sampled_from([None, 64, 256]))
+       max_num_seqs=st.sampled_from([4, 16, 64]), swap=st.booleans(), chunk=st.sampled_from([None, 64, 256]),
+       n=st.sampled_from([1, 1, 3]))
 @settings(max_examples=25, deadline=None)
 def test_fast_is_step_bit_for_bit_on_random_hybrid_traces(seed, model, kv_gb, bs, rate, max_num_seqs, swap,
-                                                          chunk, tmp_path_factory):
+                                                          chunk, n, tmp_path_factory):
     """Random traces with shared prefixes on hybrid models and block sizes whose windows do not end on a
-    block boundary (48), with swap or recompute preemption, prompts whole or chunk by chunk."""
+    block boundary (48), with swap or recompute preemption, prompts whole or chunk by chunk, parallel
+    samples recomputed after they diverged."""
     trace = _trace(num_requests=25, rate=rate, lengths="uniform", prompt_range=(1, 500),
                    output_range=(1, 300), max_model_len=1024, num_prefix_groups=2, prefix_len=200,
-                   prefix_fraction=0.6, seed=seed)
+                   prefix_fraction=0.6, n=n, seed=seed)
     kw = dict(model=model, gpu="h100-80gb", kv_memory_gb=kv_gb, block_size=bs, max_model_len=1024,
               max_num_seqs=max_num_seqs)
     if swap:

@@ -15,7 +15,13 @@ from simulator.core.paged.block_pool import BlockManagerStats, BlockPool, PoolCo
 from simulator.core.paged.prefix_cache import LINK_HASH, LINK_KEY, PrefixCache
 from simulator.core.paged.swap import SwapSpace
 from simulator.core.paged.tiers import tier_hits
-from simulator.core.sequence import Sequence, SequenceGroup, SequenceStatus, shares_allocation
+from simulator.core.sequence import (
+    Sequence,
+    SequenceGroup,
+    SequenceStatus,
+    shared_prompt_tokens,
+    shares_allocation,
+)
 
 _NO_COPIES: list = []
 _new_tuple = tuple.__new__
@@ -25,6 +31,7 @@ class BlockManager(PoolCounts, KVAllocator):
     """Paged allocator over `num_blocks` blocks of `block_size` token slots (vLLM's BlockSpaceManager)."""
 
     name = "paged"
+    shares_prompt = True
 
     def __init__(self, num_blocks: int, block_size: int, *, num_cpu_blocks: int = 0,
                  enable_prefix_caching: bool = True, watermark: float = 0.0,
@@ -68,7 +75,8 @@ class BlockManager(PoolCounts, KVAllocator):
         pool = self.pool
         if self.enable_prefix_caching:
             ref = pool.ref
-            for s in seqs:
+            # Sequences that share their prompt's blocks share its hits too: the first one's count.
+            for s in seqs[:1] if shared_prompt_tokens(seqs, self.block_size) else seqs:
                 for b in self.prefix_cache.lookup(s):
                     if ref[b] > 0:
                         needed -= 1
@@ -82,8 +90,9 @@ class BlockManager(PoolCounts, KVAllocator):
 
     def _blocks_needed(self, group: SequenceGroup) -> tuple[list[Sequence], int]:
         """The live sequences `allocate` gives blocks to one by one (equal ones share a single table) and
-        the blocks their tokens need before prefix hits, -1 when they could never fit (a sequence whose
-        final length can never fit would preempt itself forever: refuse it now)."""
+        the blocks their tokens need before prefix hits (the prompt blocks diverged ones share counted
+        once), -1 when they could never fit (a sequence whose final length can never fit would preempt
+        itself forever: refuse it now)."""
         seqs = group.live_seqs()
         if not seqs:
             raise AllocationError(f"request {group.request_id}: every sequence has finished")
@@ -91,6 +100,8 @@ class BlockManager(PoolCounts, KVAllocator):
             seqs = seqs[:1]
         bs = self.block_size
         needed = final = 0
+        if len(seqs) > 1:
+            needed = -(shared_prompt_tokens(seqs, bs) // bs) * (len(seqs) - 1)
         for s in seqs:
             n = s.prompt_len + s.num_generated  # s.length
             needed += -(-n // bs)
@@ -146,9 +157,10 @@ class BlockManager(PoolCounts, KVAllocator):
 
         `num_new_tokens` is how many tokens past the cached prefix this step computes (None: all of them);
         only the full blocks they complete are published to the prefix cache, the rest by `cache_blocks`
-        as later chunks are scheduled. Sequences of equal length (a fresh prompt, n samples or a beam)
-        share every block; sequences that diverged (a group re-admitted after a recompute preemption) are
-        allocated one by one, and prefilled in that order.
+        as later chunks are scheduled. Sequences with the same tokens (a fresh prompt, n samples or a
+        beam) share every block; sequences that diverged (a group re-admitted after a recompute
+        preemption) are allocated one by one, and prefilled in that order, sharing the first one's prompt
+        blocks when they are simulated (`shared_prompt_tokens`).
         """
         seqs = group.live_seqs()
         for s in seqs:
@@ -171,12 +183,29 @@ class BlockManager(PoolCounts, KVAllocator):
                 self.count_internal(s)
         else:
             hit = 0
+            shared = shared_prompt_tokens(seqs, self.block_size) // self.block_size
             for s in seqs:
-                got = self._allocate_one(s, group.request_id, budget)
-                hit += got
-                budget = max(0, budget - (s.length - got))
+                if shared and s is not seqs[0]:
+                    self._share_prompt(seqs[0], s, shared)
+                    got = 0
+                else:
+                    got = self._allocate_one(s, group.request_id, budget)
+                    hit += got
+                budget = max(0, budget - (s.length - s.num_cached_tokens))
         self._check()
         return hit
+
+    def _share_prompt(self, src: Sequence, seq: Sequence, shared: int) -> None:
+        """`seq` holds the first `shared` blocks of `src` and its own blocks for the rest of its tokens."""
+        pool, bs, n, rid, sid = self.pool, self.block_size, seq.length, seq.request_id, seq.seq_id
+        table = src.block_table[:shared]
+        for bid in table:
+            pool.incref(bid, rid, sid)
+        seq.block_table = table + pool.take_filled(n - shared * bs, rid, sid)
+        seq.num_tokens = n
+        seq.num_cached_tokens = shared * bs
+        self.seqs[sid] = seq
+        self.count_internal(seq)
 
     def _allocate_one(self, seq: Sequence, rid: int, budget: int) -> int:
         """Blocks for every token of `seq`; publish the full ones within `budget` tokens past the hit."""
@@ -214,12 +243,7 @@ class BlockManager(PoolCounts, KVAllocator):
                 if i < num_full:
                     publish(seq, i, bid)
         elif count:
-            new = pool.take(count, rid, sid)
-            filled = pool.filled
-            for bid in new:
-                filled[bid] = bs
-            filled[new[-1]] = n - (first + len(new) - 1) * bs
-            pool.total_filled += n - first * bs
+            new = pool.take_filled(n - first * bs, rid, sid)
             table.extend(new)
             pool.publish(new, map(LINK_KEY, chain), hashes)
         if loaded and self.tiers.log is not None:  # the driver copies the loaded blocks' data in
@@ -289,14 +313,7 @@ class BlockManager(PoolCounts, KVAllocator):
             pool.total_filled += fill
             left -= fill
         if left > 0:
-            pool.total_filled += left
-            nb = -(-left // bs)
-            new = pool.take(nb, rid, sid)
-            filled = pool.filled
-            for bid in new:
-                filled[bid] = bs
-            filled[new[-1]] = left - (nb - 1) * bs
-            table.extend(new)
+            table.extend(pool.take_filled(left, rid, sid))
         seq.num_tokens = n + num_tokens
         if seq.token_ids is not None and self.enable_prefix_caching:
             for i in range(n // bs, seq.num_tokens // bs):

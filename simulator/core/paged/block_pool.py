@@ -103,6 +103,18 @@ class BlockPool:
             self.events.acquire_blocks(new, self.block_size, request_id, seq_id, times)
         return new
 
+    def take_filled(self, num_tokens: int, request_id: int, seq_id: int) -> list[int]:
+        """Fresh blocks (`take`) holding `num_tokens` tokens in order: every one full but the last."""
+        bs = self.block_size
+        new = self.take(-(-num_tokens // bs), request_id, seq_id)
+        if new:
+            filled = self.filled
+            for bid in new:
+                filled[bid] = bs
+            filled[new[-1]] = num_tokens - (len(new) - 1) * bs
+            self.total_filled += num_tokens
+        return new
+
     def evicts_none_of(self, num: int, hashes: list[int]) -> bool:
         """Whether taking `num` blocks now evicts no block published under one of `hashes`."""
         evicted = num - len(self.free)

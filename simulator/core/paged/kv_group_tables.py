@@ -234,6 +234,26 @@ class GroupTables(GroupHits, GroupBulk):
         self.seqs[dst.seq_id] = dst
         self.count_internal(dst)
 
+    def share_prompt(self, src: Sequence, dst: Sequence, shared: int) -> None:
+        """`dst` holds the first `shared` blocks `src` holds, in every group, and its own blocks for the rest
+        of its tokens (`src` holds no block a window skips past them: its hit is within them)."""
+        rid, sid, n, bs = dst.request_id, dst.seq_id, dst.length, self.block_size
+        heads = [table[:shared] for table in self.tables[src.seq_id]]
+        for head in heads:
+            for bid in head:
+                if bid is not None:
+                    self.incref(bid, rid, sid)
+        own = self.take_each(_cdiv(n, bs) - shared, rid, sid, block_fills(n - shared * bs, bs))
+        self.tables[sid] = [head + new for head, new in zip(heads, own, strict=True)]
+        self.starts[sid] = list(self.starts[src.seq_id])
+        self.next_removal(sid)
+        self.pending[sid] = 0
+        self.mark_exclusive(sid)
+        dst.num_tokens = n
+        dst.num_cached_tokens = shared * bs
+        self.seqs[sid] = dst
+        self.count_internal(dst)
+
     def append_need(self, seq: Sequence, k: int) -> int:
         """Free blocks growing `seq` by `k` tokens takes, less what its windows hand back first."""
         if self.quiet(seq, k):

@@ -24,7 +24,13 @@ from simulator.core.kv_layout import KVLayout
 from simulator.core.paged.block_pool import BlockManagerStats, BlockPool, PoolCounts
 from simulator.core.paged.kv_group_swap import GroupSwap
 from simulator.core.paged.kv_group_tables import GroupTables
-from simulator.core.sequence import Sequence, SequenceGroup, SequenceStatus, shares_allocation
+from simulator.core.sequence import (
+    Sequence,
+    SequenceGroup,
+    SequenceStatus,
+    shared_prompt_tokens,
+    shares_allocation,
+)
 
 _NO_COPIES: list = []
 
@@ -33,6 +39,7 @@ class GroupedBlockManager(PoolCounts, KVAllocator):
     """Paged allocator over `num_blocks` blocks shared by the layout's KV cache groups."""
 
     name = "paged"
+    shares_prompt = True
 
     def __init__(self, num_blocks: int, layout: KVLayout, *, num_cpu_blocks: int = 0,
                  enable_prefix_caching: bool = True, watermark: float = 0.0, debug: bool = False,
@@ -74,7 +81,11 @@ class GroupedBlockManager(PoolCounts, KVAllocator):
         if self._peak_blocks(seqs, chunked) > self.num_blocks - self.watermark_blocks:
             return AllocStatus.NEVER
         first_chunk = chunked and num_new_tokens is not None
+        shared = self._shared_blocks(seqs)
         needed = 0
+        if shared:  # the others share the first one's prompt blocks (and so its hits)
+            needed = sum(-(-s.length // self.block_size) - shared for s in seqs[1:]) * self.tables.num_groups
+            seqs = seqs[:1]
         for s in seqs:
             hit, blocks = self.tables.longest_hit(s)
             if first_chunk and self.tiers is not None:
@@ -112,8 +123,13 @@ class GroupedBlockManager(PoolCounts, KVAllocator):
             prompts = self.tables.peak_blocks(seqs[0].length, self.prefill_chunk)
         else:
             prompts = sum(self.tables.prompt_blocks(s.length, 0) for s in seqs)
+            prompts -= self._shared_blocks(seqs) * self.tables.num_groups * (len(seqs) - 1)
         final = max(self.tables.peak_blocks(max(s.length, s.final_len or 0)) for s in seqs)
         return max(prompts, final)
+
+    def _shared_blocks(self, seqs: list[Sequence]) -> int:
+        """Prompt blocks diverged `seqs` share in every group (`shared_prompt_tokens`)."""
+        return shared_prompt_tokens(seqs, self.block_size) // self.block_size if len(seqs) > 1 else 0
 
     def can_append(self, seqs: list[Sequence], num_tokens: int = 1) -> bool:
         """Whether every sequence can grow by `num_tokens` (after its window frees what it skips)."""
@@ -176,10 +192,13 @@ class GroupedBlockManager(PoolCounts, KVAllocator):
                 s.num_cached_tokens = seqs[0].num_cached_tokens
         else:
             hit = 0
+            shared = self._shared_blocks(seqs)
             for s in seqs:
-                got = self.tables.allocate_one(s, group.request_id, budget)
-                hit += got
-                budget = max(0, budget - (s.length - got))
+                if shared and s is not seqs[0]:
+                    self.tables.share_prompt(seqs[0], s, shared)
+                else:
+                    hit += self.tables.allocate_one(s, group.request_id, budget)
+                budget = max(0, budget - (s.length - s.num_cached_tokens))
         self._check()
         return hit
 

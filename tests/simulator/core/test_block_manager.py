@@ -300,3 +300,33 @@ def test_a_forked_sequence_counts_the_waste_of_the_final_block_it_shares_at_once
     for seq in (parent, child):
         bm.append_slot(seq)  # the child copies the shared last block and still wastes one slot
     assert bm.num_internal_slots == 2
+
+
+def _diverged(make_group, n: int, prompt_len: int, generated: int) -> SequenceGroup:
+    """A simulated group of `n` samples re-admitted after a recompute: each generated `generated` tokens."""
+    g = make_group(prompt_len, prompt_len + generated + 1, n=n)
+    for s in g.seqs:
+        s.num_generated = generated
+    return g
+
+
+def test_recomputed_samples_share_only_the_prompts_full_blocks(paged, make_group):
+    bm = paged(32, 4)
+    g = _diverged(make_group, 3, 10, 5)  # 15 tokens each: 2 full prompt blocks, then their own
+    assert bm.can_allocate(g) is AllocStatus.OK
+    assert bm.allocate(g) == 0  # sharing within the group is not a prefix-cache hit
+    heads = {tuple(s.block_table[:2]) for s in g.seqs}
+    tails = [b for s in g.seqs for b in s.block_table[2:]]
+    assert len(heads) == 1 and all(bm.pool.ref[b] == 3 for b in g.seqs[0].block_table[:2])
+    assert len(set(tails)) == len(tails) == 3 * 2  # each sample's generated tokens in blocks of its own
+    assert bm.num_used_blocks == 2 + 6
+    assert [s.num_cached_tokens for s in g.seqs] == [0, 8, 8]
+    for s in g.seqs:
+        bm.free(s)
+    assert bm.num_free_blocks == 32
+
+
+def test_recomputed_samples_that_never_fit_together_are_refused(paged, make_group):
+    # 15 tokens each: 2 shared blocks + 3 x 2 of their own = 8 blocks, though one sample alone needs 4.
+    assert paged(7, 4).can_allocate(_diverged(make_group, 3, 10, 5)) is AllocStatus.NEVER
+    assert paged(8, 4).can_allocate(_diverged(make_group, 3, 10, 5)) is AllocStatus.OK

@@ -142,3 +142,25 @@ def test_hybrid_preemption_keeps_every_invariant(preemption):
     res = simulate(_trace().iloc[:25].reset_index(drop=True), config)
     assert res.summary["num_finished"] + res.summary["num_rejected"] == 25
     assert res.summary["num_preemptions"] > 0
+
+
+def test_recomputed_samples_share_the_prompts_full_blocks_in_every_group():
+    bm = GroupedBlockManager(20, LAYOUT, debug=True)
+    seqs = [Sequence(i, 5, 12, request_id=7) for i in (1, 2)]  # simulated: no token content
+    for s in seqs:
+        s.num_generated = 3  # re-admitted after a recompute: 8 tokens, 4 blocks of 2 in each group
+    group = SequenceGroup(7, seqs, n=2)
+    assert bm.allocate(group) == 0
+    first, second = bm.tables.tables[1], bm.tables.tables[2]
+    for g in range(2):
+        assert first[g][:2] == second[g][:2]  # the prompt's two full blocks
+        assert not set(first[g][2:]) & set(second[g][2:])  # the samples' own tokens
+    assert bm.num_free_blocks == 20 - (4 + 2) * 2
+    assert [s.num_cached_tokens for s in seqs] == [0, 4]
+    # One more sample's 2 own blocks per group no longer fit 12 blocks: refused.
+    small = GroupedBlockManager(12, LAYOUT, debug=True)
+    three = [Sequence(i, 5, 9, request_id=8) for i in (3, 4, 5)]
+    for s in three:
+        s.num_generated = 3
+    assert small.can_allocate(SequenceGroup(8, three, n=3)) is AllocStatus.NEVER
+    assert small.can_allocate(SequenceGroup(8, three[:2], n=2)) is AllocStatus.OK
