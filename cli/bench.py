@@ -198,8 +198,10 @@ def core(
     """BlockManager decode workload: single-token append_slot vs bulk append_slot(seq, chunk)."""
     from bench.core import DecodeWorkload, bench_core
 
-    if min(num_seqs, num_tokens, block_size, chunk, repeat) < 1:
-        raise UserError("every option must be >= 1")
+    for option, value in (("--num-seqs", num_seqs), ("--num-tokens", num_tokens),
+                          ("--block-size", block_size), ("--chunk", chunk), ("--repeat", repeat)):
+        if value < 1:
+            raise UserError(f"{option} must be >= 1, got {value}")
     r = bench_core(DecodeWorkload(num_seqs, num_tokens, block_size, chunk=chunk), repeat=repeat)
     write_result("bench core", {"result": r}, save=save_result, result_dir=result_dir,
                 result_filename=result_filename)

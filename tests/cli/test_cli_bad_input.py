@@ -70,6 +70,7 @@ CASES = [
     (("replay", "tiny.csv", "--kv-memory-gb", "1e6"), "does not fit in this machine's memory"),
     (("bench", "engine", "--num-prompts", "0"), "--limit/--num-prompts must be >= 1, got 0"),
     (("bench", "engine", "--device", "tpu", "--limit", "2"), "unknown device 'tpu'"),
+    (("bench", "core", "--chunk", "0"), "--chunk must be >= 1, got 0"),
     # bench simulate reads the trace before it starts a benchmark process.
     (("bench", "simulate", "--trace", "nonexist.csv"), "nonexist.csv: no such file"),
     (("bench", "simulate", "--trace", "bool.jsonl"), "boolean value True is not a number"),
