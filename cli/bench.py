@@ -78,6 +78,9 @@ def attention(
         raise UserError(f"--device {device!r} is not a torch device (cpu, cuda, cuda:0...)") from None
     if block_size <= 0:
         raise UserError(f"--block-size must be positive (got {block_size})")
+    # 0 is meaningful (each shape is timed the minimum 3 times); a negative or non-finite budget is not.
+    if min_time is not None and not (0 <= min_time < float("inf")):
+        raise UserError(f"--min-time must be a finite number of seconds >= 0, got {min_time:g}")
     if threads is not None:
         if threads <= 0:
             raise UserError(f"--threads must be positive (got {threads})")

@@ -71,6 +71,7 @@ CASES = [
     (("bench", "engine", "--num-prompts", "0"), "--limit/--num-prompts must be >= 1, got 0"),
     (("bench", "engine", "--device", "tpu", "--limit", "2"), "unknown device 'tpu'"),
     (("bench", "core", "--chunk", "0"), "--chunk must be >= 1, got 0"),
+    (("bench", "attention", "--min-time", "-1"), "--min-time must be a finite number of seconds >= 0"),
     # bench simulate reads the trace before it starts a benchmark process.
     (("bench", "simulate", "--trace", "nonexist.csv"), "nonexist.csv: no such file"),
     (("bench", "simulate", "--trace", "bool.jsonl"), "boolean value True is not a number"),
