@@ -284,6 +284,9 @@ def engine_bench(
     bookkeeping) by batch size: median (p50) and p90 over --steps steps, with a stub model whose
     forward returns at once and/or the real tiny model minus its forward.
     """
+    # 0 would fall through to the model's own length in the benchmark, not mean "no room".
+    if max_model_len is not None and max_model_len < 1:
+        raise UserError(f"--max-model-len must be >= 1, got {max_model_len}")
     if host:
         from bench.engine_host import HOST_MODELS, host_time_per_step
 

@@ -70,6 +70,8 @@ CASES = [
     (("replay", "tiny.csv", "--kv-memory-gb", "1e6"), "does not fit in this machine's memory"),
     (("bench", "engine", "--num-prompts", "0"), "--limit/--num-prompts must be >= 1, got 0"),
     (("bench", "engine", "--device", "tpu", "--limit", "2"), "unknown device 'tpu'"),
+    (("bench", "engine", "--max-model-len", "0"), "--max-model-len must be >= 1, got 0"),
+    (("bench", "engine", "--host", "--max-model-len", "-5"), "--max-model-len must be >= 1, got -5"),
     (("bench", "core", "--chunk", "0"), "--chunk must be >= 1, got 0"),
     (("bench", "attention", "--min-time", "-1"), "--min-time must be a finite number of seconds >= 0"),
     # bench simulate reads the trace before it starts a benchmark process.
