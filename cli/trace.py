@@ -217,7 +217,9 @@ def _info_table(name: str, info: dict) -> Table:
                      f"{_fmt(rate, 3)} req/s, {info['total_tokens']:,} tokens")
     prefix = info["prefix"]
     if prefix:
-        table.caption += (f"\nprefix blocks ({prefix['block_size']} tokens): {prefix['references']:,} "
+        sizes = prefix["block_sizes"]
+        size = f"{sizes[0]}" if len(sizes) == 1 else f"mixed sizes: {', '.join(map(str, sizes))}"
+        table.caption += (f"\nprefix blocks ({size} tokens): {prefix['references']:,} "
                           f"references, {prefix['unique_blocks']:,} unique, "
                           f"{100 * prefix['repeat_fraction']:.1f}% repeats; "
                           f"{prefix['requests_with_prefix']:,} requests carry keys")

@@ -97,6 +97,15 @@ def test_info_table_and_json_for_a_bundled_trace():
     assert info["num_requests"] == 19_366 and info["prefix"] is None
 
 
+def test_info_says_when_prefix_keys_are_recorded_at_several_block_sizes(tmp_path):
+    mixed = tmp_path / "mixed.csv"
+    mixed.write_text("arrival_s,prompt_len,output_len,prefix_blocks,prefix_block_size\n"
+                     "0,64,5,1 2,32\n1,64,5,3,16\n2,64,5,1 2 4,16\n")
+    result = run("trace", "info", mixed)
+    assert result.exit_code == 0, result.output
+    assert "prefix blocks (mixed sizes: 16, 32 tokens)" in result.stdout
+
+
 def test_info_on_bad_file_names_file_line_and_field(tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,5,0\n")
