@@ -60,8 +60,8 @@ def test_compare_lists_the_tiers_among_the_configuration_differences(chat, tmp_p
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--kv-offloading-policy", "arc"], "kv_offloading_policy must be one of lru, lfu, s3fifo"),
-    (["--kv-offloading-block-size", "24"], "multiple of block_size 16"),
+    (["--kv-offloading-policy", "arc"], "--kv-offloading-policy must be one of lru, lfu, s3fifo"),
+    (["--kv-offloading-block-size", "24"], "must be a multiple of --block-size 16"),
     (["-a", "contiguous-max"], "need the paged allocator"),
 ])
 def test_bad_tier_options_exit_2(chat, args, message):
@@ -89,4 +89,4 @@ def test_replay_with_a_disk_tier_in_a_file_is_a_one_line_error(chat, tmp_path):
     blocker.write_text("")
     result = pagelab("replay", chat, "--limit", "2", "--max-model-len", "256", "--num-blocks", "24",
                      "--kv-offloading-disk-size", "0.001", "--kv-offloading-disk-path", blocker)
-    assert f"kv_offloading_disk_path {blocker}: cannot create the disk tier's" in one_line_error(result)
+    assert f"--kv-offloading-disk-path {blocker}: cannot create the disk tier's" in one_line_error(result)
