@@ -78,6 +78,9 @@ def attention(
         raise UserError(f"--device {device!r} is not a torch device (cpu, cuda, cuda:0...)") from None
     if block_size <= 0:
         raise UserError(f"--block-size must be positive (got {block_size})")
+    # 0 is meaningful (each shape is timed the minimum 3 times); a negative or non-finite budget is not.
+    if min_time is not None and not (0 <= min_time < float("inf")):
+        raise UserError(f"--min-time must be a finite number of seconds >= 0, got {min_time:g}")
     if threads is not None:
         if threads <= 0:
             raise UserError(f"--threads must be positive (got {threads})")
@@ -198,8 +201,10 @@ def core(
     """BlockManager decode workload: single-token append_slot vs bulk append_slot(seq, chunk)."""
     from bench.core import DecodeWorkload, bench_core
 
-    if min(num_seqs, num_tokens, block_size, chunk, repeat) < 1:
-        raise UserError("every option must be >= 1")
+    for option, value in (("--num-seqs", num_seqs), ("--num-tokens", num_tokens),
+                          ("--block-size", block_size), ("--chunk", chunk), ("--repeat", repeat)):
+        if value < 1:
+            raise UserError(f"{option} must be >= 1, got {value}")
     r = bench_core(DecodeWorkload(num_seqs, num_tokens, block_size, chunk=chunk), repeat=repeat)
     write_result("bench core", {"result": r}, save=save_result, result_dir=result_dir,
                 result_filename=result_filename)
@@ -279,6 +284,9 @@ def engine_bench(
     bookkeeping) by batch size: median (p50) and p90 over --steps steps, with a stub model whose
     forward returns at once and/or the real tiny model minus its forward.
     """
+    # 0 would fall through to the model's own length in the benchmark, not mean "no room".
+    if max_model_len is not None and max_model_len < 1:
+        raise UserError(f"--max-model-len must be >= 1, got {max_model_len}")
     if host:
         from bench.engine_host import HOST_MODELS, host_time_per_step
 

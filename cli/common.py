@@ -37,6 +37,8 @@ def user_errors(func: Callable) -> Callable:
         except _user_error_types() as exc:
             # User text (file names, cells) may contain [ ] or :x:; print it literally, never as markup.
             message = " ".join(str(exc).split("\n"))
+            if _names_config_fields(exc):
+                message = _as_options(message, func)
             err_console.print(f"[bold red]error:[/] {escape(message)}", emoji=False)
             raise typer.Exit(code=2) from None
         except OSError as exc:
@@ -61,6 +63,33 @@ def user_errors(func: Callable) -> Callable:
 # The operating system refusing a path (permissions, a read-only file system, a folder or file in the way):
 # the user's environment, not a bug.
 _PATH_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.EISDIR, errno.ENOTDIR, errno.EEXIST)
+
+
+def _names_config_fields(exc: BaseException) -> bool:
+    """Whether `exc` is a configuration's validation error, whose message names its fields."""
+    from simulator.core.errors import ConfigError
+
+    engine = sys.modules.get("gpu_backend.engine.params")  # loaded whenever the engine raised
+    return isinstance(exc, ConfigError) or (engine is not None and isinstance(exc, engine.EngineInputError))
+
+
+def _as_options(message: str, command: Callable) -> str:
+    """`message` with each field that `command` takes as an option named by that option (the simulator's
+    and the engine's configs say max_num_seqs; the user typed --max-num-seqs). Only snake_case names are
+    replaced: a one-word field (model, gpu) is also a plain word of the message."""
+    import inspect
+    import re
+
+    from typer.models import OptionInfo
+
+    for name, param in inspect.signature(command).parameters.items():
+        info = param.default
+        if "_" not in name or not isinstance(info, OptionInfo):
+            continue
+        flags = [f for decl in info.param_decls or () for f in decl.split("/") if f.startswith("--")]
+        flag = flags[0] if flags else "--" + name.replace("_", "-")
+        message = re.sub(rf"(?<![\w-]){name}(?![\w-])", flag, message)
+    return message
 
 
 def _user_error_types() -> tuple[type[BaseException], ...]:

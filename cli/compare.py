@@ -16,7 +16,8 @@ from pagelab.units import latency_unit
 
 CONFIG_KEYS = ("model", "gpu", "kv_cache_dtype", "allocator", "block_size", "capacity_tokens",
                "max_model_len", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
-               "preemption_mode", "enable_prefix_caching", "placement", "latency", "mode", "trace", "rate")
+               "preemption_mode", "swap_space_gb", "enable_prefix_caching", "placement", "latency", "mode",
+               "trace", "rate")
 SHOWN_ALWAYS = ("model", "allocator", "block_size", "capacity_tokens")  # other keys only when they differ
 LATENCIES = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E latency"))
 MEMORY_PARTS = {"internal_fragmentation": (("padding", "  of which padding layers"),),
@@ -46,9 +47,11 @@ def _config_value(config: dict, key: str):
 def side_by_side(a: tuple[dict, dict], b: tuple[dict, dict]) -> list[tuple[str, str, object, object]]:
     """(section, row label, value in A, value in B) of two allocator runs, each given as (config.json,
     summary.json): the configuration (what differs, and the pool), memory, batch, throughput, latency."""
+    from simulator.tier_config import TIER_FIELDS
+
     (ca, sa), (cb, sb) = a, b
     rows: list[tuple[str, str, object, object]] = []
-    for key in CONFIG_KEYS:
+    for key in (*CONFIG_KEYS, *TIER_FIELDS):
         va, vb = _config_value(ca, key), _config_value(cb, key)
         if key == "capacity_tokens":
             va, vb = sa.get(key, va), sb.get(key, vb)

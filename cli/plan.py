@@ -62,7 +62,7 @@ def plan_cmd(
     """KV bytes per token and per block of each KV cache group, padding layers, pool size in tokens and
     blocks, the maximum concurrency at max-model-len and whether vLLM would start, by vLLM's rules."""
     from simulator.core.errors import ConfigError
-    from simulator.presets import kv_capacity
+    from simulator.presets import GIB, get_gpu, kv_capacity
 
     if gpu is None and kv_memory_gb is None:
         raise ConfigError("plan needs --gpu or --kv-memory-gb to size the KV pool")
@@ -70,6 +70,11 @@ def plan_cmd(
         raise ConfigError(f"--max-model-len must be > 0, got {max_model_len}")
     if max_num_batched_tokens is not None and max_num_batched_tokens < 1:
         raise ConfigError(f"--max-num-batched-tokens must be > 0, got {max_num_batched_tokens}")
+    if gpu is not None and kv_memory_gb is not None:
+        memory = get_gpu(gpu).memory_bytes
+        if kv_memory_gb * GIB > memory:
+            raise ConfigError(f"--kv-memory-gb {kv_memory_gb:g} GiB is more than the {memory / GIB:g} GiB of "
+                              f"--gpu {gpu}")
     capacity = kv_capacity(model, gpu, gpu_memory_utilization=gpu_memory_utilization,
                            kv_memory_gb=kv_memory_gb, kv_cache_dtype=kv_cache_dtype, block_size=block_size,
                            max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens,

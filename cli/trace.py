@@ -59,7 +59,12 @@ def _shared_prefix(text: str | None) -> dict[str, object]:
 _SINGLE_TURN_ONLY = {"arrival": ("--arrival", "poisson"), "cv": ("--cv", None),
                      "burstiness": ("--burstiness", None), "lengths": ("--lengths", "sharegpt"),
                      "shared_prefix": ("--shared-prefix", None), "n": ("--n", 1),
-                     "beam_width": ("--beam-width", 1)}
+                     "beam_width": ("--beam-width", 1), "prompt_len": ("--prompt-len", 128),
+                     "output_len": ("--output-len", 128), "prompt_range": ("--prompt-range", "1:1024"),
+                     "output_range": ("--output-range", "1:1024")}
+# The --lengths distribution each length option shapes.
+_LENGTHS_OF = {"prompt_len": "fixed", "output_len": "fixed", "prompt_range": "uniform",
+               "output_range": "uniform"}
 _MULTI_TURN_ONLY = {"turns": ("--turns", 1.55), "think_time": ("--think-time", 60.0),
                     "think_dist": ("--think-dist", "exponential")}
 MAX_TURNS = 10_000  # mean turns per conversation; beyond it the geometric draws stop meaning anything
@@ -74,6 +79,10 @@ def _refuse_unused(multi_turn: bool, **given) -> None:
         verb = "does" if len(unused) == 1 else "do"
         raise UserError(f"{', '.join(unused)} {verb} not apply "
                         f"{'with --multi-turn' if multi_turn else 'without --multi-turn'}")
+    for name, kind in _LENGTHS_OF.items():
+        flag, default = _SINGLE_TURN_ONLY[name]
+        if given[name] != default and given["lengths"] != kind:
+            raise UserError(f"{flag} applies only with --lengths {kind} (got --lengths {given['lengths']})")
     if not multi_turn and given["cv"] is not None and given["arrival"] != "gamma":
         raise UserError(f"--cv shapes gamma arrivals: it needs --arrival gamma "
                         f"(got --arrival {given['arrival']})")
@@ -134,7 +143,8 @@ def gen(
     check_seed(seed)
     _refuse_unused(multi_turn, arrival=arrival, cv=cv, burstiness=burstiness, lengths=lengths,
                    shared_prefix=shared_prefix, n=n, beam_width=beam_width, turns=turns,
-                   think_time=think_time, think_dist=think_dist)
+                   think_time=think_time, think_dist=think_dist, prompt_len=prompt_len,
+                   output_len=output_len, prompt_range=prompt_range, output_range=output_range)
     kind = lengths if lengths in _NAMED_LENGTHS else "resample"
     num = pick_one("--num/--num-prompts", num, num_prompts)
     num = 1000 if num is None else num
@@ -217,7 +227,9 @@ def _info_table(name: str, info: dict) -> Table:
                      f"{_fmt(rate, 3)} req/s, {info['total_tokens']:,} tokens")
     prefix = info["prefix"]
     if prefix:
-        table.caption += (f"\nprefix blocks ({prefix['block_size']} tokens): {prefix['references']:,} "
+        sizes = prefix["block_sizes"]
+        size = f"{sizes[0]}" if len(sizes) == 1 else f"mixed sizes: {', '.join(map(str, sizes))}"
+        table.caption += (f"\nprefix blocks ({size} tokens): {prefix['references']:,} "
                           f"references, {prefix['unique_blocks']:,} unique, "
                           f"{100 * prefix['repeat_fraction']:.1f}% repeats; "
                           f"{prefix['requests_with_prefix']:,} requests carry keys")

@@ -98,6 +98,8 @@ def kv_bytes_for(
         # An explicit KV budget (the paper's "12 GB") overrides the GPU arithmetic entirely.
         if not kv_memory_gb > 0:
             raise ConfigError(f"kv_memory_gb must be positive, got {kv_memory_gb}")
+        if kv_memory_gb * GIB == float("inf"):  # inf, or so large that its bytes overflow a float
+            raise ConfigError(f"kv_memory_gb {kv_memory_gb:g} GiB is too large")
         return kv_memory_gb * GIB
     if gpu is None:
         raise ConfigError("give either a gpu or kv_memory_gb to size the KV cache")

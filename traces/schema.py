@@ -189,7 +189,9 @@ def _numbers(values: pd.Series, col: str, fail, expected: str = "") -> np.ndarra
         if cell is None or (isinstance(cell, float) and np.isnan(cell)) or str(cell).strip() == "":
             fail(pos, col, "missing value (NaN or empty)")
         if np.isinf(num[pos]):
-            fail(pos, col, f"value is not finite: {cell!r}")
+            # A numpy scalar's repr is np.float64(inf); the user wrote inf.
+            shown = repr(cell) if isinstance(cell, str) else f"{num[pos]:g}"
+            fail(pos, col, f"value is not finite: {shown}")
         fail(pos, col, f"not a number: {cell!r}{expected}")
     return num
 

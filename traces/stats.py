@@ -52,8 +52,9 @@ def mean_rate(arrival_s: np.ndarray) -> float | None:
     return (len(arrival_s) - 1) / duration if duration > 0 else None
 
 
-def prefix_reuse(trace: pd.DataFrame) -> dict[str, float | int] | None:
-    """Prefix block references, distinct keys and the fraction of references that repeat a key."""
+def prefix_reuse(trace: pd.DataFrame) -> dict | None:
+    """Prefix block references, distinct keys and the fraction of references that repeat a key; the block
+    size keys are recorded at (None when requests record them at several: see `block_sizes`)."""
     if "prefix_blocks" not in trace.columns:
         return None
     sizes = trace["prefix_block_size"].to_numpy()
@@ -64,9 +65,13 @@ def prefix_reuse(trace: pd.DataFrame) -> dict[str, float | int] | None:
         refs = Counter((s, k) for s, keys in zip(sizes.tolist(), trace["prefix_blocks"], strict=True)
                        for k in keys)
         total, unique = sum(refs.values()), len(refs)
+    keyed = trace["prefix_blocks"].map(len).to_numpy() > 0
+    # Sizes of the requests that carry keys (as `trace reuse` reads them); mixed sizes get no single label.
+    used = sorted(int(s) for s in np.unique(sizes[keyed] if keyed.any() else sizes))
     return {
-        "block_size": int(np.bincount(sizes).argmax()) if sizes.min() >= 0 else int(sizes[0]),
-        "requests_with_prefix": int((trace["prefix_blocks"].map(len) > 0).sum()),
+        "block_size": used[0] if len(used) == 1 else None,
+        "block_sizes": used,
+        "requests_with_prefix": int(keyed.sum()),
         "references": total,
         "unique_blocks": unique,
         "repeat_fraction": (total - unique) / total if total else 0.0,

@@ -232,11 +232,10 @@ MODELS: dict[str, ModelSpec] = {
     # MHA, untied LM head.
     "llama-2-7b": ModelSpec(
         name="llama-2-7b", aliases=("meta-llama/Llama-2-7b-chat-hf", "meta-llama/Llama-2-7b"),
-        hf_id="meta-llama/Llama-2-7b-hf", architecture="LlamaForCausalLM",
+        hf_id="meta-llama/Llama-2-7b-hf", architecture="LlamaForCausalLM", num_params=6_738_415_616,
         vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
         num_attention_heads=32, num_key_value_heads=32, head_dim=128, max_position_embeddings=4096,
         rms_norm_eps=1e-5, rope_theta=10000.0, bos_token_id=1, eos_token_ids=(2,), torch_dtype="float16",
-        num_params=6_738_415_616,
     ),
     # GQA with 8 KV heads, untied LM head.
     "llama-3-8b": ModelSpec(
@@ -265,11 +264,10 @@ MODELS: dict[str, ModelSpec] = {
         hf_id="meta-llama/Llama-3.2-1B",
         architecture="LlamaForCausalLM", vocab_size=128256, hidden_size=2048, intermediate_size=8192,
         num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
-        max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
+        max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0, num_params=1_235_814_400,
         rope_scaling=RopeScaling(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                  original_max_position_embeddings=8192),
         tie_word_embeddings=True, bos_token_id=128000, eos_token_ids=(128001,), torch_dtype="bfloat16",
-        num_params=1_235_814_400,
     ),
     # The engine's CPU model: Llama with grouped-query attention (2 query heads per KV head), small enough
     # for a 2-core CPU, in fp32 (half precision is slow there); head_dim 64 because the Triton kernels
@@ -369,7 +367,7 @@ def get_model(name: str) -> ModelSpec:
     spec = _registered(name)
     if spec is not None:
         return spec
-    if (Path(name) / "config.json").is_file():
+    if Path(name).is_dir():  # a checkpoint folder, even one without its config.json (said as such)
         return _read_folder(str(Path(name).resolve()), name)
     raise ConfigError(f"unknown model {name!r}; valid models: {', '.join(model_names())}, the Hugging Face "
                       "id of one (see `pagelab presets`), or a local folder with a config.json")
@@ -387,6 +385,8 @@ def _read_folder(path: str, shown: str) -> ModelSpec:
     from simulator.core.model_files import config_fields, estimate_params
 
     file = Path(path) / "config.json"
+    if not file.exists():
+        raise ConfigError(f"{path}: the folder has no config.json (the model's shape is read from it)")
     try:
         raw = json.loads(file.read_text())
     except (OSError, ValueError) as exc:

@@ -47,3 +47,16 @@ def test_plan_says_when_vllm_would_refuse_to_start_and_the_longest_length_that_f
     assert plan["request_kv_bytes"] == 16 * 2**30
     fits = pagelab("plan", "--model", "llama-3.1-8b", "--kv-memory-gb", "1", "--max-model-len", "8192")
     assert fits.returncode == 0 and "would not start" not in fits.stdout
+
+
+def test_plan_of_a_folder_without_a_config_names_the_folder(tmp_path):
+    line = one_line_error(pagelab("plan", "--model", tmp_path, "--gpu", "h200"))
+    assert f"{tmp_path}: the folder has no config.json" in line
+
+
+def test_plan_refuses_a_kv_pool_larger_than_the_gpu():
+    line = one_line_error(pagelab("plan", "--model", "llama-3-8b", "--gpu", "h200", "--kv-memory-gb", "1e12"))
+    assert "--kv-memory-gb 1e+12 GiB is more than the 141 GiB of --gpu h200" in line
+    # Without a GPU nothing bounds the pool but what its bytes can count.
+    assert pagelab("plan", "--model", "llama-3-8b", "--kv-memory-gb", "1e12").returncode == 0
+    assert "is too large" in one_line_error(pagelab("plan", "--model", "llama-3-8b", "--kv-memory-gb", "inf"))

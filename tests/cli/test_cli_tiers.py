@@ -46,9 +46,22 @@ def test_simulate_without_tiers_has_no_tier_rows(chat):
     assert "Prompt tokens" not in result.stdout
 
 
+def test_compare_lists_the_tiers_among_the_configuration_differences(chat, tmp_path):
+    base = ["simulate", str(chat), "--capacity-tokens", "2560", "--max-model-len", "2048", "-a", "paged"]
+    assert runner.invoke(app, [*base, "--out", str(tmp_path / "a")]).exit_code == 0
+    assert runner.invoke(app, [*base, "--kv-offloading-size", "0.5", "--kv-offloading-disk-size", "2",
+                               "--kv-offloading-policy", "lfu", "--out", str(tmp_path / "b")]).exit_code == 0
+    result = runner.invoke(app, ["compare", str(tmp_path / "a"), str(tmp_path / "b")])
+    assert result.exit_code == 0, result.output
+    rows = {line.split()[0]: line.split()[1:] for line in result.stdout.splitlines() if line.strip()}
+    assert rows["kv_offloading_size"] == ["-", "0.50"]
+    assert rows["kv_offloading_disk_size"] == ["-", "2.00"]
+    assert rows["kv_offloading_policy"] == ["-", "lfu"]
+
+
 @pytest.mark.parametrize(("args", "message"), [
-    (["--kv-offloading-policy", "arc"], "kv_offloading_policy must be one of lru, lfu, s3fifo"),
-    (["--kv-offloading-block-size", "24"], "multiple of block_size 16"),
+    (["--kv-offloading-policy", "arc"], "--kv-offloading-policy must be one of lru, lfu, s3fifo"),
+    (["--kv-offloading-block-size", "24"], "must be a multiple of --block-size 16"),
     (["-a", "contiguous-max"], "need the paged allocator"),
 ])
 def test_bad_tier_options_exit_2(chat, args, message):
@@ -76,4 +89,4 @@ def test_replay_with_a_disk_tier_in_a_file_is_a_one_line_error(chat, tmp_path):
     blocker.write_text("")
     result = pagelab("replay", chat, "--limit", "2", "--max-model-len", "256", "--num-blocks", "24",
                      "--kv-offloading-disk-size", "0.001", "--kv-offloading-disk-path", blocker)
-    assert f"kv_offloading_disk_path {blocker}: cannot create the disk tier's" in one_line_error(result)
+    assert f"--kv-offloading-disk-path {blocker}: cannot create the disk tier's" in one_line_error(result)

@@ -74,6 +74,10 @@ def test_gen_lengths_from_a_vidur_length_only_file(tmp_path):
     (["--cv", "2"], "--cv shapes gamma arrivals: it needs --arrival gamma (got --arrival poisson)"),
     (["--arrival", "burst", "--burstiness", "2"], "--burstiness makes gamma arrivals"),
     (["--turns", "3", "--think-time", "5"], "--turns, --think-time do not apply without --multi-turn"),
+    (["--prompt-len", "64"], "--prompt-len applies only with --lengths fixed (got --lengths sharegpt)"),
+    (["--lengths", "uniform", "--output-len", "9"], "--output-len applies only with --lengths fixed"),
+    (["--lengths", "fixed", "--prompt-range", "1:9"], "--prompt-range applies only with --lengths uniform"),
+    (["--multi-turn", "--output-len", "9"], "--output-len does not apply with --multi-turn"),
     (["--multi-turn", "--turns", "inf"], "--turns must be a finite number in [1, 10,000], got inf"),
     (["--multi-turn", "--think-time", "inf"], "--think-time must be a finite number of seconds"),
     (["--multi-turn", "--think-time", "1e12"], "--think-time must be a finite number of seconds"),
@@ -95,6 +99,15 @@ def test_info_table_and_json_for_a_bundled_trace():
     assert as_json.exit_code == 0
     info = json.loads(as_json.stdout)
     assert info["num_requests"] == 19_366 and info["prefix"] is None
+
+
+def test_info_says_when_prefix_keys_are_recorded_at_several_block_sizes(tmp_path):
+    mixed = tmp_path / "mixed.csv"
+    mixed.write_text("arrival_s,prompt_len,output_len,prefix_blocks,prefix_block_size\n"
+                     "0,64,5,1 2,32\n1,64,5,3,16\n2,64,5,1 2 4,16\n")
+    result = run("trace", "info", mixed)
+    assert result.exit_code == 0, result.output
+    assert "prefix blocks (mixed sizes: 16, 32 tokens)" in result.stdout
 
 
 def test_info_on_bad_file_names_file_line_and_field(tmp_path):

@@ -78,6 +78,8 @@ def test_weights_that_do_not_fit_are_refused():
     [
         ({"kv_memory_gb": 0}, "kv_memory_gb must be positive"),
         ({"kv_memory_gb": float("nan")}, "kv_memory_gb must be positive"),
+        ({"kv_memory_gb": float("inf")}, "kv_memory_gb inf GiB is too large"),
+        ({"kv_memory_gb": 1e300}, r"kv_memory_gb 1e\+300 GiB is too large"),
         ({}, "give either a gpu or kv_memory_gb"),
         ({"gpu": "a100-80gb", "gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
         ({"gpu": "a100-80gb", "gpu_memory_utilization": 0}, "gpu_memory_utilization"),

@@ -35,7 +35,7 @@ def test_trace_info_small_trace():
     assert info["total_tokens"] == 96
     assert info["n"] == {"mean": 2.0, "max": 4, "requests_above_1": 1}
     assert info["beam_width"]["requests_above_1"] == 1
-    assert info["prefix"] == {"block_size": 4, "requests_with_prefix": 2, "references": 4,
+    assert info["prefix"] == {"block_size": 4, "block_sizes": [4], "requests_with_prefix": 2, "references": 4,
                               "unique_blocks": 3, "repeat_fraction": 0.25}
     json.dumps(info)  # JSON-ready: plain Python numbers only
 
@@ -53,7 +53,10 @@ def test_keys_at_different_block_sizes_are_different_blocks():
         "arrival_s": [0.0, 1.0], "prompt_len": [64, 64], "output_len": [1, 1],
         "prefix_blocks": [[1, 2], [1, 2]], "prefix_block_size": [16, 32],
     }))
-    assert trace_info(df)["prefix"]["unique_blocks"] == 4
+    prefix = trace_info(df)["prefix"]
+    assert prefix["unique_blocks"] == 4
+    # Not labelled by one of the two sizes: the trace records both.
+    assert prefix["block_size"] is None and prefix["block_sizes"] == [16, 32]
 
 
 def test_mooncake_prefix_reuse_matches_the_published_count():

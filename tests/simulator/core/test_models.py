@@ -199,6 +199,13 @@ def test_a_folder_config_missing_a_field_is_named(tmp_path):
         get_model(str(tmp_path))
 
 
+def test_a_folder_without_a_config_is_named_as_such(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ConfigError, match="the folder has no config.json") as info:
+        get_model(str(tmp_path))
+    assert str(tmp_path) in str(info.value) and "unknown model" not in str(info.value)
+
+
 def test_the_opt_parameter_count_is_estimated_from_its_shape():
     opt = get_model("opt-13b")
     # Biases, LayerNorm biases and learned positions are left out: within 0.1 %.
