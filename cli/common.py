@@ -37,7 +37,7 @@ def user_errors(func: Callable) -> Callable:
         except _user_error_types() as exc:
             # User text (file names, cells) may contain [ ] or :x:; print it literally, never as markup.
             message = " ".join(str(exc).split("\n"))
-            if _names_config_fields(exc):
+            if isinstance(exc, PagelabError) and exc.names_fields:
                 message = _as_options(message, func)
             err_console.print(f"[bold red]error:[/] {escape(message)}", emoji=False)
             raise typer.Exit(code=2) from None
@@ -63,14 +63,6 @@ def user_errors(func: Callable) -> Callable:
 # The operating system refusing a path (permissions, a read-only file system, a folder or file in the way):
 # the user's environment, not a bug.
 _PATH_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.EISDIR, errno.ENOTDIR, errno.EEXIST)
-
-
-def _names_config_fields(exc: BaseException) -> bool:
-    """Whether `exc` is a configuration's validation error, whose message names its fields."""
-    from simulator.core.errors import ConfigError
-
-    engine = sys.modules.get("gpu_backend.engine.params")  # loaded whenever the engine raised
-    return isinstance(exc, ConfigError) or (engine is not None and isinstance(exc, engine.EngineInputError))
 
 
 def _as_options(message: str, command: Callable) -> str:

@@ -3,3 +3,5 @@
 
 class PagelabError(Exception):
     """Base class for errors caused by the user's input or configuration."""
+
+    names_fields = False  # whether the message names configuration fields (the CLI shows its options)

@@ -9,6 +9,8 @@ from pagelab.errors import PagelabError
 class EngineInputError(PagelabError, ValueError):
     """A request or engine option the engine cannot serve; the message names the request and field."""
 
+    names_fields = True
+
 
 @dataclass(frozen=True)
 class SamplingParams:

@@ -5,6 +5,8 @@ from pagelab.errors import PagelabError
 class ConfigError(PagelabError, ValueError):
     """An impossible or inconsistent configuration (block size, capacity, preset name...)."""
 
+    names_fields = True
+
 
 class AllocationError(PagelabError, RuntimeError):
     """A misuse of an allocator: allocating past capacity, freeing twice, appending to a finished sequence."""
