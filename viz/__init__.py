@@ -17,7 +17,7 @@ from viz.errors import TableError, VizError
 from viz.latency_cdf import plot_latency_cdf
 from viz.load import AllocatorRun, Run, load_runs
 from viz.snapshot import plot_block_snapshot
-from viz.sweep import applies, plot_block_size_sweep, plot_sweep_latency
+from viz.sweep import applies, plot_block_size_sweep, plot_sweep_latency, sweep_label, sweeps, unjoined
 from viz.timeline import plot_batch_size, plot_memory_over_time
 from viz.trace_overview import save_trace_overview
 
@@ -43,11 +43,23 @@ def _all_runs(plot: Callable[[list[Run]], FigureResult]) -> Callable[..., Iterat
     return draw
 
 
+def _per_sweep(plot: Callable[..., FigureResult], name: str, column: str
+               ) -> Callable[..., Iterator[FigureResult]]:
+    """Draw a sweep figure from the points of each sweep among the runs that differ in `column`; with
+    several sweeps the file name gets the sweep folder's name."""
+    def draw(runs: list[Run], **_options) -> Iterator[FigureResult]:
+        groups = sweeps(runs, column)
+        for group in groups:
+            yield plot(group, name=name if len(groups) == 1 else f"{name}-{safe_stem(sweep_label(group))}")
+    return draw
+
+
 def _has_events(runs: list[Run]) -> bool:
     """Whether any allocator recorded pool tenures (simulate --no-events writes none)."""
     return any(alloc.num_events for run in runs for alloc in run.allocators.values())
 
 
+SWEEP_POINTS = "points of one sweep (`pagelab sweep --out DIR` writes them in DIR/points)"
 NO_EVENTS = "needs tenures in events.parquet (runs simulated with --no-events have none)"
 
 # name -> (draw, applicability check, why it may not apply)
@@ -58,11 +70,15 @@ FIGURES: dict[str, tuple[Callable[..., Iterator[FigureResult]], Callable[[list[R
     "block_snapshot": (_per_run(plot_block_snapshot, "block_snapshot", "at"), _has_events, NO_EVENTS),
     "latency_cdf": (_all_runs(plot_latency_cdf), lambda runs: True, ""),
     "batch_size": (_all_runs(plot_batch_size), lambda runs: True, ""),
-    "sweep_latency": (_all_runs(plot_sweep_latency), lambda runs: applies(runs, "rate"),
-                      "needs two or more run folders with different request rates"),
-    "block_size_sweep": (_all_runs(plot_block_size_sweep), lambda runs: applies(runs, "block_size"),
-                         "needs two or more run folders with different block sizes"),
+    "sweep_latency": (_per_sweep(plot_sweep_latency, "sweep_latency", "rate"),
+                      lambda runs: applies(runs, "rate"),
+                      f"needs two or more {SWEEP_POINTS} with different request rates"),
+    "block_size_sweep": (_per_sweep(plot_block_size_sweep, "block_size_sweep", "block_size"),
+                         lambda runs: applies(runs, "block_size"),
+                         f"needs two or more {SWEEP_POINTS} with different block sizes"),
 }
+# The sweep figures' axis: runs that differ in it without being one sweep's points are told why not drawn.
+SWEEP_AXES = {"sweep_latency": ("rate", "request rate"), "block_size_sweep": ("block_size", "block size")}
 
 
 # The tables each figure reads: an allocator whose table cannot be read is left out of that figure only.
@@ -147,6 +163,10 @@ def figure_results(runs: list[Run], only: list[str] | None = None, at: float | N
             if not check(readable):
                 if only:
                     raise VizError(f"figure '{name}' {why}")
+                column, what = SWEEP_AXES.get(name, (None, ""))
+                if column and unjoined(readable, column):
+                    warn(f"figure '{name}' not drawn: the run folders differ in {what} but are separate "
+                         f"runs; it {why}")
                 break
             try:
                 for result in draw(readable, at=at, window=window):

@@ -1,11 +1,17 @@
 """Figure 5: sweeps across run folders: normalized latency vs request rate, and the effect of block size.
 
+Only the points of one `pagelab sweep` (run folders in its points/ folder, docs/sweeps.md) are joined into
+lines: separate runs may differ in more than the rate or block size (trace, pool, allocator), so a line
+through them would show a trend that is not there.
+
 The request rate of a run is the first positive number among: an allocator's config.json keys
 `rate`, `request_rate`, `rate_per_s`, then the same keys under config.json `extra`, then the run's
 summary.json `trace` keys `rate_override`, `rate`, `request_rate`, `mean_rate_per_s`; else it is
 derived from requests.parquet as (number of requests - 1) / (last arrival - first arrival).
 """
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -18,6 +24,7 @@ from viz.palette import LINESTYLES, allocator_color, allocator_label
 
 CONFIG_RATE_KEYS = ("rate", "request_rate", "rate_per_s")
 TRACE_RATE_KEYS = ("rate_override", "rate", "request_rate", "mean_rate_per_s")
+POINTS_DIR = "points"  # the folder of a sweep folder that holds its points (simulator/sweep/points.py)
 
 
 def run_rate(run: Run, alloc: AllocatorRun) -> tuple[float, str]:
@@ -61,9 +68,39 @@ def _distinct(values: pd.Series) -> int:
     return len(np.unique(np.round(v[np.isfinite(v)], 6)))
 
 
+def sweep_of(run: Run) -> Path | None:
+    """The points folder of the sweep `run` is a point of, else None: a point sits there and its summary
+    names its point_hash (both, so a folder that happens to be called points/ is not taken for one)."""
+    parent = run.path.resolve().parent
+    return parent if parent.name == POINTS_DIR and "point_hash" in run.trace else None
+
+
+def sweeps(runs: list[Run], column: str) -> list[list[Run]]:
+    """The runs grouped by the sweep they are points of, keeping the groups that differ in `column` ("rate"
+    or "block_size"); runs that are no sweep's points join no group."""
+    groups: dict[Path, list[Run]] = {}
+    for run in runs:
+        where = sweep_of(run)
+        if where is not None:
+            groups.setdefault(where, []).append(run)
+    return [g for g in groups.values() if len(g) > 1 and _distinct(sweep_data(g)[column]) > 1]
+
+
 def applies(runs: list[Run], column: str) -> bool:
-    """Whether the runs differ in `column` ("rate" or "block_size") so a sweep figure makes sense."""
-    return len(runs) > 1 and _distinct(sweep_data(runs)[column]) > 1
+    """Whether some of the runs are points of one sweep that differ in `column`, so a sweep figure makes
+    sense."""
+    return bool(sweeps(runs, column))
+
+
+def unjoined(runs: list[Run], column: str) -> bool:
+    """Whether the runs differ in `column` yet no sweep figure applies (they are not points of one sweep)."""
+    return len(runs) > 1 and not applies(runs, column) and _distinct(sweep_data(runs)[column]) > 1
+
+
+def sweep_label(runs: list[Run]) -> str:
+    """The name of the sweep folder the runs are points of."""
+    where = sweep_of(runs[0])
+    return where.parent.name if where is not None else runs[0].label
 
 
 def _lines(ax, data: pd.DataFrame, x: str, y: str, other: str) -> tuple[list, list[str]]:
@@ -97,7 +134,7 @@ def _in_latency_unit(data: pd.DataFrame) -> tuple[str, pd.DataFrame]:
     return unit, data.assign(normalized_latency_s=data["normalized_latency_s"] * per_s)
 
 
-def plot_sweep_latency(runs: list[Run]) -> FigureResult:
+def plot_sweep_latency(runs: list[Run], name: str = "sweep_latency") -> FigureResult:
     """Normalized latency against request rate, one line per allocator (vLLM Fig. 12 shape)."""
     data = sweep_data(runs)
     unit, shown = _in_latency_unit(data)
@@ -108,10 +145,10 @@ def plot_sweep_latency(runs: list[Run]) -> FigureResult:
     ax.set_ylabel(f"normalized latency ({unit}/token)")
     ax.set_title("Normalized latency vs request rate")
     legend_below(fig, handles, labels, ncol=2)
-    return FigureResult("sweep_latency", fig, data)
+    return FigureResult(name, fig, data)
 
 
-def plot_block_size_sweep(runs: list[Run]) -> FigureResult:
+def plot_block_size_sweep(runs: list[Run], name: str = "block_size_sweep") -> FigureResult:
     """Normalized latency and wasted memory share against block size, one line per allocator."""
     data = sweep_data(runs)
     unit, shown = _in_latency_unit(data)
@@ -130,4 +167,4 @@ def plot_block_size_sweep(runs: list[Run]) -> FigureResult:
     ax_waste.set_ylabel("reserved + fragmented (% of capacity)")
     ax_waste.set_title("Wasted KV memory vs block size")
     legend_below(fig, handles, labels, ncol=4)
-    return FigureResult("block_size_sweep", fig, data)
+    return FigureResult(name, fig, data)

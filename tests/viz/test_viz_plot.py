@@ -6,7 +6,7 @@ import sys
 
 import pytest
 from typer.testing import CliRunner
-from viz_fixtures import write_small_run
+from viz_fixtures import write_small_run, write_sweep_point
 
 from viz import FIGURES, VizError, figure_results, plot_runs
 from viz.load import load_runs
@@ -24,7 +24,7 @@ def test_every_applicable_figure_is_written(tmp_path):
 
 
 def test_several_runs_get_per_run_files_and_sweeps(tmp_path):
-    runs = [write_small_run(tmp_path / f"r{r:g}", rate=r) for r in (1.0, 2.0)]
+    runs = [write_sweep_point(tmp_path / "sw", f"r{r:g}", rate=r) for r in (1.0, 2.0)]
     written = {p.name for p in plot_runs(runs, tmp_path / "figs", fmt="svg")}
     assert {"breakdown.svg", "latency_cdf.svg", "sweep_latency.svg", "block_map-r1.svg",
             "block_map-r2.svg", "memory_over_time-r2.svg"} <= written
@@ -39,7 +39,7 @@ def test_only_and_bad_requests(tmp_path):
     assert (tmp_path / "o" / "breakdown.pdf").read_bytes()[:4] == b"%PDF"
     with pytest.raises(VizError, match="unknown figure 'pie'"):
         plot_runs([run], tmp_path / "o", only=["pie"])
-    with pytest.raises(VizError, match="sweep_latency' needs two or more run folders"):
+    with pytest.raises(VizError, match="sweep_latency' needs two or more points of one sweep"):
         plot_runs([run], tmp_path / "o", only=["sweep_latency"])
     with pytest.raises(VizError, match="format 'jpg'"):
         plot_runs([run], tmp_path / "o", "jpg")
@@ -126,3 +126,22 @@ def test_nothing_to_draw_is_an_error_and_writes_nothing(rejected, tmp_path):
     assert "no steps: every request was rejected; the figures leave out" in done.output
     assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["breakdown.png", "comparison.json",
                                                                   "latency_cdf.png"]
+
+
+def test_cli_plot_does_not_join_separate_simulate_runs(tmp_path):
+    from cli import app
+
+    runner = CliRunner()
+    (tmp_path / "t.csv").write_text("request_id,arrival_s,prompt_len,output_len\n0,0,100,10\n1,0.5,50,5\n")
+    for name, args in (("c", ["-a", "contiguous-max"]), ("p", ["-a", "paged", "--block-size", "32"])):
+        done = runner.invoke(app, ["simulate", str(tmp_path / "t.csv"), *args, "--capacity-tokens", "1000",
+                                   "--max-model-len", "200", "--out", str(tmp_path / name)])
+        assert done.exit_code == 0, done.output
+    runs = [str(tmp_path / "c"), str(tmp_path / "p")]
+    done = runner.invoke(app, ["plot", *runs, "--out", str(tmp_path / "f")])
+    assert done.exit_code == 0, done.output
+    assert "figure 'block_size_sweep' not drawn" in done.output
+    assert "block_size_sweep.png" not in {p.name for p in (tmp_path / "f").iterdir()}
+    only = runner.invoke(app, ["plot", *runs, "--only", "block_size_sweep", "--out", str(tmp_path / "g")])
+    assert only.exit_code == 2 and "needs two or more points of one sweep" in only.output
+    assert "Traceback" not in only.output and not (tmp_path / "g").exists()

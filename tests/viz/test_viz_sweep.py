@@ -4,8 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from viz_fixtures import write_small_run
+from viz_fixtures import write_small_run, write_sweep_point
 
+from viz import figure_results, plot_runs
 from viz.errors import VizError
 from viz.load import load_runs
 from viz.palette import ALLOCATOR_COLORS
@@ -15,7 +16,7 @@ from viz.trace_overview import plot_trace_overview, save_trace_overview, trace_o
 
 @pytest.fixture
 def rate_runs(tmp_path):
-    return load_runs([write_small_run(tmp_path / f"rate{r}", rate=r) for r in (4.0, 1.0, 2.0)])
+    return load_runs([write_sweep_point(tmp_path / "sw", f"rate{r}", rate=r) for r in (4.0, 1.0, 2.0)])
 
 
 def test_rate_comes_from_config_else_derived(rate_runs, tmp_path):
@@ -46,7 +47,7 @@ def test_sweep_latency_lines_per_allocator(rate_runs):
 
 
 def test_block_size_sweep(tmp_path):
-    runs = load_runs([write_small_run(tmp_path / f"bs{b}", block_size=b) for b in (32, 8, 16)])
+    runs = load_runs([write_sweep_point(tmp_path / "sw", f"bs{b}", block_size=b) for b in (32, 8, 16)])
     assert applies(runs, "block_size") and not applies(runs, "rate")
     result = plot_block_size_sweep(runs)
     lat_ax, waste_ax = result.figure.axes
@@ -62,6 +63,39 @@ def test_one_run_has_no_sweep(tmp_path):
     runs = load_runs([write_small_run(tmp_path / "one", rate=2.0)])
     assert not applies(runs, "rate")
     assert sweep_data(runs)["rate"].tolist() == [2.0, 2.0]
+
+
+def test_separate_runs_are_not_joined_into_a_sweep(tmp_path):
+    paths = [write_small_run(tmp_path / "a", rate=1.0, block_size=8),
+             write_small_run(tmp_path / "b", rate=2.0, block_size=32)]
+    assert not applies(load_runs(paths), "rate") and not applies(load_runs(paths), "block_size")
+    told = []
+    written = {p.name for p in plot_runs(paths, tmp_path / "figs", warn=told.append)}
+    assert "breakdown.png" in written and not {"sweep_latency.png", "block_size_sweep.png"} & written
+    assert [m.split(":")[0] for m in told] == ["figure 'sweep_latency' not drawn",
+                                               "figure 'block_size_sweep' not drawn"]
+    assert "are separate runs; it needs two or more points of one sweep" in told[0]
+    with pytest.raises(VizError, match="block_size_sweep' needs two or more points of one sweep"):
+        plot_runs(paths, tmp_path / "figs", only=["block_size_sweep"])
+
+
+def test_a_folder_named_points_without_a_point_hash_is_no_sweep(tmp_path):
+    paths = [write_small_run(tmp_path / "points" / f"r{r:g}", rate=r) for r in (1.0, 2.0)]
+    assert not applies(load_runs(paths), "rate")
+
+
+def test_only_the_points_of_one_sweep_are_joined(tmp_path):
+    points = [write_sweep_point(tmp_path / "sw", f"r{r:g}", rate=r) for r in (1.0, 2.0)]
+    other = write_small_run(tmp_path / "lone", rate=8.0)
+    (result,) = [r for r in figure_results(load_runs([*points, other])) if r.name.startswith("sweep_")]
+    assert result.name == "sweep_latency" and sorted(result.data["rate"].unique()) == [1.0, 2.0]
+
+
+def test_two_sweeps_get_a_figure_each(tmp_path):
+    paths = [write_sweep_point(tmp_path / s, f"r{r:g}", rate=r) for s in ("low", "high") for r in (1.0, 2.0)]
+    results = [r for r in figure_results(load_runs(paths)) if r.name.startswith("sweep_")]
+    assert [r.name for r in results] == ["sweep_latency-low", "sweep_latency-high"]
+    assert all(len(r.data) == 4 for r in results)  # two points of two allocators each
 
 
 def _trace(n: int = 2000, seed: int = 0) -> pd.DataFrame:

@@ -47,21 +47,22 @@ def drawn_text_outside(fig) -> list[tuple[str, tuple[float, ...]]]:
 
 
 def simulated_run(folder: Path, allocators, block_size: int = 16, rate: float | None = None) -> Path:
-    """A small real run folder of the bundled trace, under a long trace label."""
+    """A small real run folder of the bundled trace, under a long trace label; the sweep figures join
+    the runs written in one points/ folder."""
     trace = load_trace("azure-conv").iloc[:150].reset_index(drop=True)
     base = SimConfig(model="opt-13b", kv_memory_gb=3, max_model_len=2048, block_size=block_size,
                      extra={"trace": LONG, "rate": rate})
     results = {a: simulate(trace, dataclasses.replace(base, allocator=a)) for a in allocators}
-    info = {"source": LONG, **trace_info(trace), "rate_override": rate}
+    info = {"source": LONG, **trace_info(trace), "rate_override": rate, "point_hash": folder.name}
     return write_run(folder, info, results)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("runs")
-    return {"one": simulated_run(tmp / "one-allocator-run-with-a-long-label", ("paged",)),
-            "four": simulated_run(tmp / "four", ALLOCATORS),
-            "bs32": simulated_run(tmp / "four-bs32-rate2", ALLOCATORS, block_size=32, rate=2.0)}
+    points = tmp_path_factory.mktemp("sweep") / "points"
+    return {"one": simulated_run(points / "one-allocator-run-with-a-long-label", ("paged",)),
+            "four": simulated_run(points / "four", ALLOCATORS),
+            "bs32": simulated_run(points / "four-bs32-rate2", ALLOCATORS, block_size=32, rate=2.0)}
 
 
 @pytest.mark.parametrize("which", [("one",), ("four",), ("four", "bs32")])

@@ -128,10 +128,14 @@ def summary_for(name: str, requests: pd.DataFrame, rate: float | None, block_siz
 
 
 def write_small_run(root: Path, rate: float | None = None, block_size: int = BLOCK_SIZE,
-                    allocators: tuple[str, ...] = ("paged", "contiguous-max")) -> Path:
-    """Write the run folder under `root` and return it; `rate` goes into config.json when given."""
+                    allocators: tuple[str, ...] = ("paged", "contiguous-max"), point_hash: str | None = None
+                    ) -> Path:
+    """Write the run folder under `root` and return it; `rate` goes into config.json when given, and
+    `point_hash` into the summary's trace as a sweep point's."""
     root.mkdir(parents=True, exist_ok=True)
     top = {"trace": {"name": "hand-built", "num_requests": 4}, "allocators": {}}
+    if point_hash is not None:
+        top["trace"]["point_hash"] = point_hash
     for name in allocators:
         folder = root / name
         folder.mkdir()
@@ -149,3 +153,9 @@ def write_small_run(root: Path, rate: float | None = None, block_size: int = BLO
         top["allocators"][name] = summary
     (root / "summary.json").write_text(json.dumps(top))
     return root
+
+
+def write_sweep_point(sweep: Path, name: str, rate: float | None = None, block_size: int = BLOCK_SIZE
+                      ) -> Path:
+    """A run folder laid out as a point of the sweep folder `sweep`: in its points/ folder, with a hash."""
+    return write_small_run(sweep / "points" / name, rate, block_size, point_hash=f"hash-{name}")
