@@ -10,7 +10,7 @@ from rich.markup import escape
 
 from cli.common import UserError, err_console, warn
 from pagelab import run_folder
-from pagelab.atomic import atomic_write_bytes, remove_stale_temp_dirs
+from pagelab.atomic import atomic_write_bytes, remove_stale_temp_dirs, remove_stale_temp_dirs_beside
 from pagelab.folder_lock import FolderBusyError, hold
 from pagelab.run_folder import (
     RUN_MARKER,
@@ -42,7 +42,8 @@ def check_out(out: Path, overwrite: bool) -> Path:
 
     A regular file, a folder that is not a pagelab run (and not empty), and an existing run without
     --overwrite are refused; so is a place where no folder can be created, and a folder another pagelab
-    process is writing (its lock, pagelab/folder_lock.py, is held until the command returns).
+    process is writing (its lock, pagelab/folder_lock.py, is held until the command returns). Temporary
+    folders that killed runs left beside it, for it or another destination, are removed with a warning.
     """
     text = str(out)
     target = Path(os.path.abspath(out))
@@ -62,6 +63,7 @@ def check_out(out: Path, overwrite: bool) -> Path:
             raise UserError(f"--out {text} already holds a pagelab run; pass --overwrite to replace it, "
                             "or choose another folder")
     removed, unknown = remove_stale_temp_dirs(target)
+    removed += remove_stale_temp_dirs_beside(target)
     for stale in removed:
         warn(f"removed {stale}, left behind by a killed run")
     for stale in unknown:

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from pagelab.folder_lock import FolderBusyError, FolderLock
 from pagelab.writes import drop_open_files, write_bytes
 
 
@@ -49,26 +51,53 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+# atomic_dir's folders: `.NAME.tmp-PID-HEX` while writing, `.NAME.old-PID` while swapping a run in.
+_TEMP_DIR = re.compile(r"^\.(?P<name>.+)\.(?:tmp-(?P<pid>\d+)-[0-9a-f]{8}|old-(?P<old>\d+))$")
+
+
+def _removable(path: Path, match: re.Match) -> bool:
+    """Whether a folder of atomic_dir's can go: its process is gone, and no run exists only there (a writer
+    killed between renaming the previous run aside and the new one into place leaves both, NAME absent)."""
+    pid = match["pid"] or match["old"]
+    if _pid_alive(int(pid)):
+        return False
+    final = path.with_name(match["name"])
+    if final.exists() or final.is_symlink():
+        return True
+    return match["old"] is None and not path.with_name(f".{match['name']}.old-{pid}").exists()
+
+
+def _temp_dirs(folder: Path) -> Iterator[tuple[Path, re.Match]]:
+    """The folders (not links) in `folder` named as atomic_dir names its own."""
+    for p in sorted(folder.iterdir()):
+        match = _TEMP_DIR.match(p.name)
+        if match is not None and p.is_dir() and not p.is_symlink():
+            yield p, match
+
+
 def stale_temp_dirs(final: str | os.PathLike) -> tuple[list[Path], list[Path]]:
     """Temporary siblings of `final` left by killed runs: (whose process is gone, whose owner is unknown).
 
     `atomic_dir` names its folders `.NAME.tmp-PID-...` (and `.NAME.old-PID` while swapping), so a
-    folder whose process no longer runs can never be renamed into place; older names carry no pid.
+    folder whose process no longer runs can never be renamed into place; older names carry no pid, and
+    the two folders of a swap cut short hold the only copies of the runs.
     """
     final = Path(final)
     if not final.parent.is_dir():
         return [], []
     dead, unknown = [], []
-    for p in sorted(final.parent.glob(f".{final.name}.*")):
-        rest = p.name[len(final.name) + 2:]
-        kind, _, tail = rest.partition("-")
-        if kind not in ("tmp", "old") or not p.is_dir():
+    prefix = f".{final.name}."
+    for p in sorted(final.parent.iterdir()):
+        kind = p.name[len(prefix):].partition("-")[0] if p.name.startswith(prefix) else ""
+        if kind not in ("tmp", "old") or not p.is_dir() or p.is_symlink():
             continue
-        pid = tail.split("-")[0]
-        if not pid.isdigit():
+        match = _TEMP_DIR.match(p.name)
+        if match is None or match["name"] != final.name:
             unknown.append(p)
-        elif not _pid_alive(int(pid)):
+        elif _removable(p, match):
             dead.append(p)
+        elif not _pid_alive(int(match["pid"] or match["old"])):
+            unknown.append(p)
     return dead, unknown
 
 
@@ -78,6 +107,30 @@ def remove_stale_temp_dirs(final: str | os.PathLike) -> tuple[list[Path], list[P
     for p in dead:
         shutil.rmtree(p, ignore_errors=True)
     return dead, unknown
+
+
+def remove_stale_temp_dirs_beside(final: str | os.PathLike) -> list[Path]:
+    """Delete the temporary folders of other destinations in `final`'s folder whose process is gone; return
+    them. `final`'s own are `remove_stale_temp_dirs`'s, under the lock its writer holds.
+
+    A folder is left alone while its destination's lock (pagelab/folder_lock.py) is held: a writer on
+    another machine sharing the folder has a pid that means nothing here, but it holds that lock.
+    """
+    final = Path(os.path.abspath(final))
+    if not final.parent.is_dir():
+        return []
+    removed = []
+    for p, match in _temp_dirs(final.parent):
+        if match["name"] == final.name or not _removable(p, match):
+            continue
+        try:
+            with FolderLock(p.with_name(match["name"])):
+                shutil.rmtree(p, ignore_errors=True)
+        except (FolderBusyError, OSError):
+            continue
+        if not p.exists():
+            removed.append(p)
+    return removed
 
 
 def _make_temp_dir(final: Path) -> Path:

@@ -140,3 +140,15 @@ def wide_consoles(monkeypatch):
 
     monkeypatch.setattr(cli.common.console, "width", 400)
     monkeypatch.setattr(cli.common.err_console, "width", 400)
+
+
+# --- the pid of a process that has ended: names of temporary folders carry their writer's pid -------------
+@pytest.fixture
+def dead_pid() -> int:
+    """The pid of a child that ran and was reaped (pids are not handed out again that soon)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid

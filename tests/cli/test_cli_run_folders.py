@@ -101,6 +101,48 @@ def test_temp_folders_of_killed_runs_are_removed(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
 
 
+def test_a_run_clears_the_temp_folder_of_a_killed_run_into_the_same_folder(tmp_path):
+    proc = start("simulate", "--mode", "step", "--out", "a", cwd=tmp_path)  # minutes over the whole trace
+    try:
+        while not [p for p in tmp_path.iterdir() if p.name.startswith(".a.tmp-")]:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.1)
+    finally:
+        proc.kill()
+        proc.communicate()
+    (stale,) = [p for p in tmp_path.iterdir() if p.name.startswith(".a.tmp-")]
+    result = pagelab(*SIM, "--out", "b", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"removed {stale}, left behind by a killed run" in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]  # the killed run's lock file went too
+
+
+def test_temp_folders_of_live_writers_and_other_names_are_kept(tmp_path, dead_pid):
+    live = tmp_path / f".c.tmp-{os.getpid()}-0123abcd"
+    locked = tmp_path / f".d.tmp-{dead_pid}-0123abcd"  # a writer elsewhere: its pid means nothing here
+    # g absent: the swap that moved g aside was cut short, so .g.old holds its only copy
+    names = (f".e.tmp-{dead_pid}-0123ABCD", f".e.tmp-{dead_pid}", "e.tmp-1-0123abcd", f".g.old-{dead_pid}")
+    others = [tmp_path / name for name in names]
+    for folder in (live, locked, *others):
+        folder.mkdir()
+    (tmp_path / f".f.tmp-{dead_pid}-0123abcd").write_text("a file")
+    (tmp_path / f".h.tmp-{dead_pid}-0123abcd").symlink_to(tmp_path / "e.tmp-1-0123abcd")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    code = ("import sys; from pagelab.folder_lock import hold, release_held; hold(sys.argv[1]); "
+            "print('held', flush=True); sys.stdin.read(); release_held()")
+    holder = subprocess.Popen([sys.executable, "-c", code, tmp_path / "d"], env=env(), stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        result = pagelab(*SIM, "--out", "b", cwd=tmp_path)
+        after = sorted(p.name for p in tmp_path.iterdir())
+    finally:
+        holder.communicate("")
+    assert result.returncode == 0, result.stderr
+    assert "removed" not in result.stderr
+    assert after == sorted([*before, ".d.lock", "b"])
+
+
 def test_sigterm_during_the_write_leaves_no_hidden_folder(tmp_path):
     code = ("import sys, time; from cli.commands import _terminate; import signal; "
             "signal.signal(signal.SIGTERM, _terminate); from pagelab.atomic import atomic_dir\n"

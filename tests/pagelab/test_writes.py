@@ -165,3 +165,14 @@ def test_a_trace_saved_on_a_full_disk_leaves_no_file(tmp_path, suffix):
     with limit_disk(500), pytest.raises(DiskFullError, match=where):
         save_trace(load_trace("azure-conv").iloc[:500], tmp_path / f"t{suffix}")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_swap_cut_short_keeps_both_folders_and_a_finished_one_leaves_none(tmp_path, dead_pid):
+    from pagelab.atomic import stale_temp_dirs
+
+    old, new = tmp_path / f".r.old-{dead_pid}", tmp_path / f".r.tmp-{dead_pid}-0123abcd"
+    old.mkdir()
+    new.mkdir()
+    assert stale_temp_dirs(tmp_path / "r") == ([], [old, new])  # the only copies of the two runs
+    (tmp_path / "r").mkdir()
+    assert stale_temp_dirs(tmp_path / "r") == ([old, new], [])
