@@ -51,6 +51,9 @@ def check_out(out: Path, overwrite: bool) -> Path:
         raise UserError(f"--out {text}: refusing to write a run folder over {target}")
     if (target.exists() or target.is_symlink()) and not target.is_dir():
         raise UserError(f"--out {text} is a file, not a folder; choose a folder path for the run")
+    if os.path.ismount(target):  # the run is written beside it and renamed into place, which a mount refuses
+        raise UserError(f"--out {text} is a mount point, so the output folder cannot be replaced there; "
+                        "choose a folder inside it")
     _check_creatable(f"--out {text}", target.parent, "folders")
     lock_out(out)  # before the checks of what the folder holds: a run that finishes meanwhile is seen
     if target.exists() or target.is_symlink():

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import shutil
@@ -9,8 +10,9 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from pagelab.errors import PagelabError
 from pagelab.folder_lock import FolderBusyError, FolderLock
-from pagelab.writes import drop_open_files, write_bytes
+from pagelab.writes import drop_open_files, is_disk_full, write_bytes
 
 
 def temp_sibling(path: Path, suffix: str = ".tmp") -> Path:
@@ -162,10 +164,42 @@ def atomic_dir(final: str | os.PathLike) -> Iterator[Path]:
         drop_open_files(tmp)  # the writers of a failed run write nothing more when they are collected
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if final.exists():
-        old = final.with_name(f".{final.name}.old-{os.getpid()}")
-        final.rename(old)
+    try:
+        _swap_in(tmp, final)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if is_disk_full(exc):
+            raise
+        raise replace_error(final, exc) from None
+
+
+def _swap_in(tmp: Path, final: Path) -> None:
+    """Rename `tmp` to `final`, moving a folder already there aside first; on failure `final` is as before."""
+    if not final.exists():
         tmp.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
+        return
+    old = final.with_name(f".{final.name}.old-{os.getpid()}")
+    final.rename(old)
+    try:
+        tmp.rename(final)
+    except OSError:
+        with contextlib.suppress(OSError):  # else the previous run stays in `old`, which is never removed
+            old.rename(final)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+class FolderReplaceError(PagelabError):
+    """A finished folder could not be renamed into place: its destination cannot be replaced by a rename."""
+
+
+def replace_error(final: str | os.PathLike, exc: OSError) -> FolderReplaceError:
+    """The error naming `final` after renaming a finished folder onto it failed with `exc`."""
+    final = Path(final)
+    if os.path.ismount(final):
+        why = "it is a mount point; choose a folder inside it"
+    elif exc.errno == errno.EBUSY:  # Linux's answer for a mount point, which ismount misses for a bind mount
+        why = "it is a mount point (or in use by the system); choose a folder inside it"
     else:
-        tmp.rename(final)
+        why = exc.strerror or str(exc)
+    return FolderReplaceError(f"the output folder {final} cannot be replaced: {why}")

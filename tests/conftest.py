@@ -134,6 +134,25 @@ def small_tmpfs(tmp_path):
 
 
 @pytest.fixture
+def bind_mount(tmp_path):
+    """tmp_path/src mounted again at tmp_path/bind: a mount point on the same file system, which
+    os.path.ismount does not report; skips where this process may not mount (root with CAP_SYS_ADMIN)."""
+    import os
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("a bind mount needs root")
+    src, bind = tmp_path / "src", tmp_path / "bind"
+    src.mkdir()
+    bind.mkdir()
+    done = subprocess.run(["mount", "--bind", str(src), str(bind)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot bind-mount here: {done.stderr.strip()}")
+    yield bind
+    subprocess.run(["umount", "-l", str(bind)], check=False)
+
+
+@pytest.fixture
 def wide_consoles(monkeypatch):
     """Keep rich from wrapping long paths in messages, so assertions can look for them whole."""
     import cli.common

@@ -143,6 +143,21 @@ def test_temp_folders_of_live_writers_and_other_names_are_kept(tmp_path, dead_pi
     assert after == sorted([*before, ".d.lock", "b"])
 
 
+def test_out_on_a_mount_point_is_refused_before_the_work(small_tmpfs, tmp_path):
+    mount = small_tmpfs()
+    line = one_line_error(pagelab(*SIM, "--out", mount, cwd=tmp_path))
+    assert line == (f"error: --out {mount} is a mount point, so the output folder cannot be replaced there; "
+                    "choose a folder inside it")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["small"] and list(mount.iterdir()) == []
+
+
+def test_out_on_a_bind_mount_fails_at_the_rename_naming_it_and_leaves_no_temp_folder(bind_mount, tmp_path):
+    line = one_line_error(pagelab(*SIM, "--out", bind_mount, cwd=tmp_path))
+    assert str(bind_mount) in line and "cannot be replaced" in line and "mount point" in line
+    assert "choose a folder inside it" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bind", "src"] and list(bind_mount.iterdir()) == []
+
+
 def test_sigterm_during_the_write_leaves_no_hidden_folder(tmp_path):
     code = ("import sys, time; from cli.commands import _terminate; import signal; "
             "signal.signal(signal.SIGTERM, _terminate); from pagelab.atomic import atomic_dir\n"

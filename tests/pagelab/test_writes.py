@@ -176,3 +176,31 @@ def test_a_swap_cut_short_keeps_both_folders_and_a_finished_one_leaves_none(tmp_
     assert stale_temp_dirs(tmp_path / "r") == ([], [old, new])  # the only copies of the two runs
     (tmp_path / "r").mkdir()
     assert stale_temp_dirs(tmp_path / "r") == ([old, new], [])
+
+
+def test_atomic_dir_onto_a_mount_point_names_it_and_leaves_nothing_behind(small_tmpfs, tmp_path):
+    from pagelab.atomic import FolderReplaceError
+
+    mount = small_tmpfs()
+    (mount / "keep.txt").write_text("x")
+    expected = f"the output folder {mount} cannot be replaced: it is a mount point; choose a folder inside it"
+    with pytest.raises(FolderReplaceError, match=re.escape(expected)), atomic_dir(mount) as tmp:
+        (tmp / "summary.json").write_text("{}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["small"]
+    assert sorted(p.name for p in mount.iterdir()) == ["keep.txt"]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="Linux answers a rename of '.' with EBUSY")
+def test_a_rename_refused_as_busy_is_named_a_mount_point(tmp_path):
+    import errno
+    import os
+
+    from pagelab.atomic import replace_error
+
+    (tmp_path / "d").mkdir()
+    with pytest.raises(OSError) as caught:
+        os.rename(f"{tmp_path / 'd'}/.", tmp_path / "e")
+    assert caught.value.errno == errno.EBUSY
+    assert str(replace_error(tmp_path / "d", caught.value)) == (
+        f"the output folder {tmp_path / 'd'} cannot be replaced: it is a mount point (or in use by the "
+        "system); choose a folder inside it")
