@@ -153,7 +153,7 @@ class Scheduler:
         """Whether any request is waiting, running or swapped."""
         return bool(self.running or self.waiting or self.swapped)  # running first: its truth is a dict's
 
-    def _prefill_tokens(self, seqs: list[Sequence]) -> int:
+    def prefill_tokens(self, seqs: list[Sequence]) -> int:
         """Tokens a (re)admitted group computes: one shared prompt, or each diverged sequence past the
         prompt blocks they share."""
         if len(seqs) == 1 or shares_allocation(seqs):
@@ -258,7 +258,10 @@ class Scheduler:
         while self.swapped:
             group = self.swapped[0]
             seqs = group.live_seqs()
-            if len(self.running) >= self.config.max_num_seqs or out.num_batched_tokens + len(seqs) > budget:
+            # A group wider than the whole budget comes back into an otherwise empty step: running groups
+            # decode every sequence whatever the budget, so it ran before it was swapped out.
+            if len(self.running) >= self.config.max_num_seqs or (
+                    out.num_batched_tokens + len(seqs) > budget and out.num_batched_tokens):
                 return
             status = self.allocator.can_swap_in(group)
             if status is AllocStatus.NEVER:  # it outgrew the pool: it would wait forever (as vLLM: drop it)
@@ -287,7 +290,7 @@ class Scheduler:
         if head is None or head.group is not group:
             seqs = group.live_seqs()
             limit = self.config.max_model_len
-            prefill = self._prefill_tokens(seqs)
+            prefill = self.prefill_tokens(seqs)
             # Diverged sequences re-admitted without chunking compute their tokens in one step: more than a
             # step's budget could never be scheduled.
             too_long = seqs[0].length > limit or (seqs[0].final_len or 0) > limit or (

@@ -48,10 +48,9 @@ def exact_step(run: SimState) -> SchedulerOutput:
 
 def prefill_context(sched: Scheduler, sg: ScheduledGroup) -> int:
     """Context length a prefill chunk attends to: the tokens computed before it plus the chunk itself."""
+    # Diverged sequences are prefilled one after another: their tokens count as one long prompt.
     seqs = [s for s in sg.group.seqs if s.status is not SequenceStatus.FINISHED]
-    n = seqs[0].length
-    base = n if all(s.length == n for s in seqs) else sum(s.length for s in seqs)
-    return base - sched.prefill_left[sg.group.request_id] + sg.num_new_tokens
+    return sched.prefill_tokens(seqs) - sched.prefill_left[sg.group.request_id] + sg.num_new_tokens
 
 
 def step_time(run: SimState, out: SchedulerOutput) -> float:

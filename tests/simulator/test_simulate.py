@@ -219,3 +219,15 @@ def test_recomputed_samples_longer_than_a_steps_budget_need_chunked_prefill():
     chunked = simulate(trace, dataclasses.replace(cfg, enable_chunked_prefill=True,
                                                   max_num_batched_tokens=512)).requests
     assert chunked["num_preemptions"].tolist() == [0, 1] and not chunked["rejected"].any()
+
+
+def test_swapped_groups_wider_than_the_token_budget_come_back():
+    # Two groups of six samples admitted in one step outgrow the pool together; the later one is swapped
+    # out. Six samples decode together whatever the budget of 4 tokens, so it comes back into an otherwise
+    # empty step (waiting for a step with room for six would wait forever).
+    trace = _samples([2, 2], [200, 200], [6, 6])
+    cfg = SimConfig(model="opt-13b", capacity_tokens=1600, max_model_len=1024, enable_chunked_prefill=True,
+                    max_num_batched_tokens=4, max_num_seqs=4, preemption_mode="swap", swap_space_gb=2.0,
+                    debug=True)
+    summary = simulate(trace, cfg).summary
+    assert summary["num_finished"] == 2 and summary["num_preemptions"] == 1

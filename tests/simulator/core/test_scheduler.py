@@ -308,3 +308,20 @@ class _Group:
 
     def __init__(self, request_id: int) -> None:
         self.request_id = request_id
+
+
+def test_a_diverged_groups_prefill_chunks_attend_to_a_growing_context():
+    from simulator.loop.step import prefill_context
+
+    sch = _sched(64, 4, enable_chunked_prefill=True, max_num_batched_tokens=8, max_num_seqs=8)
+    group = _group(1, 10, 30, n=3)
+    for s in group.seqs:
+        s.num_generated = 5  # re-admitted after a recompute: 15 tokens each, 8 of them the shared prompt
+    sch.add_request(group)
+    assert sch.prefill_tokens(group.live_seqs()) == 15 + 2 * 7
+    contexts = []
+    while not contexts or sch.prefill_left.get(1, 0):
+        out = sch.schedule()
+        contexts += [prefill_context(sch, sg) for sg in out.scheduled if sg.is_prefill]
+        sch.commit(out)
+    assert contexts == [8, 16, 24, 29]
