@@ -312,8 +312,15 @@ class BlockManager(PoolCounts, KVAllocator):
             pool.filled[table[-1]] += fill
             pool.total_filled += fill
             left -= fill
-        if left > 0:
-            table.extend(pool.take_filled(left, rid, sid))
+        if left > 0:  # pool.take_filled, inlined: the bulk decode path's every call
+            pool.total_filled += left
+            nb = -(-left // bs)
+            new = pool.take(nb, rid, sid)
+            filled = pool.filled
+            for bid in new:
+                filled[bid] = bs
+            filled[new[-1]] = left - (nb - 1) * bs
+            table.extend(new)
         seq.num_tokens = n + num_tokens
         if seq.token_ids is not None and self.enable_prefix_caching:
             for i in range(n // bs, seq.num_tokens // bs):
