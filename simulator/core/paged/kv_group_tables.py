@@ -204,15 +204,7 @@ class GroupTables(GroupHits, GroupBulk):
         starts = [self.first_held(g, hit) for g in range(self.num_groups)]
         tables = [[None] * starts[g] + hits[g] + new
                   for g, new in enumerate(self.take_each(total - hit, rid, seq.seq_id, fills))]
-        self.tables[seq.seq_id] = tables
-        self.starts[seq.seq_id] = starts
-        self.next_removal(seq.seq_id)
-        self.pending[seq.seq_id] = 0
-        self.mark_exclusive(seq.seq_id)
-        seq.num_tokens = slots
-        seq.num_cached_tokens = hit * bs
-        self.seqs[seq.seq_id] = seq
-        self.count_internal(seq)
+        self.hold(seq, tables, starts, slots, hit * bs)
         self.publish_range(seq, hit, min(n, hit * bs + budget) // bs)
         return hit * bs
 
@@ -244,15 +236,22 @@ class GroupTables(GroupHits, GroupBulk):
                 if bid is not None:
                     self.incref(bid, rid, sid)
         own = self.take_each(_cdiv(n, bs) - shared, rid, sid, block_fills(n - shared * bs, bs))
-        self.tables[sid] = [head + new for head, new in zip(heads, own, strict=True)]
-        self.starts[sid] = list(self.starts[src.seq_id])
+        tables = [head + new for head, new in zip(heads, own, strict=True)]
+        self.hold(dst, tables, list(self.starts[src.seq_id]), n, shared * bs)
+
+    def hold(self, seq: Sequence, tables: list[list[int | None]], starts: list[int], num_tokens: int,
+             num_cached_tokens: int) -> None:
+        """Record that `seq` holds `tables` (each group's first held block at `starts`) for `num_tokens`
+        tokens, `num_cached_tokens` of them not computed by it."""
+        sid = seq.seq_id
+        self.tables[sid], self.starts[sid] = tables, starts
         self.next_removal(sid)
         self.pending[sid] = 0
         self.mark_exclusive(sid)
-        dst.num_tokens = n
-        dst.num_cached_tokens = shared * bs
-        self.seqs[sid] = dst
-        self.count_internal(dst)
+        seq.num_tokens = num_tokens
+        seq.num_cached_tokens = num_cached_tokens
+        self.seqs[sid] = seq
+        self.count_internal(seq)
 
     def append_need(self, seq: Sequence, k: int) -> int:
         """Free blocks growing `seq` by `k` tokens takes, less what its windows hand back first."""

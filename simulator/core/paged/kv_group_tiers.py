@@ -183,15 +183,8 @@ class GroupTiers:
                 stats.prefix_hit_tokens += bs
             else:
                 self.tiers[deepest[i]].stats.hit_tokens += bs
-        t.tables[sid], t.starts[sid] = tables, starts
-        t.next_removal(sid)
-        t.pending[sid] = 0
-        t.mark_exclusive(sid)
-        seq.num_tokens = slots
-        seq.num_cached_tokens = end * bs
-        t.seqs[sid] = seq
+        t.hold(seq, tables, starts, slots, end * bs)
         t.chains[sid] = chain
-        t.count_internal(seq)
         t.publish_range(seq, hit, min(n, end * bs + budget) // bs)
         return end * bs
 
