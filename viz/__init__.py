@@ -60,6 +60,17 @@ def _has_events(runs: list[Run]) -> bool:
 
 
 SWEEP_POINTS = "points of one sweep (`pagelab sweep --out DIR` writes them in DIR/points)"
+# The sweep figures: the column their points differ in, and its name in messages.
+SWEEP_AXES = {"sweep_latency": ("rate", "request rate"), "block_size_sweep": ("block_size", "block size")}
+
+
+def _sweep_figure(plot: Callable[..., FigureResult], name: str) -> tuple:
+    """A sweep figure's FIGURES entry, from its axis in SWEEP_AXES."""
+    column, what = SWEEP_AXES[name]
+    return (_per_sweep(plot, name, column), lambda runs: applies(runs, column),
+            f"needs two or more {SWEEP_POINTS} with different {what}s")
+
+
 NO_EVENTS = "needs tenures in events.parquet (runs simulated with --no-events have none)"
 
 # name -> (draw, applicability check, why it may not apply)
@@ -70,15 +81,9 @@ FIGURES: dict[str, tuple[Callable[..., Iterator[FigureResult]], Callable[[list[R
     "block_snapshot": (_per_run(plot_block_snapshot, "block_snapshot", "at"), _has_events, NO_EVENTS),
     "latency_cdf": (_all_runs(plot_latency_cdf), lambda runs: True, ""),
     "batch_size": (_all_runs(plot_batch_size), lambda runs: True, ""),
-    "sweep_latency": (_per_sweep(plot_sweep_latency, "sweep_latency", "rate"),
-                      lambda runs: applies(runs, "rate"),
-                      f"needs two or more {SWEEP_POINTS} with different request rates"),
-    "block_size_sweep": (_per_sweep(plot_block_size_sweep, "block_size_sweep", "block_size"),
-                         lambda runs: applies(runs, "block_size"),
-                         f"needs two or more {SWEEP_POINTS} with different block sizes"),
+    "sweep_latency": _sweep_figure(plot_sweep_latency, "sweep_latency"),
+    "block_size_sweep": _sweep_figure(plot_block_size_sweep, "block_size_sweep"),
 }
-# The sweep figures' axis: runs that differ in it without being one sweep's points are told why not drawn.
-SWEEP_AXES = {"sweep_latency": ("rate", "request rate"), "block_size_sweep": ("block_size", "block size")}
 
 
 # The tables each figure reads: an allocator whose table cannot be read is left out of that figure only.

@@ -22,14 +22,7 @@ from simulator.core.allocator import AllocStatus, KVAllocator
 from simulator.core.decode import DecodeBatch
 from simulator.core.decode_groups import GroupedDecodeBatch
 from simulator.core.errors import ConfigError
-from simulator.core.sequence import (
-    RunningGroups,
-    Sequence,
-    SequenceGroup,
-    SequenceStatus,
-    shared_prompt_tokens,
-    shares_allocation,
-)
+from simulator.core.sequence import RunningGroups, Sequence, SequenceGroup, SequenceStatus, group_prefill
 
 PREEMPTION_MODES = ("recompute", "swap")
 
@@ -154,13 +147,9 @@ class Scheduler:
         return bool(self.running or self.waiting or self.swapped)  # running first: its truth is a dict's
 
     def prefill_tokens(self, seqs: list[Sequence]) -> int:
-        """Tokens a (re)admitted group computes: one shared prompt, or each diverged sequence past the
-        prompt blocks they share."""
-        if len(seqs) == 1 or shares_allocation(seqs):
-            return seqs[0].length
+        """Tokens a (re)admitted group computes, sharing its prompt's blocks as its allocator does."""
         alloc = self.allocator
-        shared = shared_prompt_tokens(seqs, alloc.block_size if alloc.shares_prompt else 0)
-        return sum(s.length for s in seqs) - shared * (len(seqs) - 1)
+        return group_prefill(seqs, alloc.block_size if alloc.shares_prompt else 0)
 
     def schedule(self) -> SchedulerOutput:
         """Decide the next step."""

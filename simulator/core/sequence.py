@@ -157,14 +157,22 @@ def shares_allocation(seqs: list[Sequence]) -> bool:
     return all(s.length == first.length and s.token_ids == first.token_ids for s in seqs)
 
 
-def shared_prompt_tokens(seqs: list[Sequence], block_size: int) -> int:
-    """Tokens that the diverged sequences of one group (re-admitted after a recompute) still hold in
+def shared_prompt_blocks(seqs: list[Sequence], block_size: int) -> int:
+    """Blocks that the diverged sequences of one group (re-admitted after a recompute) still hold in
     common: simulated ones share their prompt's full blocks, as samples run as separate requests share
-    them through the prefix cache; nothing when `block_size` is 0 (an allocator that shares no memory) or
+    them through the prefix cache; none when `block_size` is 0 (an allocator that shares no memory) or
     the tokens are known (the prefix cache finds what is common)."""
     if not block_size or seqs[0].token_ids is not None:
         return 0
-    return seqs[0].prompt_len // block_size * block_size
+    return seqs[0].prompt_len // block_size
+
+
+def group_prefill(seqs: list[Sequence], block_size: int) -> int:
+    """Tokens a (re)admitted group computes: one shared prompt, or each diverged sequence past the prompt
+    blocks they share (`shared_prompt_blocks`)."""
+    if len(seqs) == 1 or shares_allocation(seqs):
+        return seqs[0].length
+    return sum(s.length for s in seqs) - shared_prompt_blocks(seqs, block_size) * block_size * (len(seqs) - 1)
 
 
 class RunningGroups(dict):

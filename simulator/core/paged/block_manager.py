@@ -19,7 +19,7 @@ from simulator.core.sequence import (
     Sequence,
     SequenceGroup,
     SequenceStatus,
-    shared_prompt_tokens,
+    shared_prompt_blocks,
     shares_allocation,
 )
 
@@ -76,7 +76,7 @@ class BlockManager(PoolCounts, KVAllocator):
         if self.enable_prefix_caching:
             ref = pool.ref
             # Sequences that share their prompt's blocks share its hits too: the first one's count.
-            for s in seqs[:1] if shared_prompt_tokens(seqs, self.block_size) else seqs:
+            for s in seqs[:1] if len(seqs) > 1 and shared_prompt_blocks(seqs, self.block_size) else seqs:
                 for b in self.prefix_cache.lookup(s):
                     if ref[b] > 0:
                         needed -= 1
@@ -99,9 +99,9 @@ class BlockManager(PoolCounts, KVAllocator):
         if len(seqs) > 1 and shares_allocation(seqs):
             seqs = seqs[:1]
         bs = self.block_size
-        needed = final = 0
-        if len(seqs) > 1:
-            needed = -(shared_prompt_tokens(seqs, bs) // bs) * (len(seqs) - 1)
+        # One sequence (the common case) shares with nobody: no call for it.
+        needed = -shared_prompt_blocks(seqs, bs) * (len(seqs) - 1) if len(seqs) > 1 else 0
+        final = 0
         for s in seqs:
             n = s.prompt_len + s.num_generated  # s.length
             needed += -(-n // bs)
@@ -160,7 +160,7 @@ class BlockManager(PoolCounts, KVAllocator):
         as later chunks are scheduled. Sequences with the same tokens (a fresh prompt, n samples or a
         beam) share every block; sequences that diverged (a group re-admitted after a recompute
         preemption) are allocated one by one, and prefilled in that order, sharing the first one's prompt
-        blocks when they are simulated (`shared_prompt_tokens`).
+        blocks when they are simulated (`shared_prompt_blocks`).
         """
         seqs = group.live_seqs()
         for s in seqs:
@@ -183,7 +183,7 @@ class BlockManager(PoolCounts, KVAllocator):
                 self.count_internal(s)
         else:
             hit = 0
-            shared = shared_prompt_tokens(seqs, self.block_size) // self.block_size
+            shared = shared_prompt_blocks(seqs, self.block_size)
             for s in seqs:
                 if shared and s is not seqs[0]:
                     self._share_prompt(seqs[0], s, shared)

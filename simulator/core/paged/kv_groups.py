@@ -28,7 +28,7 @@ from simulator.core.sequence import (
     Sequence,
     SequenceGroup,
     SequenceStatus,
-    shared_prompt_tokens,
+    shared_prompt_blocks,
     shares_allocation,
 )
 
@@ -81,7 +81,7 @@ class GroupedBlockManager(PoolCounts, KVAllocator):
         if self._peak_blocks(seqs, chunked) > self.num_blocks - self.watermark_blocks:
             return AllocStatus.NEVER
         first_chunk = chunked and num_new_tokens is not None
-        shared = self._shared_blocks(seqs)
+        shared = shared_prompt_blocks(seqs, self.block_size) if len(seqs) > 1 else 0
         needed = 0
         if shared:  # the others share the first one's prompt blocks (and so its hits)
             needed = sum(-(-s.length // self.block_size) - shared for s in seqs[1:]) * self.tables.num_groups
@@ -123,13 +123,9 @@ class GroupedBlockManager(PoolCounts, KVAllocator):
             prompts = self.tables.peak_blocks(seqs[0].length, self.prefill_chunk)
         else:
             prompts = sum(self.tables.prompt_blocks(s.length, 0) for s in seqs)
-            prompts -= self._shared_blocks(seqs) * self.tables.num_groups * (len(seqs) - 1)
+            prompts -= shared_prompt_blocks(seqs, self.block_size) * self.tables.num_groups * (len(seqs) - 1)
         final = max(self.tables.peak_blocks(max(s.length, s.final_len or 0)) for s in seqs)
         return max(prompts, final)
-
-    def _shared_blocks(self, seqs: list[Sequence]) -> int:
-        """Prompt blocks diverged `seqs` share in every group (`shared_prompt_tokens`)."""
-        return shared_prompt_tokens(seqs, self.block_size) // self.block_size if len(seqs) > 1 else 0
 
     def can_append(self, seqs: list[Sequence], num_tokens: int = 1) -> bool:
         """Whether every sequence can grow by `num_tokens` (after its window frees what it skips)."""
@@ -192,7 +188,7 @@ class GroupedBlockManager(PoolCounts, KVAllocator):
                 s.num_cached_tokens = seqs[0].num_cached_tokens
         else:
             hit = 0
-            shared = self._shared_blocks(seqs)
+            shared = shared_prompt_blocks(seqs, self.block_size)
             for s in seqs:
                 if shared and s is not seqs[0]:
                     self.tables.share_prompt(seqs[0], s, shared)
