@@ -32,9 +32,10 @@ from gpu_backend.engine.requests import RequestState, check_prompt
 from gpu_backend.engine.sampling import SamplingBatch, compute_logprobs, greedy_tokens, make_generator, sample
 from gpu_backend.engine.step import StepResult, is_shared, plan_step, resolve_rows, start_prefills
 from gpu_backend.model import CausalLM
+from simulator.core.contiguous.placement import next_pow2
 from simulator.core.paged.block_manager import BlockManager
 from simulator.core.scheduler import Scheduler
-from simulator.core.sequence import Sequence, SequenceStatus
+from simulator.core.sequence import Sequence, SequenceGroup, SequenceStatus
 
 
 class LLMEngine:
@@ -135,17 +136,23 @@ class LLMEngine:
                                    f"{params.max_tokens} need {final_len} positions, more than "
                                    f"max_model_len {self.max_model_len}")
         bs, width = self.config.block_size, params.width
-        if self.kv_groups is not None or isinstance(self.allocator, BlockManager):
-            shared = prompt_len // bs
-            need = shared + width * (-(-final_len // bs) - shared) if self.kv_groups is None else \
-                blocks_needed(self.allocator, prompt_len, final_len, width)
-            have = self.allocator.num_blocks - self.allocator.watermark_blocks
-            unit = "blocks"
-        else:
-            need = width * self.allocator.reservation(Sequence(0, prompt_len, final_len))
-            have, unit = self.capacity_tokens, "slots"
+        if self.kv_groups is None and not isinstance(self.allocator, BlockManager):
+            # Contiguous: the allocator's own answer, as buddy placement rounds a region up to a power of 2.
+            group = SequenceGroup(rid, [Sequence(i, prompt_len, final_len) for i in range(width)])
+            if not self.allocator.can_ever_allocate(group):
+                region = self.allocator.reservation(group.seqs[0])
+                rounded = f" ({next_pow2(region)} once buddy placement rounds it up)" \
+                    if self.allocator.placement_name == "buddy" and next_pow2(region) > region else ""
+                raise EngineInputError(f"request {rid} needs {width} KV region(s) of {region} slots"
+                                       f"{rounded}, which the pool of {self.capacity_tokens} slots can never "
+                                       "hold at once")
+            return
+        shared = prompt_len // bs
+        need = shared + width * (-(-final_len // bs) - shared) if self.kv_groups is None else \
+            blocks_needed(self.allocator, prompt_len, final_len, width)
+        have = self.allocator.num_blocks - self.allocator.watermark_blocks
         if need > have:
-            raise EngineInputError(f"request {rid} needs up to {need} KV {unit} but the pool has {have}")
+            raise EngineInputError(f"request {rid} needs up to {need} KV blocks but the pool has {have}")
 
     def has_unfinished(self) -> bool:
         """Whether any request is waiting, running or swapped."""
@@ -310,8 +317,7 @@ class LLMEngine:
                     self.abort_all()
                     raise EngineInputError(
                         f"request {output.request_id} was rejected by the scheduler: it cannot fit in the KV "
-                        f"pool ({self.capacity_tokens} slots; a sampled or beam group that was preempted is "
-                        f"re-admitted one sequence at a time, without sharing its prompt)")
+                        f"pool ({self.capacity_tokens} slots)")
                 done[output.request_id] = output
         return [done[i] for i in ids]
 

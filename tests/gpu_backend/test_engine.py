@@ -149,6 +149,35 @@ def test_seeded_samples_survive_recompute_preemption(model):
     assert _samples(outputs) == _samples(roomy)
 
 
+@pytest.mark.parametrize("caching", [True, False])
+def test_recomputed_samples_share_their_prompt_blocks_and_keep_their_tokens(model, caching):
+    """Two samples preempted by recompute after diverging come back holding one copy of their prompt's
+    full blocks (10 + 2 x 5 of 24 blocks; a copy each would need 30): the request the pool admitted is
+    never rejected later, with or without the prefix cache."""
+    greedy = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    samples = SamplingParams(max_tokens=20, temperature=1.0, n=2, seed=7, ignore_eos=True)
+    short, long = _prompts((8, 40), seed=4)
+    pool = dict(num_blocks=24, watermark=0.0, enable_prefix_caching=caching)
+    alone = _engine(model, **pool).generate([long], samples)
+    engine = _engine(model, **pool)
+    outputs = engine.generate([short, long], [greedy, samples])
+    assert engine.scheduler.num_preemptions > 0
+    assert _samples(outputs[1:]) == _samples(alone)
+    assert engine.allocator.breakdown().allocated == 0
+
+
+def test_contiguous_requests_buddy_placement_can_never_hold_are_refused_up_front(model):
+    # Two regions of 17 + 16 = 33 slots fit 120 slots, but buddy placement rounds each to 64.
+    engine = LLMEngine(model, capacity_tokens=120, allocator="contiguous-pow2", max_model_len=64)
+    samples = SamplingParams(max_tokens=13, temperature=1.0, n=2, seed=1, ignore_eos=True)
+    with pytest.raises(EngineInputError, match=r"2 KV region\(s\) of 33 slots \(64 once buddy placement"):
+        engine.add_request(_prompts((17,))[0], samples)
+    engine.add_request(_prompts((17,))[0], SamplingParams(max_tokens=13, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.allocator.breakdown().allocated == 0
+
+
 def test_beam_width_one_is_greedy(model, reference):
     params = SamplingParams(max_tokens=10, beam_width=1, ignore_eos=True)
     outputs = _engine(model).generate(_prompts(), params)

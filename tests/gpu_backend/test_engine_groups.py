@@ -193,6 +193,27 @@ def test_sequences_sharing_a_prompt_fork_every_group(hybrid, params):
     assert outs[0] == outs[1] and len(outs[0][0]) == params.width
 
 
+@pytest.mark.parametrize("caching", [True, False], ids=["prefix-caching", "no-caching"])
+def test_recomputed_samples_share_their_prompt_in_every_group_and_keep_their_tokens(hybrid, caching):
+    """Two samples preempted by recompute after diverging come back holding one copy of their prompt's
+    full blocks in each group, so the request the pool admitted is not rejected later; a request whose
+    samples could not all come back at once is refused up front."""
+    short, long = _prompts([8, 40], seed=4)
+    greedy = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    samples = SamplingParams(max_tokens=20, temperature=1.0, n=2, seed=7, ignore_eos=True)
+    pool = dict(backend="torch", block_size=4, watermark=0.0, enable_prefix_caching=caching)
+    roomy = LLMEngine(hybrid, num_blocks=64, **pool).generate([long], samples)
+    engine = LLMEngine(hybrid, num_blocks=20, **pool)
+    outputs = engine.generate([short, long], [greedy, samples])
+    assert engine.scheduler.num_preemptions > 0
+    assert [[c.token_ids for c in o.outputs] for o in outputs[1:]] == \
+        [[c.token_ids for c in o.outputs] for o in roomy]
+    assert engine.allocator.breakdown().allocated == 0
+    # 40 + 60 tokens: re-admitted, two samples hold 10 shared + 2 x 15 own blocks in each of the 2 groups.
+    with pytest.raises(EngineInputError, match="needs up to 80 KV blocks but the pool has 70"):
+        LLMEngine(hybrid, num_blocks=35, **pool).add_request(long, SamplingParams(max_tokens=60, n=2))
+
+
 _TRITON_SCRIPT = """
 import dataclasses, json, sys
 from gpu_backend import LLMEngine, SamplingParams

@@ -159,8 +159,8 @@ class BlockManager(PoolCounts, KVAllocator):
         only the full blocks they complete are published to the prefix cache, the rest by `cache_blocks`
         as later chunks are scheduled. Sequences with the same tokens (a fresh prompt, n samples or a
         beam) share every block; sequences that diverged (a group re-admitted after a recompute
-        preemption) are allocated one by one, and prefilled in that order, sharing the first one's prompt
-        blocks when they are simulated (`shared_prompt_blocks`).
+        preemption) are allocated one by one, and prefilled in that order, sharing the first one's full
+        prompt blocks (`shared_prompt_blocks`).
         """
         seqs = group.live_seqs()
         for s in seqs:
@@ -185,38 +185,28 @@ class BlockManager(PoolCounts, KVAllocator):
             hit = 0
             shared = shared_prompt_blocks(seqs, self.block_size)
             for s in seqs:
-                if shared and s is not seqs[0]:
-                    self._share_prompt(seqs[0], s, shared)
-                    got = 0
-                else:
-                    got = self._allocate_one(s, group.request_id, budget)
+                head = seqs[0].block_table[:shared] if shared and s is not seqs[0] else None
+                got = self._allocate_one(s, group.request_id, budget, head)
+                if head is None:
                     hit += got
                 budget = max(0, budget - (s.length - s.num_cached_tokens))
         self._check()
         return hit
 
-    def _share_prompt(self, src: Sequence, seq: Sequence, shared: int) -> None:
-        """`seq` holds the first `shared` blocks of `src` and its own blocks for the rest of its tokens."""
-        pool, bs, n, rid, sid = self.pool, self.block_size, seq.length, seq.request_id, seq.seq_id
-        table = src.block_table[:shared]
-        for bid in table:
-            pool.incref(bid, rid, sid)
-        seq.block_table = table + pool.take_filled(n - shared * bs, rid, sid)
-        seq.num_tokens = n
-        seq.num_cached_tokens = shared * bs
-        self.seqs[sid] = seq
-        self.count_internal(seq)
-
-    def _allocate_one(self, seq: Sequence, rid: int, budget: int) -> int:
-        """Blocks for every token of `seq`; publish the full ones within `budget` tokens past the hit."""
+    def _allocate_one(self, seq: Sequence, rid: int, budget: int, head: list[int] | None = None) -> int:
+        """Blocks for every token of `seq`, led by its prefix hits or by `head` (the prompt blocks another
+        sequence of its group holds); publish the full ones within `budget` tokens past those."""
         pool, stats, bs, n, sid = self.pool, self.stats, self.block_size, seq.length, seq.seq_id
-        hits = self.prefix_cache.lookup(seq)
-        loaded = tier_hits(self, seq, hits) if self.tiers is not None else ()
-        if self.enable_prefix_caching:
-            stats.prefix_queries += (n - 1) // bs
-            stats.prefix_query_tokens += n
-        stats.prefix_hits += len(hits)
-        stats.prefix_hit_tokens += len(hits) * bs
+        if head is None:
+            hits = self.prefix_cache.lookup(seq)
+            loaded = tier_hits(self, seq, hits) if self.tiers is not None else ()
+            if self.enable_prefix_caching:
+                stats.prefix_queries += (n - 1) // bs
+                stats.prefix_query_tokens += n
+            stats.prefix_hits += len(hits)
+            stats.prefix_hit_tokens += len(hits) * bs
+        else:
+            hits, loaded = head, ()
         table: list[int] = []
         seq.block_table = table
         for bid in hits:

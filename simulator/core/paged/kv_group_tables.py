@@ -226,9 +226,10 @@ class GroupTables(GroupHits, GroupBulk):
         self.seqs[dst.seq_id] = dst
         self.count_internal(dst)
 
-    def share_prompt(self, src: Sequence, dst: Sequence, shared: int) -> None:
+    def share_prompt(self, src: Sequence, dst: Sequence, shared: int, budget: int) -> None:
         """`dst` holds the first `shared` blocks `src` holds, in every group, and its own blocks for the rest
-        of its tokens (`src` holds no block a window skips past them: its hit is within them)."""
+        of its tokens (`src` holds no block a window skips past them: its hit is within them); its full
+        blocks of known content within `budget` tokens past the shared ones are published."""
         rid, sid, n, bs = dst.request_id, dst.seq_id, dst.length, self.block_size
         heads = [table[:shared] for table in self.tables[src.seq_id]]
         for head in heads:
@@ -238,6 +239,8 @@ class GroupTables(GroupHits, GroupBulk):
         own = self.take_each(_cdiv(n, bs) - shared, rid, sid, block_fills(n - shared * bs, bs))
         tables = [head + new for head, new in zip(heads, own, strict=True)]
         self.hold(dst, tables, list(self.starts[src.seq_id]), n, shared * bs)
+        if dst.token_ids is not None:  # simulated decode tokens have no content to publish
+            self.publish_range(dst, shared, min(n, shared * bs + budget) // bs)
 
     def hold(self, seq: Sequence, tables: list[list[int | None]], starts: list[int], num_tokens: int,
              num_cached_tokens: int) -> None:

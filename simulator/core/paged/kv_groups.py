@@ -191,7 +191,7 @@ class GroupedBlockManager(PoolCounts, KVAllocator):
             shared = shared_prompt_blocks(seqs, self.block_size)
             for s in seqs:
                 if shared and s is not seqs[0]:
-                    self.tables.share_prompt(seqs[0], s, shared)
+                    self.tables.share_prompt(seqs[0], s, shared, budget)
                 else:
                     hit += self.tables.allocate_one(s, group.request_id, budget)
                 budget = max(0, budget - (s.length - s.num_cached_tokens))
