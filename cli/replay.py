@@ -69,8 +69,8 @@ def replay_cmd(
     seed: int = typer.Option(0, rich_help_panel=TRACE, help="Seed of prompt tokens, weights of presets and "
                                                              "sampling."),
     model: str = typer.Option("tiny", rich_help_panel=POOL,
-                              help="Engine preset (tiny, tiny-qwen2, llama-1b-shape) or a local Hugging Face "
-                                   "folder."),
+                              help="Engine preset (tiny, tiny-qwen2, tiny-hybrid, llama-1b-shape) or a local "
+                                   "Hugging Face folder."),
     device: str = typer.Option("auto", rich_help_panel=POOL, help="auto, cpu or cuda."),
     backend: str = typer.Option("auto", rich_help_panel=POOL,
                                 help="Attention backend: auto, torch or triton."),

@@ -43,7 +43,7 @@ def _list(name: str, text: str | None, kind: type) -> tuple | None:
 
 def max_rate_table(max_rates, slo_text: str) -> Table:
     """The capacity table printed at the end of a sweep (axes in their short names, to fit 80 columns)."""
-    from simulator.sweep.axes import short_name
+    from simulator.sweep.axes import labelled_axes, short_name
 
     t = Table(title=f"Maximum sustainable request rate under {slo_text}", box=box.SIMPLE_HEAD,
               pad_edge=False, collapse_padding=True)
@@ -59,7 +59,9 @@ def max_rate_table(max_rates, slo_text: str) -> Table:
         note = STATUS_TEXT.get(row["status"], row["status"]).strip(" ()")
         if not row["monotone"]:
             note = (note + "; " if note else "") + "not monotone"
-        t.add_row(*[short(str(row[c])) if c == "allocator" else str(row[c]) for c in config_cols],
+        shown = labelled_axes(row.to_dict())
+        t.add_row(*[short(str(row[c])) if c == "allocator" else str(row[c]) if c in shown else "-"
+                    for c in config_cols],
                   num(row["max_rate"]), num(row["first_miss_rate"]),
                   num(row["paged_advantage"], ".2f"), str(row["runs"]), note)
     return t

@@ -13,8 +13,8 @@ from simulator.core.models import get_model
 
 # The registry entries the engine builds with random weights, by the name a replay takes: tiny and
 # tiny-qwen2 for a 2-core CPU, llama-1b-shape (the registry's llama-3.2-1b, named for its shape because the
-# weights are not Meta's) for GPU benchmarks.
-ENGINE_PRESETS = ("tiny", "tiny-qwen2", "llama-1b-shape")
+# weights are not Meta's) for GPU benchmarks. Their engine configs are the registry entries as they are.
+REGISTRY_PRESETS = ("tiny", "tiny-qwen2", "llama-1b-shape")
 
 # tiny's hybrid flavour, Gemma 3's layout at tiny's size: sliding-window layers (32 tokens, two blocks
 # of 16) alternating with full-attention ones, q/k norms, a local RoPE base for the sliding layers and a
@@ -31,8 +31,10 @@ TINY_HYBRID = ModelConfig(
     torch_dtype="float32", num_params=3_429_120,
 )
 
-PRESETS: dict[str, ModelConfig] = {name: ModelConfig.from_spec(get_model(name)) for name in ENGINE_PRESETS}
+PRESETS: dict[str, ModelConfig] = {name: ModelConfig.from_spec(get_model(name)) for name in REGISTRY_PRESETS}
 PRESETS[TINY_HYBRID.name] = TINY_HYBRID
+# Every preset, TINY_HYBRID too: what `pagelab presets` and replay's --model help offer.
+ENGINE_PRESETS = ("tiny", "tiny-qwen2", "tiny-hybrid", "llama-1b-shape")
 
 
 def build_preset(name: str, dtype: str | torch.dtype | None = None, device: torch.device | str = "cpu",

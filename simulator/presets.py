@@ -108,9 +108,9 @@ def kv_bytes_for(
         raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     if activation_reserve_bytes < 0:
         raise ConfigError(f"activation_reserve_bytes must be >= 0, got {activation_reserve_bytes}")
-    if model.num_params is None:
+    if model.num_params is None:  # the field alone: the CLI names it as its option (cli.common._as_options)
         raise ConfigError(f"{model.name or 'the model'}: its weight bytes are unknown (num_params), so the "
-                          "GPU cannot size its KV pool; give its size (--kv-memory-gb, kv_memory_gb)")
+                          "GPU cannot size its KV pool; give its size (kv_memory_gb)")
     budget = gpu.memory_bytes * gpu_memory_utilization
     kv_bytes = budget - model.weight_bytes - activation_reserve_bytes
     if kv_bytes <= 0:

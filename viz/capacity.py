@@ -49,6 +49,8 @@ def _variant_columns(table: pd.DataFrame) -> list[str]:
 
 
 def _variant_label(row: pd.Series, cols: list[str]) -> str:
+    # A contiguous allocator has no block size: the sweep's block_size column holds the first one it ran at.
+    cols = [c for c in cols if not (c == "block_size" and row["allocator"] != "paged")]
     return ", ".join(f"{c.replace('_', ' ')} {row[c]:g}" if isinstance(row[c], (int, float, np.number))
                      else f"{c} {row[c]}" for c in cols)
 

@@ -168,10 +168,17 @@ class SweepAxes:
                 raise SweepError(f"configuration {config_label(config)}: {exc}") from None
 
 
+def labelled_axes(config: dict) -> dict:
+    """The axes a label names, allocator excluded. A contiguous allocator has no block size (configs() runs
+    it once, at the first), so its labels name none rather than that first value."""
+    return {k: v for k, v in config.items()
+            if k != "allocator" and not (k == "block_size" and config["allocator"] != "paged")}
+
+
 def config_label(config: dict) -> str:
     """A short human label: 'paged bs=16 kv_memory_gb=12'."""
     parts = [str(config["allocator"])]
-    parts += [f"{short_name(k)}={v}" for k, v in config.items() if k != "allocator"]
+    parts += [f"{short_name(k)}={v}" for k, v in labelled_axes(config).items()]
     return " ".join(parts)
 
 

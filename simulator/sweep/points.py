@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from simulator.config import SimConfig
-from simulator.sweep.axes import short_name
+from simulator.sweep.axes import labelled_axes, short_name
 
 POINTS_DIR = "points"
 
@@ -54,7 +54,8 @@ class PointSpec:
     @property
     def folder_name(self) -> str:
         """'paged-bs16-r1.25-<hash>': readable, and unique through the hash."""
-        parts = [str(self.config[0][1])] + [f"{short_name(k)}{v}" for k, v in self.config[1:]]
+        parts = [str(self.config[0][1])] + [f"{short_name(k)}{v}"
+                                             for k, v in labelled_axes(self.config_dict).items()]
         return "-".join(parts + [f"r{self.rate:g}", self.key]).replace("/", "_").replace(" ", "_")
 
 

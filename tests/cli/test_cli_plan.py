@@ -33,7 +33,12 @@ def test_plan_json_matches_the_arithmetic():
 def test_plan_without_a_pool_size_is_one_line_error():
     assert "--gpu or --kv-memory-gb" in one_line_error(pagelab("plan", "--model", "llama-3.1-8b"))
     unknown_weights = one_line_error(pagelab("plan", "--model", "gpt-oss-120b", "--gpu", "h200"))
-    assert "give its size (--kv-memory-gb" in unknown_weights
+    assert "give its size (--kv-memory-gb)" in unknown_weights
+
+
+def test_an_unknown_weight_size_names_the_option_once():
+    line = one_line_error(pagelab("plan", "--model", "gpt-oss-20b", "--gpu", "h100-80gb"))
+    assert line.count("kv-memory-gb") == 1 and "kv_memory_gb" not in line, line
 
 
 def test_plan_says_when_vllm_would_refuse_to_start_and_the_longest_length_that_fits():

@@ -167,9 +167,11 @@ def test_presets_say_what_replays_each_registry_model():
     assert "llama-1b-shape" in by_name["llama-3.2-1b"]["aliases"]
     assert by_name["llama-3.2-1b"]["replay"] == "llama-1b-shape"
     assert by_name["tiny-qwen2"]["replay"] == "tiny-qwen2"  # an engine preset is a registry entry too
+    assert by_name["tiny-hybrid"]["replay"] == "tiny-hybrid"  # its engine config is not the entry's own
     assert by_name["llama-3-8b"]["replay"] == "checkpoint" and by_name["opt-13b"]["replay"] is None
     table = " ".join(pagelab("presets").stdout.split())  # the footer wraps at the console width
     assert "llama-1b-shape (= llama-3.2-1b)" in table and "cannot run opt-13b" in table
+    assert "tiny-hybrid" not in table.split("checkpoint folder")[1].split(";")[0]
     assert by_name["llama-3-8b"]["hf_id"] == "meta-llama/Meta-Llama-3-8B"
     assert "meta-llama/Meta-Llama-3-8B (llama-3-8b)" in table and "Instruct or chat variant" in table
 
@@ -180,3 +182,10 @@ def test_a_max_model_len_past_the_models_context_is_warned(tmp_path):
     assert "--max-model-len 100,000 is longer than llama-3-8b's context of 8,192 tokens" in long.stderr
     own = pagelab("simulate", "--limit", "20", "-a", "paged", "--max-model-len", "8192", cwd=tmp_path)
     assert own.returncode == 0 and "context of" not in own.stderr
+
+
+def test_replay_help_names_every_engine_preset():
+    from gpu_backend.model_presets import ENGINE_PRESETS
+
+    text = " ".join(pagelab("replay", "-h").stdout.split())
+    assert f"Engine preset ({', '.join(ENGINE_PRESETS)})" in text

@@ -113,6 +113,15 @@ def test_the_max_rate_table_fits_with_three_swept_axes():
     assert_fits(max_rate_table(pd.DataFrame(rows), "norm_latency <= 0.2 s/token"))
 
 
+def test_the_max_rate_table_gives_a_contiguous_row_no_block_size():
+    rows = [{"allocator": a, "block_size": b, "max_rate": 1.0, "first_miss_rate": 1.1, "status": "found",
+             "monotone": True, "runs": 9, "search_runs": 5, "paged_advantage": 1.0}
+            for a, b in (("paged", 8), ("paged", 16), ("contiguous-max", 8))]
+    lines = render(max_rate_table(pd.DataFrame(rows), "norm_latency <= 0.2 s/token")).splitlines()
+    assert [line.split()[:2] for line in lines if line.split()[:1] in (["paged"], ["max"])] == \
+        [["paged", "8"], ["paged", "16"], ["max", "-"]]
+
+
 def test_the_side_by_side_comparison_fits_with_long_config_values():
     config = {"model": "/data/checkpoints/Meta-Llama-3-8B-Instruct", "gpu": "h100-80gb", "allocator": "paged",
               "block_size": 16, "latency": "/home/me/profiles/h200-1b-fitted.json", "trace": "x.parquet"}

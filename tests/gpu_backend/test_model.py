@@ -16,7 +16,7 @@ import torch
 from gpu_backend.engine.input_batch import SequenceInput, build_model_input
 from gpu_backend.loader import load_model
 from gpu_backend.model_config import ModelConfig, ModelLoadError
-from gpu_backend.model_presets import ENGINE_PRESETS, PRESETS, build_preset
+from gpu_backend.model_presets import ENGINE_PRESETS, PRESETS, REGISTRY_PRESETS, build_preset
 from gpu_backend.ops import get_backend
 from gpu_backend.rope import compute_inv_freq
 from gpu_backend.testing import generate_simple, make_kv_cache, prompt_logits
@@ -144,7 +144,11 @@ def test_preset_weights_are_seeded():
         assert not torch.equal(pa, pc), name
 
 
-@pytest.mark.parametrize("name", ENGINE_PRESETS)
+def test_every_preset_is_listed_once():
+    assert sorted(ENGINE_PRESETS) == sorted(PRESETS) and len(set(ENGINE_PRESETS)) == len(ENGINE_PRESETS)
+
+
+@pytest.mark.parametrize("name", REGISTRY_PRESETS)
 def test_engine_presets_are_registry_entries(name):
     config, entry = PRESETS[name], get_model(name)
     assert isinstance(config, ModelSpec)

@@ -57,6 +57,14 @@ def test_fig12_splits_lines_by_a_swept_block_size():
     assert "paged (vLLM) (block size 8)" in labels
 
 
+def test_fig12_names_no_block_size_for_a_contiguous_line():
+    swept = points((8, 32))
+    swept = swept[(swept["allocator"] == "paged") | (swept["block_size"] == 8)]  # as a sweep runs them
+    labels = [t.get_text() for t in plot_latency_vs_rate(swept, SUMMARY).figure.legends[0].get_texts()]
+    assert "contiguous (Max)" in labels and "paged (vLLM) (block size 32)" in labels
+    assert not any("Max) (block size" in label for label in labels)
+
+
 def test_max_rate_bars_are_paged_first_with_the_advantage():
     result = plot_max_rates(max_rates(), SUMMARY)
     ax = result.figure.axes[0]

@@ -3,7 +3,15 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.sweep.axes import SweepAxes, SweepError, parse_axis, parse_axis_values, parse_rates
+from simulator.sweep.axes import (
+    SweepAxes,
+    SweepError,
+    config_label,
+    parse_axis,
+    parse_axis_values,
+    parse_rates,
+)
+from simulator.sweep.points import PointSpec
 
 
 def test_rate_grid_includes_its_stop_and_has_exact_values():
@@ -57,3 +65,14 @@ def test_configs_are_the_cross_product_and_invalid_ones_fail_up_front():
     bad = SweepAxes((1.0,), (1.0, 1.0), ("paged",), {"block_size": (16, 0)}, {})
     with pytest.raises(SweepError, match="block_size must be > 0"):
         bad.check()
+
+
+def test_a_contiguous_configuration_is_labelled_and_named_without_a_block_size():
+    axes = SweepAxes((1.0,), (1.0, 1.0), ("paged", "contiguous-max"), {"block_size": (8, 16)}, {})
+    labels, folders = [], []
+    for config in axes.configs():
+        labels.append(config_label(config))
+        spec = PointSpec(tuple(config.items()), 1.0, axes.sim_config(config), "trace")
+        folders.append(spec.folder_name.rsplit("-", 1)[0])  # without the hash
+    assert labels == ["paged bs=8", "paged bs=16", "contiguous-max"]
+    assert folders == ["paged-bs8-r1", "paged-bs16-r1", "contiguous-max-r1"]
