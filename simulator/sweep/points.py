@@ -67,8 +67,14 @@ class PointFailed:
 
 
 def point_folder(out: Path, spec: PointSpec) -> Path:
-    """Where a point's run folder lives inside the sweep folder."""
-    return out / POINTS_DIR / spec.folder_name
+    """Where a point's run folder lives inside the sweep folder: under its name, or under another name
+    ending in its hash (a label's wording may change; the point is the same), found first."""
+    path = out / POINTS_DIR / spec.folder_name
+    if not path.is_dir():
+        same = sorted(p for p in (out / POINTS_DIR).glob(f"*-{spec.key}") if p.is_dir())
+        if same:
+            return same[0]
+    return path
 
 
 def finished_summary(out: Path, spec: PointSpec) -> dict | None:

@@ -137,7 +137,7 @@ def run_sweep(trace: pd.DataFrame, source: str, plan: SweepPlan, out: Path, exec
         for i, st in enumerate(states):
             search_runs[i] += int(plan.search and not st.done)
         run_batch(batch, "search")
-    rows = [point_row(s, summary, kind, plan.slo) for s, summary, kind in results.values()]
+    rows = [point_row(s, summary, kind, plan.slo, out) for s, summary, kind in results.values()]
     rows += [failed_row(s, cause, kind) for s, cause, kind in failed.values()]
     points = points_table(rows, list(configs[0]))
     runs = [sum(1 for s, _, _ in results.values() if s.config == spec(i, 0.0).config)

@@ -14,7 +14,7 @@ from simulator.sweep.points import PointSpec, point_folder
 from simulator.sweep.search import SearchState
 
 
-def point_row(spec: PointSpec, summary: dict, kind: str, slo: Limit) -> dict:
+def point_row(spec: PointSpec, summary: dict, kind: str, slo: Limit, out: Path) -> dict:
     """One row of sweep.parquet."""
     ttft, tpot, e2e = (summary.get(k) or {} for k in ("ttft_s", "tpot_s", "e2e_s"))
     row = {**spec.config_dict, "rate": spec.rate}
@@ -33,7 +33,7 @@ def point_row(spec: PointSpec, summary: dict, kind: str, slo: Limit) -> dict:
         "num_finished": summary.get("num_finished"),
         "num_preemptions": summary.get("num_preemptions"),
         "capacity_tokens": summary.get("capacity_tokens"),
-        "folder": point_folder(Path(), spec).as_posix(),  # relative to the sweep folder
+        "folder": point_folder(out, spec).relative_to(out).as_posix(),  # relative to the sweep folder
         "point_hash": spec.key,
         "error": None,
     })

@@ -75,6 +75,17 @@ def test_rerun_reuses_every_point_and_other_settings_do_not(tmp_path, small_trac
     assert other.num_reused == 0
 
 
+def test_rerun_finds_a_point_under_another_name_by_its_hash(tmp_path, small_trace, small_plan):
+    plan = small_plan()
+    first = run_sweep(small_trace, "small", plan, tmp_path, SerialExecutor(small_trace))
+    for folder in (tmp_path / "points").iterdir():
+        stem, key = folder.name.rsplit("-", 1)
+        folder.rename(folder.with_name(f"{stem}-renamed-{key}"))
+    again = run_sweep(small_trace, "small", plan, tmp_path, SerialExecutor(small_trace))
+    assert again.num_run == 0 and again.num_reused == len(first.points)
+    assert all("-renamed-" in f and (tmp_path / f / "summary.json").is_file() for f in again.points["folder"])
+
+
 class StopAfter(SerialExecutor):
     """Runs `n` points, then raises as a Ctrl-C would (the pool and Ray see the same exception)."""
 
