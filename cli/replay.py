@@ -104,7 +104,7 @@ def replay_cmd(
     kv_offloading_disk_path: Path = typer.Option(None, rich_help_panel=POOL,
                                                  help="The disk tier's folder (default: a temporary one)."),
     hybrid_kv_cache: bool = HYBRID_KV_CACHE,
-    max_num_seqs: int = typer.Option(256, rich_help_panel=SCHEDULER, help="Most sequences running at once."),
+    max_num_seqs: int = typer.Option(256, rich_help_panel=SCHEDULER, help="Most requests running at once."),
     max_num_batched_tokens: int = typer.Option(None, rich_help_panel=SCHEDULER,
                                                help="Token budget of one step (default: max(max-model-len, "
                                                     "2048) + max-num-seqs)."),

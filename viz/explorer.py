@@ -109,9 +109,10 @@ def _window_requests(alloc: AllocatorRun, w: Window) -> dict:
     waiting = np.flatnonzero(live & ~served)[:WAITING_ROWS]  # trace order is arrival order
     keep = np.sort(np.concatenate([np.flatnonzero(served), waiting]))
     req = req.iloc[keep]
-    kinds = {c: "i4" if c in ("request_id", "num_preemptions", "prompt_len", "output_len") else "f8"
-             for c in REQUEST_FIELDS}
-    return {c: packed(req[c].to_numpy(), kinds[c]) for c in REQUEST_FIELDS}
+    # The trace's ids are int64 (i4 would wrap them); `row` is what the tenures and transitions name.
+    kinds = {c: "i8" if c == "request_id" else "i4" if c in ("num_preemptions", "prompt_len", "output_len")
+             else "f8" for c in REQUEST_FIELDS}
+    return {"row": packed(keep, "i4"), **{c: packed(req[c].to_numpy(), kinds[c]) for c in REQUEST_FIELDS}}
 
 
 def _window_transitions(alloc: AllocatorRun, w: Window) -> dict:

@@ -1,9 +1,10 @@
 """A run folder as Chrome trace-event JSON, the format Perfetto (ui.perfetto.dev) and chrome://tracing open.
 
-One process per allocator, one thread per request whose phases (waiting, prefill, decode) are slices, with
-its preemptions and swaps as instants (when the run folder records their times); counter tracks for every
-memory state (share of the pool; padding and window_cached too where a run carries them), the running batch,
-the waiting and swapped queues and the batched tokens.
+One process per allocator, one thread per request (tid: its row in the request table; named by the trace's
+id) whose phases (waiting, prefill, decode) are slices, with its preemptions and swaps as instants (when the
+run folder records their times); counter tracks for every memory state (share of the pool; padding and
+window_cached too where a run carries them), the running batch, the waiting and swapped queues and the
+batched tokens.
 
 The file is written as the tables are read, a row group at a time, so a run of a million requests never
 holds its whole JSON (or its whole request table) in memory. Times are in microseconds, as the format wants.
@@ -74,18 +75,22 @@ def _request_batches(alloc: AllocatorRun) -> Iterator[dict[str, np.ndarray]]:
 
 
 def _request_events(pid: int, alloc: AllocatorRun, end_s: float) -> Iterator[str]:
+    """A thread per request, named by the trace's id; its tid is the request's row, the request_id the
+    transitions table gives its instants."""
+    tid = 0
     for b in _request_batches(alloc):
         columns = (b[c].tolist() for c in ("request_id", "arrival_s", "admitted_s", "first_token_s",
                                            "finish_s", "rejected"))
         for rid, arr, adm, first, fin, rej in zip(*columns, strict=True):
-            yield _meta(pid, rid, "thread_name", f"request {rid}")
+            yield _meta(pid, tid, "thread_name", f"request {rid}")
             if rej:
-                yield (f'{{"ph":"i","s":"t","pid":{pid},"tid":{rid},"name":"rejected",'
+                yield (f'{{"ph":"i","s":"t","pid":{pid},"tid":{tid},"name":"rejected",'
                        f'"ts":{_us(arr)}}}')
-                continue
-            for phase, start, end in request_phases(arr, adm, first, fin, end_s):
-                yield (f'{{"ph":"X","pid":{pid},"tid":{rid},"name":"{phase}","cat":"request",'
-                       f'"ts":{_us(start)},"dur":{_us(end - start)}}}')
+            else:
+                for phase, start, end in request_phases(arr, adm, first, fin, end_s):
+                    yield (f'{{"ph":"X","pid":{pid},"tid":{tid},"name":"{phase}","cat":"request",'
+                           f'"ts":{_us(start)},"dur":{_us(end - start)}}}')
+            tid += 1
 
 
 def _instant_events(pid: int, alloc: AllocatorRun) -> Iterator[str]:

@@ -36,7 +36,8 @@ SLOT_FREE, SLOT_TOKEN, SLOT_RESERVED, SLOT_INTERNAL, SLOT_HOLE = range(5)
 
 @dataclass(frozen=True)
 class PoolSnapshot:
-    """Per slot: owner request id (-1 none), state (SLOT_*), and the holder's max ref count."""
+    """Per slot: owner (the request's row in the request table, -1 none), state (SLOT_*), and the
+    holder's max ref count."""
 
     at_s: float
     owner: np.ndarray
@@ -45,11 +46,12 @@ class PoolSnapshot:
     hole_slots: int  # free runs shorter than this are holes
 
 
-TOKEN_COLUMNS = ("request_id", "prompt_len", "output_len", "first_token_s", "finish_s")
+TOKEN_COLUMNS = ("prompt_len", "output_len", "first_token_s", "finish_s")
 
 
 def tokens_at(requests: pd.DataFrame, at: float) -> pd.Series:
-    """Approximate tokens each request holds at time `at`, indexed by request_id."""
+    """Approximate tokens each request of the whole request table holds at time `at`, indexed by its row
+    (what the events table's request_id names; the table's own request_id is the trace's id)."""
     prompt = requests["prompt_len"].to_numpy(float)
     out = requests["output_len"].to_numpy(float)
     first = requests["first_token_s"].to_numpy(float)
@@ -59,7 +61,7 @@ def tokens_at(requests: pd.DataFrame, at: float) -> pd.Series:
         progress = np.where(span > 0, np.clip((at - first) / span, 0.0, 1.0), 1.0)
     generated = np.where(np.isfinite(first) & (at >= first),
                          1.0 + np.floor((out - 1.0) * np.where(np.isfinite(finish), progress, 0.0)), 0.0)
-    return pd.Series(prompt + generated, index=requests["request_id"].to_numpy(np.int64))
+    return pd.Series(prompt + generated, index=np.arange(len(requests), dtype=np.int64))
 
 
 def peak_time(alloc: AllocatorRun) -> float:
@@ -113,9 +115,8 @@ def pool_snapshot(alloc: AllocatorRun, at: float) -> PoolSnapshot:
     start = np.clip(active["start"].to_numpy(np.int64), 0, cap)
     size = np.clip(active["size"].to_numpy(np.int64), 0, cap - start)
     filled = np.minimum(active["filled"].to_numpy(np.int64), size)
-    req = alloc.request_columns(TOKEN_COLUMNS)
-    req = req[np.isin(req["request_id"].to_numpy(np.int64), active["request_id"].to_numpy(np.int64))]
-    fill = np.minimum(_fill_now(active, tokens_at(req, at), bs, alloc.is_paged), filled)
+    tokens = tokens_at(alloc.request_columns(TOKEN_COLUMNS), at)
+    fill = np.minimum(_fill_now(active, tokens, bs, alloc.is_paged), filled)
     item = np.repeat(np.arange(len(active)), size)
     offset = np.arange(len(item)) - np.repeat(np.cumsum(size) - size, size)
     slot = start[item] + offset

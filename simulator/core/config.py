@@ -6,7 +6,7 @@ into the same allocator for both.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from simulator.core.allocator import KVAllocator
 from simulator.core.contiguous import PLACEMENTS, ContiguousAllocator
@@ -53,8 +53,18 @@ class CacheConfig:
         if problems:
             raise ConfigError("; ".join(problems))
 
+    def unset_numbers(self) -> dict[str, str]:
+        """The numeric fields holding None although their type has no None (a subclass may drop it, as
+        SimConfig's swap_space_gb does), with their type."""
+        return {f.name: f.type for f in fields(self)
+                if f.type in ("int", "float") and getattr(self, f.name) is None}
+
     def problems(self) -> list[str]:
         """Every invalid option, as one message each (empty when the config is valid)."""
+        unset = self.unset_numbers()
+        if unset:  # the checks below read None as "not given" where a field allows it, or cannot compare it
+            return [f"{name} must be {'an integer' if kind == 'int' else 'a number'}, got None"
+                    for name, kind in unset.items()]
         out = []
         if self.allocator not in ALLOCATORS:
             out.append(f"allocator must be one of {', '.join(ALLOCATORS)}, got {self.allocator!r}")

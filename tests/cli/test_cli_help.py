@@ -99,3 +99,23 @@ def test_a_refused_choice_names_the_option_and_the_choices(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().startswith("error: Invalid value for '--preemption': 'swapp' is not one of "
                                             "'recompute', 'swap'.")
+
+
+def _all_commands(command, ctx, path=()):
+    """Every leaf command under `command`, with its path and a context."""
+    if not isinstance(command, typer.core.TyperGroup):
+        yield path, command
+        return
+    for name in command.list_commands(ctx):
+        sub = command.get_command(ctx, name)
+        yield from _all_commands(sub, sub.make_context(name, ["--help"], parent=ctx, resilient_parsing=True),
+                                 (*path, name))
+
+
+def test_max_num_seqs_counts_requests_in_every_command():
+    """The scheduler caps running sequence groups: n samples or a beam of one request count once."""
+    group, ctx = _command()
+    helps = {path: p.help for path, command in _all_commands(group, ctx) for p in command.params
+             if p.name == "max_num_seqs"}
+    assert {("simulate",), ("replay",), ("sweep",)} <= set(helps)
+    assert set(helps.values()) == {"Most requests running at once."}, helps

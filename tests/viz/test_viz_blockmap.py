@@ -30,7 +30,7 @@ def test_block_map_rasters_side_by_side(run):
     full = result.data["full"]
     assert list(full) == ["paged", "contiguous-max"]
     paged = full["paged"]
-    assert paged.owner.tolist() == [[1, 1, 4, 4], [-1, 2, 2, -1], [-1, 2, 2, -1], [3, 3, 3, -1]]
+    assert paged.owner.tolist() == [[0, 0, 3, 3], [-1, 1, 1, -1], [-1, 1, 1, -1], [2, 2, 2, -1]]
     assert paged.ref_count[3].tolist() == [2, 2, 2, 0]
     assert paged.unfilled[0].tolist() == [False, False, True, True]
     assert full["contiguous-max"].pos_edges.tolist() == [0, 16, 32, 48, 64]
@@ -67,18 +67,18 @@ def test_zoom_row_for_long_runs(run):
 
 
 def test_tokens_at_interpolates_between_first_token_and_finish(run):
-    tok = tokens_at(run.allocators["paged"].requests, 2.0)
+    tok = tokens_at(run.allocators["paged"].requests, 2.0)  # by row: req N is row N - 1
     # req 2: prompt 20, 6 outputs, first token 1.5, finish 3.0 -> 1 + floor(5/3) generated
-    assert tok[2] == 22
-    assert tok[4] == 3            # req 4 has not produced a token yet: just its prompt
-    assert tok[1] == 12 + 4       # finished: prompt + all output
+    assert tok[1] == 22
+    assert tok[3] == 3            # req 4 has not produced a token yet: just its prompt
+    assert tok[0] == 12 + 4       # finished: prompt + all output
 
 
 def test_paged_snapshot_slot_states(run):
     snap = pool_snapshot(run.allocators["paged"], 2.0)
     state, owner = snap.state, snap.owner
     assert (state[:16] == SLOT_FREE).all() and (owner[:16] == -1).all()   # req 1 left at t=2
-    assert (state[16:38] == SLOT_TOKEN).all() and (owner[16:48] == 2).all()
+    assert (state[16:38] == SLOT_TOKEN).all() and (owner[16:48] == 1).all()  # req 2, row 1
     assert (state[38:42] == SLOT_RESERVED).all()    # last block: 6 of its final 10 filled
     assert (state[42:48] == SLOT_INTERNAL).all()    # never filled
     assert (state[48:51] == SLOT_TOKEN).all() and (state[51:64] == SLOT_RESERVED).all()

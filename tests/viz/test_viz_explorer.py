@@ -50,7 +50,7 @@ def test_a_window_holds_the_tenures_held_inside_it(run):
     tenures = data["allocators"][0]["windows"][0]["tenures"]
     start, end = decode(tenures["t_start_s"]), decode(tenures["t_end_s"])
     assert ((start <= 3.5) & (end > 2.5)).all()
-    assert sorted(decode(tenures["request_id"])) == [2, 2, 3, 4]  # req 1 left at 2.0
+    assert sorted(decode(tenures["request_id"])) == [1, 1, 2, 3]  # rows: req 1 (row 0) left at 2.0
 
 
 def test_the_default_window_keeps_to_its_budget_around_the_peak(run):

@@ -137,8 +137,8 @@ def test_hovering_a_block_names_its_request(browser, small_page):
         y = box["y"] + (cell // cols + 0.5) / rows * box["height"]
         page.mouse.move(x, y)
         tip = page.locator(".tip").first
-        assert tip.get_attribute("data-request") == str(rid)
-        assert tip.inner_text().startswith(f"request {rid} · sequence {rid * 10} · block ")
+        assert tip.get_attribute("data-request") == str(rid)  # the trace's id, not the row the tenure names
+        assert tip.inner_text().startswith(f"request {rid} · sequence {(rid - 1) * 10} · block ")
         assert (f"prefix key {1 << 40}" in tip.inner_text()) == (rid == 3)  # request 3's block is shared
     page.close()
 

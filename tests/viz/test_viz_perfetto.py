@@ -53,11 +53,11 @@ def test_every_request_has_its_phases_in_order(exported):
             instants[e["pid"], e["tid"]].append(e["name"])
     for name, pid in processes.items():
         req = pd.read_parquet(run / name / "requests.parquet")
-        for row in req.itertuples():
+        for row in req.itertuples():  # a request's thread is its row
             if row.rejected:
-                assert "rejected" in instants[pid, row.request_id]
+                assert "rejected" in instants[pid, row.Index]
                 continue
-            got = sorted(slices[pid, row.request_id], key=lambda e: e["ts"])
+            got = sorted(slices[pid, row.Index], key=lambda e: e["ts"])
             assert [e["name"] for e in got] == list(PHASES), (name, row.request_id)
             assert got[0]["ts"] == pytest.approx(row.arrival_s * 1e6, abs=1e-3)
             for before, after in zip(got, got[1:], strict=False):  # each phase starts where the last ended

@@ -16,7 +16,7 @@ def test_paged_blocks_one_row_per_block():
     r = rasterize_owners(events_table("paged"), CAPACITY, EDGES, 16)
     # row 0: req 1 until t=2, then req 4 covers 3/4 of bin 2 (majority) and all of bin 3
     # rows 1-2: req 2 from t=1 to 3; row 3: shared req 3 covers 0.6 of bins 0 and 2
-    assert r.owner.tolist() == [[1, 1, 4, 4], [-1, 2, 2, -1], [-1, 2, 2, -1], [3, 3, 3, -1]]
+    assert r.owner.tolist() == [[0, 0, 3, 3], [-1, 1, 1, -1], [-1, 1, 1, -1], [2, 2, 2, -1]]
     assert r.ref_count.tolist() == [[1, 1, 1, 1], [0, 1, 1, 0], [0, 1, 1, 0], [2, 2, 2, 0]]
     assert r.pos_edges.tolist() == [0, 16, 32, 48, 64]
     assert r.unfilled is None
@@ -26,25 +26,25 @@ def test_owner_areas_are_summed_per_request():
     # Rows of 48 slots: in bin 1 req 2 holds two blocks (32 slots) and req 1 one (16): req 2 wins
     # although no single tenure of it is larger than req 1's.
     r = rasterize_owners(events_table("paged"), CAPACITY, EDGES, 48)
-    assert r.owner.tolist() == [[-1, 2, 2, -1], [3, 3, 3, -1]]
+    assert r.owner.tolist() == [[-1, 1, 1, -1], [2, 2, 2, -1]]
 
 
 def test_partly_covered_rows_and_mostly_free_cells():
     r = rasterize_owners(events_table("contiguous-max"), CAPACITY, EDGES, 20)
     # row [20, 40): 4 slots of req 1 alone in bin 0 -> mostly free; row [40, 60): 8 of 20 slots -> free
-    assert r.owner.tolist() == [[1, 1, 3, 3], [-1, 2, 2, 4], [-1, -1, -1, -1], [-1, -1, -1, -1]]
+    assert r.owner.tolist() == [[0, 0, 2, 2], [-1, 1, 1, 3], [-1, -1, -1, -1], [-1, -1, -1, -1]]
     assert r.pos_edges.tolist() == [0, 20, 40, 60, 64]
 
 
 def test_never_filled_tails_compete_as_their_own_region():
     r = rasterize_owners(events_table("paged"), CAPACITY, EDGES, 16, split_unfilled=True)
-    assert r.owner.tolist() == [[1, 1, 4, 4], [-1, 2, 2, -1], [-1, 2, 2, -1], [3, 3, 3, -1]]
+    assert r.owner.tolist() == [[0, 0, 3, 3], [-1, 1, 1, -1], [-1, 1, 1, -1], [2, 2, 2, -1]]
     # req 4 filled 5 of 16 slots: its 11-slot tail outweighs the filled part; req 2's last block
     # (10 of 16 filled) stays "filled"
     assert r.unfilled.tolist() == [[False, False, True, True], [False] * 4, [False] * 4, [False] * 4]
     contiguous = rasterize_owners(events_table("contiguous-max"), CAPACITY, EDGES, 4, split_unfilled=True)
     # req 1 holds slots 0-23 but fills 20: rows 0-4 filled, row 5 (slots 20-23) never filled
-    assert contiguous.owner[:6, 0].tolist() == [1] * 6
+    assert contiguous.owner[:6, 0].tolist() == [0] * 6
     assert contiguous.unfilled[:6, 0].tolist() == [False] * 5 + [True]
 
 

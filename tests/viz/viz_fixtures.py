@@ -8,6 +8,8 @@ paged (blocks of 16 slots)                  contiguous-max (24-slot regions, max
   req 2: slots 32-47, t 1.0-3.0, filled 10    req 3: slots  0-23, t 2-4, filled 18
   req 3: slots 48-63, t 0.4-2.6, ref 2        req 4: slots 24-47, t 3-4, filled 10
   req 4: slots  0-15, t 2.25-4.0, filled 5    slots 48-63 are never used: a hole
+
+Requests carry the trace's own ids 1-4 (rows 0-3); the tenures name them by row, as a run does.
 """
 from __future__ import annotations
 
@@ -25,18 +27,18 @@ DURATION = 4.0
 STATES = MEMORY_STATES
 
 EVENTS = {
-    "paged": [  # request_id, start, size, t_start_s, t_end_s, max_ref_count, filled
-        (1, 0, 16, 0.0, 2.0, 1, 16),
-        (2, 16, 16, 1.0, 3.0, 1, 16),
-        (2, 32, 16, 1.0, 3.0, 1, 10),
-        (3, 48, 16, 0.4, 2.6, 2, 16),
-        (4, 0, 16, 2.25, 4.0, 1, 5),
+    "paged": [  # request_id (the request's row), start, size, t_start_s, t_end_s, max_ref_count, filled
+        (0, 0, 16, 0.0, 2.0, 1, 16),
+        (1, 16, 16, 1.0, 3.0, 1, 16),
+        (1, 32, 16, 1.0, 3.0, 1, 10),
+        (2, 48, 16, 0.4, 2.6, 2, 16),
+        (3, 0, 16, 2.25, 4.0, 1, 5),
     ],
     "contiguous-max": [
-        (1, 0, 24, 0.0, 2.0, 1, 20),
-        (2, 24, 24, 1.0, 3.0, 1, 22),
-        (3, 0, 24, 2.0, 4.0, 1, 18),
-        (4, 24, 24, 3.0, 4.0, 1, 10),
+        (0, 0, 24, 0.0, 2.0, 1, 20),
+        (1, 24, 24, 1.0, 3.0, 1, 22),
+        (2, 0, 24, 2.0, 4.0, 1, 18),
+        (3, 24, 24, 3.0, 4.0, 1, 10),
     ],
 }
 MEMORY_FRACTIONS = {

@@ -38,7 +38,8 @@ function prepWindow(w) {
   const out = {start: w.start, end: w.end, tenures: unpackAll(w.tenures), memory: unpackAll(w.memory),
                requests: unpackAll(w.requests), transitions: unpackAll(w.transitions)};
   out.byRequest = new Map();
-  out.requests.request_id.forEach((rid, i) => out.byRequest.set(rid, i));
+  // Tenures and transitions name a request by its row in the request table, not by the trace's id.
+  out.requests.row.forEach((row, i) => out.byRequest.set(row, i));
   const rc = w.tenures.refcounts && unpackAll(w.tenures.refcounts);  // absent in older runs
   if (rc) {
     out.refs = {rc, span: new Map()};  // tenure -> [first, end) of its changes (sorted by tenure, time)
@@ -199,7 +200,8 @@ class Column {
     const y = Math.floor((e.clientY - r.top) / r.height * (this.map.height / 2));
     const c = y * this.cols + x, i = c >= 0 && c < this.cells ? this.cellTenure[c] : -1;
     if (!w || i < 0) { this.tip.textContent = `slot ${c * this.spc}: free`; this.tip.dataset.request = ""; return; }
-    const T = w.tenures, rid = T.request_id[i], q = w.byRequest.get(rid), R = w.requests;
+    const T = w.tenures, row = T.request_id[i], q = w.byRequest.get(row), R = w.requests;
+    const rid = q === undefined ? `row ${row}` : String(R.request_id[q]);
     const what = this.a.paged ? `block ${T.start[i] / this.a.block_size}` : `region of ${T.size[i]} slots`;
     const req = q === undefined ? "" : ` · prompt ${R.prompt_len[q]}, output ${R.output_len[q]}, ` +
       `arrived ${fmt(R.arrival_s[q])} s, ${R.num_preemptions[q]} preemption(s)`;
@@ -222,7 +224,7 @@ class Column {
     const lane = new Map();
     live.forEach((i, k) => {
       const y = 12 + k * 6, edges = [R.arrival_s[i], R.admitted_s[i], R.first_token_s[i], R.finish_s[i]];
-      lane.set(R.request_id[i], y);
+      lane.set(R.row[i], y);
       ["waiting", "prefill", "decode"].forEach((p, j) => {
         if (isNaN(edges[j])) return;
         const end = isNaN(edges[j + 1]) ? w.end : edges[j + 1];

@@ -1,0 +1,36 @@
+"""A numeric option set to None where its type has none is refused when the config is made, naming the
+field, instead of passing validation and failing in the run's arithmetic."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from gpu_backend.engine.engine_config import EngineConfig
+from simulator.config import SimConfig
+from simulator.core.errors import ConfigError
+from simulator.loop import simulate
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("swap_space_gb", "a number"), ("block_size", "an integer"), ("max_num_seqs", "an integer"),
+    ("gpu_memory_utilization", "a number"), ("watermark", "a number"), ("seed", "an integer"),
+    ("beam_alpha", "a number"), ("disk_offload_bandwidth_gbps", "a number"),
+])
+@pytest.mark.parametrize("allocator", ["paged", "contiguous-max"])
+def test_none_for_a_number_is_refused_naming_the_field(name, expected, allocator):
+    with pytest.raises(ConfigError, match=f"^{name} must be {expected}, got None$"):
+        SimConfig(allocator=allocator, capacity_tokens=4096, max_model_len=512, **{name: None})
+
+
+def test_every_field_left_none_is_named_at_once():
+    message = "^swap_space_gb must be a number, got None; seed must be an integer, got None$"
+    with pytest.raises(ConfigError, match=message):
+        SimConfig(swap_space_gb=None, seed=None)
+
+
+def test_none_where_the_type_allows_it_still_means_the_default():
+    trace = pd.DataFrame({"arrival_s": [0.0], "prompt_len": [10], "output_len": [5]})
+    config = SimConfig(capacity_tokens=4096, max_model_len=512, kv_memory_gb=None,
+                       max_num_batched_tokens=None)
+    assert simulate(trace, config).summary["num_finished"] == 1
+    assert EngineConfig(swap_space_gb=None).swap_space_gb is None  # the engine's: its default pool
