@@ -100,7 +100,8 @@ def clip_prompts(trace: pd.DataFrame, max_model_len: int) -> tuple[np.ndarray, i
 
 
 def make_prompts(trace: pd.DataFrame, prompt_lens: np.ndarray, vocab_size: int, seed: int) -> list[list[int]]:
-    """Seeded random prompt tokens; recorded prefix blocks get tokens that depend only on their key."""
+    """Seeded random prompt tokens; recorded prefix blocks get tokens that depend only on their key (a
+    block the prompt covers in part, its first tokens), drawn apart from the prompts' own stream."""
     rng = np.random.default_rng(seed)
     has_prefix = "prefix_blocks" in trace.columns
     prompts = []
@@ -109,10 +110,12 @@ def make_prompts(trace: pd.DataFrame, prompt_lens: np.ndarray, vocab_size: int, 
         if has_prefix and isinstance(trace["prefix_blocks"].iat[i], (list, tuple, np.ndarray)):
             size = int(trace["prefix_block_size"].iat[i])
             for key in trace["prefix_blocks"].iat[i]:
-                if len(tokens) + size > length:
+                if len(tokens) >= length:
                     break
-                block_rng = np.random.default_rng([seed, int(key) % (1 << 63)])
-                tokens.extend(block_rng.integers(0, vocab_size, size).tolist())
+                # [seed, 1, key]: a SeedSequence pads [seed, 0] to the prompts' own seed, so key 0 would
+                # repeat the stream of the first prompt drawn from it.
+                block_rng = np.random.default_rng([seed, 1, int(key) % (1 << 63)])
+                tokens.extend(block_rng.integers(0, vocab_size, size)[:length - len(tokens)].tolist())
         tokens.extend(rng.integers(0, vocab_size, length - len(tokens)).tolist())
         prompts.append(tokens)
     return prompts

@@ -346,7 +346,8 @@ class LLMEngine:
         if self.has_unfinished() or self.allocator.breakdown().allocated:
             raise RuntimeError("warmup() must run before any request is added")
         bs, contiguous = self.cache.block_size, self.cache.contiguous
-        n = max(1, min(num_tokens, self.cache.device_cache.num_slots - 1))
+        # The decode reads n + 1 slots: within the pool and within one max_model_len region (contiguous).
+        n = max(1, min(num_tokens, self.cache.device_cache.num_slots - 1, self.max_model_len - 1))
         table = (0,) if contiguous else list(range(-(-(n + 1) // bs)))
         for step in (SequenceInput([0] * n, 0, table), SequenceInput([0], n, table)):
             batch = build_model_input([step], bs, self.device, contiguous=contiguous)

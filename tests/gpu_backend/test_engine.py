@@ -100,6 +100,14 @@ def test_contiguous_allocators_give_the_paged_tokens(model, reference, allocator
     assert engine.allocator.breakdown().allocated == 0
 
 
+@pytest.mark.parametrize("allocator", ["paged", "contiguous-max"])
+def test_warmup_stays_within_a_short_max_model_len(model, allocator):
+    engine = LLMEngine(model, capacity_tokens=512, allocator=allocator, max_model_len=48)
+    engine.warmup()  # its decode reads at most max_model_len slots: one contiguous region
+    (out,) = engine.generate(_prompts((30,)), SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True))
+    assert len(out.outputs[0].token_ids) == 5 and engine.allocator.breakdown().allocated == 0
+
+
 def test_engine_pow2_reservation_is_capped_at_max_model_len(model):
     # 70 prompt tokens + 50 outputs: uncapped Pow2 would reserve 70 + 64 = 134 > max_model_len 128 slots,
     # more than this 128-slot pool; capped, the request is admitted into one 128-slot region.

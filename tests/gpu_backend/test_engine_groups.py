@@ -214,6 +214,20 @@ def test_recomputed_samples_share_their_prompt_in_every_group_and_keep_their_tok
         LLMEngine(hybrid, num_blocks=35, **pool).add_request(long, SamplingParams(max_tokens=60, n=2))
 
 
+def test_recomputed_samples_hitting_their_own_blocks_keep_the_windows_the_others_read(hybrid):
+    """Samples re-admitted with the prefix cache on: the first may hit its own generated blocks, but its
+    hit stops at the shared prompt, whose window the others still read (no hole is read)."""
+    prompts = _prompts([103, 188, 84, 222], seed=2)
+    params = SamplingParams(max_tokens=24, temperature=1.0, n=3, seed=5, ignore_eos=True)
+    pool = dict(backend="torch", block_size=16, max_model_len=400, max_num_seqs=7)
+    roomy = LLMEngine(hybrid, capacity_tokens=8192, **pool).generate(prompts, params)
+    tight = LLMEngine(hybrid, capacity_tokens=753, watermark=0.01, **pool)
+    outputs = tight.generate(prompts, params)
+    assert tight.scheduler.num_preemptions > 0
+    assert [[c.token_ids for c in o.outputs] for o in outputs] == \
+        [[c.token_ids for c in o.outputs] for o in roomy]
+
+
 _TRITON_SCRIPT = """
 import dataclasses, json, sys
 from gpu_backend import LLMEngine, SamplingParams

@@ -142,6 +142,14 @@ def test_prompts_are_clipped_to_max_model_len_and_prefixes_share_tokens():
                            "prefix_block_size": [16, 16]})
     a, b = make_prompts(shared, np.array([40, 35]), 256, seed=0)
     assert a[:16] == b[:16] and a[16:32] != b[16:32] and (len(a), len(b)) == (40, 35)
+    # A block keyed 0 is not the prompts' own stream; a recorded block the prompt covers in part gives
+    # it its first tokens (the simulator keys every full block inside it).
+    keyed_zero = pd.DataFrame({"prompt_len": [32, 32], "prefix_blocks": [None, [0]], "prefix_block_size": 16})
+    first, keyed = make_prompts(keyed_zero, np.array([32, 32]), 256, seed=0)
+    assert first[:16] != keyed[:16]
+    c, d = make_prompts(pd.DataFrame({"prompt_len": [50, 64], "prefix_blocks": [[3, 4], [3, 4]],
+                                      "prefix_block_size": [32, 32]}), np.array([50, 64]), 256, seed=0)
+    assert c == d[:50]
 
 
 class _Interrupt(KeyboardInterrupt):

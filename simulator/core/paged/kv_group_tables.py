@@ -175,13 +175,15 @@ class GroupTables(GroupHits, GroupBulk):
         return sum(total if s.window is None else min(total, s.need + top) for s in self.specs)
 
     # ----------------------------------------------------------------- sequences
-    def allocate_one(self, seq: Sequence, rid: int, budget: int, chunked: bool = False) -> int:
-        """Every group's blocks for the tokens of `seq` (hits first): all of them, or (`chunked`) those up
-        to `budget` tokens past the hit, as vLLM v1 allocates a prefill chunk; publish the full blocks
-        within `budget` tokens past the hit; return the hit in tokens."""
+    def allocate_one(self, seq: Sequence, rid: int, budget: int, chunked: bool = False,
+                     limit: int | None = None) -> int:
+        """Every group's blocks for the tokens of `seq` (hits first, at most `limit` blocks of them): all of
+        them, or (`chunked`) those up to `budget` tokens past the hit, as vLLM v1 allocates a prefill
+        chunk; publish the full blocks within `budget` tokens past the hit; return the hit in tokens."""
         bs, n, stats = self.block_size, seq.length, self.pool.stats
-        hit, hits = self.longest_hit(seq)
-        if self.tiers is not None:  # pages in KV tiers may extend the hit (kv_group_tiers.py)
+        hit, hits = self.longest_hit(seq, limit)
+        # Pages in KV tiers may extend the hit (kv_group_tiers.py), but not past a limit.
+        if self.tiers is not None and limit is None:
             loaded = self.tiers.allocate(seq, rid, budget, hit, chunked)
             if loaded is not None:
                 return loaded
