@@ -70,14 +70,14 @@ def blocks_needed(allocator, prompt_len: int, final_len: int, width: int) -> int
     (by chunk: a window frees what it passed before each chunk), or every group's decode peak, the shared
     prompt counted once; a sliding group holds at most the blocks its window spans, plus two, per
     sequence. Several sequences re-admitted after a recompute take every block of their tokens in every
-    group at once (the shared prompt once), before any window frees one."""
+    group at once, each its own, before any window frees one."""
     tables, bs = allocator.tables, allocator.block_size
     total, shared = _cdiv(final_len, bs), prompt_len // bs
     every = shared + width * (total - shared)
     decode = sum(every if spec.window is None else min(every, width * (spec.need + 2))
                  for spec in tables.specs)
     if width > 1:
-        decode = max(decode, every * tables.num_groups)
+        decode = max(decode, width * total * tables.num_groups)
     if allocator.by_chunk(width):
         return max(tables.peak_blocks(prompt_len, allocator.prefill_chunk), decode)
     return max(tables.prompt_blocks(prompt_len, 0), decode)

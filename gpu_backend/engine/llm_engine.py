@@ -147,8 +147,9 @@ class LLMEngine:
                                        f"{rounded}, which the pool of {self.capacity_tokens} slots can never "
                                        "hold at once")
             return
-        shared = prompt_len // bs
-        need = shared + width * (-(-final_len // bs) - shared) if self.kv_groups is None else \
+        # Sequences re-admitted after a recompute hold all their tokens each (only the prefix cache may find
+        # their common prompt): a full copy each, so that no admitted request is rejected later.
+        need = width * -(-final_len // bs) if self.kv_groups is None else \
             blocks_needed(self.allocator, prompt_len, final_len, width)
         have = self.allocator.num_blocks - self.allocator.watermark_blocks
         if need > have:

@@ -159,17 +159,12 @@ def shares_allocation(seqs: list[Sequence]) -> bool:
 
 def shared_prompt_blocks(seqs: list[Sequence], block_size: int) -> int:
     """Blocks that the diverged sequences of one group (re-admitted after a recompute) still hold in
-    common: their prompt's full blocks (the same tokens at the same places), as samples run as separate
-    requests share them through the prefix cache, prefix caching on or off; none when `block_size` is 0
-    (an allocator that shares no memory) or when their known prompt tokens differ."""
-    first = seqs[0]
-    if not block_size:
+    common: simulated ones share their prompt's full blocks, as samples run as separate requests share
+    them through the prefix cache; none when `block_size` is 0 (an allocator that shares no memory) or
+    the tokens are known (the prefix cache finds what is common)."""
+    if not block_size or seqs[0].token_ids is not None:
         return 0
-    if first.token_ids is not None:
-        prompt = first.token_ids[:first.prompt_len]
-        if any(s.token_ids[:s.prompt_len] != prompt for s in seqs[1:]):
-            return 0
-    return first.prompt_len // block_size
+    return seqs[0].prompt_len // block_size
 
 
 def group_prefill(seqs: list[Sequence], block_size: int) -> int:

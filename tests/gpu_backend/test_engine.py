@@ -158,20 +158,22 @@ def test_seeded_samples_survive_recompute_preemption(model):
 
 
 @pytest.mark.parametrize("caching", [True, False])
-def test_recomputed_samples_share_their_prompt_blocks_and_keep_their_tokens(model, caching):
-    """Two samples preempted by recompute after diverging come back holding one copy of their prompt's
-    full blocks (10 + 2 x 5 of 24 blocks; a copy each would need 30): the request the pool admitted is
-    never rejected later, with or without the prefix cache."""
+def test_samples_recomputed_after_diverging_are_admitted_only_where_they_can_come_back(model, caching):
+    """Two samples preempted by recompute after diverging come back holding a copy of their tokens each
+    (2 x 15 blocks): a pool of 30 admits the request and finishes it with its tokens; a pool of 29 refuses
+    it up front rather than rejecting it once it has run."""
     greedy = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     samples = SamplingParams(max_tokens=20, temperature=1.0, n=2, seed=7, ignore_eos=True)
-    short, long = _prompts((8, 40), seed=4)
-    pool = dict(num_blocks=24, watermark=0.0, enable_prefix_caching=caching)
-    alone = _engine(model, **pool).generate([long], samples)
-    engine = _engine(model, **pool)
+    short, long = _prompts((24, 40), seed=4)
+    alone = _engine(model, num_blocks=64, enable_prefix_caching=caching).generate([long], samples)
+    engine = _engine(model, num_blocks=30, watermark=0.0, enable_prefix_caching=caching)
     outputs = engine.generate([short, long], [greedy, samples])
     assert engine.scheduler.num_preemptions > 0
     assert _samples(outputs[1:]) == _samples(alone)
     assert engine.allocator.breakdown().allocated == 0
+    small = _engine(model, num_blocks=29, watermark=0.0, enable_prefix_caching=caching)
+    with pytest.raises(EngineInputError, match="needs up to 30 KV blocks but the pool has 29"):
+        small.generate([long], samples)
 
 
 def test_contiguous_requests_buddy_placement_can_never_hold_are_refused_up_front(model):

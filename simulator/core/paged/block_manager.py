@@ -160,7 +160,7 @@ class BlockManager(PoolCounts, KVAllocator):
         as later chunks are scheduled. Sequences with the same tokens (a fresh prompt, n samples or a
         beam) share every block; sequences that diverged (a group re-admitted after a recompute
         preemption) are allocated one by one, and prefilled in that order, sharing the first one's full
-        prompt blocks (`shared_prompt_blocks`).
+        prompt blocks when they are simulated (`shared_prompt_blocks`).
         """
         seqs = group.live_seqs()
         for s in seqs:

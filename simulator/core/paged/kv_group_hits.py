@@ -101,15 +101,14 @@ class GroupHits:
                 return i + need
         return run
 
-    def longest_hit(self, seq: Sequence, limit: int | None = None) -> tuple[int, list[list[int]]]:
+    def longest_hit(self, seq: Sequence) -> tuple[int, list[list[int]]]:
         """The prefix hit in blocks that every group holds (the coordinator shrinks it until each group's
-        hit reaches it; full groups first, as their hits cut the sliding groups' scans short), at most
-        `limit` blocks if given, and each group's hit blocks (a sliding group's from its window start).
-        The lists are shared: read only."""
+        hit reaches it; full groups first, as their hits cut the sliding groups' scans short), and each
+        group's hit blocks (a sliding group's from its window start). The lists are shared: read only."""
         if not self.enabled or (seq.token_ids is None and not seq.prefix_keys):
             return 0, [[] for _ in self.specs]
         held = seq.seq_id in self.seqs
-        memo = self.hit_memo if limit is None else None
+        memo = self.hit_memo
         if not held and memo is not None and memo[0] is seq and memo[1] == seq.length:
             if memo[2] == self.publishes and None not in memo[6](self.pool.key):  # none was evicted
                 return memo[3], memo[4]
@@ -117,8 +116,6 @@ class GroupHits:
         else:
             chain = self.chains.get(seq.seq_id, []) if held else []
         hit = (seq.length - 1) // self.block_size
-        if limit is not None:
-            hit = min(hit, limit)
         changed = True
         while changed and hit:
             changed = False
@@ -128,7 +125,7 @@ class GroupHits:
                     hit, changed = got, True
         blocks = [[self.find(g, chain, i) for i in range(self.first_held(g, hit), hit)]
                   for g in range(self.num_groups)]
-        if not held and limit is None:
+        if not held:
             self.hit_memo = (seq, seq.length, self.publishes, hit, blocks, chain, _gather(blocks))
         return hit, blocks
 

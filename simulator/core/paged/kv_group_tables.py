@@ -175,15 +175,13 @@ class GroupTables(GroupHits, GroupBulk):
         return sum(total if s.window is None else min(total, s.need + top) for s in self.specs)
 
     # ----------------------------------------------------------------- sequences
-    def allocate_one(self, seq: Sequence, rid: int, budget: int, chunked: bool = False,
-                     limit: int | None = None) -> int:
-        """Every group's blocks for the tokens of `seq` (hits first, at most `limit` blocks of them): all of
-        them, or (`chunked`) those up to `budget` tokens past the hit, as vLLM v1 allocates a prefill
-        chunk; publish the full blocks within `budget` tokens past the hit; return the hit in tokens."""
+    def allocate_one(self, seq: Sequence, rid: int, budget: int, chunked: bool = False) -> int:
+        """Every group's blocks for the tokens of `seq` (hits first): all of them, or (`chunked`) those up
+        to `budget` tokens past the hit, as vLLM v1 allocates a prefill chunk; publish the full blocks
+        within `budget` tokens past the hit; return the hit in tokens."""
         bs, n, stats = self.block_size, seq.length, self.pool.stats
-        hit, hits = self.longest_hit(seq, limit)
-        # Pages in KV tiers may extend the hit (kv_group_tiers.py), but not past a limit.
-        if self.tiers is not None and limit is None:
+        hit, hits = self.longest_hit(seq)
+        if self.tiers is not None:  # pages in KV tiers may extend the hit (kv_group_tiers.py)
             loaded = self.tiers.allocate(seq, rid, budget, hit, chunked)
             if loaded is not None:
                 return loaded
@@ -228,10 +226,9 @@ class GroupTables(GroupHits, GroupBulk):
         self.seqs[dst.seq_id] = dst
         self.count_internal(dst)
 
-    def share_prompt(self, src: Sequence, dst: Sequence, shared: int, budget: int) -> None:
+    def share_prompt(self, src: Sequence, dst: Sequence, shared: int) -> None:
         """`dst` holds the first `shared` blocks `src` holds, in every group, and its own blocks for the rest
-        of its tokens (`src` holds no block a window skips past them: its hit is within them); its full
-        blocks of known content within `budget` tokens past the shared ones are published."""
+        of its tokens (`src` holds no block a window skips past them: its hit is within them)."""
         rid, sid, n, bs = dst.request_id, dst.seq_id, dst.length, self.block_size
         heads = [table[:shared] for table in self.tables[src.seq_id]]
         for head in heads:
@@ -241,8 +238,6 @@ class GroupTables(GroupHits, GroupBulk):
         own = self.take_each(_cdiv(n, bs) - shared, rid, sid, block_fills(n - shared * bs, bs))
         tables = [head + new for head, new in zip(heads, own, strict=True)]
         self.hold(dst, tables, list(self.starts[src.seq_id]), n, shared * bs)
-        if dst.token_ids is not None:  # simulated decode tokens have no content to publish
-            self.publish_range(dst, shared, min(n, shared * bs + budget) // bs)
 
     def hold(self, seq: Sequence, tables: list[list[int | None]], starts: list[int], num_tokens: int,
              num_cached_tokens: int) -> None:

@@ -83,12 +83,11 @@ class GroupedBlockManager(PoolCounts, KVAllocator):
         first_chunk = chunked and num_new_tokens is not None
         shared = shared_prompt_blocks(seqs, self.block_size) if len(seqs) > 1 else 0
         needed = 0
-        limit = None
         if shared:  # the others share the first one's prompt blocks (and so its hits)
             needed = sum(-(-s.length // self.block_size) - shared for s in seqs[1:]) * self.tables.num_groups
-            seqs, limit = seqs[:1], self.hit_limit(seqs, shared)
+            seqs = seqs[:1]
         for s in seqs:
-            hit, blocks = self.tables.longest_hit(s, limit)
+            hit, blocks = self.tables.longest_hit(s)
             if first_chunk and self.tiers is not None:
                 # Tiers may extend the hit by pages each needing a fresh block, as far as the whole prompt:
                 # count the widest first step a sliding group can take (what the NEVER bound allows).
@@ -111,13 +110,6 @@ class GroupedBlockManager(PoolCounts, KVAllocator):
         if not seqs:
             raise AllocationError(f"request {group.request_id}: every sequence has finished")
         return seqs[:1] if len(seqs) > 1 and shares_allocation(seqs) else seqs
-
-    @staticmethod
-    def hit_limit(seqs: list[Sequence], shared: int) -> int | None:
-        """The longest prefix hit the first of diverged sequences sharing `shared` prompt blocks may take:
-        past them its windows would hand back blocks the others still read (a sequence of known tokens
-        can hit its own generated blocks; a simulated one hits within its prompt, so needs no limit)."""
-        return shared if seqs[0].token_ids is not None else None
 
     def by_chunk(self, num_seqs: int) -> bool:
         """Whether a prompt of `num_seqs` live sequences is allocated chunk by chunk: one sequence under
@@ -199,10 +191,9 @@ class GroupedBlockManager(PoolCounts, KVAllocator):
             shared = shared_prompt_blocks(seqs, self.block_size)
             for s in seqs:
                 if shared and s is not seqs[0]:
-                    self.tables.share_prompt(seqs[0], s, shared, budget)
+                    self.tables.share_prompt(seqs[0], s, shared)
                 else:
-                    limit = self.hit_limit(seqs, shared) if shared else None
-                    hit += self.tables.allocate_one(s, group.request_id, budget, limit=limit)
+                    hit += self.tables.allocate_one(s, group.request_id, budget)
                 budget = max(0, budget - (s.length - s.num_cached_tokens))
         self._check()
         return hit

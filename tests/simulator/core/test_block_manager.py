@@ -326,30 +326,6 @@ def test_recomputed_samples_share_only_the_prompts_full_blocks(paged, make_group
     assert bm.num_free_blocks == 32
 
 
-@pytest.mark.parametrize("caching", [True, False])
-def test_recomputed_samples_with_known_tokens_share_the_prompt_and_publish_their_own(paged, make_group,
-                                                                                     caching):
-    bm = paged(32, 4, enable_prefix_caching=caching)
-    prompt = list(range(10))
-    g = make_group(10, 16, token_ids=prompt, n=3)
-    # 15 tokens each: 2 full prompt blocks, then a full block and 3 tokens of their own
-    for i, s in enumerate(g.seqs):
-        s.token_ids = prompt + [100 * (i + 1) + j for j in range(5)]
-        s.num_generated = 5
-    assert bm.can_allocate(g) is AllocStatus.OK
-    bm.allocate(g)
-    assert len({tuple(s.block_table[:2]) for s in g.seqs}) == 1
-    assert bm.num_used_blocks == 2 + 3 * 2
-    assert [s.num_cached_tokens for s in g.seqs] == [0, 8, 8]
-    own_full = {s.block_table[2] for s in g.seqs}
-    assert set(bm.pool.cached.values()) == (set(g.seqs[0].block_table[:2]) | own_full if caching else set())
-    other = make_group(10, 16, token_ids=list(range(1, 11)), n=2)  # another prompt: nothing in common
-    for s in other.seqs:
-        s.num_generated = 0
-    other.seqs[1].token_ids = list(range(2, 12))
-    assert bm.allocate(other) == 0 and not set(other.seqs[0].block_table) & set(other.seqs[1].block_table)
-
-
 def test_recomputed_samples_that_never_fit_together_are_refused(paged, make_group):
     # 15 tokens each: 2 shared blocks + 3 x 2 of their own = 8 blocks, though one sample alone needs 4.
     assert paged(7, 4).can_allocate(_diverged(make_group, 3, 10, 5)) is AllocStatus.NEVER

@@ -157,20 +157,6 @@ def test_recomputed_samples_share_the_prompts_full_blocks_in_every_group():
         assert not set(first[g][2:]) & set(second[g][2:])  # the samples' own tokens
     assert bm.num_free_blocks == 20 - (4 + 2) * 2
     assert [s.num_cached_tokens for s in seqs] == [0, 4]
-    # With known tokens the samples share the prompt's blocks the same way, the prefix cache on or off,
-    # and publish their own full ones.
-    for caching in (True, False):
-        known = GroupedBlockManager(20, LAYOUT, enable_prefix_caching=caching, debug=True)
-        real = [Sequence(i, 5, 12, request_id=9, token_ids=[1, 2, 3, 4, 5, 10 * i, 10 * i + 1, 10 * i + 2])
-                for i in (3, 4)]
-        for s in real:
-            s.num_generated = 3
-        known.allocate(SequenceGroup(9, real, n=2))
-        first, second = known.tables.tables[3], known.tables.tables[4]
-        for g in range(2):
-            assert first[g][:2] == second[g][:2] and not set(first[g][2:]) & set(second[g][2:])
-        held = {t[g][b] for t in (first, second) for g in range(2) for b in range(4) if t[g][b] is not None}
-        assert set(known.pool.cached.values()) == (held if caching else set())
     # One more sample's 2 own blocks per group no longer fit 12 blocks: refused.
     small = GroupedBlockManager(12, LAYOUT, debug=True)
     three = [Sequence(i, 5, 9, request_id=8) for i in (3, 4, 5)]
