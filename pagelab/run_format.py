@@ -64,6 +64,16 @@ EVENT_OPTIONAL = ("prefix_key", "seq_id")
 TRANSITION_KINDS = ("preempted", "swapped_out", "swapped_in")
 TRANSITION_COLUMNS: dict[str, str] = {"request_id": "int32", "t_s": "float64", "kind": "int8"}
 
+# A sweep folder keeps each point's run folder in SWEEP_POINTS_DIR (docs/sweeps.md).
+SWEEP_POINTS_DIR = "points"
+
+
+def sweep_axis_applies(axis: str, allocator: str) -> bool:
+    """Whether a sweep axis changes a run of `allocator`: the block size only a paged one's (a sweep runs a
+    contiguous configuration once, at the first block size, and names none)."""
+    return axis != "block_size" or allocator == "paged"
+
+
 # One row per change of a held block's (or region's) reference count between owners, in time order: the
 # block at slot `start` has `ref_count` owners from `t_s` on (acquisitions and releases are the tenures).
 REFCOUNT_COLUMNS: dict[str, str] = {"start": "int32", "t_s": "float64", "ref_count": "int32"}

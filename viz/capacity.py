@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from pagelab.run_format import sweep_axis_applies
 from pagelab.units import latency_unit
 from viz.common import FORMATS, FigureResult, legend_below, new_figure, save_figure
 from viz.errors import VizError
@@ -49,8 +50,7 @@ def _variant_columns(table: pd.DataFrame) -> list[str]:
 
 
 def _variant_label(row: pd.Series, cols: list[str]) -> str:
-    # A contiguous allocator has no block size: the sweep's block_size column holds the first one it ran at.
-    cols = [c for c in cols if not (c == "block_size" and row["allocator"] != "paged")]
+    cols = [c for c in cols if sweep_axis_applies(c, row["allocator"])]  # block_size: the first one it ran at
     return ", ".join(f"{c.replace('_', ' ')} {row[c]:g}" if isinstance(row[c], (int, float, np.number))
                      else f"{c} {row[c]}" for c in cols)
 

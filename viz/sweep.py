@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.lines import Line2D
 
+from pagelab.run_format import SWEEP_POINTS_DIR
 from pagelab.units import latency_unit
 from viz.common import FigureResult, legend_below, new_figure, use_log_scale
 from viz.load import AllocatorRun, Run
@@ -24,7 +25,6 @@ from viz.palette import LINESTYLES, allocator_color, allocator_label
 
 CONFIG_RATE_KEYS = ("rate", "request_rate", "rate_per_s")
 TRACE_RATE_KEYS = ("rate_override", "rate", "request_rate", "mean_rate_per_s")
-POINTS_DIR = "points"  # the folder of a sweep folder that holds its points (simulator/sweep/points.py)
 
 
 def run_rate(run: Run, alloc: AllocatorRun) -> tuple[float, str]:
@@ -72,7 +72,7 @@ def sweep_of(run: Run) -> Path | None:
     """The points folder of the sweep `run` is a point of, else None: a point sits there and its summary
     names its point_hash (both, so a folder that happens to be called points/ is not taken for one)."""
     parent = run.path.resolve().parent
-    return parent if parent.name == POINTS_DIR and "point_hash" in run.trace else None
+    return parent if parent.name == SWEEP_POINTS_DIR and "point_hash" in run.trace else None
 
 
 def sweeps(runs: list[Run], column: str) -> list[list[Run]]:

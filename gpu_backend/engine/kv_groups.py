@@ -67,17 +67,15 @@ def group_of_layer(layout: KVLayout) -> tuple[int, ...]:
 
 def blocks_needed(allocator, prompt_len: int, final_len: int, width: int) -> int:
     """Blocks of the grouped pool a request of `width` sequences holds at most: the prompt in every group
-    (by chunk: a window frees what it passed before each chunk), or every group's decode peak, the shared
-    prompt counted once; a sliding group holds at most the blocks its window spans, plus two, per
-    sequence. Several sequences re-admitted after a recompute take every block of their tokens in every
-    group at once, each its own, before any window frees one."""
-    tables, bs = allocator.tables, allocator.block_size
-    total, shared = _cdiv(final_len, bs), prompt_len // bs
-    every = shared + width * (total - shared)
-    decode = sum(every if spec.window is None else min(every, width * (spec.need + 2))
-                 for spec in tables.specs)
-    if width > 1:
-        decode = max(decode, width * total * tables.num_groups)
+    (by chunk: a window frees what it passed before each chunk), or its decode peak, where a sliding group
+    holds at most the blocks its window spans, plus two. Several sequences re-admitted after a recompute
+    take every block of their tokens in every group, each its own, before any window frees one: that
+    bounds their decode peak."""
+    tables, total = allocator.tables, _cdiv(final_len, allocator.block_size)
+    if width > 1:  # the re-admission bounds every decode peak
+        decode = width * total * tables.num_groups
+    else:
+        decode = sum(total if spec.window is None else min(total, spec.need + 2) for spec in tables.specs)
     if allocator.by_chunk(width):
         return max(tables.peak_blocks(prompt_len, allocator.prefill_chunk), decode)
     return max(tables.prompt_blocks(prompt_len, 0), decode)

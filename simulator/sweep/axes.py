@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, field
 
 from pagelab.errors import PagelabError
+from pagelab.run_format import sweep_axis_applies
 from simulator.config import SimConfig
 
 # Axes the sweep itself owns (or that would make a point meaningless to vary).
@@ -136,9 +137,7 @@ class SweepAxes:
         names = list(self.axes)
         out = []
         for allocator in self.allocators:
-            # Contiguous allocators ignore the block size: run them once, at the first block size.
-            values = [self.axes[n][:1] if n == "block_size" and allocator != "paged" else self.axes[n]
-                      for n in names]
+            values = [self.axes[n] if sweep_axis_applies(n, allocator) else self.axes[n][:1] for n in names]
             for combo in itertools.product(*values):
                 out.append({"allocator": allocator, **dict(zip(names, combo, strict=True))})
         return out
@@ -169,10 +168,9 @@ class SweepAxes:
 
 
 def labelled_axes(config: dict) -> dict:
-    """The axes a label names, allocator excluded. A contiguous allocator has no block size (configs() runs
-    it once, at the first), so its labels name none rather than that first value."""
-    return {k: v for k, v in config.items()
-            if k != "allocator" and not (k == "block_size" and config["allocator"] != "paged")}
+    """The axes a label names: those that apply to its allocator (which is left out)."""
+    allocator = config["allocator"]
+    return {k: v for k, v in config.items() if k != "allocator" and sweep_axis_applies(k, allocator)}
 
 
 def config_label(config: dict) -> str:

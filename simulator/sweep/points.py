@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from pagelab.run_format import SWEEP_POINTS_DIR as POINTS_DIR
 from simulator.config import SimConfig
 from simulator.sweep.axes import labelled_axes, short_name
-
-POINTS_DIR = "points"
 
 # Options added after sweep folders existed, at the value that leaves a point's result as before: left out
 # of the hash there, so the points of an existing sweep folder are still found and reused.
