@@ -182,11 +182,12 @@ class LLMEngine:
         if self.tables is not None:  # these groups' blocks were freed or replaced wholesale
             for groups in (out.preempted, out.swapped_in, out.admitted, out.rejected):
                 self.tables.forget(s.seq_id for g in groups for s in g.seqs)
-        if out.is_empty:
-            return result
+        # A step may only move KV (a group swapped out, nothing left to compute): move it all the same.
         self.cache.swap_out(out.blocks_to_swap_out)
         self.cache.swap_in(out.blocks_to_swap_in)
         self.cache.copy(out.blocks_to_copy)
+        if out.is_empty:
+            return result
         start_prefills(out, sched.prefill_left)
         plan = plan_step(out, sched.prefill_left, self.cache, self._pending_logits)
         batch = self._model_input(plan.inputs)

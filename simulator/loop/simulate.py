@@ -71,11 +71,11 @@ def drive(run: RunState, advance: Callable[[RunState], SchedulerOutput | None],
             run.idle_until(run.next_arrival)
             continue
         out = advance(run)
-        if out is not None and out.is_empty and not out.rejected:
-            if run.next < num:
-                run.idle_until(run.next_arrival)
-            elif not out.preempted:  # a group that preempted itself is admitted again next step
+        # A group that preempted itself in an empty step comes back next step: no idling until an arrival.
+        if out is not None and out.is_empty and not out.rejected and not out.preempted:
+            if run.next >= num:
                 raise RuntimeError("scheduler stalled with work left and no future arrival (a bug)")
+            run.idle_until(run.next_arrival)
         if run.events is not None:
             run.drain_events()
         if observer is not None:

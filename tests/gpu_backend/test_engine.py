@@ -92,6 +92,17 @@ def test_preemption_keeps_greedy_tokens(model, reference, mode):
     assert engine.allocator.breakdown().allocated == 0
 
 
+def test_a_group_swapped_out_in_a_step_that_computes_nothing_comes_back_with_its_kv(model):
+    # Four samples share one partly filled block of a 4-block pool: their first decode asks for 4 copies
+    # with 3 blocks free, so the only running group is swapped out and that step computes nothing.
+    prompt = _prompts((9,))[0]
+    want = generate_simple(model, [prompt], 3)[0]
+    engine = _engine(model, block_size=16, num_blocks=4, preemption_mode="swap", swap_space_gb=0.001)
+    [out] = engine.generate([prompt], SamplingParams(max_tokens=3, temperature=0.0, n=4, ignore_eos=True))
+    assert engine.scheduler.num_preemptions == 1 and engine.allocator.stats.swapped_out_blocks == 1
+    assert [o.token_ids for o in out.outputs] == [want] * 4
+
+
 @pytest.mark.parametrize("allocator", ["contiguous-max", "contiguous-pow2", "contiguous-oracle"])
 def test_contiguous_allocators_give_the_paged_tokens(model, reference, allocator):
     engine = LLMEngine(model, capacity_tokens=600, allocator=allocator, max_model_len=128)

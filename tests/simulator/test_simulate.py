@@ -166,6 +166,19 @@ def test_samples_outgrowing_the_pool_together_are_dropped_not_stalled(model, kv_
     pd.testing.assert_frame_equal(runs[0].requests, runs[1].requests)
 
 
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+@pytest.mark.parametrize("mode", ["fast", "step"])
+def test_a_group_that_preempts_itself_comes_back_without_waiting_for_the_next_arrival(preemption, mode):
+    # Four samples share one partly filled block of a 4-block pool: their first decode asks for more blocks
+    # than are free, so the only running group preempts itself; the next request arrives 100 s later.
+    trace = pd.DataFrame({"request_id": [0, 1], "arrival_s": [0.0, 100.0], "prompt_len": [9, 9],
+                          "output_len": [3, 3], "n": [4, 1]})
+    res = simulate(trace, SimConfig(model="opt-13b", capacity_tokens=64, block_size=16, max_model_len=256,
+                                    watermark=0.0, preemption_mode=preemption, swap_space_gb=1.0, mode=mode))
+    assert res.summary["num_preemptions"] == 1
+    assert res.requests["finish_s"].iloc[0] < 1.0
+
+
 @pytest.mark.parametrize("chunked", [False, True])
 def test_swap_preemption_on_a_tiny_pool_never_overcommits(chunked):
     # Tiny pool, swap preemption (and chunked prefill): swapped groups must come back with room to decode.

@@ -27,11 +27,30 @@ class GroupSwap:
                 for t in tables[s.seq_id] for b in t if b is not None}
 
     def swap_in_need(self, group: SequenceGroup) -> int:
-        """Device blocks bringing the group back takes: its distinct CPU blocks, plus a next block per
-        sequence and KV cache group (an upper bound: copies of shared partial blocks included)."""
-        seqs = [s for s in group.seqs if s.seq_id in self.seqs]
-        distinct = {c for s in seqs for t in self.cpu_tables[s.seq_id] for c in t if c is not None}
-        return len(distinct) + len(seqs) * self.tables.num_groups
+        """Device blocks bringing the group back and giving each sequence its next slot take, as for one
+        group (`SwapSpace._swap_in_plan`): its distinct CPU blocks, a new block per sequence and KV cache group
+        whose next token starts one, and a copy for every sequence but one appending to a shared partly
+        filled block (what the windows will free is not counted)."""
+        bs = self.tables.block_size
+        seen: set[int] = set()
+        sharers: dict[int, int] = {}  # partly filled last block -> sequences appending to it
+        need = 0
+        for s in group.seqs:
+            rows = self.cpu_tables.get(s.seq_id)
+            if rows is None:
+                continue
+            for row in rows:
+                for cid in row:
+                    if cid is not None and cid not in seen:
+                        seen.add(cid)
+                        need += 1
+                if s.num_tokens % bs == 0:
+                    need += 1
+                else:
+                    last = row[-1]
+                    sharers[last] = sharers.get(last, 0) + 1
+                    need += sharers[last] > 1
+        return need
 
     def move_out(self, group: SequenceGroup) -> list[tuple[int, int]]:
         """Copy the group's blocks here and release them on the device; return the (device, CPU) pairs."""

@@ -164,3 +164,26 @@ def test_recomputed_samples_share_the_prompts_full_blocks_in_every_group():
         s.num_generated = 3
     assert small.can_allocate(SequenceGroup(8, three, n=3)) is AllocStatus.NEVER
     assert small.can_allocate(SequenceGroup(8, three[:2], n=2)) is AllocStatus.OK
+
+
+@pytest.mark.parametrize("prompt_len, need", [(3, 4 + 2), (4, 4 + 4)])
+def test_swapping_in_asks_for_exactly_the_blocks_the_next_tokens_take(prompt_len, need):
+    # Two samples share 2 blocks in each group. With 3 tokens each appends to the shared partial last
+    # block: one copy per group; with 4 each next token starts a block in both groups.
+    def swapped_pair(num_blocks):
+        bm = GroupedBlockManager(num_blocks, LAYOUT, num_cpu_blocks=20, debug=True)
+        seqs = [Sequence(i, prompt_len, prompt_len + 1, request_id=0, token_ids=list(range(prompt_len))) for i in (1, 2)]
+        group = SequenceGroup(0, seqs, n=2)
+        bm.allocate(group)
+        bm.swap_out(group)
+        return bm, group
+
+    bm, group = swapped_pair(need - 1)
+    assert bm.can_swap_in(group) is AllocStatus.NEVER
+    bm, group = swapped_pair(need)
+    assert bm.can_swap_in(group) is AllocStatus.OK
+    bm.swap_in(group)
+    for seq in group.seqs:
+        seq.token_ids.append(7)
+        bm.append_slot(seq)
+    assert bm.num_free_blocks == 0

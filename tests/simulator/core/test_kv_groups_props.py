@@ -138,9 +138,12 @@ class GroupedMachine(RuleBasedStateMachine):
         self._apply(self.bm.swap_in(group), self.cpu, self.gpu)
         self.swapped.remove(group)
         self.running.append(group)
-        for s in group.seqs:  # OK promises every sequence's next slot
+        for s in group.seqs:  # OK promises every sequence its next slot, all of them together
             if not s.is_finished and s.num_tokens < s.final_len:
                 assert self.bm.can_append([s], 1)
+                s.token_ids.append(0)
+                self._apply(self.bm.append_slot(s, 1), self.gpu, self.gpu)
+                self._write(s, s.num_tokens - 1)
 
     @invariant()
     def every_group_reads_its_own_tokens(self):
