@@ -154,7 +154,7 @@ def fast_step(run: SimState) -> bool:
     if tiers is not None:
         dt += tiers.take_load_seconds(run.latency.load_time)
     run.mem.add_breakdown(run.step, 1, run.now, dt, run.alloc.breakdown(run.head()), run.counts(), num_tokens,
-                          run.block_size)
+                          run.block_slots)
     run.add_busy(dt, len(sched.running), 1)
     run.set_clock(run.now + dt)
     done = finish_batch(run) if batch.finish_heap[0] == batch.phase else []

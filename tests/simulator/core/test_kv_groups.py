@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from simulator import AllocStatus, Sequence, SequenceGroup
@@ -133,6 +134,14 @@ def test_a_hybrid_model_simulates_on_its_groups():
     # against 62, the 8 padding layers showing as internal fragmentation once blocks are held.
     busy = hybrid.memory["block_occupancy"] > 0.5
     assert (hybrid.memory.loc[busy, "internal_fragmentation"] >= 0.5 * 8 / 70).all()
+
+
+def test_fast_and_step_mode_log_the_same_memory_rows_on_groups():
+    config = SimConfig(model="gemma-3-27b", gpu="h100-80gb", kv_memory_gb=0.5, max_model_len=2048)
+    fast = simulate(_trace(), config)
+    step = simulate(_trace(), config.__class__(**{**config.__dict__, "mode": "step"}))
+    pd.testing.assert_frame_equal(fast.requests, step.requests)
+    pd.testing.assert_frame_equal(fast.memory, step.memory)  # blocks_used counts pages, not layer slots
 
 
 @pytest.mark.parametrize("preemption", ["recompute", "swap"])
