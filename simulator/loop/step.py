@@ -36,6 +36,10 @@ def exact_step(run: SimState) -> SchedulerOutput:
         run.set_clock(max(start, run.now))  # the replay's loop overhead (or sleep overshoot) before the step
     run.record_schedule(out, run.now)
     if out.is_empty:
+        if measured is None and out.blocks_to_swap_out:  # the only running groups swapped out: copy time
+            end = run.now + swap_seconds(run, out.blocks_to_swap_out)
+            run.record_idle(run.now, end)
+            run.set_clock(end)
         return out
     if measured is None:
         dt = step_time(run, out)
@@ -70,12 +74,16 @@ def step_time(run: SimState, out: SchedulerOutput) -> float:
     dt = run.latency.step_time(*step_features(np.asarray(q_lens), np.asarray(ctx_lens)), num_decode)
     swapped = out.blocks_to_swap_in + out.blocks_to_swap_out
     if swapped:
-        slots = sum(c[2] if len(c) == 3 else run.block_size for c in swapped)
-        dt += run.latency.swap_time(slots, 1)
+        dt += swap_seconds(run, swapped)
     tiers = getattr(run.alloc, "tiers", None)
     if tiers is not None:  # prefix blocks loaded from the CPU or disk tier
         dt += tiers.take_load_seconds(run.latency.load_time)
     return dt
+
+
+def swap_seconds(run: SimState, copies: list[tuple[int, ...]]) -> float:
+    """PCIe time of block copies (a contiguous copy carries its length in slots)."""
+    return run.latency.swap_time(sum(c[2] if len(c) == 3 else run.block_size for c in copies), 1)
 
 
 def sample(run: SimState, scheduled: list[ScheduledGroup], remove: bool = True) -> list[SequenceGroup]:

@@ -12,6 +12,7 @@ from fresh_process import run_script
 
 from simulator.config import SimConfig
 from simulator.loop import simulate
+from simulator.timing.step_latency import make_latency_model
 from traces import SyntheticConfig, generate_trace, load_trace
 
 
@@ -173,10 +174,17 @@ def test_a_group_that_preempts_itself_comes_back_without_waiting_for_the_next_ar
     # than are free, so the only running group preempts itself; the next request arrives 100 s later.
     trace = pd.DataFrame({"request_id": [0, 1], "arrival_s": [0.0, 100.0], "prompt_len": [9, 9],
                           "output_len": [3, 3], "n": [4, 1]})
-    res = simulate(trace, SimConfig(model="opt-13b", capacity_tokens=64, block_size=16, max_model_len=256,
-                                    watermark=0.0, preemption_mode=preemption, swap_space_gb=1.0, mode=mode))
+    config = SimConfig(model="opt-13b", capacity_tokens=64, block_size=16, max_model_len=256, watermark=0.0,
+                       preemption_mode=preemption, swap_space_gb=1.0, mode=mode)
+    res = simulate(trace, config)
     assert res.summary["num_preemptions"] == 1
     assert res.requests["finish_s"].iloc[0] < 1.0
+    # Swapped out, its one block crosses PCIe before it comes back: an idle row of exactly that time.
+    finish = res.requests["finish_s"].iloc[0]
+    idle = res.memory.loc[(res.memory["num_steps"] == 0) & (res.memory["t_s"] < finish), "dt_s"].tolist()
+    latency = make_latency_model("roofline", config.model, config.gpu,
+                                 kv_bytes_per_token=config.bytes_per_token)
+    assert idle == pytest.approx([latency.swap_time(16, 1)] if preemption == "swap" else [], rel=1e-9)
 
 
 @pytest.mark.parametrize("chunked", [False, True])

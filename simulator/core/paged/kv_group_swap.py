@@ -27,10 +27,10 @@ class GroupSwap:
                 for t in tables[s.seq_id] for b in t if b is not None}
 
     def swap_in_need(self, group: SequenceGroup) -> int:
-        """Device blocks bringing the group back and giving each sequence its next slot take, as for one
-        group (`SwapSpace._swap_in_plan`): its distinct CPU blocks, a new block per sequence and KV cache group
-        whose next token starts one, and a copy for every sequence but one appending to a shared partly
-        filled block (what the windows will free is not counted)."""
+        """Device blocks bringing the group back and giving each sequence its next slot take, as for
+        one group (`SwapSpace._swap_in_plan`): its distinct CPU blocks, a new block per sequence and KV
+        cache group whose next token starts one, and a copy for every sequence but one appending to a
+        shared partly filled block (what the windows will free is not counted)."""
         bs = self.tables.block_size
         seen: set[int] = set()
         sharers: dict[int, int] = {}  # partly filled last block -> sequences appending to it

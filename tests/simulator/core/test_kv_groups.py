@@ -181,7 +181,8 @@ def test_swapping_in_asks_for_exactly_the_blocks_the_next_tokens_take(prompt_len
     # block: one copy per group; with 4 each next token starts a block in both groups.
     def swapped_pair(num_blocks):
         bm = GroupedBlockManager(num_blocks, LAYOUT, num_cpu_blocks=20, debug=True)
-        seqs = [Sequence(i, prompt_len, prompt_len + 1, request_id=0, token_ids=list(range(prompt_len))) for i in (1, 2)]
+        seqs = [Sequence(i, prompt_len, prompt_len + 1, request_id=0, token_ids=list(range(prompt_len)))
+                for i in (1, 2)]
         group = SequenceGroup(0, seqs, n=2)
         bm.allocate(group)
         bm.swap_out(group)
