@@ -18,6 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+import pandas as pd
+
 from traces.errors import TraceError
 
 
@@ -48,3 +51,17 @@ def block_keys(prefix_blocks: Sequence[int], recorded_block_size: int, block_siz
     covered = -(-count // m)
     return [int(h) * m + j for h in prefix_blocks[:covered] for j in range(m)][:count]
 
+
+
+def check_block_size(trace: pd.DataFrame, block_size: int) -> None:
+    """Refuse before a run starts a canonical trace whose recorded keys `block_size` cannot reuse, naming
+    the first request that has such keys (the run would stop there)."""
+    sizes = trace["prefix_block_size"]
+    for size in pd.unique(sizes):
+        try:
+            _ratio(int(size), block_size)
+        except TraceError as exc:
+            keyed = trace["prefix_blocks"].map(len).to_numpy() > 0
+            rows = np.flatnonzero((sizes.to_numpy() == size) & keyed)
+            if len(rows):
+                raise TraceError(f"request {trace['request_id'].iat[rows[0]]}: {exc}") from None

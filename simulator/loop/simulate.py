@@ -28,6 +28,7 @@ from simulator.output import InMemory, RunOutput
 from simulator.output.request_rows import RequestColumns
 from simulator.timing.step_latency import make_latency_model
 from traces.batches import FrameBatches, TraceBatches
+from traces.prefix import check_block_size
 from traces.schema import canonical_trace
 
 PROGRESS_STEPS = 2000  # loop iterations between progress reports
@@ -148,6 +149,8 @@ def simulate(trace: pd.DataFrame | TraceBatches, config: SimConfig, output: RunO
     gc.disable()
     try:
         try:
+            if isinstance(trace, FrameBatches) and "prefix_block_size" in trace.columns:
+                check_block_size(trace.frame, run.block_size)  # not when its first request arrives
             drive(run, _fast_advance if fast else exact_step, progress, observer)
             if run.sched.decode is not None:
                 run.sched.decode.deactivate()

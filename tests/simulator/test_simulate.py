@@ -14,6 +14,7 @@ from simulator.config import SimConfig
 from simulator.loop import simulate
 from simulator.timing.step_latency import make_latency_model
 from traces import SyntheticConfig, generate_trace, load_trace
+from traces.errors import TraceError
 
 
 def _trace(**kw) -> pd.DataFrame:
@@ -252,3 +253,17 @@ def test_swapped_groups_wider_than_the_token_budget_come_back():
                     debug=True)
     summary = simulate(trace, cfg).summary
     assert summary["num_finished"] == 2 and summary["num_preemptions"] == 1
+
+
+def test_prefix_keys_the_block_size_cannot_reuse_are_refused_before_the_first_step():
+    trace = pd.DataFrame({"request_id": [0, 1], "arrival_s": [0.0, 1000.0], "prompt_len": [64, 64],
+                          "output_len": [4, 4], "prefix_blocks": [[], [1, 2]], "prefix_block_size": [32, 32]})
+    steps = []
+    with pytest.raises(TraceError, match="request 1: block_size 48 cannot reuse prefix keys recorded at 32"):
+        simulate(trace, SimConfig(model="opt-13b", capacity_tokens=4096, max_model_len=256, block_size=48),
+                 observer=lambda run: steps.append(run.step))
+    assert steps == []
+    # Sizes it can reuse (dividing or multiples of the recorded size) run.
+    for block_size in (16, 64):
+        config = SimConfig(model="opt-13b", capacity_tokens=4096, max_model_len=256, block_size=block_size)
+        assert simulate(trace, config).summary["num_finished"] == 2
