@@ -17,11 +17,14 @@ the caller treats the prompt's remaining blocks as private to the request.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from traces.errors import TraceError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def _ratio(recorded_block_size: int, block_size: int) -> tuple[int, int]:
@@ -52,12 +55,11 @@ def block_keys(prefix_blocks: Sequence[int], recorded_block_size: int, block_siz
     return [int(h) * m + j for h in prefix_blocks[:covered] for j in range(m)][:count]
 
 
-
 def check_block_size(trace: pd.DataFrame, block_size: int) -> None:
     """Refuse before a run starts a canonical trace whose recorded keys `block_size` cannot reuse, naming
     the first request that has such keys (the run would stop there)."""
     sizes = trace["prefix_block_size"]
-    for size in pd.unique(sizes):
+    for size in sizes.unique():
         try:
             _ratio(int(size), block_size)
         except TraceError as exc:
