@@ -3,6 +3,7 @@ group (holes of sliding windows stay holes) until they are copied back into fres
 from __future__ import annotations
 
 from simulator.core.paged.kv_group_tables import GroupTables
+from simulator.core.paged.swap import next_slot_blocks
 from simulator.core.sequence import Sequence, SequenceGroup
 
 
@@ -27,30 +28,18 @@ class GroupSwap:
                 for t in tables[s.seq_id] for b in t if b is not None}
 
     def swap_in_need(self, group: SequenceGroup) -> int:
-        """Device blocks bringing the group back and giving each sequence its next slot take, as for
-        one group (`SwapSpace._swap_in_plan`): its distinct CPU blocks, a new block per sequence and KV
-        cache group whose next token starts one, and a copy for every sequence but one appending to a
-        shared partly filled block (what the windows will free is not counted)."""
+        """Device blocks bringing the group back and giving each sequence its next slot take: its distinct
+        CPU blocks and, in every KV cache group, `next_slot_blocks` (what the windows will free is not
+        counted)."""
         bs = self.tables.block_size
-        seen: set[int] = set()
+        distinct: set[int] = set()
         sharers: dict[int, int] = {}  # partly filled last block -> sequences appending to it
         need = 0
         for s in group.seqs:
-            rows = self.cpu_tables.get(s.seq_id)
-            if rows is None:
-                continue
-            for row in rows:
-                for cid in row:
-                    if cid is not None and cid not in seen:
-                        seen.add(cid)
-                        need += 1
-                if s.num_tokens % bs == 0:
-                    need += 1
-                else:
-                    last = row[-1]
-                    sharers[last] = sharers.get(last, 0) + 1
-                    need += sharers[last] > 1
-        return need
+            for row in self.cpu_tables.get(s.seq_id, ()):
+                distinct.update(c for c in row if c is not None)
+                need += next_slot_blocks(s.num_tokens, row[-1], bs, sharers)
+        return len(distinct) + need
 
     def move_out(self, group: SequenceGroup) -> list[tuple[int, int]]:
         """Copy the group's blocks here and release them on the device; return the (device, CPU) pairs."""

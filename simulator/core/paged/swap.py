@@ -9,6 +9,16 @@ from simulator.core.paged.block_pool import BlockPool
 from simulator.core.sequence import Sequence, SequenceGroup
 
 
+def next_slot_blocks(num_tokens: int, last: int, block_size: int, sharers: dict[int, int]) -> int:
+    """Device blocks a swapped-in sequence of `num_tokens` takes for its next token: a new one where that
+    token starts a block; else a copy of its partly filled last block `last`, unless it is the first of
+    the sequences appending to it (`sharers` counts them across calls)."""
+    if num_tokens % block_size == 0:
+        return 1
+    sharers[last] = sharers.get(last, 0) + 1
+    return sharers[last] > 1
+
+
 class SwapSpace:
     """`num_blocks` CPU blocks: ref counts, fill levels and saved content keys, and the sequences swapped
     out; moves whole groups between the device pool and here (blocks shared inside a group stay shared).
@@ -54,12 +64,7 @@ class SwapSpace:
                     need += pool.ref[bid] == 0  # a cached free block leaves the free pool
                 else:
                     need += 1
-            if s.num_tokens % bs == 0:
-                need += 1  # the next token starts a new block
-            else:  # every sequence but the last appending to a shared partial block writes to a copy
-                last = s.cpu_block_table[-1]
-                sharers[last] = sharers.get(last, 0) + 1
-                need += sharers[last] > 1
+            need += next_slot_blocks(s.num_tokens, s.cpu_block_table[-1], bs, sharers)
         return resident, need
 
     def can_swap_in(self, group: SequenceGroup) -> AllocStatus:
