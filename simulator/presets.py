@@ -222,12 +222,12 @@ class KVCapacity:
     @property
     def fits_max_model_len(self) -> bool:
         """Whether one request of max_model_len tokens fits the pool, without which vLLM refuses to start
-        (`check_enough_kv_cache_memory`)."""
+        (`_check_enough_kv_cache_memory`)."""
         return self.request_bytes <= self.pool_bytes
 
     def longest_model_len(self) -> int:
         """The longest max_model_len (up to this one) whose one request fits the pool (vLLM's
-        `estimate_max_model_len`)."""
+        `_estimate_max_model_len_from_groups`)."""
         return self.layout.longest_model_len(self.pool_bytes, self.max_model_len, self.max_num_batched_tokens)
 
     def group_rows(self) -> list[dict]:
@@ -346,7 +346,8 @@ def kv_capacity(model: ModelSpec | str, gpu: GPUSpec | str | None = None, *,
     # One group keeps every token on every layer: slots // block_size, the same number as
     # `get_num_blocks` but free of float rounding; several groups share blocks of block_bytes.
     num_blocks = slots // block_size if len(layout.groups) == 1 else layout.num_blocks(int(kv_bytes))
-    budget = max_num_batched_tokens or default_max_num_batched_tokens(gpu_name)
+    # vLLM's default step budget follows the GPU it runs on, even where the pool's size is given.
+    budget = max_num_batched_tokens or default_max_num_batched_tokens(gpu_name or gpu_label)
     return KVCapacity(model=model.name, gpu=gpu_name, kv_cache_dtype=kv_dtype_name(kv_cache_dtype, model),
                       bytes_per_token=per_token, sized_by=sized_by or source,
                       gpu_memory_utilization=gpu_memory_utilization, weight_bytes=weights,

@@ -132,14 +132,15 @@ class KVLayout:
         return num_blocks / self.blocks_per_request(max_model_len, max_num_batched_tokens)
 
     def request_bytes(self, max_model_len: int, max_num_batched_tokens: int) -> int:
-        """KV bytes one request of max_model_len tokens needs, summed over the layers (vLLM's
-        `max_memory_usage_bytes` of the per-layer specs: padding layers count nothing here)."""
-        return sum(len(g.layers) * g.spec.max_memory_usage_bytes(max_model_len, max_num_batched_tokens)
-                   for g in self.groups)
+        """KV bytes one request of max_model_len tokens needs: its blocks in every group, each a page on
+        all group_size layer slots, padding ones included (`_max_memory_usage_bytes_from_groups`, which
+        vLLM's start-up check `_check_enough_kv_cache_memory` and its length estimate call)."""
+        return self.block_bytes * sum(g.spec.max_blocks(max_model_len, max_num_batched_tokens)
+                                      for g in self.groups)
 
     def longest_model_len(self, available_bytes: int, max_model_len: int, max_num_batched_tokens: int) -> int:
         """The longest max_model_len up to `max_model_len` whose one request fits in `available_bytes`, 0
-        when not one token does (`estimate_max_model_len`: the same binary search)."""
+        when not one token does (`_estimate_max_model_len_from_groups`: the same binary search)."""
         def fits(length: int) -> bool:
             return self.request_bytes(length, max_num_batched_tokens) <= available_bytes
 

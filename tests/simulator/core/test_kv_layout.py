@@ -86,17 +86,29 @@ def test_mistral_slides_on_every_layer_in_one_group():
     assert cap.num_blocks == 40 * 2**30 // (16 * 8 * 128 * 2 * 2) // 32
 
 
+def test_the_default_step_budget_follows_the_named_gpu_where_the_pool_size_is_given():
+    # vLLM's server steps 2,048 tokens on an A100, 8,192 on an H100; a window holds
+    # ceil((4,095 + budget) / 16) + 1 blocks: 385 or 769 of the 15,360 blocks in 30 GiB.
+    a100 = kv_capacity("mistral-7b-v0.1", "a100-80gb", kv_memory_gb=30)
+    h100 = kv_capacity("mistral-7b-v0.1", "h100-80gb", kv_memory_gb=30)
+    assert (a100.max_num_batched_tokens, a100.blocks_per_request) == (2048, 385)
+    assert (h100.max_num_batched_tokens, h100.blocks_per_request) == (8192, 769)
+    assert a100.num_blocks == h100.num_blocks == 30 * 2**30 // 65_536 // 32 == 15_360
+    assert round(a100.max_concurrency, 2) == 39.90
+
+
 def test_a_pool_too_small_for_one_request_reports_vllms_refusal_and_the_longest_length_that_fits():
     cap = kv_capacity("gemma-3-27b", kv_memory_gb=0.5, max_num_batched_tokens=STEP)
-    # Per layer a page is 16 x 16 heads x 128 x K,V x 2 bytes = 131,072 bytes. A request of L <= 9,215
-    # tokens needs c = ceil(L / 16) pages on each of 10 full layers and c + 1 on each of 52 sliding ones:
-    # (62c + 52) pages, padding layers not counted. 0.5 GiB is 4,096 pages: c <= 65, so L <= 1,040.
-    assert cap.layout.request_bytes(1040, STEP) == (62 * 65 + 52) * 131_072 <= 2**29
-    assert cap.layout.request_bytes(1041, STEP) > 2**29
-    assert not cap.fits_max_model_len and cap.longest_model_len() == 1040
-    assert cap.to_dict()["estimated_max_model_len"] == 1040
+    # Per layer a page is 16 x 16 heads x 128 x K,V x 2 bytes = 131,072 bytes, a block 10 layer slots of
+    # it. A request of L <= 9,215 tokens holds c = ceil(L / 16) blocks of the full group and c + 1 of each
+    # of the 6 sliding groups, every block all 10 slots, the 8 padding ones included: (70c + 60) pages.
+    # 0.5 GiB is 4,096 pages: c <= 57, so L <= 912 (1,040 if padding counted nothing).
+    assert cap.layout.request_bytes(912, STEP) == (70 * 57 + 60) * 131_072 <= 2**29
+    assert cap.layout.request_bytes(913, STEP) > 2**29
+    assert not cap.fits_max_model_len and cap.longest_model_len() == 912
+    assert cap.to_dict()["estimated_max_model_len"] == 912
     assert cap.lines()[-1].startswith("vLLM would not start: to serve one request of max_model_len 131,072")
-    assert cap.lines()[-1].endswith("the estimated maximum model length is 1,040.")
+    assert cap.lines()[-1].endswith("the estimated maximum model length is 912.")
     # Llama 3.1 8B: 128 KiB a token, so 1 GiB serves exactly 8,192 tokens.
     small = kv_capacity("llama-3.1-8b", kv_memory_gb=1)
     assert small.request_bytes == 131_072 * 131_072 and small.longest_model_len() == 8192
