@@ -1,14 +1,30 @@
-"""The fields of a local checkpoint's config.json that a registry shape (`ModelSpec`) holds, and the
-parameter count of a decoder estimated from its shape (config.json does not hold it). Imports nothing of
-the registry, which reads folders through it."""
+"""The fields of a local checkpoint's config.json that a registry shape (`ModelSpec`) holds (read from its
+folder, errors naming the file), and the parameter count of a decoder estimated from its shape (config.json
+does not hold it). Imports nothing of the registry, which reads folders through it."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from simulator.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from simulator.core.models import ModelSpec
+
+
+def read_config(folder: str) -> tuple[dict[str, Any], str]:
+    """The `ModelSpec` fields of `folder`/config.json (`config_fields`), and the file's path."""
+    file = Path(folder) / "config.json"
+    if not file.exists():
+        raise ConfigError(f"{folder}: the folder has no config.json (the model's shape is read from it)")
+    try:
+        raw = json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{file}: cannot read the model's config ({exc})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{file}: expected a JSON object")
+    return config_fields(raw, str(file)), str(file)
 
 
 def config_fields(raw: dict[str, Any], source: str = "config.json") -> dict[str, Any]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -367,8 +366,10 @@ def get_model(name: str) -> ModelSpec:
     spec = _registered(name)
     if spec is not None:
         return spec
-    if Path(name).is_dir():  # a checkpoint folder, even one without its config.json (said as such)
+    if name and Path(name).is_dir():  # a checkpoint folder, even one without its config.json (said as such)
         return _read_folder(str(Path(name).resolve()), name)
+    if name and Path(name).is_file():
+        raise ConfigError(f"{name} is a file: give the folder that holds a model's config.json, or a name")
     raise ConfigError(f"unknown model {name!r}; valid models: {', '.join(model_names())}, the Hugging Face "
                       "id of one (see `pagelab presets`), or a local folder with a config.json")
 
@@ -382,19 +383,11 @@ def canonical_name(name: str) -> str:
 @functools.lru_cache(maxsize=16)
 def _read_folder(path: str, shown: str) -> ModelSpec:
     """The shape in `path`/config.json (read once per process), its parameter count estimated."""
-    from simulator.core.model_files import config_fields, estimate_params
+    from simulator.core.model_files import estimate_params, read_config
 
-    file = Path(path) / "config.json"
-    if not file.exists():
-        raise ConfigError(f"{path}: the folder has no config.json (the model's shape is read from it)")
+    fields, file = read_config(path)
     try:
-        raw = json.loads(file.read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{file}: cannot read the model's config ({exc})") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{file}: expected a JSON object")
-    try:
-        spec = ModelSpec(name=shown, **config_fields(raw, str(file)))
+        spec = ModelSpec(name=shown, **fields)
     except ConfigError as exc:
-        raise ConfigError(exc.args[0] if str(exc).startswith(str(file)) else f"{file}: {exc}") from None
+        raise ConfigError(exc.args[0] if str(exc).startswith(file) else f"{file}: {exc}") from None
     return spec.replace(num_params=estimate_params(spec))

@@ -206,6 +206,15 @@ def test_a_folder_without_a_config_is_named_as_such(tmp_path):
     assert str(tmp_path) in str(info.value) and "unknown model" not in str(info.value)
 
 
+def test_a_file_or_an_empty_name_is_not_read_as_a_checkpoint_folder(tmp_path, monkeypatch):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match="config.json is a file: give the folder"):
+        get_model(str(tmp_path / "config.json"))
+    monkeypatch.chdir(tmp_path)  # "" is not the current folder, though Path("") is
+    with pytest.raises(ConfigError, match="unknown model ''"):
+        get_model("")
+
+
 def test_the_opt_parameter_count_is_estimated_from_its_shape():
     opt = get_model("opt-13b")
     # Biases, LayerNorm biases and learned positions are left out: within 0.1 %.
