@@ -21,14 +21,14 @@ def plan_rows(capacity) -> list[dict]:
     layout = capacity.layout
     return [{"group": 0, "kind": layout.groups[0].spec.kind, "window": None,
              "layers": len(layout.groups[0].layers), "padding_layers": 0,
-             "bytes_per_token": capacity.bytes_per_token, "page_bytes": layout.block_bytes,
+             "bytes_per_token": capacity.bytes_per_token, "block_bytes": layout.block_bytes,
              "max_blocks_per_request": capacity.blocks_per_request}]
 
 
 def _table(rows: list[dict]) -> Table:
     table = Table(title="KV cache groups", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     heads = {"group": "group", "kind": "kind", "window": "window", "layers": "layers",
-             "padding_layers": "padding", "bytes_per_token": "B/token", "page_bytes": "B/block",
+             "padding_layers": "padding", "bytes_per_token": "B/token", "block_bytes": "B/block",
              "max_blocks_per_request": "blocks/req"}
     for key, head in heads.items():
         table.add_column(head, justify="left" if key == "kind" else "right")

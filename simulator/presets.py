@@ -238,7 +238,7 @@ class KVCapacity:
         return [{"group": i, "kind": g.spec.kind, "window": g.spec.window, "layers": len(g.layers),
                  "padding_layers": layout.padding_layers(g),
                  "bytes_per_token": g.spec.bytes_per_token * len(g.layers),
-                 "page_bytes": layout.block_bytes,
+                 "block_bytes": layout.block_bytes,
                  "max_blocks_per_request": g.spec.max_blocks(self.max_model_len, self.max_num_batched_tokens)}
                 for i, g in enumerate(layout.groups)]
 
