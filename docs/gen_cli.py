@@ -13,7 +13,7 @@ PAGE = ROOT / "docs" / "cli.md"
 
 HEADER = """# Command-line reference
 
-What you get here: every `pagelab` command and option with the words, choices and defaults `-h` prints
+Here: every `pagelab` command and option with the words, choices and defaults `-h` prints
 (where `-h` lays them out in panels), generated from the commands themselves by `python docs/gen_cli.py`
 (a test fails when this page is out of date); `-h` on any command prints its help. Conventions:
 [getting started](getting-started.md#command-line-conventions).

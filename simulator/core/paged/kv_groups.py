@@ -50,6 +50,11 @@ class GroupedBlockManager(PoolCounts, KVAllocator):
         # is scheduled, its windows freeing what they passed in between (vLLM v1's `allocate_slots`), so
         # a sliding group never holds more than its window and a chunk. None: all blocks at admission.
         self.prefill_chunk = prefill_chunk
+        # Such a prompt is admitted only while all of it fits (vLLM's `can_fit_full_sequence` gate): every
+        # block of it in a full group, at most what a sliding group holds while prefilling by chunks (the
+        # cap vLLM 0.20 puts on the gate, `max_admission_blocks_per_request`, which startup also sizes by).
+        self.admission_caps = None if prefill_chunk is None else \
+            [g.spec.max_blocks(1 << 62, prefill_chunk) for g in layout.groups]
         self.layout = layout
         self.block_size = layout.block_size
         self.num_blocks = num_blocks
@@ -88,6 +93,9 @@ class GroupedBlockManager(PoolCounts, KVAllocator):
             seqs = seqs[:1]
         for s in seqs:
             hit, blocks = self.tables.longest_hit(s)
+            if first_chunk and self.pool.num_free - (self._admission_blocks(s.length, hit) -
+                                                     self.tables.num_held(blocks)) < self.watermark_blocks:
+                return AllocStatus.LATER  # its first chunk may fit, but not the whole prompt
             if first_chunk and self.tiers is not None:
                 # Tiers may extend the hit by pages each needing a fresh block, as far as the whole prompt:
                 # count the widest first step a sliding group can take (what the NEVER bound allows).
@@ -99,6 +107,14 @@ class GroupedBlockManager(PoolCounts, KVAllocator):
         if self.pool.num_free - needed < self.watermark_blocks:
             return AllocStatus.LATER
         return AllocStatus.OK
+
+    def _admission_blocks(self, length: int, hit: int) -> int:
+        """Blocks the admission gate asks free for a prompt of `length` tokens with `hit` blocks hit:
+        each group's capped count from the hit on, and the hit blocks its window keeps (vLLM counts those
+        of them in the free queue)."""
+        total, first_held = -(-length // self.block_size), self.tables.first_held
+        return sum(max(min(total, cap), hit) - first_held(g, hit)
+                   for g, cap in enumerate(self.admission_caps))
 
     def can_ever_allocate(self, group: SequenceGroup) -> bool:
         """Whether the group's peak holding fits the pool at all."""

@@ -54,6 +54,21 @@ def test_a_prompt_too_long_to_hold_at_once_fits_when_allocated_by_chunk():
     assert GroupedBlockManager(11, LAYOUT, prefill_chunk=4).can_allocate(group, 4) is AllocStatus.NEVER
 
 
+def test_a_chunked_prompt_waits_until_all_of_it_fits_not_only_its_first_chunk():
+    # vLLM's admission gate (`can_fit_full_sequence`): every block of the prompt must be free, a sliding
+    # group's capped at what it holds prefilling by chunks of 4 tokens: ceil((4 - 1 + 4) / 2) + 1 = 5.
+    bm = GroupedBlockManager(30, LAYOUT, prefill_chunk=4)
+    bm.allocate(SequenceGroup(0, [Sequence(0, 10, 12, token_ids=list(range(100, 110)))]))
+    assert bm.num_free_blocks == 20
+    fits = SequenceGroup(1, [Sequence(1, 30, 32, token_ids=list(range(30)))])  # 15 + 5 blocks
+    waits = SequenceGroup(2, [Sequence(2, 32, 34, token_ids=list(range(200, 232)))])  # 16 + 5
+    assert bm.can_allocate(fits, 4) is AllocStatus.OK
+    assert bm.can_allocate(waits, 4) is AllocStatus.LATER  # though its first chunk takes 4 blocks of 20
+    assert bm.can_ever_allocate(waits)
+    bm.free(bm.seqs[0])
+    assert bm.can_allocate(waits, 4) is AllocStatus.OK
+
+
 def test_a_hybrid_model_serves_a_long_prompt_chunk_by_chunk_that_it_rejects_whole():
     trace = generate_trace(SyntheticConfig(num_requests=3, rate=0.5, lengths="fixed", prompt_len=6000,
                                            output_len=16, max_model_len=8192, seed=0))
