@@ -270,7 +270,7 @@ class GroupTables(GroupHits, GroupBulk):
 
     def remove_skipped(self, seq: Sequence, num_computed: int) -> None:
         """Hand back the blocks every window has passed (`SlidingWindowManager.remove_skipped_blocks`),
-        newest first so that older ones are evicted before them."""
+        newest first, as vLLM frees a chain: its tail is evicted before the blocks a hit needs first."""
         starts = self.starts[seq.seq_id]
         for g, table in enumerate(self.tables[seq.seq_id]):
             end = self.skipped(g, num_computed)
