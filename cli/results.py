@@ -44,8 +44,7 @@ def vllm_result(command: str, name: str, metrics: dict, summary: dict, info: dic
         "date": date, "endpoint_type": f"pagelab-{command}", "backend": f"pagelab-{command}", "label": name,
         "model_id": model_id, "tokenizer_id": model_id, "num_prompts": info.get("num_requests"),
         "request_rate": _rate(info),
-        "burstiness": info.get("burstiness") if info.get("burstiness") is not None
-        else (1.0 if info.get("rate_override") not in (None, "inf") else None),
+        "burstiness": info.get("burstiness"),  # None: the trace's own gaps, scaled or not
         "max_concurrency": labels.get("max_concurrency"),
         "duration": metrics["duration_s"], "completed": metrics["completed"], "failed": metrics["rejected"],
         "total_input_tokens": metrics["total_input_tokens"],

@@ -5,9 +5,10 @@ takes ~0.5 GB at the end of a 10M-request run, more than a whole 1M-request run.
 found by radix selection over the file: each pass reads the column batch by batch and histograms the
 next 12 bits of an order-preserving integer key of the values that can still hold the answer; once the
 candidates are few they are collected and sorted. The answers are exactly numpy's:
-`median_and_percentiles` as np.median and np.percentile (linear), `weighted_percentiles` as the
-inverted CDF of values repeated by integer weights. Sums add batch partial sums in batch order, so a
-table gives the same numbers in memory and streamed when both are read in the same batches (`BATCH_ROWS`).
+`median_and_percentiles` as np.median and np.percentile (linear), of the values themselves or, where the
+batches carry integer weights, of the values repeated by their weights. Sums add batch partial sums in
+batch order, so a table gives the same numbers in memory and streamed when both are read in the same
+batches (`BATCH_ROWS`).
 """
 from __future__ import annotations
 
@@ -165,9 +166,10 @@ def _collect_pass(batches: Batches, targets: list[_Target]) -> None:
 
 def median_and_percentiles(batches: Batches, count: int, qs: Iterable[float],
                            known: dict[int, float] | None = None) -> tuple[float, list[float]]:
-    """np.median and np.percentile (linear) at each q of `count` unweighted values, in one selection.
-    `known` (0-based rank -> value) holds values selected earlier from the same batches: only the ranks
-    it lacks are selected, and they are added to it."""
+    """np.median and np.percentile (linear) at each q of `count` values, in one selection; batches with
+    integer weights stand for their values repeated, `count` being the weights' sum. `known` (0-based
+    rank -> value) holds values selected earlier from the same batches: only the ranks it lacks are
+    selected, and they are added to it."""
     qs = list(qs)
     virtual = [(count - 1) * (q / 100) for q in qs]
     lows = [int(np.floor(v)) for v in virtual]
@@ -185,6 +187,3 @@ def median_and_percentiles(batches: Batches, count: int, qs: Iterable[float],
     return float(np.mean(np.array([found[r] for r in middle]))), out
 
 
-def weighted_percentiles(batches: Batches, total_weight: float, qs: Iterable[float]) -> list[float]:
-    """Percentiles of the values repeated by their (integer) weights, numpy's 'inverted_cdf'."""
-    return select(batches, [max(q / 100 * total_weight, np.nextafter(0.0, 1.0)) for q in qs])

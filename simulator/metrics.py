@@ -20,7 +20,6 @@ from pagelab.column_stats import (
     BATCH_ROWS,
     Batches,
     median_and_percentiles,
-    weighted_percentiles,
     weighted_sum,
 )
 from simulator.output.memory_rows import frame_means, weighted_means
@@ -130,7 +129,8 @@ def latency_stats(requests: Requests, metric: str, percentiles=DEFAULT_PERCENTIL
     if count == 0:
         return dict.fromkeys(keys)
     if metric == "itl":
-        median, *pcts = weighted_percentiles(read, weight, [50, *percentiles])
+        # vLLM pools every gap; a request's gaps are taken as equal, each mean gap repeated (out - 1) times
+        median, pcts = median_and_percentiles(read, round(weight), percentiles)
     else:
         median, pcts = _column_percentiles(requests, _COLUMN[metric], count, percentiles)
     stats = {"mean": mean, "median": median, "std": std}

@@ -48,7 +48,8 @@ def test_one_allocator_result_is_read_unchanged_by_a_vllm_script(tmp_path):
     metrics = summary["serving_metrics"]["paged"]
     assert read["model"] == "Meta-Llama-3-8B-Instruct"
     assert read["tokenizer"] == "meta-llama/Meta-Llama-3-8B-Instruct"
-    assert (read["prompts"], read["qps"], read["concurrency"], read["burstiness"]) == (40, 4.0, 64, 1.0)
+    # The trace's own gaps scaled to 4 req/s: no gamma shape (vLLM's 1.0 would claim Poisson arrivals).
+    assert (read["prompts"], read["qps"], read["concurrency"], read["burstiness"]) == (40, 4.0, 64, None)
     assert (read["completed"], read["seconds"]) == (metrics["completed"], metrics["duration_s"])
     assert read["tokens"] == (metrics["total_input_tokens"], metrics["total_output_tokens"])
     assert read["p99_ttft_ms"] == metrics["p99_ttft_ms"] and read["mean_e2el_ms"] == metrics["mean_e2el_ms"]
@@ -63,13 +64,14 @@ def test_one_allocator_result_is_read_unchanged_by_a_vllm_script(tmp_path):
 
 def test_several_allocators_write_one_result_file_each(tmp_path):
     r = pagelab(*SIM, "-a", "paged,contiguous-max", "--save-result", "--result-filename", "x.json",
-                cwd=tmp_path)
+                "--request-rate", "2", "--burstiness", "0.5", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     for name in ("paged", "contiguous-max"):
         result = json.loads((tmp_path / f"x-{name}.json").read_text())
         assert result["label"] == result["allocator"] == name
         assert result["model_id"] == "meta-llama/Meta-Llama-3-8B"  # the registry entry's checkpoint
         assert result["request_goodput"] is None and result["failed"] == 0
+        assert (result["request_rate"], result["burstiness"]) == (2.0, 0.5)  # fresh gamma gaps
     assert not (tmp_path / "x.json").exists()
 
 

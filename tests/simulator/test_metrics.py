@@ -56,6 +56,19 @@ def test_mean_itl_is_total_decode_time_over_total_gaps():
     assert s["median"] == pytest.approx(100) and s["p99"] == pytest.approx(1000)
 
 
+def test_itl_percentiles_pool_every_gap_as_vllm_does():
+    # Two gaps of 10 ms and two of 20 ms: vLLM's np.median of the pooled gaps is their midpoint.
+    reqs = table([(0, 0, 0, 0.02, 1, 3), (0, 0, 0, 0.04, 1, 3)])
+    s = latency_stats(reqs, "itl", (90,))
+    assert s["median"] == pytest.approx(15) and s["p90"] == pytest.approx(20)
+    # Gaps of 10, 30 and 200 ms, 5, 4 and 1 of them: np.percentile of the ten pooled gaps.
+    reqs = table([(0, 0, 0, 0.05, 1, 6), (0, 0, 0, 0.12, 1, 5), (0, 0, 0, 0.2, 1, 2)])
+    pooled = [10] * 5 + [30] * 4 + [200]
+    s = latency_stats(reqs, "itl", (90, 99))
+    assert s["median"] == pytest.approx(np.median(pooled))
+    assert [s["p90"], s["p99"]] == pytest.approx([np.percentile(pooled, 90), np.percentile(pooled, 99)])
+
+
 def test_goodput_counts_requests_within_every_slo():
     m = bench_metrics(REQS, 2.0, goodput=parse_goodput(["ttft:200", "tpot:100"]))
     assert m["request_goodput"] == 1.0  # the 100 ms and the 50 ms TTFT requests (no TPOT: passes)
