@@ -63,7 +63,7 @@ def replay_cmd(
                                     "the trace's own arrival times)."),
     burstiness: float = typer.Option(None, rich_help_panel=TRACE,
                                      help="With --request-rate: gamma gaps of this shape (vLLM; default: "
-                                          "the trace's gaps, scaled)."),
+                                          "the trace's gaps scaled)."),
     time_scale: float = typer.Option(1.0, "--time-scale", rich_help_panel=TRACE,
                                      help="Multiply arrival times (0: all at once)."),
     seed: int = typer.Option(0, rich_help_panel=TRACE, help="Seed of prompt tokens, weights of presets and "

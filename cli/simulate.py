@@ -87,7 +87,7 @@ def simulate_cmd(
                                     "the trace's own arrival times)."),
     burstiness: float = typer.Option(None, rich_help_panel=TRACE,
                                      help="With --request-rate: fresh gamma gaps of this shape (1 Poisson, "
-                                          "<1 burstier), as vLLM bench (default: the trace's gaps, scaled)."),
+                                          "<1 burstier), as vLLM bench (default: the trace's gaps scaled)."),
     seed: int = typer.Option(0, rich_help_panel=TRACE, help="Random seed (beam search model, --burstiness "
                                                              "arrivals)."),
     step_times_from: Path = typer.Option(None, "--step-times-from", metavar="REAL_RUN", rich_help_panel=TRACE,
