@@ -25,7 +25,7 @@ MEMORY_PARTS = {"internal_fragmentation": (("padding", "  of which padding layer
 
 
 def _pct(x) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
+    return "-" if x is None or math.isnan(x) else f"{100 * x:.1f}%"
 
 
 def run_kind(run: Path) -> str:

@@ -31,7 +31,7 @@ def short(name: str) -> str:
 
 
 def _pct(x) -> str:
-    return "-" if x is None else f"{100 * x:.1f}"
+    return "-" if x is None or math.isnan(x) else f"{100 * x:.1f}"  # NaN: no time passed (all rejected)
 
 
 def parse_metrics(text: str | None) -> tuple[str, ...]:

@@ -92,6 +92,14 @@ def test_the_memory_table_names_padding_and_window_blocks_only_for_runs_with_kv_
             in " ".join(render(table).split()))  # the caption wraps at the table's width
 
 
+def test_a_run_that_rejected_every_request_shows_no_memory_shares():
+    # No step ran, so no time weights the shares: the summary's are NaN and the table shows dashes.
+    summary = _summary("contiguous-max")
+    summary["memory"] = dict.fromkeys(summary["memory"], float("nan"))
+    rows = render(memory_table({"contiguous-max": summary}))
+    assert "nan" not in rows.lower() and rows.count(" - ") >= 4
+
+
 def test_a_376_783_ms_ttft_is_shown_in_seconds_whole():
     rows = render(serving_table({"paged": _metrics(376_783.0)}, ("ttft",), (99,)))
     assert "Mean TTFT (s)" in rows and "376.8" in rows
