@@ -185,5 +185,3 @@ def median_and_percentiles(batches: Batches, count: int, qs: Iterable[float],
         a, b, t = found[lo], found[min(lo + 1, count - 1)], v - lo
         out.append(float(b - (b - a) * (1 - t)) if t >= 0.5 else float(a + (b - a) * t))  # numpy's _lerp
     return float(np.mean(np.array([found[r] for r in middle]))), out
-
-
