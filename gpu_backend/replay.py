@@ -254,6 +254,9 @@ def _advance(run: ReplayState):
             run.num_done += 1
             run.retire(o.request_id)
     if not res.ran:
+        if res.out.blocks_to_swap_out:  # the only running groups swapped out: a step of copies alone
+            run.record_idle(start, end)
+            run.now = max(run.now, end)
         return res.out
     dt = end - start
     run.step_rows.append(step_row(run.step, start, dt, res.out, res.q_lens, res.context_lens))

@@ -36,8 +36,10 @@ def exact_step(run: SimState) -> SchedulerOutput:
         run.set_clock(max(start, run.now))  # the replay's loop overhead (or sleep overshoot) before the step
     run.record_schedule(out, run.now)
     if out.is_empty:
-        if measured is None and out.blocks_to_swap_out:  # the only running groups swapped out: copy time
+        if out.blocks_to_swap_out:  # the only running groups swapped out: copy time, logged as a replay's
             end = run.now + swap_seconds(run, out.blocks_to_swap_out)
+            if measured is not None and run.step < len(measured):  # no later than the replay's next step
+                end = max(run.now, min(end, measured.start_s[run.step]))
             run.record_idle(run.now, end)
             run.set_clock(end)
         return out

@@ -17,6 +17,7 @@ from gpu_backend.replay_run import replay_to_dir
 from pagelab.run_folder import write_run
 from simulator.config import SimConfig
 from simulator.loop import simulate
+from simulator.timing.measured_steps import MeasuredSteps
 from traces import SyntheticConfig, generate_trace, save_trace
 from traces.schema import TraceWarning
 
@@ -81,6 +82,26 @@ def test_replay_memory_equals_simulation_step_for_step(model, allocator, capacit
         ours = rep.summary.get(expect, rep.summary["allocator_stats"].get(expect))
         theirs = sim.summary.get(expect, sim.summary["allocator_stats"].get(expect))
         assert ours == theirs > 0
+
+
+def test_a_step_that_only_swaps_out_is_one_row_of_no_steps_in_both_runs(model):
+    # Three samples per request in a pool of 24 blocks: a group that cannot grow swaps itself out in a step
+    # that computes nothing, and both runs log that step's copies as a row of no steps. Both CPU pools are
+    # ample (the engine's default is at most the device pool).
+    trace = _burst(seed=3, n=3, prompt_range=(5, 40), output_range=(2, 12))
+    pool = dict(allocator="paged", capacity_tokens=48, block_size=2, max_model_len=128,
+                enable_prefix_caching=False, preemption_mode="swap", max_num_seqs=5)
+    sim = simulate(trace, SimConfig(mode="step", **pool))
+    engine = EngineConfig(swap_space_gb=2**-10, **pool)  # 2,048 slots of the small model
+    rep = replay(trace, ReplayConfig(device="cpu", time_scale=0, engine=engine), model=model)
+    swaps = sim.memory["num_steps"] == 0
+    assert swaps.sum() > 0 and (rep.memory["num_steps"] == 0).sum() == swaps.sum()
+    np.testing.assert_allclose(rep.memory[COMPARED].to_numpy(float), sim.memory[COMPARED].to_numpy(float),
+                               rtol=0, atol=1e-12)
+    assert rep.summary["allocator_stats"] == sim.summary["allocator_stats"]
+    timed = simulate(trace, SimConfig(mode="step", **pool), step_times=MeasuredSteps.from_memory(rep.memory))
+    np.testing.assert_allclose(timed.memory[COMPARED].to_numpy(float), rep.memory[COMPARED].to_numpy(float),
+                               rtol=0, atol=1e-12)
 
 
 def test_replay_names_requests_by_row_in_events_and_transitions(model):
