@@ -255,8 +255,7 @@ def _advance(run: ReplayState):
             run.retire(o.request_id)
     if not res.ran:
         if res.out.blocks_to_swap_out:  # the only running groups swapped out: a step of copies alone
-            run.record_idle(start, end)
-            run.now = max(run.now, end)
+            run.record_idle(start, end)  # `now` stays: arrivals are checked at recorded step ends only
         return res.out
     dt = end - start
     run.step_rows.append(step_row(run.step, start, dt, res.out, res.q_lens, res.context_lens))

@@ -38,10 +38,11 @@ def exact_step(run: SimState) -> SchedulerOutput:
     if out.is_empty:
         if out.blocks_to_swap_out:  # the only running groups swapped out: copy time, logged as a replay's
             end = run.now + swap_seconds(run, out.blocks_to_swap_out)
-            if measured is not None and run.step < len(measured):  # no later than the replay's next step
-                end = max(run.now, min(end, measured.start_s[run.step]))
-            run.record_idle(run.now, end)
-            run.set_clock(end)
+            if measured is None:
+                run.record_idle(run.now, end)
+                run.set_clock(end)
+            elif run.step < len(measured):  # the replay's clock: logged up to its next step, `now` stays
+                run.record_idle(run.now, max(run.now, min(end, measured.start_s[run.step])))
         return out
     if measured is None:
         dt = step_time(run, out)
