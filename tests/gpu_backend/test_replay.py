@@ -92,7 +92,7 @@ def test_a_step_that_only_swaps_out_is_one_row_of_no_steps_in_both_runs(model):
     pool = dict(allocator="paged", capacity_tokens=48, block_size=2, max_model_len=128,
                 enable_prefix_caching=False, preemption_mode="swap", max_num_seqs=5)
     sim = simulate(trace, SimConfig(mode="step", **pool))
-    engine = EngineConfig(swap_space_gb=2**-10, **pool)  # 2,048 slots of the small model
+    engine = EngineConfig(swap_space_gb=2**-10, **pool)  # 1 MiB: thousands of the small model's slots
     rep = replay(trace, ReplayConfig(device="cpu", time_scale=0, engine=engine), model=model)
     swaps = sim.memory["num_steps"] == 0
     assert swaps.sum() > 0 and (rep.memory["num_steps"] == 0).sum() == swaps.sum()
