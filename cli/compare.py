@@ -3,6 +3,7 @@ two runs of one kind side by side (configuration, memory, batch, throughput, lat
 from __future__ import annotations
 
 import math
+from functools import partial
 from pathlib import Path, PurePath
 
 import typer
@@ -11,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cli.common import UserError, console, err_console, figure_format, user_errors, warn
-from cli.report import number
+from cli.report import number, pct
 from pagelab.units import latency_unit
 
 CONFIG_KEYS = ("model", "gpu", "kv_cache_dtype", "allocator", "block_size", "capacity_tokens",
@@ -24,8 +25,7 @@ MEMORY_PARTS = {"internal_fragmentation": (("padding", "  of which padding layer
                 "free": (("window_cached", "  of which window blocks kept for prefix caching"),)}
 
 
-def _pct(x) -> str:
-    return "-" if x is None or math.isnan(x) else f"{100 * x:.1f}%"
+_pct = partial(pct, sign="%")
 
 
 def run_kind(run: Path) -> str:

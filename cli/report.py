@@ -30,8 +30,9 @@ def short(name: str) -> str:
     return name.removeprefix("contiguous-")
 
 
-def _pct(x) -> str:
-    return "-" if x is None or math.isnan(x) else f"{100 * x:.1f}"  # NaN: no time passed (all rejected)
+def pct(x: float | None, sign: str = "") -> str:
+    """A share in percent with one decimal; "-" for none (NaN: no time passed, every request rejected)."""
+    return "-" if x is None or math.isnan(x) else f"{100 * x:.1f}{sign}"
 
 
 def parse_metrics(text: str | None) -> tuple[str, ...]:
@@ -90,12 +91,12 @@ def memory_table(summaries: dict[str, dict]) -> Table:
     parts = []
     for name, s in summaries.items():
         m = s["memory"]
-        t.add_row(short(name), _pct(m["token_states"]), _pct(m["reservation"]),
-                  _pct(m["internal_fragmentation"]), _pct(m["external_fragmentation"]), _pct(m["free"]),
+        t.add_row(short(name), pct(m["token_states"]), pct(m["reservation"]),
+                  pct(m["internal_fragmentation"]), pct(m["external_fragmentation"]), pct(m["free"]),
                   number(s["mean_batch_size"], 1), count(s["num_preemptions"]), count(s["num_rejected"]))
         if "padding" in m:
-            parts.append(f"{short(name)}: padding layers {_pct(m['padding'])} of intern; window blocks kept "
-                         f"for prefix caching {_pct(m['window_cached'])} of free")
+            parts.append(f"{short(name)}: padding layers {pct(m['padding'])} of intern; window blocks kept "
+                         f"for prefix caching {pct(m['window_cached'])} of free")
     if parts:
         t.caption = "\n".join(parts)
         t.caption_justify = "left"
@@ -136,7 +137,7 @@ def serving_table(metrics: dict[str, dict], kinds: tuple[str, ...], percentiles:
             t.add_row(f"{label} {_LABEL[kind]} ({unit})", *(number(v, 2, _largest(scaled)) for v in scaled))
     if summaries is not None and any(s.get("prefix_cache_hit_rate") is not None for s in summaries.values()):
         t.add_row("Prefix cache hit rate (%)",
-                  *(_pct(summaries[n].get("prefix_cache_hit_rate")) for n in metrics))
+                  *(pct(summaries[n].get("prefix_cache_hit_rate")) for n in metrics))
     if summaries is not None and any("kv_tiers" in s for s in summaries.values()):
         _tier_rows(t, [summaries[n].get("kv_tiers") for n in metrics])
     return t
@@ -155,7 +156,7 @@ def _tier_rows(t: Table, tiers: list[dict | None]) -> None:
             by = x["tokens_by_source"] if x else {}
             total = sum(by.values())
             shares.append(by[source] / total if by and source in by and total else None)
-        t.add_row(label, *(_pct(v) for v in shares))
+        t.add_row(label, *(pct(v) for v in shares))
 
 
 def warn_about(results: dict) -> None:

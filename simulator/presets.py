@@ -347,7 +347,7 @@ def kv_capacity(model: ModelSpec | str, gpu: GPUSpec | str | None = None, *,
     # `get_num_blocks` but free of float rounding; several groups share blocks of block_bytes.
     num_blocks = slots // block_size if len(layout.groups) == 1 else layout.num_blocks(int(kv_bytes))
     # vLLM's default step budget follows the GPU it runs on, even where the pool's size is given.
-    budget = max_num_batched_tokens or default_max_num_batched_tokens(gpu_name or gpu_label)
+    budget = max_num_batched_tokens or default_max_num_batched_tokens(gpu_label)
     return KVCapacity(model=model.name, gpu=gpu_name, kv_cache_dtype=kv_dtype_name(kv_cache_dtype, model),
                       bytes_per_token=per_token, sized_by=sized_by or source,
                       gpu_memory_utilization=gpu_memory_utilization, weight_bytes=weights,

@@ -135,8 +135,7 @@ class KVLayout:
         """KV bytes one request of max_model_len tokens needs: its blocks in every group, each a page on
         all group_size layer slots, padding ones included (`_max_memory_usage_bytes_from_groups`, which
         vLLM's start-up check `_check_enough_kv_cache_memory` and its length estimate call)."""
-        return self.block_bytes * sum(g.spec.max_blocks(max_model_len, max_num_batched_tokens)
-                                      for g in self.groups)
+        return self.blocks_per_request(max_model_len, max_num_batched_tokens) * self.block_bytes
 
     def longest_model_len(self, available_bytes: int, max_model_len: int, max_num_batched_tokens: int) -> int:
         """The longest max_model_len up to `max_model_len` whose one request fits in `available_bytes`, 0

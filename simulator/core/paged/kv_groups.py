@@ -93,8 +93,9 @@ class GroupedBlockManager(PoolCounts, KVAllocator):
             seqs = seqs[:1]
         for s in seqs:
             hit, blocks = self.tables.longest_hit(s)
-            if first_chunk and self.pool.num_free - (self._admission_blocks(s.length, hit) -
-                                                     self.tables.num_held(blocks)) < self.watermark_blocks:
+            held = self.tables.num_held(blocks)
+            if first_chunk and self.pool.num_free - (self._admission_blocks(s.length, hit) - held) < \
+                    self.watermark_blocks:
                 return AllocStatus.LATER  # its first chunk may fit, but not the whole prompt
             if first_chunk and self.tiers is not None:
                 # Tiers may extend the hit by pages each needing a fresh block, as far as the whole prompt:
@@ -103,7 +104,7 @@ class GroupedBlockManager(PoolCounts, KVAllocator):
             else:
                 slots = min(s.length, hit * self.block_size + num_new_tokens) if first_chunk else s.length
                 needed += self.tables.prompt_blocks(slots, hit)
-            needed -= self.tables.num_held(blocks)
+            needed -= held
         if self.pool.num_free - needed < self.watermark_blocks:
             return AllocStatus.LATER
         return AllocStatus.OK
