@@ -120,6 +120,8 @@ def serving_table(metrics: dict[str, dict], kinds: tuple[str, ...], percentiles:
         ("Completed requests", "completed", -1), ("Rejected requests", "rejected", -1),
         ("Duration (s)", "duration_s", 1), ("Request throughput (req/s)", "request_throughput", 2),
         ("Output token throughput (tok/s)", "output_throughput", 1),
+        ("Peak output throughput (tok/s)", "max_output_tokens_per_s", 1),
+        ("Peak concurrent requests", "max_concurrent_requests", -1),
         ("Total token throughput (tok/s)", "total_token_throughput", 1)]
     if any("request_goodput" in m for m in metrics.values()):
         rows.append(("Request goodput (req/s)", "request_goodput", 2))

@@ -53,6 +53,8 @@ def vllm_result(command: str, name: str, metrics: dict, summary: dict, info: dic
         "request_goodput": metrics.get("request_goodput"),
         "output_throughput": metrics["output_throughput"],
         "total_token_throughput": metrics["total_token_throughput"],
+        "max_output_tokens_per_s": metrics.get("max_output_tokens_per_s"),
+        "max_concurrent_requests": metrics.get("max_concurrent_requests"),
     }
     keys = [*STATS, *(f"p{q:g}" for q in percentiles)]
     for metric in METRICS:

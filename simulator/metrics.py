@@ -178,6 +178,7 @@ def bench_metrics(requests: Requests, duration_s: float, *, metrics=DEFAULT_METR
         "request_throughput": per_s(completed),
         "output_throughput": per_s(out_tokens),
         "total_token_throughput": per_s(in_tokens + out_tokens),
+        **peak_metrics(requests),
     }
     if goodput:
         result["goodput_slos_ms"] = {limit.metric: limit.in_unit("ms") for limit in goodput}
@@ -186,6 +187,58 @@ def bench_metrics(requests: Requests, duration_s: float, *, metrics=DEFAULT_METR
         for stat, value in latency_stats(requests, m, percentiles).items():
             result[f"{stat}_{m}_ms"] = value
     return result
+
+
+def _tokens_before(bound: np.ndarray, rel: np.ndarray, gap: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """How many of `count` tokens at `rel + k * gap` (k = 0, 1, ...) fall before `bound`, elementwise."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        k = np.where(gap > 0, np.ceil((bound - rel) / gap), np.where(rel < bound, count, 0))
+    k = np.clip(np.nan_to_num(k), 0, count).astype(np.int64)
+    # The division can round either way by one token; the token times as written decide.
+    k -= (k > 0) & (rel + (k - 1) * gap >= bound)
+    k += (k < count) & (rel + k * gap < bound)
+    return k
+
+
+def per_second(requests: Requests) -> tuple[np.ndarray, np.ndarray]:
+    """Output tokens, and finished requests between arrival and finish, in each whole second counted from
+    the first finished request's arrival, as `vllm bench serve` buckets them (a request's tokens evenly
+    spaced from its first to its last, n samples counting n times)."""
+    start, end = math.inf, -math.inf
+    for b in _batches(requests, ("arrival_s", "finish_s")):
+        done = ~np.isnan(b["finish_s"])
+        if done.any():
+            start = min(start, float(b["arrival_s"][done].min()))
+            end = max(end, float(b["finish_s"][done].max()))
+    if start == math.inf:
+        return np.zeros(0), np.zeros(0, np.int64)
+    num_seconds = math.ceil(end - start) + 1
+    tokens = np.zeros(num_seconds)
+    active = np.zeros(num_seconds + 1, np.int64)  # +1 at a request's first second, -1 after its last
+    for b in _batches(requests, ("arrival_s", "first_token_s", "finish_s", "output_len", "n", "beam_width")):
+        done = ~np.isnan(b["finish_s"])
+        finish = b["finish_s"][done] - start
+        active += np.bincount((b["arrival_s"][done] - start).astype(np.int64), minlength=num_seconds + 1)
+        active -= np.bincount(finish.astype(np.int64) + 1, minlength=num_seconds + 1)
+        count = np.maximum(b["output_len"][done].astype(np.int64), 1)
+        rel = b["first_token_s"][done] - start
+        gap = np.where(count > 1, (finish - rel) / np.maximum(count - 1, 1), 0.0)
+        weight = np.where(b["beam_width"][done] <= 1, b["n"][done], 1)
+        first_s = rel.astype(np.int64)
+        spans = (rel + (count - 1) * gap).astype(np.int64) - first_s + 1
+        row = np.repeat(np.arange(len(rel)), spans)  # one (request, second) pair per second it spans
+        second = first_s[row] + np.arange(len(row)) - np.repeat(np.cumsum(spans) - spans, spans)
+        r, g, c = rel[row], gap[row], count[row]
+        per = _tokens_before(second + 1.0, r, g, c) - _tokens_before(second.astype(np.float64), r, g, c)
+        tokens += np.bincount(second, per * weight[row], minlength=num_seconds)[:num_seconds]
+    return tokens, np.cumsum(active)[:num_seconds]
+
+
+def peak_metrics(requests: Requests) -> dict:
+    """`vllm bench serve`'s peak output tokens per second and peak concurrent requests (`per_second`)."""
+    tokens, active = per_second(requests)
+    return {"max_output_tokens_per_s": float(tokens.max(initial=0.0)),
+            "max_concurrent_requests": int(active.max(initial=0))}
 
 
 def rejection_warning(requests: Requests, max_model_len: int, pool: str,

@@ -125,6 +125,11 @@ class SequenceGroup:
         self.beam_width = beam_width
         self.prefix_hit_tokens: int | None = None  # prompt tokens found cached at the first admission
 
+    @property
+    def readmitted(self) -> bool:
+        """Admitted before, then preempted and recomputed (vLLM v1's `num_preemptions > 0` at a lookup)."""
+        return self.prefix_hit_tokens is not None
+
     def get_seqs(self, status: SequenceStatus | None = None) -> list[Sequence]:
         """The group's sequences, optionally only those with `status`."""
         if status is None:

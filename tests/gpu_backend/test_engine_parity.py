@@ -149,7 +149,7 @@ def test_chunked_prefill_preempted_midway_equals_transformers(pair, hf_greedy, n
     assert [got[0], got[1]] == hf_greedy(name, prompts)
     # The re-admitted prompt hit only blocks whose K/V the first attempt had computed (and did hit them).
     computed = preempted_midway[0][1]
-    assert 0 < engine.allocator.stats.prefix_hit_tokens <= computed
+    assert 0 < engine.allocator.stats.preempted_hit_tokens <= computed
 
 
 @pytest.mark.parametrize("allocator", ["contiguous-max", "contiguous-pow2", "contiguous-oracle"])

@@ -6,11 +6,15 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from simulator.metrics import (
     bench_metrics,
     latency_stats,
     overload_warning,
+    peak_metrics,
+    per_second,
     queue_lengths,
     rejection_warning,
 )
@@ -67,6 +71,56 @@ def test_itl_percentiles_pool_every_gap_as_vllm_does():
     s = latency_stats(reqs, "itl", (90, 99))
     assert s["median"] == pytest.approx(np.median(pooled))
     assert [s["p90"], s["p99"]] == pytest.approx([np.percentile(pooled, 90), np.percentile(pooled, 99)])
+
+
+def test_peak_tokens_and_requests_per_whole_second_from_the_first_finished_arrival():
+    reqs = table([(0, NAN, NAN, NAN, 50, 4),            # rejected: not where the seconds start
+                  (0.25, 0.25, 0.25, 1.75, 8, 7),       # tokens 0.25 s apart: 4 in second 0, 3 in second 1
+                  (0.5, 0.5, 0.5, 1.5, 8, 3),           # n = 2: 2 x 2 tokens in second 0, 2 x 1 in second 1
+                  (2.5, 2.5, 2.75, 2.75, 8, 1)])        # one token in second 2
+    reqs.loc[2, "n"] = 2
+    peaks = peak_metrics(reqs)
+    assert peaks == {"max_output_tokens_per_s": 8.0, "max_concurrent_requests": 2}
+    assert bench_metrics(reqs, 2.5)["max_output_tokens_per_s"] == 8.0
+
+
+def _vllm_per_second(df: pd.DataFrame) -> tuple[list[float], list[int]]:
+    """vLLM's peak loops (benchmarks/serve.py), request by request, over the same evenly spaced tokens."""
+    done = df[df["finish_s"].notna()]
+    if done.empty:
+        return [], []
+    start = done["arrival_s"].min()
+    num_seconds = math.ceil(done["finish_s"].max() - start) + 1
+    tokens, active = [0.0] * num_seconds, [0] * num_seconds
+    for r in done.itertuples():
+        count = max(int(r.output_len), 1)
+        rel = r.first_token_s - start
+        gap = (r.finish_s - start - rel) / (count - 1) if count > 1 else 0.0
+        for k in range(count):
+            second = int(rel + k * gap)
+            if 0 <= second < num_seconds:
+                tokens[second] += r.n if r.beam_width <= 1 else 1
+        for second in range(int(r.arrival_s - start), int(r.finish_s - start) + 1):
+            active[second] += 1
+    return tokens, active
+
+
+TENTHS = lambda top: st.integers(0, top).map(lambda x: x / 10)  # noqa: E731 (times on seconds' edges)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(TENTHS(300), TENTHS(50), TENTHS(200), st.integers(1, 300),
+                          st.integers(1, 3), st.booleans(), st.booleans()), min_size=1, max_size=25))
+def test_peaks_equal_vllms_loops(rows):
+    frame = table([(a, a, a + ttft, a + ttft + decode, 1, out) if not rejected else (a, NAN, NAN, NAN, 1, out)
+                   for a, ttft, decode, out, _, _, rejected in rows])
+    frame["n"] = [n for *_, n, _, _ in rows]
+    frame["beam_width"] = [2 if beam else 1 for *_, beam, _ in rows]
+    tokens, active = _vllm_per_second(frame)
+    got_tokens, got_active = per_second(frame)
+    assert got_tokens.tolist() == tokens and got_active.tolist() == active
+    assert peak_metrics(frame) == {"max_output_tokens_per_s": max(tokens, default=0.0),
+                                   "max_concurrent_requests": max(active, default=0)}
 
 
 def test_goodput_counts_requests_within_every_slo():

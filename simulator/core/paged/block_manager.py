@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from simulator.core.allocator import AllocStatus, EventLog, KVAllocator, MemoryBreakdown
 from simulator.core.errors import AllocationError, ConfigError
-from simulator.core.paged.block_pool import BlockManagerStats, BlockPool, PoolCounts
+from simulator.core.paged.block_pool import BlockManagerStats, BlockPool, PoolCounts, count_apart, hit_counts
 from simulator.core.paged.prefix_cache import LINK_HASH, LINK_KEY, PrefixCache
 from simulator.core.paged.swap import SwapSpace
 from simulator.core.paged.tiers import tier_hits
@@ -171,6 +171,7 @@ class BlockManager(PoolCounts, KVAllocator):
             raise AllocationError(f"request {group.request_id}: cannot allocate its blocks now "
                                   f"({status.value}); {self.num_free_blocks} free")
         budget = (1 << 62) if num_new_tokens is None else num_new_tokens
+        before = hit_counts(self.stats, self.tiers) if group.readmitted else None
         if len(seqs) == 1 or shares_allocation(seqs):
             hit = self._allocate_one(seqs[0], group.request_id, budget)
             for s in seqs[1:]:
@@ -190,6 +191,8 @@ class BlockManager(PoolCounts, KVAllocator):
                 if head is None:
                     hit += got
                 budget = max(0, budget - (s.length - s.num_cached_tokens))
+        if before is not None:
+            count_apart(self.stats, self.tiers, before)
         self._check()
         return hit
 

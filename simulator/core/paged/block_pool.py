@@ -30,6 +30,10 @@ class BlockManagerStats:
     prefix_hits: int = 0  # of those, found
     prefix_query_tokens: int = 0  # prompt tokens of the sequences looked up (vLLM v1's `queries`)
     prefix_hit_tokens: int = 0  # of those, found in the cache (vLLM v1's `hits`)
+    # The same two for requests re-admitted after a preemption, which vLLM v1 counts apart (its
+    # `preempted_queries`, `preempted_hits`): the four above count first admissions only.
+    preempted_query_tokens: int = 0
+    preempted_hit_tokens: int = 0
     evictions: int = 0  # cached blocks reused for other content
     cow_copies: int = 0
     swapped_out_blocks: int = 0
@@ -39,6 +43,31 @@ class BlockManagerStats:
     def as_dict(self) -> dict[str, int]:
         """The counters as a plain dict."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def hit_counts(stats: BlockManagerStats, tiers) -> tuple[int, ...]:
+    """The prefix-hit counters a lookup adds to (the pool's, then each KV tier's), for `count_apart`."""
+    tier_hits = () if tiers is None else tuple(t.stats.hit_tokens for t in tiers.tiers)
+    return (stats.prefix_queries, stats.prefix_hits, stats.prefix_query_tokens, stats.prefix_hit_tokens,
+            *tier_hits)
+
+
+def count_apart(stats: BlockManagerStats, tiers, before: tuple[int, ...]) -> None:
+    """Move what a re-admitted request's lookups added since `before` (`hit_counts`) to the counters of
+    preempted requests, as vLLM v1 does, so that recomputing a request does not raise the hit rate."""
+    now = hit_counts(stats, None)
+    queries, hits, query_tokens, hit_tokens = (now[i] - before[i] for i in range(4))
+    stats.prefix_queries -= queries
+    stats.prefix_hits -= hits
+    stats.prefix_query_tokens -= query_tokens
+    stats.prefix_hit_tokens -= hit_tokens
+    stats.preempted_query_tokens += query_tokens
+    stats.preempted_hit_tokens += hit_tokens
+    if tiers is not None:
+        for tier, then in zip(tiers.tiers, before[4:], strict=True):
+            gained = tier.stats.hit_tokens - then
+            tier.stats.hit_tokens -= gained
+            tier.stats.preempted_hit_tokens += gained
 
 
 class BlockPool:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from simulator.core.allocator import AllocStatus, EventLog, HybridBreakdown, KVAllocator
 from simulator.core.errors import AllocationError
 from simulator.core.kv_layout import KVLayout
-from simulator.core.paged.block_pool import BlockManagerStats, BlockPool, PoolCounts
+from simulator.core.paged.block_pool import BlockManagerStats, BlockPool, PoolCounts, count_apart, hit_counts
 from simulator.core.paged.kv_group_swap import GroupSwap
 from simulator.core.paged.kv_group_tables import GroupTables
 from simulator.core.sequence import (
@@ -197,6 +197,7 @@ class GroupedBlockManager(PoolCounts, KVAllocator):
             raise AllocationError(f"request {group.request_id}: cannot allocate its blocks now "
                                   f"({status.value}); {self.num_free_blocks} free")
         budget = (1 << 62) if num_new_tokens is None else num_new_tokens
+        before = hit_counts(self.stats, self.tiers) if group.readmitted else None
         if len(seqs) == 1 or shares_allocation(seqs):
             chunked = num_new_tokens is not None and self.by_chunk(len(seqs))
             hit = self.tables.allocate_one(seqs[0], group.request_id, budget, chunked)
@@ -212,6 +213,8 @@ class GroupedBlockManager(PoolCounts, KVAllocator):
                 else:
                     hit += self.tables.allocate_one(s, group.request_id, budget)
                 budget = max(0, budget - (s.length - s.num_cached_tokens))
+        if before is not None:
+            count_apart(self.stats, self.tiers, before)
         self._check()
         return hit
 
