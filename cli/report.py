@@ -118,7 +118,9 @@ def serving_table(metrics: dict[str, dict], kinds: tuple[str, ...], percentiles:
         t.add_column(short(name), justify="right", no_wrap=True)
     rows: list[tuple[str, str, int]] = [
         ("Completed requests", "completed", -1), ("Rejected requests", "rejected", -1),
-        ("Duration (s)", "duration_s", 1), ("Request throughput (req/s)", "request_throughput", 2),
+        ("Duration (s)", "duration_s", 1), ("Total input tokens", "total_input_tokens", -1),
+        ("Total generated tokens", "total_output_tokens", -1),
+        ("Request throughput (req/s)", "request_throughput", 2),
         ("Output token throughput (tok/s)", "output_throughput", 1),
         ("Peak output throughput (tok/s)", "max_output_tokens_per_s", 1),
         ("Peak concurrent requests", "max_concurrent_requests", -1),

@@ -4,8 +4,8 @@ of `vllm bench serve` (ms latencies, throughputs, goodput, warnings).
 Computed from a run's per-request table (in memory, or read from a run folder's file a column at a
 time), so the simulator and the engine report the same numbers. The simulator records each request's
 first and last token times, not every token's: the mean ITL is exact (the sum of a request's gaps is
-finish - first token), while ITL percentiles weight each request's mean gap by its number of gaps (see
-docs/run-format.md).
+finish - first token), while ITL percentiles take a request's gaps as equal and the per-second peaks
+space its tokens evenly (see docs/run-format.md).
 """
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ METRICS = ("ttft", "tpot", "itl", "e2el")
 DEFAULT_METRICS = ("ttft", "tpot", "itl")
 DEFAULT_PERCENTILES = (99.0,)
 _COLUMN = {"ttft": "ttft_s", "tpot": "tpot_s", "e2el": "e2e_s"}
+_PAIRS = 1 << 12  # (request, second) pairs `per_second` expands at a time
 
 
 def _batches(requests: Requests, names: tuple[str, ...]) -> Iterator[dict[str, np.ndarray]]:
@@ -217,21 +218,43 @@ def per_second(requests: Requests) -> tuple[np.ndarray, np.ndarray]:
     active = np.zeros(num_seconds + 1, np.int64)  # +1 at a request's first second, -1 after its last
     for b in _batches(requests, ("arrival_s", "first_token_s", "finish_s", "output_len", "n", "beam_width")):
         done = ~np.isnan(b["finish_s"])
+        if not done.any():
+            continue
         finish = b["finish_s"][done] - start
-        active += np.bincount((b["arrival_s"][done] - start).astype(np.int64), minlength=num_seconds + 1)
-        active -= np.bincount(finish.astype(np.int64) + 1, minlength=num_seconds + 1)
+        _add_at(active, (b["arrival_s"][done] - start).astype(np.int64), 1)
+        _add_at(active, finish.astype(np.int64) + 1, -1)
         count = np.maximum(b["output_len"][done].astype(np.int64), 1)
         rel = b["first_token_s"][done] - start
         gap = np.where(count > 1, (finish - rel) / np.maximum(count - 1, 1), 0.0)
         weight = np.where(b["beam_width"][done] <= 1, b["n"][done], 1)
         first_s = rel.astype(np.int64)
         spans = (rel + (count - 1) * gap).astype(np.int64) - first_s + 1
-        row = np.repeat(np.arange(len(rel)), spans)  # one (request, second) pair per second it spans
-        second = first_s[row] + np.arange(len(row)) - np.repeat(np.cumsum(spans) - spans, spans)
-        r, g, c = rel[row], gap[row], count[row]
-        per = _tokens_before(second + 1.0, r, g, c) - _tokens_before(second.astype(np.float64), r, g, c)
-        tokens += np.bincount(second, per * weight[row], minlength=num_seconds)[:num_seconds]
+        # One (request, second) pair per second a request's tokens span, at most ~_PAIRS at a time: a
+        # long run's requests decode for many seconds, and the pairs would outgrow the run's own memory.
+        ends = np.cumsum(spans)
+        cuts = [0, *np.searchsorted(ends, np.arange(_PAIRS, int(ends[-1]), _PAIRS)), len(spans)]
+        for lo, hi in zip(cuts, cuts[1:], strict=False):
+            if hi > lo:
+                _add_tokens(tokens, first_s[lo:hi], spans[lo:hi], rel[lo:hi], gap[lo:hi], count[lo:hi],
+                            weight[lo:hi])
     return tokens, np.cumsum(active)[:num_seconds]
+
+
+def _add_tokens(tokens: np.ndarray, first_s, spans, rel, gap, count, weight) -> None:
+    """Add each request's tokens (at `rel + k * gap`, `weight` each) to the whole seconds they fall in."""
+    row = np.repeat(np.arange(len(rel)), spans)
+    second = first_s[row] + np.arange(len(row)) - np.repeat(np.cumsum(spans) - spans, spans)
+    r, g, c = rel[row], gap[row], count[row]
+    per = _tokens_before(second + 1.0, r, g, c) - _tokens_before(second.astype(np.float64), r, g, c)
+    _add_at(tokens, second, per * weight[row])
+
+
+def _add_at(target: np.ndarray, index: np.ndarray, weights) -> None:
+    """`np.add.at(target, index, weights)` for indices close together (requests in arrival order), at
+    bincount's speed and over the indices' range only."""
+    low = int(index.min())
+    added = np.bincount(index - low, None if np.isscalar(weights) else weights)
+    target[low:low + len(added)] += added * weights if np.isscalar(weights) else added
 
 
 def peak_metrics(requests: Requests) -> dict:

@@ -15,7 +15,9 @@ def test_tables_in_ms_fit_80_columns_and_show_goodput(tmp_path):
                 cwd=tmp_path, COLUMNS="80")
     assert r.returncode == 0, r.stderr
     for label in ("Mean TTFT (ms)", "Median TPOT (ms)", "P90 ITL (ms)", "P99 E2E latency (ms)",
-                  "Request goodput (req/s)", "Total token throughput (tok/s)", "Completed requests"):
+                  "Request goodput (req/s)", "Total token throughput (tok/s)", "Completed requests",
+                  "Total input tokens", "Total generated tokens", "Peak output throughput (tok/s)",
+                  "Peak concurrent requests"):
         assert label in r.stdout
     assert "Goodput limits: ttft <= 200 ms, tpot <= 0.05 s\n" in r.stdout  # a bare number is ms
     assert "max" in r.stdout.split("Serving metrics")[1].splitlines()[2]  # one column per allocator
@@ -59,8 +61,11 @@ def test_save_result_json_matches_the_run_folder(tmp_path):
     m = summary["serving_metrics"]["paged"]
     assert (saved["completed"], saved["failed"], saved["duration"]) == (m["completed"], m["rejected"],
                                                                          m["duration_s"])
-    for key in ("request_goodput", "request_throughput", "mean_ttft_ms", "p99_tpot_ms", "median_e2el_ms"):
+    for key in ("request_goodput", "request_throughput", "mean_ttft_ms", "p99_tpot_ms", "median_e2el_ms",
+                "max_output_tokens_per_s", "max_concurrent_requests"):
         assert saved[key] == m[key], key
+    # 30 requests over their run: some second holds several of them and more than one token
+    assert 1 < saved["max_concurrent_requests"] <= 30 and saved["max_output_tokens_per_s"] > 1
     assert m["completed"] + m["rejected"] == 30 and saved["goodput_slos_ms"] == {"e2el": 5000.0}
     assert 0 < saved["request_goodput"] <= saved["request_throughput"]
     assert saved["backend"] == "pagelab-simulate" and saved["allocator"] == saved["label"] == "paged"

@@ -54,7 +54,8 @@ def _metrics(scale: float) -> dict:
     """A run's serving metrics with every latency statistic `scale` ms (and large counts)."""
     m = {"duration_s": 254_000.5, "completed": 9_999_999, "rejected": 12_345, "request_throughput": 39.37,
          "output_throughput": 123_456.7, "total_token_throughput": 2_345_678.9, "request_goodput": 12.5,
-         "max_output_tokens_per_s": 234_567.0, "max_concurrent_requests": 1_234_567}
+         "max_output_tokens_per_s": 234_567.0, "max_concurrent_requests": 1_234_567,
+         "total_input_tokens": 12_345_678_901, "total_output_tokens": 2_345_678_901}
     for kind in METRICS:
         for stat in ("mean", "median", "std", "p50", "p90", "p99", "p99.9"):
             m[f"{stat}_{kind}_ms"] = scale * (1.7 if stat == "p99.9" else 1.0)
