@@ -94,8 +94,8 @@ def replay_cmd(
     prefix_caching: bool = typer.Option(True, rich_help_panel=POOL,
                                         help="Reuse cached prefix blocks (paged)."),
     swap_space_gb: float = typer.Option(None, rich_help_panel=POOL,
-                                        help="CPU swap pool in GiB, allocated on first use (default: 4 GiB, "
-                                             "at most the KV pool's size)."),
+                                        help="CPU swap pool in GiB, grown as blocks are swapped out "
+                                             "(default: 4 GiB; a CPU tier's budget beside one)."),
     kv_offloading_size: float = KV_OFFLOADING_SIZE,
     kv_offloading_disk_size: float = KV_OFFLOADING_DISK_SIZE,
     kv_offloading_block_size: int = KV_OFFLOADING_BLOCK_SIZE,

@@ -35,7 +35,7 @@ def expand_instructions(instructions: Iterable[tuple[int, ...]]) -> list[tuple[i
 
 
 class CacheEngine:
-    """Device KV pool plus a CPU swap pool (allocated on the first swap-out), for one allocator layout."""
+    """Device KV pool plus a CPU swap pool (grown as blocks are swapped out), for one allocator layout."""
 
     def __init__(self, model: CausalLM, contiguous: bool, block_size: int, num_blocks: int,
                  num_cpu_blocks: int, layer_slots: SeqLike[int] | None = None):
@@ -64,7 +64,7 @@ class CacheEngine:
 
     @property
     def cpu_bytes(self) -> int:
-        """Bytes of the CPU swap pool (0 until the first swap-out)."""
+        """Bytes of the CPU swap pool as allocated so far (0 until the first swap-out)."""
         return 0 if self.cpu_cache is None else self.cpu_cache.bytes
 
     def block_table(self, seq: Sequence) -> SeqLike[int]:
@@ -97,20 +97,30 @@ class CacheEngine:
         self.settle_tiers()
         pairs = expand_instructions(instructions)
         if pairs:
-            self.device_cache.swap_out(self._cpu(), pairs)
+            self.device_cache.swap_out(self._cpu(1 + max(dst for _, dst in pairs)), pairs)
 
     def swap_in(self, instructions: Iterable[tuple[int, ...]]) -> None:
         """CPU -> device copies (CPU block, device block)."""
         self.settle_tiers()
         pairs = expand_instructions(instructions)
         if pairs:
-            self.device_cache.swap_in(self._cpu(), pairs)
+            self.device_cache.swap_in(self._cpu(1 + max(src for src, _ in pairs)), pairs)
 
-    def _cpu(self) -> KVCache:
-        """The CPU pool, created when first needed: most runs never swap, and it may be GiBs."""
-        if self.cpu_cache is None:
+    def _cpu(self, need: int) -> KVCache:
+        """The CPU pool, grown to hold blocks 0..need-1. The swap space may be GiBs (4 by default, a CPU
+        tier's budget beside one) and most runs never swap: the pool starts at the first swap-out and
+        doubles as needed, up to `num_cpu_blocks`; the allocator hands out its lowest free CPU blocks
+        first, so the pool stays near the most blocks ever swapped out at once."""
+        have = 0 if self.cpu_cache is None else self.cpu_cache.num_blocks
+        if need > have:
             layers, kv_heads, head_dim, dtype = self._geometry
-            self.cpu_cache = KVCache(layers, self.num_cpu_blocks, self.block_size, kv_heads, head_dim,
-                                     dtype=dtype, device="cpu", pin_memory=torch.cuda.is_available(),
-                                     layer_slots=self.layer_slots)
+            grown = KVCache(layers, min(self.num_cpu_blocks, max(need, 2 * have)), self.block_size, kv_heads,
+                            head_dim, dtype=dtype, device="cpu", pin_memory=torch.cuda.is_available(),
+                            layer_slots=self.layer_slots)
+            if self.cpu_cache is not None:
+                old = self.cpu_cache
+                for new_pool, old_pool in zip(grown.k_pools + grown.v_pools, old.k_pools + old.v_pools,
+                                              strict=True):
+                    new_pool[:have].copy_(old_pool)
+            self.cpu_cache = grown
         return self.cpu_cache

@@ -4,13 +4,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from simulator.core.allocator import KVAllocator
-from simulator.core.config import ALLOCATORS, CacheConfig, build_allocator, check_pool
+from simulator.core.config import ALLOCATORS, CacheConfig, build_allocator, check_pool, swap_pool_bytes
 from simulator.core.errors import ConfigError
 from simulator.core.models import ModelSpec, get_model
 from simulator.core.paged.kv_group_tiers import attach_groups
 from simulator.core.paged.tiers import attach
 from simulator.presets import (
-    GIB,
     KV_CACHE_DTYPES,
     KV_DTYPE_ALIASES,
     KVCapacity,
@@ -122,8 +121,7 @@ class SimConfig(CacheConfig):
 
     def cpu_tokens(self) -> int:
         """Slots of the CPU swap pool (the CPU tier's budget when there is one)."""
-        gb = self.swap_space_gb if self.kv_offloading_size is None else self.kv_offloading_size
-        return int(gb * GIB // self.bytes_per_token)
+        return swap_pool_bytes(self.swap_space_gb, self.kv_offloading_size) // self.bytes_per_token
 
     def scheduler_config(self, max_model_len: int | None = None):
         """The batching limits for the scheduler (max_model_len defaults to the resolved one)."""
@@ -148,12 +146,12 @@ class SimConfig(CacheConfig):
         self._check_slots()
         layout = self.kv_layout()
         if layout is not None:
-            cpu_gb = self.swap_space_gb if self.kv_offloading_size is None else self.kv_offloading_size
+            cpu_bytes = swap_pool_bytes(self.swap_space_gb, self.kv_offloading_size)
             alloc = build_allocator(self, self.capacity(), cpu_tokens=self.cpu_tokens(),
                                     max_model_len=self.resolved_max_model_len,
                                     record_events=self.record_events, layout=layout,
                                     num_blocks=self.kv_capacity().num_blocks,
-                                    num_cpu_blocks=int(cpu_gb * GIB // layout.block_bytes))
+                                    num_cpu_blocks=cpu_bytes // layout.block_bytes)
             if self.has_tiers:
                 attach_groups(alloc, build_group_tiers(self, alloc))
             return alloc

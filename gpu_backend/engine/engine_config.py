@@ -11,9 +11,6 @@ from simulator.tier_config import TIER_FIELDS, tier_problems
 # KV pool size on a CPU when neither num_blocks nor kv_memory_gb is given: a GPU-sized pool makes no sense
 # in host memory, and 0.25 GiB holds 64k tokens of the tiny preset (fp32) - far more than a demo needs.
 DEFAULT_CPU_KV_MEMORY_GB = 0.25
-# vLLM's default CPU swap space; never more than the device pool by default, since a small model's pool
-# would otherwise come with millions of CPU blocks of bookkeeping it can hardly use.
-DEFAULT_SWAP_SPACE_GB = 4.0
 
 
 @dataclass(frozen=True)
@@ -27,7 +24,7 @@ class EngineConfig(CacheConfig):
     """
 
     num_blocks: int | None = None
-    swap_space_gb: float | None = None  # default: DEFAULT_SWAP_SPACE_GB, at most the device pool's size
+    swap_space_gb: float | None = None  # default: 4 GiB (vLLM's); ignored beside a CPU tier (swap_pool_bytes)
     # CUDA graphs for decode steps (CUDA + Triton backend only; see engine/cuda_graph.py); True turns
     # them off, as vLLM's --enforce-eager does.
     enforce_eager: bool = False

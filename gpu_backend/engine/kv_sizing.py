@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import torch
 
-from gpu_backend.engine.engine_config import DEFAULT_CPU_KV_MEMORY_GB, DEFAULT_SWAP_SPACE_GB, EngineConfig
+from gpu_backend.engine.engine_config import DEFAULT_CPU_KV_MEMORY_GB, EngineConfig
 from gpu_backend.engine.input_batch import SequenceInput, build_model_input
 from gpu_backend.engine.params import EngineInputError
 from gpu_backend.kv_cache import KVCache
 from gpu_backend.model import CausalLM
 from simulator.core.allocator import KVAllocator
-from simulator.core.config import build_allocator
+from simulator.core.config import build_allocator, swap_pool_bytes
 from simulator.core.errors import ConfigError
 from simulator.core.scheduler import SchedulerConfig
 
@@ -89,21 +89,19 @@ def profile_free_kv_bytes(model: CausalLM, sched_config: SchedulerConfig, block_
     return kv_bytes
 
 
-def swap_tokens(config: EngineConfig, capacity_tokens: int, bytes_per_token: int) -> int:
-    """Token slots of the CPU swap pool (default: DEFAULT_SWAP_SPACE_GB, at most the device pool)."""
-    if config.swap_space_gb is not None:
-        return int(config.swap_space_gb * GIB) // bytes_per_token
-    return min(int(DEFAULT_SWAP_SPACE_GB * GIB) // bytes_per_token, capacity_tokens)
+def swap_tokens(config: EngineConfig, bytes_per_token: int) -> int:
+    """Token slots of the CPU swap pool, by the simulator's rule (`swap_pool_bytes`)."""
+    return swap_pool_bytes(config.swap_space_gb, config.kv_offloading_size) // bytes_per_token
 
 
 def make_allocator(config: EngineConfig, capacity_tokens: int, bytes_per_token: int, max_model_len: int,
                    record_events: bool = False, pool=None) -> KVAllocator:
     """The shared allocator over the pool, built by the same function the simulator uses; `pool` (a
     KVCapacity with several KV cache groups, engine/kv_groups.py) makes it the grouped one."""
-    cpu_tokens = swap_tokens(config, capacity_tokens, bytes_per_token)
+    cpu_tokens = swap_tokens(config, bytes_per_token)
+    cpu_bytes = swap_pool_bytes(config.swap_space_gb, config.kv_offloading_size)
     grouped = {} if pool is None else dict(
-        layout=pool.layout, num_blocks=pool.num_blocks,
-        num_cpu_blocks=cpu_tokens * bytes_per_token // pool.layout.block_bytes)
+        layout=pool.layout, num_blocks=pool.num_blocks, num_cpu_blocks=cpu_bytes // pool.layout.block_bytes)
     try:
         return build_allocator(config, capacity_tokens, cpu_tokens=cpu_tokens, max_model_len=max_model_len,
                                record_events=record_events, **grouped)

@@ -77,7 +77,7 @@ class LLMEngine:
             self.model, contiguous=not paged, block_size=config.block_size,
             num_blocks=self.allocator.num_blocks if paged else self.capacity_tokens,
             num_cpu_blocks=self.allocator.num_cpu_blocks if paged else
-            swap_tokens(config, self.capacity_tokens, self.bytes_per_token),
+            swap_tokens(config, self.bytes_per_token),
             layer_slots=layer_slots(self.allocator.layout) if grouped else None)
         self.cache.tiers = build_tier_data(config, self.allocator, self.cache.device_cache,
                                            self.bytes_per_token)

@@ -23,6 +23,9 @@ ALLOCATORS: dict[str, str | None] = {
 }
 
 
+DEFAULT_SWAP_SPACE_GB = 4.0  # vLLM's --swap-space
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     """KV pool size, allocator and batching limits (frozen, validated without I/O).
@@ -42,7 +45,7 @@ class CacheConfig:
     max_num_batched_tokens: int | None = None
     enable_chunked_prefill: bool = False
     preemption_mode: str = "recompute"
-    swap_space_gb: float | None = 4.0
+    swap_space_gb: float | None = DEFAULT_SWAP_SPACE_GB
     enable_prefix_caching: bool = True
     watermark: float = 0.01
     seed: int = 0
@@ -115,6 +118,14 @@ def check_pool(config: CacheConfig, capacity: int, *, layout=None, num_blocks: i
         raise ConfigError(f"the KV pool holds no block of {layout.block_bytes} bytes")
     if layout is None and capacity < config.block_size:
         raise ConfigError(f"a KV pool of {capacity} slots holds no block of {config.block_size} tokens")
+
+
+def swap_pool_bytes(swap_space_gb: float | None, kv_offloading_size: float | None) -> int:
+    """Bytes of the CPU swap pool, for the simulator and the engine alike: the CPU tier's budget when there
+    is one (swapped blocks take their room from it), else `swap_space_gb` (vLLM's 4 GiB when None)."""
+    if kv_offloading_size is not None:
+        return int(kv_offloading_size * (1 << 30))
+    return int((DEFAULT_SWAP_SPACE_GB if swap_space_gb is None else swap_space_gb) * (1 << 30))
 
 
 def build_allocator(config: CacheConfig, capacity: int, *, cpu_tokens: int, max_model_len: int,

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from gpu_backend import EngineInputError, LLMEngine, SamplingParams
+from gpu_backend.cache_engine import CacheEngine
 from gpu_backend.engine.model_setup import device_holds
 from gpu_backend.model import CausalLM
 from gpu_backend.model_config import ModelConfig
@@ -90,6 +91,33 @@ def test_preemption_keeps_greedy_tokens(model, reference, mode):
     assert (stats.swapped_out_blocks > 0) == (mode == "swap")
     assert (engine.cache.cpu_bytes > 0) == (mode == "swap")
     assert engine.allocator.breakdown().allocated == 0
+
+
+def test_the_default_swap_space_grows_with_what_is_swapped_out(model, reference):
+    # vLLM's 4 GiB, as the simulator sizes it: the pool's bookkeeping has all of it, memory only the blocks
+    # swapped out so far.
+    engine = _engine(model, num_blocks=22, preemption_mode="swap", watermark=0.1)
+    assert engine.allocator.num_cpu_blocks == 4 * 2**30 // (engine.bytes_per_token * 4)
+    assert _tokens(engine.generate(_prompts(), GREEDY)) == reference
+    assert engine.allocator.stats.swapped_out_blocks > 0
+    assert 0 < engine.cache.cpu_cache.num_blocks <= 2 * engine.allocator.stats.swapped_out_blocks
+
+
+def test_the_cpu_pool_keeps_swapped_blocks_as_it_grows(model):
+    cache = CacheEngine(model, contiguous=False, block_size=4, num_blocks=8, num_cpu_blocks=100)
+    dev = cache.device_cache
+    for i, pool in enumerate(dev.k_pools + dev.v_pools):
+        pool.copy_(torch.arange(pool.numel(), dtype=pool.dtype).reshape(pool.shape) + 1000 * i)
+    want = [pool.clone() for pool in dev.k_pools + dev.v_pools]
+    cache.swap_out([(0, 0), (1, 1)])
+    assert cache.cpu_cache.num_blocks == 2
+    cache.swap_out([(2, 6)])  # past the pool: it grows to 7 blocks, keeping blocks 0 and 1
+    assert cache.cpu_cache.num_blocks == 7
+    for pool in dev.k_pools + dev.v_pools:
+        pool.zero_()
+    cache.swap_in([(0, 5), (1, 6), (6, 7)])
+    for pool, before in zip(dev.k_pools + dev.v_pools, want, strict=True):
+        assert torch.equal(pool[5:8], before[0:3])
 
 
 def test_a_group_swapped_out_in_a_step_that_computes_nothing_comes_back_with_its_kv(model):

@@ -10,7 +10,7 @@ from cli import app
 from gpu_backend.engine.engine_config import EngineConfig
 from gpu_backend.model import CausalLM
 from gpu_backend.model_config import ModelConfig
-from gpu_backend.model_presets import init_random_weights
+from gpu_backend.model_presets import build_preset, init_random_weights
 from gpu_backend.ops import get_backend
 from gpu_backend.replay import ReplayConfig, clip_prompts, make_prompts, replay
 from gpu_backend.replay_run import replay_to_dir
@@ -87,7 +87,7 @@ def test_replay_memory_equals_simulation_step_for_step(model, allocator, capacit
 def test_a_step_that_only_swaps_out_is_one_row_of_no_steps_in_both_runs(model):
     # Three samples per request in a pool of 24 blocks: a group that cannot grow swaps itself out in a step
     # that computes nothing, and both runs log that step's copies as a row of no steps. Both CPU pools are
-    # ample (the engine's default is at most the device pool).
+    # ample.
     trace = _burst(seed=3, n=3, prompt_range=(5, 40), output_range=(2, 12))
     pool = dict(allocator="paged", capacity_tokens=48, block_size=2, max_model_len=128,
                 enable_prefix_caching=False, preemption_mode="swap", max_num_seqs=5)
@@ -102,6 +102,23 @@ def test_a_step_that_only_swaps_out_is_one_row_of_no_steps_in_both_runs(model):
     timed = simulate(trace, SimConfig(mode="step", **pool), step_times=MeasuredSteps.from_memory(rep.memory))
     np.testing.assert_allclose(timed.memory[COMPARED].to_numpy(float), rep.memory[COMPARED].to_numpy(float),
                                rtol=0, atol=1e-12)
+
+
+def test_swapping_beside_a_cpu_tier_draws_on_its_budget_in_both_runs():
+    # swap_space_gb 0 is set aside for the CPU tier's 1 MiB (32 blocks of the tiny preset): both runs
+    # swap into it. (Tiers need prefix caching; the trace has no prefixes to hit.)
+    trace = _burst(seed=3, output_range=(20, 60))
+    pool = dict(allocator="paged", capacity_tokens=300, block_size=8, max_model_len=128,
+                enable_prefix_caching=True, preemption_mode="swap", watermark=0.1, swap_space_gb=0.0,
+                kv_offloading_size=2**-10)
+    sim = simulate(trace, SimConfig(model="tiny", mode="step", **pool))
+    rep = replay(trace, ReplayConfig(model="tiny", device="cpu", time_scale=0, engine=EngineConfig(**pool)),
+                 model=build_preset("tiny", device="cpu"))
+    np.testing.assert_allclose(rep.memory[COMPARED].to_numpy(float), sim.memory[COMPARED].to_numpy(float),
+                               rtol=0, atol=1e-12)
+    # (The engine also caches decode blocks, so its swap-ins find more of them on the device.)
+    swapped = rep.summary["allocator_stats"]["swapped_out_blocks"]
+    assert swapped == sim.summary["allocator_stats"]["swapped_out_blocks"] > 0
 
 
 def test_replay_names_requests_by_row_in_events_and_transitions(model):

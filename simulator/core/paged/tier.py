@@ -35,7 +35,7 @@ class TierStats:
     """Counters of one tier, in GPU blocks and tokens."""
 
     stored_blocks: int = 0
-    hit_blocks: int = 0
+    hit_blocks: int = 0  # pages loaded from the tier, re-admitted requests' included
     hit_tokens: int = 0  # prompt tokens loaded from the tier instead of computed
     preempted_hit_tokens: int = 0  # the same for re-admitted requests (not in `hit_tokens`)
     evicted_blocks: int = 0  # left the tier for want of room (to the tier below, or dropped)
