@@ -359,9 +359,9 @@ def run_summary(run, kept: Kept, wall_s: float) -> dict:
     mem, token_occ, block_occ = frame_means(kept.memory) if kept.memory is not None \
         else weighted_means(kept.memory_sums)
     stats = getattr(run.alloc, "stats", None)
-    hit_rate = None
-    if stats is not None and run.enable_prefix_caching and stats.prefix_queries:
-        hit_rate = stats.prefix_hits / stats.prefix_queries
+    hit_rate = None  # vLLM's: prompt tokens found cached over prompt tokens looked up, first admissions
+    if stats is not None and run.enable_prefix_caching and stats.prefix_query_tokens:
+        hit_rate = stats.prefix_hit_tokens / stats.prefix_query_tokens
     summary = {
         "allocator": run.allocator,
         "capacity_tokens": int(run.alloc.capacity_tokens),

@@ -35,6 +35,8 @@ def test_first_admissions_and_readmissions_are_counted_apart(seed, model, capaci
     admitted = req[req["admitted_s"].notna()]
     assert stats["prefix_query_tokens"] == admitted["prompt_len"].sum()
     assert stats["prefix_hit_tokens"] + tier_hits == admitted["prefix_hit_tokens"].sum()
+    # vLLM's hit rate: in tokens, of first admissions alone
+    assert run.summary["prefix_cache_hit_rate"] == stats["prefix_hit_tokens"] / stats["prefix_query_tokens"]
     # Only recomputed requests look up again, and they ask at least their prompt.
     assert 0 <= stats["preempted_hit_tokens"] <= stats["preempted_query_tokens"]
     served = req[~req["rejected"].astype(bool)]
