@@ -109,8 +109,8 @@ class CacheEngine:
     def _cpu(self, need: int) -> KVCache:
         """The CPU pool, grown to hold blocks 0..need-1. The swap space may be GiBs (4 by default, a CPU
         tier's budget beside one) and most runs never swap: the pool starts at the first swap-out and
-        doubles as needed, up to `num_cpu_blocks`; the allocator hands out its lowest free CPU blocks
-        first, so the pool stays near the most blocks ever swapped out at once."""
+        doubles as needed, up to `num_cpu_blocks`; the paged allocators hand out their lowest free CPU
+        blocks first, so the pool stays near the most blocks ever swapped out at once."""
         have = 0 if self.cpu_cache is None else self.cpu_cache.num_blocks
         if need > have:
             layers, kv_heads, head_dim, dtype = self._geometry
