@@ -178,3 +178,23 @@ def plot_format(path: Path) -> str:
         return figure_format(path)
     except VizError as exc:
         raise UserError(f"--plot {exc}") from None
+
+
+def model_limit(model) -> int | None:
+    """The context of the run's model, when it names one pagelab knows."""
+    from simulator.core.errors import ConfigError
+    from simulator.core.models import get_model
+
+    try:
+        return get_model(str(model)).max_model_len if model else None
+    except ConfigError:
+        return None
+
+
+def warn_long_context(model, max_model_len: int) -> None:
+    """Warn of a max-model-len past the model's own context, which vLLM refuses (None outside the registry:
+    a local config.json's limit is applied when it is read)."""
+    own = model_limit(model)
+    if own is not None and max_model_len > own:
+        warn(f"--max-model-len {max_model_len:,} is longer than {model}'s context of {own:,} tokens (vLLM "
+             "refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)")

@@ -8,7 +8,7 @@ import typer
 from rich import box
 from rich.table import Table
 
-from cli.common import console, user_errors
+from cli.common import console, user_errors, warn_long_context
 
 PlanDtype = Literal["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"]
 
@@ -79,6 +79,7 @@ def plan_cmd(
                            kv_memory_gb=kv_memory_gb, kv_cache_dtype=kv_cache_dtype, block_size=block_size,
                            max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens,
                            hybrid=hybrid)
+    warn_long_context(capacity.model, capacity.max_model_len)
     rows = plan_rows(capacity)
     if as_json:
         out = {**capacity.to_dict(), "kv_groups": rows, "blocks_per_request": capacity.blocks_per_request,

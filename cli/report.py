@@ -12,7 +12,7 @@ import math
 from rich import box
 from rich.table import Table
 
-from cli.common import UserError, warn
+from cli.common import UserError, model_limit, warn
 from pagelab.units import latency_unit
 from simulator.metrics import (
     DEFAULT_METRICS,
@@ -178,14 +178,3 @@ def warn_about(results: dict) -> None:
         text = overload_warning(res.request_data(), s["sim_duration_s"])
         if text:
             warn(f"{name}: {text}")
-
-
-def model_limit(model) -> int | None:
-    """The context of the run's model, when it names one pagelab knows."""
-    from simulator.core.errors import ConfigError
-    from simulator.core.models import get_model
-
-    try:
-        return get_model(str(model)).max_model_len if model else None
-    except ConfigError:
-        return None

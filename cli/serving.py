@@ -10,11 +10,20 @@ import pandas as pd
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cli.common import LogProgress, UserError, check_seed, console, err_console, names_list, pick_one, warn
+from cli.common import (
+    LogProgress,
+    UserError,
+    check_seed,
+    console,
+    err_console,
+    names_list,
+    pick_one,
+    warn,
+    warn_long_context,
+)
 from cli.help import VLLM
 from cli.report import (
     memory_table,
-    model_limit,
     parse_metrics,
     parse_percentiles,
     serving_table,
@@ -193,10 +202,7 @@ def print_capacity(capacity, model_id: str | None = None, *, stderr: bool = Fals
         lines.insert(0, f"{model_id}: the registry's {capacity.model}")
     for line in lines:
         (err_console if stderr else console).print(line, markup=False, soft_wrap=True)
-    own = model_limit(capacity.model)  # None outside the registry (a local config.json: its limit applied)
-    if own is not None and capacity.max_model_len > own:
-        warn(f"--max-model-len {capacity.max_model_len:,} is longer than {capacity.model}'s context of "
-             f"{own:,} tokens (vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)")
+    warn_long_context(capacity.model, capacity.max_model_len)
 
 
 def report(command: str, results: dict, info: dict, how: Reporting, labels: dict | None = None) -> dict:

@@ -54,6 +54,15 @@ def test_plan_says_when_vllm_would_refuse_to_start_and_the_longest_length_that_f
     assert fits.returncode == 0 and "would not start" not in fits.stdout
 
 
+def test_plan_warns_of_a_max_model_len_past_the_models_context_as_simulate_does():
+    args = ("--model", "mistral-7b-v0.1", "--gpu", "a100-80gb", "--max-model-len")
+    for extra in ((), ("--json",)):
+        long = pagelab("plan", *args, "40000", *extra)
+        assert long.returncode == 0, long.stderr
+        assert "longer than mistral-7b-v0.1's context of 32,768 tokens (vLLM refuses it" in long.stderr
+        assert "context" not in pagelab("plan", *args, "32768", *extra).stderr
+
+
 def test_plan_of_a_folder_without_a_config_names_the_folder(tmp_path):
     line = one_line_error(pagelab("plan", "--model", tmp_path, "--gpu", "h200"))
     assert f"{tmp_path}: the folder has no config.json" in line
