@@ -119,10 +119,6 @@ class SimConfig(CacheConfig):
         """KV bytes of one token in the KV cache dtype."""
         return kv_bytes_per_token(self.model_spec, self.kv_cache_dtype)
 
-    def cpu_tokens(self) -> int:
-        """Slots of the CPU swap pool (the CPU tier's budget when there is one)."""
-        return swap_pool_bytes(self.swap_space_gb, self.kv_offloading_size) // self.bytes_per_token
-
     def scheduler_config(self, max_model_len: int | None = None):
         """The batching limits for the scheduler (max_model_len defaults to the resolved one)."""
         return super().scheduler_config(max_model_len or self.resolved_max_model_len)
@@ -145,18 +141,16 @@ class SimConfig(CacheConfig):
         `record_events`)."""
         self._check_slots()
         layout = self.kv_layout()
+        common = dict(cpu_bytes=swap_pool_bytes(self.swap_space_gb, self.kv_offloading_size),
+                      bytes_per_token=self.bytes_per_token, max_model_len=self.resolved_max_model_len,
+                      record_events=self.record_events)
         if layout is not None:
-            cpu_bytes = swap_pool_bytes(self.swap_space_gb, self.kv_offloading_size)
-            alloc = build_allocator(self, self.capacity(), cpu_tokens=self.cpu_tokens(),
-                                    max_model_len=self.resolved_max_model_len,
-                                    record_events=self.record_events, layout=layout,
-                                    num_blocks=self.kv_capacity().num_blocks,
-                                    num_cpu_blocks=cpu_bytes // layout.block_bytes)
+            alloc = build_allocator(self, self.capacity(), **common, layout=layout,
+                                    num_blocks=self.kv_capacity().num_blocks)
             if self.has_tiers:
                 attach_groups(alloc, build_group_tiers(self, alloc))
             return alloc
-        alloc = build_allocator(self, self.capacity(), cpu_tokens=self.cpu_tokens(),
-                                max_model_len=self.resolved_max_model_len, record_events=self.record_events)
+        alloc = build_allocator(self, self.capacity(), **common)
         if self.has_tiers:
             attach(alloc, build_tiers(self))
         return alloc

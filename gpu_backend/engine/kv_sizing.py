@@ -89,21 +89,14 @@ def profile_free_kv_bytes(model: CausalLM, sched_config: SchedulerConfig, block_
     return kv_bytes
 
 
-def swap_tokens(config: EngineConfig, bytes_per_token: int) -> int:
-    """Token slots of the CPU swap pool, by the simulator's rule (`swap_pool_bytes`)."""
-    return swap_pool_bytes(config.swap_space_gb, config.kv_offloading_size) // bytes_per_token
-
-
 def make_allocator(config: EngineConfig, capacity_tokens: int, bytes_per_token: int, max_model_len: int,
                    record_events: bool = False, pool=None) -> KVAllocator:
     """The shared allocator over the pool, built by the same function the simulator uses; `pool` (a
     KVCapacity with several KV cache groups, engine/kv_groups.py) makes it the grouped one."""
-    cpu_tokens = swap_tokens(config, bytes_per_token)
-    cpu_bytes = swap_pool_bytes(config.swap_space_gb, config.kv_offloading_size)
-    grouped = {} if pool is None else dict(
-        layout=pool.layout, num_blocks=pool.num_blocks, num_cpu_blocks=cpu_bytes // pool.layout.block_bytes)
+    cpu_bytes = swap_pool_bytes(config.swap_space_gb, config.kv_offloading_size)  # the simulator's rule
+    grouped = {} if pool is None else dict(layout=pool.layout, num_blocks=pool.num_blocks)
     try:
-        return build_allocator(config, capacity_tokens, cpu_tokens=cpu_tokens, max_model_len=max_model_len,
-                               record_events=record_events, **grouped)
+        return build_allocator(config, capacity_tokens, cpu_bytes=cpu_bytes, bytes_per_token=bytes_per_token,
+                               max_model_len=max_model_len, record_events=record_events, **grouped)
     except ConfigError as exc:
         raise EngineInputError(str(exc)) from None

@@ -24,7 +24,7 @@ from gpu_backend.engine.engine_config import EngineConfig
 from gpu_backend.engine.group_tables import GroupInputs
 from gpu_backend.engine.input_batch import SequenceInput, build_model_input
 from gpu_backend.engine.kv_groups import blocks_needed, grouped_pool, layer_slots
-from gpu_backend.engine.kv_sizing import kv_capacity_tokens, make_allocator, swap_tokens
+from gpu_backend.engine.kv_sizing import kv_capacity_tokens, make_allocator
 from gpu_backend.engine.kv_tier_setup import build_tier_data
 from gpu_backend.engine.model_setup import engine_model
 from gpu_backend.engine.params import EngineInputError, RequestOutput, SamplingParams
@@ -76,8 +76,7 @@ class LLMEngine:
         self.cache = CacheEngine(
             self.model, contiguous=not paged, block_size=config.block_size,
             num_blocks=self.allocator.num_blocks if paged else self.capacity_tokens,
-            num_cpu_blocks=self.allocator.num_cpu_blocks if paged else
-            swap_tokens(config, self.bytes_per_token),
+            num_cpu_blocks=self.allocator.num_cpu_blocks if paged else self.allocator.cpu_capacity_tokens,
             layer_slots=layer_slots(self.allocator.layout) if grouped else None)
         self.cache.tiers = build_tier_data(config, self.allocator, self.cache.device_cache,
                                            self.bytes_per_token)

@@ -123,24 +123,25 @@ def check_pool(config: CacheConfig, capacity: int, *, layout=None, num_blocks: i
 def swap_pool_bytes(swap_space_gb: float | None, kv_offloading_size: float | None) -> int:
     """Bytes of the CPU swap pool, for the simulator and the engine alike: the CPU tier's budget when there
     is one (swapped blocks take their room from it), else `swap_space_gb` (vLLM's 4 GiB when None)."""
-    if kv_offloading_size is not None:
-        return int(kv_offloading_size * (1 << 30))
-    return int((DEFAULT_SWAP_SPACE_GB if swap_space_gb is None else swap_space_gb) * (1 << 30))
+    gb = swap_space_gb if kv_offloading_size is None else kv_offloading_size
+    return int((DEFAULT_SWAP_SPACE_GB if gb is None else gb) * (1 << 30))
 
 
-def build_allocator(config: CacheConfig, capacity: int, *, cpu_tokens: int, max_model_len: int,
-                    record_events: bool = False, layout=None, num_blocks: int | None = None,
-                    num_cpu_blocks: int | None = None) -> KVAllocator:
-    """The configured allocator over `capacity` slots (the one factory of the simulator and the engine);
-    with `record_events` it logs its allocations (`allocator.events`). A paged pool given a `layout` of
-    several KV cache groups (simulator/core/kv_layout.py) is `num_blocks` blocks shared by the groups."""
+def build_allocator(config: CacheConfig, capacity: int, *, cpu_bytes: int, bytes_per_token: int,
+                    max_model_len: int, record_events: bool = False, layout=None,
+                    num_blocks: int | None = None) -> KVAllocator:
+    """The configured allocator over `capacity` slots (the one factory of the simulator and the engine),
+    with a CPU swap pool of `cpu_bytes` (`swap_pool_bytes`); with `record_events` it logs its allocations
+    (`allocator.events`). A paged pool given a `layout` of several KV cache groups
+    (simulator/core/kv_layout.py) is `num_blocks` blocks shared by the groups."""
     check_pool(config, capacity, layout=layout, num_blocks=num_blocks)
+    cpu_tokens = cpu_bytes // bytes_per_token
     policy = ALLOCATORS[config.allocator]
     if policy is None and layout is not None:
         from simulator.core.paged.kv_groups import GroupedBlockManager  # loaded by grouped pools only
 
         chunk = config.scheduler_config(max_model_len).token_budget if config.enable_chunked_prefill else None
-        return GroupedBlockManager(num_blocks, layout, num_cpu_blocks=num_cpu_blocks or 0,
+        return GroupedBlockManager(num_blocks, layout, num_cpu_blocks=cpu_bytes // layout.block_bytes,
                                    enable_prefix_caching=config.enable_prefix_caching,
                                    watermark=config.watermark, debug=config.debug,
                                    record_events=record_events, prefill_chunk=chunk)

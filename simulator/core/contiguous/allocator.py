@@ -34,6 +34,7 @@ class ContiguousAllocator(KVAllocator):
         self.policy = policy
         self.placement_name = placement
         self.capacity_tokens = capacity_tokens
+        self.cpu_capacity_tokens = cpu_capacity_tokens
         self.max_model_len = max_model_len
         self.debug = debug
         self.events = EventLog() if record_events else None
