@@ -30,7 +30,7 @@ def serving_metrics(results: dict, kinds=DEFAULT_METRICS, percentiles=DEFAULT_PE
     """bench_metrics of every allocator's result (summary.json's `serving_metrics`); the defaults are the
     commands' defaults (no --percentile-metrics, --metric-percentiles or --goodput)."""
     return {name: bench_metrics(res.request_data(), res.summary["sim_duration_s"], metrics=kinds,
-                                percentiles=percentiles, goodput=goodput)
+                                percentiles=percentiles, goodput=goodput, gaps=res.itl)
             for name, res in results.items()}
 
 

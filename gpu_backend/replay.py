@@ -245,7 +245,7 @@ def _advance(run: ReplayState):
     res = engine.step()
     engine.synchronize()
     end = clock()
-    run.record_schedule(res.out, start)
+    run.record_schedule(res.out, start, run.now)  # `now`: the step before's end, the last tokens' time
     for i in res.first_token:
         run.first_token[i] = end
     for o in res.finished:
@@ -262,7 +262,11 @@ def _advance(run: ReplayState):
     run.record_step(start, dt, res.breakdown, res.counts, res.out.num_batched_tokens)
     run.step_times.append(dt)
     run.computed += res.num_computed_tokens
-    run.now = end
+    first = set(res.first_token)
+    later = [sg.group.request_id for sg in res.out.scheduled
+             if (sg.completes_prefill or not sg.is_prefill) and sg.group.request_id not in first]
+    gap, run.now = end - run.now, end
+    run.add_gaps(later, gap)
     return None
 
 
@@ -287,6 +291,7 @@ def _replay(trace: pd.DataFrame, config: ReplayConfig, engine: LLMEngine, clock:
             raise
         stopped = _stop(run, exc)
     run.now = clock()
+    run.itl.flush()
     run.drain_events(final=True)
     kept = output.close()
     summary = add_latencies(run_summary(run, kept, run.now), kept.requests)
@@ -302,7 +307,7 @@ def _replay(trace: pd.DataFrame, config: ReplayConfig, engine: LLMEngine, clock:
            "clock": config.clock}
     return RunResult(cfg, summary, kept.requests.frame, kept.memory, kept.events, kept.num_events,
                      kept.requests, steps=steps_frame(run.step_rows), transitions=kept.transitions,
-                     refcounts=kept.refcounts)
+                     refcounts=kept.refcounts, itl=run.itl)
 
 
 def _stop(run: ReplayState, exc: BaseException) -> dict:

@@ -185,3 +185,96 @@ def median_and_percentiles(batches: Batches, count: int, qs: Iterable[float],
         a, b, t = found[lo], found[min(lo + 1, count - 1)], v - lo
         out.append(float(b - (b - a) * (1 - t)) if t >= 0.5 else float(a + (b - a) * t))  # numpy's _lerp
     return float(np.mean(np.array([found[r] for r in middle]))), out
+
+
+GAP_BITS = 12  # bins per octave 2**12: a bin's gaps differ by under 2**-12 of their value (0.025 %)
+_GAP_OCTAVES = (-20, 20)  # binary exponents of gaps from 2**-21 s (~0.5 us) to 2**20 s (~12 days); others
+# share the end bins
+_GAP_BUFFER = 1 << 12
+
+
+class GapHistogram:
+    """Inter-token gaps (s) pooled over a run, as `vllm bench serve` pools every request's ITLs, in a
+    fixed-size histogram: a run of any length keeps ~4 MB (pages touched only where gaps fall).
+
+    A bin keeps the count, sum and sum of squares of its gaps: the mean and std are exact, a percentile
+    is numpy's linear one over the bins' mean values, so within a bin's width of the exact one. Gaps are
+    buffered and binned in the order added (np.add.at adds in order), so the same gaps added in the same
+    order give the same bits however they were buffered.
+    """
+
+    def __init__(self) -> None:
+        lo, hi = _GAP_OCTAVES
+        size = ((hi - lo + 1) << GAP_BITS) + 1  # bin 0: gaps under 2**(lo - 1) s, zero included
+        self.counts = np.zeros(size, np.int64)
+        self.sums = np.zeros(size)
+        self.squares = np.zeros(size)
+        self.gaps: list[float] = []
+        self.weights: list[int] = []
+
+    def add(self, gap: float, weight: int = 1) -> None:
+        """`weight` gaps of `gap` seconds."""
+        self.gaps.append(gap)
+        self.weights.append(weight)
+        if len(self.gaps) >= _GAP_BUFFER:
+            self.flush()
+
+    def add_each(self, gaps: list[float], weight: int) -> None:
+        """`weight` gaps of each of `gaps`, in order."""
+        self.gaps.extend(gaps)
+        self.weights.extend([weight] * len(gaps))
+        if len(self.gaps) >= _GAP_BUFFER:
+            self.flush()
+
+    def flush(self) -> None:
+        """Bin the buffered gaps."""
+        if not self.gaps:
+            return
+        v = np.asarray(self.gaps, np.float64)
+        w = np.asarray(self.weights, np.int64)
+        self.gaps, self.weights = [], []
+        mantissa, exponent = np.frexp(v)  # v = mantissa * 2**exponent, mantissa in [0.5, 1): exact
+        lo, hi = _GAP_OCTAVES
+        sub = ((mantissa - 0.5) * (2 << GAP_BITS)).astype(np.int64)  # exact: a power-of-two scaling
+        idx = ((exponent.astype(np.int64) - lo) << GAP_BITS) + sub + 1
+        idx = np.where(v > 0, np.clip(idx, 0, len(self.counts) - 1), 0)
+        wv = w * v
+        np.add.at(self.counts, idx, w)
+        np.add.at(self.sums, idx, wv)
+        np.add.at(self.squares, idx, wv * v)
+
+    def moments(self) -> tuple[int, float, float]:
+        """(number of gaps, mean, std) of every gap added (NaNs without gaps)."""
+        self.flush()
+        n = int(self.counts.sum())
+        if not n:
+            return 0, np.nan, np.nan
+        mean = float(self.sums.sum()) / n
+        at = np.flatnonzero(self.counts)
+        counts, sums = self.counts[at], self.sums[at]
+        # Within each bin about its own mean (its gaps differ by under a bin's width: little cancels),
+        # then the bins' means about the mean.
+        within = np.maximum(self.squares[at] - sums * sums / counts, 0.0)
+        between = counts * (sums / counts - mean) ** 2
+        return n, mean, float(np.sqrt((within.sum() + between.sum()) / n))
+
+    def median_and_percentiles(self, qs: Iterable[float]) -> tuple[float, list[float]]:
+        """np.median and np.percentile (linear) of the gaps, each gap taken as its bin's mean."""
+        self.flush()
+        at = np.flatnonzero(self.counts)
+        cum = np.cumsum(self.counts[at])
+        means = self.sums[at] / self.counts[at]
+        count = int(cum[-1])
+
+        def rank(r: int) -> float:  # the gap of 0-based rank r
+            return float(means[np.searchsorted(cum, r, side="right")])
+
+        out = []
+        for q in qs:
+            v = (count - 1) * (q / 100)
+            lo = int(np.floor(v))
+            a, b, t = rank(lo), rank(min(lo + 1, count - 1)), v - lo
+            out.append(float(b - (b - a) * (1 - t)) if t >= 0.5 else float(a + (b - a) * t))  # numpy's _lerp
+        mid = count // 2
+        median = rank(mid) if count % 2 else float(np.mean([rank(mid - 1), rank(mid)]))
+        return median, out

@@ -2,10 +2,10 @@
 of `vllm bench serve` (ms latencies, throughputs, goodput, warnings).
 
 Computed from a run's per-request table (in memory, or read from a run folder's file a column at a
-time), so the simulator and the engine report the same numbers. The simulator records each request's
-first and last token times, not every token's: the mean ITL is exact (the sum of a request's gaps is
-finish - first token), while ITL percentiles take a request's gaps as equal and the per-second peaks
-space its tokens evenly (see docs/run-format.md).
+time), so the simulator and the engine report the same numbers; the ITL from the run's every
+inter-token gap, pooled as vLLM pools them (GapHistogram, filled by the loop). The request table holds
+first and last token times only: the per-second peaks space a request's tokens evenly (see
+docs/run-format.md).
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ import pandas as pd
 from pagelab.column_stats import (
     BATCH_ROWS,
     Batches,
+    GapHistogram,
     median_and_percentiles,
-    weighted_sum,
 )
 from simulator.output.memory_rows import frame_means, weighted_means
 from simulator.output.request_rows import RequestColumns, RequestTotals, output_tokens
@@ -55,34 +55,21 @@ def _finite(requests: Requests, name: str) -> Batches:
     return read
 
 
-def _gaps(requests: Requests) -> Batches:
-    """Each finished request's mean inter-token gap (s), weighted by its number of gaps (output - 1)."""
-    def read():
-        for b in _batches(requests, ("output_len", "tpot_s")):
-            count = b["output_len"].astype(np.float64)
-            count -= 1
-            tpot = b["tpot_s"].astype(np.float64, copy=False)
-            ok = np.isfinite(tpot) & (count > 0)
-            yield tpot[ok], count[ok]
-    return read
-
-
 def _moments(read: Batches, spread: bool = True) -> tuple[int, float, float, float]:
-    """(count, total weight, weighted mean, weighted std) of the values (std NaN without `spread`)."""
+    """(count, count as a float, mean, std) of the values (std NaN without `spread`)."""
     count, weight, total = 0, 0.0, 0.0
-    for v, w in read():
+    for v, _ in read():
         count += len(v)
-        weight += float(len(v) if w is None else w.sum())
-        total += float(v.sum() if w is None else weighted_sum(w, v))
+        weight += float(len(v))
+        total += float(v.sum())
     if count == 0:
         return 0, 0.0, math.nan, math.nan
     mean = total / weight
     if not spread:
         return count, weight, mean, math.nan
     squares = 0.0
-    for v, w in read():
-        d = (v - mean) ** 2
-        squares += float(d.sum() if w is None else weighted_sum(w, d))
+    for v, _ in read():
+        squares += float(((v - mean) ** 2).sum())
     return count, weight, mean, math.sqrt(squares / weight)
 
 
@@ -119,19 +106,19 @@ def column_summary(requests: Requests, name: str) -> dict:
     return {"mean": mean, "p50": p50, "p90": p90, "p99": p99}
 
 
-def latency_stats(requests: Requests, metric: str, percentiles=DEFAULT_PERCENTILES) -> dict:
-    """mean, median, std and the percentiles of one metric in ms (None when no request defines it)."""
+def latency_stats(requests: Requests, metric: str, percentiles=DEFAULT_PERCENTILES,
+                  gaps: GapHistogram | None = None) -> dict:
+    """mean, median, std and the percentiles of one metric in ms (None when no request defines it); the
+    ITL's from the run's pooled `gaps` (None without them: a request table holds no gaps)."""
     keys = ["mean", "median", "std", *(f"p{q:g}" for q in percentiles)]
     if metric == "itl":
-        read = _gaps(requests)
-        count, weight, mean, std = _moments(read)
+        count, mean, std = gaps.moments() if gaps is not None else (0, math.nan, math.nan)
     else:
-        count, weight, mean, std = _column_moments(requests, _COLUMN[metric], spread=True)
+        count, _, mean, std = _column_moments(requests, _COLUMN[metric], spread=True)
     if count == 0:
         return dict.fromkeys(keys)
     if metric == "itl":
-        # vLLM pools every gap; a request's gaps are taken as equal, each mean gap repeated (out - 1) times
-        median, pcts = median_and_percentiles(read, round(weight), percentiles)
+        median, pcts = gaps.median_and_percentiles(percentiles)
     else:
         median, pcts = _column_percentiles(requests, _COLUMN[metric], count, percentiles)
     stats = {"mean": mean, "median": median, "std": std}
@@ -152,10 +139,12 @@ def _num_meeting(requests: Requests, limits: tuple[Limit, ...]) -> int:
 
 
 def bench_metrics(requests: Requests, duration_s: float, *, metrics=DEFAULT_METRICS,
-                  percentiles=DEFAULT_PERCENTILES, goodput: tuple[Limit, ...] = ()) -> dict:
+                  percentiles=DEFAULT_PERCENTILES, goodput: tuple[Limit, ...] = (),
+                  gaps: GapHistogram | None = None) -> dict:
     """The `vllm bench serve` result of one run: counts, throughputs, goodput and latency statistics.
 
     `goodput`: per-request limits (simulator.slo.parse_goodput); saved, as vLLM does, in milliseconds.
+    `gaps`: the run's inter-token gaps (RunResult.itl), for the ITL.
     """
     completed = rejected = in_tokens = out_tokens = 0
     totals = _written_totals(requests)
@@ -185,7 +174,7 @@ def bench_metrics(requests: Requests, duration_s: float, *, metrics=DEFAULT_METR
         result["goodput_slos_ms"] = {limit.metric: limit.in_unit("ms") for limit in goodput}
         result["request_goodput"] = per_s(_num_meeting(requests, goodput))
     for m in metrics:
-        for stat, value in latency_stats(requests, m, percentiles).items():
+        for stat, value in latency_stats(requests, m, percentiles, gaps).items():
             result[f"{stat}_{m}_ms"] = value
     return result
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from pagelab.column_stats import GapHistogram
 from pagelab.malloc import release_free_memory
 from simulator.config import SimConfig
 from simulator.core.scheduler import Scheduler, SchedulerOutput
@@ -50,6 +51,7 @@ class RunResult:
     steps: pd.DataFrame | None = None
     transitions: pd.DataFrame | None = None  # None: written to the run folder (or not recorded)
     refcounts: pd.DataFrame | None = None  # likewise
+    itl: GapHistogram | None = None  # every inter-token gap (None: a table made elsewhere)
 
     def request_data(self) -> pd.DataFrame | RequestColumns:
         """The request table: in memory, or read from its file a column at a time."""
@@ -160,6 +162,8 @@ def simulate(trace: pd.DataFrame | TraceBatches, config: SimConfig, output: RunO
             output.abort()
             raise
         summary = run_summary(run, kept, time.perf_counter() - wall0)
+        itl = run.itl
+        itl.flush()
         # The run's one reference cycle (its queue builds groups through it), broken: the state is freed as
         # soon as it is dropped, before the statistics read the request table again.
         run.queue.close()
@@ -171,4 +175,5 @@ def simulate(trace: pd.DataFrame | TraceBatches, config: SimConfig, output: RunO
     add_latencies(summary, kept.requests)
     return RunResult(config=config.to_dict(), summary=summary, requests=kept.requests.frame,
                      memory=kept.memory, events=kept.events, num_events=kept.num_events,
-                     request_columns=kept.requests, transitions=kept.transitions, refcounts=kept.refcounts)
+                     request_columns=kept.requests, transitions=kept.transitions, refcounts=kept.refcounts,
+                     itl=itl)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pagelab.column_stats import GapHistogram
 from simulator.core.allocator import KVAllocator, MemoryBreakdown
 from simulator.core.scheduler import Scheduler, SchedulerOutput
 from simulator.core.sequence import Sequence, SequenceGroup, SequenceStatus
@@ -57,6 +58,8 @@ class RunState:
         self.preemptions, self.rejected, self.hit_tokens = log.preemptions, log.rejected, log.hit_tokens
         self.transitions = self.output.transition_rows()
         self.refcounts = self.output.ref_count_rows()
+        self.itl = GapHistogram()  # every inter-token gap (vLLM's ITL), pooled
+        self.paused: dict[int, float] = {}  # a preempted request's last token time, until its next token
         self.events = self.alloc.events
         self._event_batch = self.output.sizes.tenure_batch
         # Read every step: plain attributes. The allocator's block size (1 for contiguous regions), and
@@ -96,10 +99,12 @@ class RunState:
         """Request row `i` finished or was rejected: its result row is complete."""
         self.log.close(i)
 
-    def record_schedule(self, out: SchedulerOutput, now: float) -> None:
-        """What a schedule decision means per request: rejections, first admissions, preemptions."""
+    def record_schedule(self, out: SchedulerOutput, now: float, last_token_s: float | None = None) -> None:
+        """What a schedule decision means per request: rejections, first admissions, preemptions (a
+        preempted request's last token came at `last_token_s`, the end of the step before; default `now`)."""
         for g in out.rejected:
             self.rejected[g.request_id] = True
+            self.paused.pop(g.request_id, None)
             self.num_done += 1
         for g in out.admitted:
             i = g.request_id
@@ -107,13 +112,28 @@ class RunState:
                 self.admitted[i] = now
                 self.hit_tokens[i] = g.prefix_hit_tokens or 0
         for g in out.preempted:
-            self.preemptions[g.request_id] += 1
+            i = g.request_id
+            self.preemptions[i] += 1
+            if not math.isnan(self.first_token[i]):  # its next gap runs from its last token
+                self.paused.setdefault(i, now if last_token_s is None else last_token_s)
             swapped = any(s.status is SequenceStatus.SWAPPED for s in g.seqs)
             self.transitions.add(g.request_id, now, SWAPPED_OUT if swapped else PREEMPTED)
         for g in out.swapped_in:
             self.transitions.add(g.request_id, now, SWAPPED_IN)
         for g in out.rejected:
             self.retire(g.request_id)
+
+    def add_gaps(self, sampled: list[int], gap: float) -> None:
+        """Requests `sampled` each sampled a token, not their first, at `now`: a gap of `gap` (the step's)
+        for those that ran in the step before, of now - their last token for those back from a preemption."""
+        paused, continuing = self.paused, len(sampled)
+        if paused:
+            for i in sampled:
+                if i in paused:
+                    self.itl.add(self.now - paused.pop(i))
+                    continuing -= 1
+        if continuing:
+            self.itl.add(gap, continuing)
 
     def record_idle(self, start: float, end: float) -> None:
         """Nothing runs from `start` to `end`: log the gap (it counts in time-weighted means)."""

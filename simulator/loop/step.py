@@ -31,10 +31,11 @@ def exact_step(run: SimState) -> SchedulerOutput:
     for the next arrival)."""
     out = run.sched.schedule()
     measured = run.measured
+    last = run.now  # the end of the step before: the running groups' last token
     if measured is not None and not out.is_empty:
         start, dt = measured.step(run.step)
         run.set_clock(max(start, run.now))  # the replay's loop overhead (or sleep overshoot) before the step
-    run.record_schedule(out, run.now)
+    run.record_schedule(out, run.now, last)
     if out.is_empty:
         if out.blocks_to_swap_out:  # the only running groups swapped out: copy time, logged as a replay's
             end = run.now + swap_seconds(run, out.blocks_to_swap_out)
@@ -49,7 +50,8 @@ def exact_step(run: SimState) -> SchedulerOutput:
     run.record_step(run.now, dt, run.alloc.breakdown(run.head()), run.counts(), out.num_batched_tokens)
     run.set_clock(run.now + dt)
     run.sched.commit(out)
-    sample(run, out.scheduled)
+    # A token's gap is the step's time: with measured steps, the loop overhead before it too.
+    sample(run, out.scheduled, gap=dt if measured is None else run.now - last)
     return out
 
 
@@ -89,10 +91,12 @@ def swap_seconds(run: SimState, copies: list[tuple[int, ...]]) -> float:
     return run.latency.swap_time(sum(c[2] if len(c) == 3 else run.block_size for c in copies), 1)
 
 
-def sample(run: SimState, scheduled: list[ScheduledGroup], remove: bool = True) -> list[SequenceGroup]:
-    """Every group that computed logits this step samples one token per live sequence; finish the done
-    (see `finish_done`) and return them."""
-    touched = []
+def sample(run: SimState, scheduled: list[ScheduledGroup], remove: bool = True,
+           gap: float = 0.0) -> list[SequenceGroup]:
+    """Every group that computed logits in this step of `gap` seconds samples one token per live
+    sequence (its inter-token gap counted); finish the done (see `finish_done`) and return them."""
+    touched, later = [], []
+    first_token = run.first_token
     for sg in scheduled:
         if sg.is_prefill and not sg.completes_prefill:
             continue
@@ -100,9 +104,14 @@ def sample(run: SimState, scheduled: list[ScheduledGroup], remove: bool = True) 
         for s in g.seqs:
             if s.status is not SequenceStatus.FINISHED:
                 s.append_token()
-        if math.isnan(run.first_token[g.request_id]):
-            run.first_token[g.request_id] = run.now
+        i = g.request_id
+        if math.isnan(first_token[i]):
+            first_token[i] = run.now
+        else:
+            later.append(i)
         touched.append(g)
+    if later:
+        run.add_gaps(later, gap)
     return finish_done(run, touched, remove)
 
 
@@ -171,11 +180,12 @@ def fast_step(run: SimState) -> bool:
     done = finish_batch(run) if batch.finish_heap[0] == batch.phase else []
     if scheduled:  # prefills only: nothing is swapped while the decode batch holds the running groups
         sched.commit(out)
-        finished = sample(run, scheduled, remove=False)
+        finished = sample(run, scheduled, remove=False, gap=dt)
         done += finished
         joining = [sg.group for sg in scheduled if sg.group not in finished]
         if joining:
             batch.join(joining)
+    run.itl.add(dt, b)  # after the prefills' gaps, in the order an exact step adds them
     if done:
         sched.finish_groups(done)
     run.blocked_head = sched.waiting[0] if sched.waiting else None
@@ -245,6 +255,7 @@ def run_span(run: SimState, k: int, timing: tuple) -> None:
     total = sum(dts)
     _log_span(run, k, dts, total)
     batch.advance(k, clock[:k] if run.events is not None and batch.paged else None)
+    run.itl.add_each(dts, batch.size)
     run.add_busy(total, len(run.sched.running), k)
     run.set_clock(float(clock[k]))
 

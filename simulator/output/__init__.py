@@ -20,7 +20,7 @@ them (tests/test_shape.py traces it and compares):
     simulator.core.paged.prefix_cache -> simulator.core.paged.swap -> simulator.timing.step_latency ->
     simulator.core.sequence -> simulator.core.decode -> simulator.loop.state -> simulator.output ->
     pagelab.table_sinks -> pagelab.writes -> simulator.output.memory_rows -> simulator.output.request_rows
-    -> simulator.output.tenures -> traces.batches -> simulator.loop.step -> pagelab.column_stats ->
+    -> simulator.output.tenures -> pagelab.column_stats -> traces.batches -> simulator.loop.step ->
     simulator.metrics -> pagelab.malloc -> pagelab.parquet_parts
 """
 from __future__ import annotations

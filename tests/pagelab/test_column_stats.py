@@ -124,3 +124,42 @@ def test_weighted_sums_are_the_same_whatever_the_number_of_blas_threads():
     outs = {subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True,
                            env={**os.environ, "OPENBLAS_NUM_THREADS": str(n)}).stdout for n in (1, 2, 4)}
     assert len(outs) == 1, outs
+
+
+GAP = st.one_of(st.just(0.0), st.floats(1e-6, 1e6), st.sampled_from([0.0125, 0.0126, 2.5]))
+GAPS = st.lists(st.tuples(GAP, st.integers(1, 20)), min_size=1, max_size=80)
+
+
+@settings(max_examples=150, deadline=None)
+@given(GAPS, st.lists(st.floats(0, 100), min_size=1, max_size=5))
+def test_gap_histogram_is_numpys_within_a_bins_width(pairs, qs):
+    h = cs.GapHistogram()
+    for gap, count in pairs:
+        h.add(gap, count)
+    pooled = np.repeat([g for g, _ in pairs], [c for _, c in pairs])
+    n, mean, std = h.moments()
+    assert n == len(pooled)
+    assert mean == pytest.approx(pooled.mean(), rel=1e-12, abs=1e-300)
+    # A bin's spread is its sum of squares less its squared sum: it keeps ~half the float digits.
+    assert std == pytest.approx(pooled.std(), rel=1e-6, abs=1e-7 * pooled.max())
+    median, got = h.median_and_percentiles(qs)
+    width = 2.0 ** -cs.GAP_BITS
+    for value, expect in zip([median, *got], [np.median(pooled), *np.percentile(pooled, qs)], strict=True):
+        assert abs(value - expect) <= width * abs(expect) + 1e-15
+
+
+@settings(max_examples=60, deadline=None)
+@given(GAPS, st.lists(st.integers(0, 80), max_size=4))
+def test_gap_histogram_bits_do_not_depend_on_how_gaps_were_buffered(pairs, cuts):
+    one = cs.GapHistogram()
+    for gap, count in pairs:
+        one.add(gap, count)
+    two = cs.GapHistogram()
+    edges = [0, *sorted(c % (len(pairs) + 1) for c in cuts), len(pairs)]
+    for a, b in zip(edges[:-1], edges[1:], strict=True):
+        for gap, count in pairs[a:b]:
+            two.add_each([gap], count)
+        two.flush()
+    one.flush()
+    for name in ("counts", "sums", "squares"):
+        assert np.array_equal(getattr(one, name), getattr(two, name))

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pagelab.column_stats import GapHistogram
 from simulator.metrics import (
     bench_metrics,
     latency_stats,
@@ -53,24 +54,31 @@ def test_counts_throughputs_and_latencies_in_ms():
     assert m["mean_e2el_ms"] == pytest.approx((1100 + 500 + 50) / 3)
 
 
-def test_mean_itl_is_total_decode_time_over_total_gaps():
-    reqs = table([(0, 0, 0, 1.0, 1, 11), (0, 0, 0, 3.0, 1, 4)])  # 10 gaps of 100 ms, 3 gaps of 1 s
-    s = latency_stats(reqs, "itl", (99,))
-    assert s["mean"] == pytest.approx(4000 / 13)
-    assert s["median"] == pytest.approx(100) and s["p99"] == pytest.approx(1000)
+def _gaps(*pairs: tuple[float, int]) -> GapHistogram:
+    h = GapHistogram()
+    for gap, count in pairs:
+        h.add(gap, count)
+    return h
 
 
-def test_itl_percentiles_pool_every_gap_as_vllm_does():
-    # Two gaps of 10 ms and two of 20 ms: vLLM's np.median of the pooled gaps is their midpoint.
-    reqs = table([(0, 0, 0, 0.02, 1, 3), (0, 0, 0, 0.04, 1, 3)])
-    s = latency_stats(reqs, "itl", (90,))
-    assert s["median"] == pytest.approx(15) and s["p90"] == pytest.approx(20)
-    # Gaps of 10, 30 and 200 ms, 5, 4 and 1 of them: np.percentile of the ten pooled gaps.
-    reqs = table([(0, 0, 0, 0.05, 1, 6), (0, 0, 0, 0.12, 1, 5), (0, 0, 0, 0.2, 1, 2)])
-    pooled = [10] * 5 + [30] * 4 + [200]
-    s = latency_stats(reqs, "itl", (90, 99))
-    assert s["median"] == pytest.approx(np.median(pooled))
+def test_itl_pools_every_gap_of_the_run_as_vllm_does():
+    # 10 gaps of 100 ms and 3 of 1 s: the mean is the total over the number of gaps, the percentiles
+    # np.percentile's of the 13 pooled gaps.
+    s = latency_stats(REQS, "itl", (90, 99), _gaps((0.1, 10), (1.0, 3)))
+    pooled = [100] * 10 + [1000] * 3
+    assert s["mean"] == pytest.approx(4000 / 13) and s["std"] == pytest.approx(np.std(pooled))
+    assert s["median"] == pytest.approx(100)
     assert [s["p90"], s["p99"]] == pytest.approx([np.percentile(pooled, 90), np.percentile(pooled, 99)])
+    # Two gaps of 10 ms and two of 20 ms: the median is their midpoint.
+    assert latency_stats(REQS, "itl", (90,), _gaps((0.01, 2), (0.02, 2)))["median"] == pytest.approx(15)
+
+
+def test_itl_is_unknown_without_the_runs_gaps():
+    m = bench_metrics(REQS, 2.0, metrics=("ttft", "itl"))
+    assert m["mean_ttft_ms"] == pytest.approx(150)
+    assert m["mean_itl_ms"] is None and m["p99_itl_ms"] is None
+    m = bench_metrics(REQS, 2.0, metrics=("itl",), gaps=_gaps((0.05, 4)))
+    assert m["p99_itl_ms"] == pytest.approx(50)
 
 
 def test_peak_tokens_and_requests_per_whole_second_from_the_first_finished_arrival():

@@ -30,6 +30,8 @@ def assert_identical(fast, step):
     pd.testing.assert_frame_equal(fast.events, step.events)
     assert fast.summary["num_steps"] == step.summary["num_steps"]
     assert fast.summary["allocator_stats"] == step.summary["allocator_stats"]
+    for name in ("counts", "sums", "squares"):  # every inter-token gap, added in the same order
+        np.testing.assert_array_equal(getattr(fast.itl, name), getattr(step.itl, name), err_msg=name)
     for state, value in fast.summary["memory"].items():
         assert value == pytest.approx(step.summary["memory"][state], rel=1e-9, abs=1e-12), state
 
