@@ -249,6 +249,23 @@ _NOT_COPIED = {"model", "gpu", "latency", "mode", "record_events", "extra", "kv_
                "gpu_memory_utilization", "swap_space_gb", "debug"}
 
 
+_KINDS = {"bool": "true or false", "int": "a whole number", "float": "a number", "str": "a string"}
+
+
+def _is_kind(value, annotation: str) -> bool:
+    """Whether a config.json value fits a SimConfig field annotated `annotation` (e.g. 'int | None')."""
+    names = [t.strip() for t in annotation.split("|")]
+    if value is None:
+        return "None" in names
+    if isinstance(value, bool):
+        return "bool" in names
+    if isinstance(value, int):
+        return "int" in names or "float" in names
+    if isinstance(value, float):
+        return "float" in names
+    return isinstance(value, str) and "str" in names
+
+
 def replay_twin(real_run: Path, trace_df: pd.DataFrame | None, base, step_times: bool = True):
     """(allocator name, trace as run, SimConfig, MeasuredSteps or None) of a simulation of a replay's run.
 
@@ -265,8 +282,9 @@ def replay_twin(real_run: Path, trace_df: pd.DataFrame | None, base, step_times:
 
     dirs = allocator_dirs(real_run)
     if len(dirs) != 1:
-        raise RunFolderError(f"{real_run}: holds {len(dirs)} allocators; point --step-times-from at one "
-                             "allocator folder")
+        option = "--step-times-from" if step_times else "--config-from"
+        raise RunFolderError(f"{real_run}: holds {len(dirs)} allocators; point {option} at one allocator "
+                             "folder")
     name, folder = dirs[0]
     run = load_allocator(folder)
     cfg = run.config
@@ -292,6 +310,11 @@ def replay_twin(real_run: Path, trace_df: pd.DataFrame | None, base, step_times:
     trace_df["prompt_len"] = req["prompt_len"].to_numpy()
     fields = {f.name for f in dataclasses.fields(base)} - _NOT_COPIED
     copied = {k: v for k, v in cfg.items() if k in fields}
+    for f in dataclasses.fields(base):
+        if f.name in copied and not _is_kind(copied[f.name], str(f.type)):
+            kinds = " or ".join(_KINDS.get(t.strip(), "null") for t in str(f.type).split("|"))
+            raise RunFolderError(f"{folder / 'config.json'}: field {f.name!r}: expected {kinds}, got "
+                                 f"{copied[f.name]!r}")
     swap = (run.summary.get("measured") or {}).get("swap_pool_bytes")
     config = dataclasses.replace(base, **copied, model=canonical_name(str(cfg["model"])),
                                  gpu="cpu" if str(cfg.get("device", "")).startswith("cpu") else base.gpu,

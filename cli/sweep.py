@@ -13,11 +13,13 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cli.common import UserError, check_seed, console, err_console, user_errors
+from cli.common import UserError, check_seed, console, err_console, user_errors, warn
 from cli.help import OUTPUT, POOL, SCHEDULER, TRACE
 from cli.report import short
 from cli.simulate import Placement, Preemption
+from pagelab.run_format import is_sweep_folder
 from simulator.core.config import ALLOCATORS
+from traces.schema import LATE, MAX_ARRIVAL_S
 
 SEARCH, EXECUTION = "Capacity search", "Execution"
 Executor = Literal["local", "ray"]
@@ -176,16 +178,31 @@ def sweep_cmd(
             raise UserError("--address needs --executor ray")
         if limit is not None and limit < 2:
             raise UserError(f"--limit must be >= 2 (a rate needs two arrivals), got {limit}")
-        df = load_trace(trace or "azure-conv")
+        trace_warnings: list[str] = []
+        try:
+            df = load_trace(trace or "azure-conv", warnings=trace_warnings)
+        finally:
+            for message in trace_warnings:
+                warn(message)
         if limit is not None:
             df = df.iloc[:limit].reset_index(drop=True)
         if len(df) < 2 or df["arrival_s"].max() <= df["arrival_s"].min():
             raise UserError(f"{trace or 'azure-conv'}: a sweep needs a trace with at least two distinct "
                             "arrival times (rates rescale the gaps)")
-        if out.exists() and not out.is_dir():
-            raise UserError(f"--out {out}: exists and is not a folder")
-        from cli.runs import lock_out
+        from cli.runs import check_out_folder, lock_out
+
+        check_out_folder(out, f"--out {out}")
         lock_out(out)  # one sweep at a time writes a sweep folder
+        held = sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) if out.is_dir() else []
+        if held and not is_sweep_folder(out):
+            shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
+            raise UserError(f"--out {out} is a folder that is not a sweep's (it holds {shown}); choose a new "
+                            "or empty folder, or an earlier sweep's to resume it")
+        lowest = min(axes.bounds[0], *rates)
+        if (len(df) - 1) / lowest > MAX_ARRIVAL_S:
+            raise UserError(f"--rate {lowest:g} spreads the trace's {len(df):,} requests over "
+                            f"{(len(df) - 1) / lowest:.3g} s, past {MAX_ARRIVAL_S:g} s ({LATE}): raise the "
+                            "lowest rate")
         # Start the executor before writing anything, so a cluster that does not answer leaves no files.
         if executor == "ray":
             runner = RayExecutor(df, address, num_cpus=jobs)
@@ -221,7 +238,6 @@ def sweep_cmd(
         paths = plot_sweep_folder(out, out / "figures")
         err_console.print(f"drew {len(paths)} figures into {out / 'figures'}", highlight=False)
     if result.num_failed:
-        from cli.common import warn
         warn(f"{result.num_failed} point(s) failed (their causes are in the error column of "
              f"{out / 'sweep.parquet'}); run the same sweep again to retry them")
         raise typer.Exit(code=1)

@@ -187,9 +187,11 @@ def _gen_multi_turn(out: Path, num: int, rate: float, turns: float, think_time: 
                     max_model_len: int | None, prefix_block_size: int | None, seed: int) -> None:
     """`trace gen --multi-turn`: write a conversation trace."""
     from traces import save_trace
-    from traces.multiturn import MultiTurnConfig, generate_multiturn
+    from traces.multiturn import THINK_TIMES, MultiTurnConfig, generate_multiturn
     from traces.stats import trace_info
 
+    if think_dist not in THINK_TIMES:  # the option's name, not the configuration field's
+        raise UserError(f"--think-dist must be one of {', '.join(THINK_TIMES)}, got {think_dist!r}")
     given = {"max_model_len": max_model_len, "prefix_block_size": prefix_block_size}
     config = MultiTurnConfig(num_requests=num, rate=rate, mean_turns=turns, think_time_s=think_time,
                              think_time=think_dist, seed=seed,
@@ -250,6 +252,10 @@ def info(
     from traces.stats import trace_info
 
     fmt = None if plot is None else plot_format(plot)
+    if plot is not None:
+        from cli.runs import check_out_file
+
+        check_out_file(plot, f"--plot {plot}")
     with _printing_warnings() as warnings:
         trace = load_trace(path, format, warnings=warnings)
     stats = trace_info(trace)
@@ -273,8 +279,10 @@ def convert(
                                help="Input format (auto-detected by default)."),
 ) -> None:
     """Convert a trace to pagelab's canonical CSV, JSONL or Parquet."""
+    from cli.runs import check_out_file
     from traces import load_trace, save_trace
 
+    check_out_file(dst, str(dst))
     with _printing_warnings() as warnings:
         trace = load_trace(src, format, warnings=warnings)
         save_trace(trace, dst, warnings=warnings)

@@ -5,6 +5,8 @@ figures all read. Types are numpy/Arrow type names, so this module imports nothi
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 # The five states of a KV slot: they add up to the pool's capacity, in this order (bottom to top in every
 # stacked figure: the useful part sits on the axis, as in the vLLM paper's Fig. 2).
 MEMORY_STATES = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free")
@@ -64,8 +66,15 @@ EVENT_OPTIONAL = ("prefix_key", "seq_id")
 TRANSITION_KINDS = ("preempted", "swapped_out", "swapped_in")
 TRANSITION_COLUMNS: dict[str, str] = {"request_id": "int32", "t_s": "float64", "kind": "int8"}
 
-# A sweep folder keeps each point's run folder in SWEEP_POINTS_DIR (docs/sweeps.md).
+# A sweep folder keeps each point's run folder in SWEEP_POINTS_DIR and their rows in SWEEP_TABLE
+# (docs/sweeps.md).
 SWEEP_POINTS_DIR = "points"
+SWEEP_TABLE = "sweep.parquet"
+
+
+def is_sweep_folder(path: Path) -> bool:
+    """Whether `path` holds a sweep (its points, or its table)."""
+    return (path / SWEEP_POINTS_DIR).is_dir() or (path / SWEEP_TABLE).is_file()
 
 
 def sweep_axis_applies(axis: str, allocator: str) -> bool:

@@ -35,10 +35,9 @@ METRICS = ("ttft", "tpot", "itl", "e2el")
 DEFAULT_METRICS = ("ttft", "tpot", "itl")
 DEFAULT_PERCENTILES = (99.0,)
 _COLUMN = {"ttft": "ttft_s", "tpot": "tpot_s", "e2el": "e2e_s"}
-_PAIRS = 1 << 12  # (request, second) pairs `per_second` expands at a time
 
 
-def _batches(requests: Requests, names: tuple[str, ...]) -> Iterator[dict[str, np.ndarray]]:
+def request_batches(requests: Requests, names: tuple[str, ...]) -> Iterator[dict[str, np.ndarray]]:
     """Columns of a request table in memory or streamed to a file, a batch of rows at a time: a
     10M-request table is never read whole (column_stats.py)."""
     if isinstance(requests, RequestColumns):
@@ -49,7 +48,7 @@ def _batches(requests: Requests, names: tuple[str, ...]) -> Iterator[dict[str, n
 def _finite(requests: Requests, name: str) -> Batches:
     """The column's defined (non-NaN) values, batch by batch, unweighted."""
     def read():
-        for b in _batches(requests, (name,)):
+        for b in request_batches(requests, (name,)):
             v = b[name].astype(np.float64, copy=False)
             yield v[~np.isnan(v)], None
     return read
@@ -129,7 +128,7 @@ def latency_stats(requests: Requests, metric: str, percentiles=DEFAULT_PERCENTIL
 def _num_meeting(requests: Requests, limits: tuple[Limit, ...]) -> int:
     """Requests that finished within every limit (a request with one output token has no TPOT: it passes)."""
     num = 0
-    for b in _batches(requests, ("finish_s", *(limit.column for limit in limits))):
+    for b in request_batches(requests, ("finish_s", *(limit.column for limit in limits))):
         ok = ~np.isnan(b["finish_s"])
         for limit in limits:
             v = b[limit.column].astype(np.float64)
@@ -152,7 +151,8 @@ def bench_metrics(requests: Requests, duration_s: float, *, metrics=DEFAULT_METR
         completed, rejected = totals.num_finished, totals.num_rejected
         in_tokens, out_tokens = totals.input_tokens, totals.output_tokens
     else:
-        for b in _batches(requests, ("finish_s", "rejected", "prompt_len", "output_len", "n", "beam_width")):
+        names = ("finish_s", "rejected", "prompt_len", "output_len", "n", "beam_width")
+        for b in request_batches(requests, names):
             done = ~np.isnan(b["finish_s"])
             completed += int(done.sum())
             rejected += int(b["rejected"].sum())
@@ -179,78 +179,18 @@ def bench_metrics(requests: Requests, duration_s: float, *, metrics=DEFAULT_METR
     return result
 
 
-def _tokens_before(bound: np.ndarray, rel: np.ndarray, gap: np.ndarray, count: np.ndarray) -> np.ndarray:
-    """How many of `count` tokens at `rel + k * gap` (k = 0, 1, ...) fall before `bound`, elementwise."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        k = np.where(gap > 0, np.ceil((bound - rel) / gap), np.where(rel < bound, count, 0))
-    k = np.clip(np.nan_to_num(k), 0, count).astype(np.int64)
-    # The division can round either way by one token; the token times as written decide.
-    k -= (k > 0) & (rel + (k - 1) * gap >= bound)
-    k += (k < count) & (rel + k * gap < bound)
-    return k
+def peak_metrics(requests: Requests) -> dict:
+    """`vllm bench serve`'s peak output tokens per second and peak concurrent requests (peaks.py)."""
+    from simulator import peaks  # loaded when a run ends, not when the CLI starts
+
+    return peaks.peak_metrics(lambda names: request_batches(requests, names))
 
 
 def per_second(requests: Requests) -> tuple[np.ndarray, np.ndarray]:
-    """Output tokens, and finished requests between arrival and finish, in each whole second counted from
-    the first finished request's arrival, as `vllm bench serve` buckets them (a request's tokens evenly
-    spaced from its first to its last, n samples counting n times)."""
-    start, end = math.inf, -math.inf
-    for b in _batches(requests, ("arrival_s", "finish_s")):
-        done = ~np.isnan(b["finish_s"])
-        if done.any():
-            start = min(start, float(b["arrival_s"][done].min()))
-            end = max(end, float(b["finish_s"][done].max()))
-    if start == math.inf:
-        return np.zeros(0), np.zeros(0, np.int64)
-    num_seconds = math.ceil(end - start) + 1
-    tokens = np.zeros(num_seconds)
-    active = np.zeros(num_seconds + 1, np.int64)  # +1 at a request's first second, -1 after its last
-    for b in _batches(requests, ("arrival_s", "first_token_s", "finish_s", "output_len", "n", "beam_width")):
-        done = ~np.isnan(b["finish_s"])
-        if not done.any():
-            continue
-        finish = b["finish_s"][done] - start
-        _add_at(active, (b["arrival_s"][done] - start).astype(np.int64), 1)
-        _add_at(active, finish.astype(np.int64) + 1, -1)
-        count = np.maximum(b["output_len"][done].astype(np.int64), 1)
-        rel = b["first_token_s"][done] - start
-        gap = np.where(count > 1, (finish - rel) / np.maximum(count - 1, 1), 0.0)
-        weight = np.where(b["beam_width"][done] <= 1, b["n"][done], 1)
-        first_s = rel.astype(np.int64)
-        spans = (rel + (count - 1) * gap).astype(np.int64) - first_s + 1
-        # One (request, second) pair per second a request's tokens span, at most ~_PAIRS at a time: a
-        # long run's requests decode for many seconds, and the pairs would outgrow the run's own memory.
-        ends = np.cumsum(spans)
-        cuts = [0, *np.searchsorted(ends, np.arange(_PAIRS, int(ends[-1]), _PAIRS)), len(spans)]
-        for lo, hi in zip(cuts, cuts[1:], strict=False):
-            if hi > lo:
-                _add_tokens(tokens, first_s[lo:hi], spans[lo:hi], rel[lo:hi], gap[lo:hi], count[lo:hi],
-                            weight[lo:hi])
-    return tokens, np.cumsum(active)[:num_seconds]
+    """Output tokens and concurrent requests in each whole second (peaks.py)."""
+    from simulator import peaks
 
-
-def _add_tokens(tokens: np.ndarray, first_s, spans, rel, gap, count, weight) -> None:
-    """Add each request's tokens (at `rel + k * gap`, `weight` each) to the whole seconds they fall in."""
-    row = np.repeat(np.arange(len(rel)), spans)
-    second = first_s[row] + np.arange(len(row)) - np.repeat(np.cumsum(spans) - spans, spans)
-    r, g, c = rel[row], gap[row], count[row]
-    per = _tokens_before(second + 1.0, r, g, c) - _tokens_before(second.astype(np.float64), r, g, c)
-    _add_at(tokens, second, per * weight[row])
-
-
-def _add_at(target: np.ndarray, index: np.ndarray, weights) -> None:
-    """`np.add.at(target, index, weights)` for indices close together (requests in arrival order), at
-    bincount's speed and over the indices' range only."""
-    low = int(index.min())
-    added = np.bincount(index - low, None if np.isscalar(weights) else weights)
-    target[low:low + len(added)] += added * weights if np.isscalar(weights) else added
-
-
-def peak_metrics(requests: Requests) -> dict:
-    """`vllm bench serve`'s peak output tokens per second and peak concurrent requests (`per_second`)."""
-    tokens, active = per_second(requests)
-    return {"max_output_tokens_per_s": float(tokens.max(initial=0.0)),
-            "max_concurrent_requests": int(active.max(initial=0))}
+    return peaks.per_second(lambda names: request_batches(requests, names))
 
 
 def rejection_warning(requests: Requests, max_model_len: int, pool: str,
@@ -262,7 +202,7 @@ def rejection_warning(requests: Requests, max_model_len: int, pool: str,
     """
     num_rejected = too_long = 0
     longest = 0
-    for b in _batches(requests, ("rejected", "prompt_len", "output_len")):
+    for b in request_batches(requests, ("rejected", "prompt_len", "output_len")):
         rejected = b["rejected"].astype(bool, copy=False)
         num_rejected += int(rejected.sum())
         total = b["prompt_len"][rejected].astype(np.int64) + b["output_len"][rejected]
@@ -308,7 +248,7 @@ def queue_lengths(requests: Requests, times: np.ndarray) -> np.ndarray:
     """Requests waiting for their first admission at each time (rejected requests are left out)."""
     t = np.asarray(times, np.float64)
     waiting = np.zeros(len(t), np.int64)
-    for b in _batches(requests, ("rejected", "arrival_s", "admitted_s")):
+    for b in request_batches(requests, ("rejected", "arrival_s", "admitted_s")):
         kept = ~b["rejected"].astype(bool, copy=False)
         arrival, admitted = b["arrival_s"][kept], b["admitted_s"][kept]
         if len(t) <= 8:  # a few times: count directly (a sort per batch costs ~1 s at 10M rows)
@@ -325,7 +265,8 @@ def overload_warning(requests: Requests, duration_s: float) -> str | None:
     if totals is not None:  # no pass over the table
         last = totals.last_arrival_s
     else:
-        last = max((float(b["arrival_s"].max()) for b in _batches(requests, ("arrival_s",))), default=0.0)
+        arrivals = request_batches(requests, ("arrival_s",))
+        last = max((float(b["arrival_s"].max()) for b in arrivals), default=0.0)
     if last <= 0 or len(requests) < 10:
         return None
     half, three_q, end = queue_lengths(requests, np.array([0.5, 0.75, 1.0]) * last)

@@ -36,8 +36,12 @@ def read_csv(path: Path, source: str) -> pd.DataFrame:
     return df
 
 
-def csv_raw(df: pd.DataFrame, fields: dict[str, str], relative_time: bool) -> RawTrace:
+def csv_raw(df: pd.DataFrame, fields: dict[str, str], relative_time: bool, source: str = "") -> RawTrace:
     """Rename a CSV frame to canonical names, dropping blank lines but keeping their line numbers."""
+    ours = [k for k, v in fields.items() if v not in df.columns and k in df.columns]
+    if ours:  # pagelab's own CSV, read as another format: its columns would be taken for that format's
+        raise TraceError(f"{source}: the header has pagelab's {', '.join(ours)}, not this format's "
+                         f"{', '.join(fields[k] for k in ours)}: leave --format out to read pagelab's CSV")
     lines = np.arange(2, len(df) + 2)
     blank = df.isna().all(axis=1).to_numpy()
     if blank.any():
@@ -49,7 +53,7 @@ def csv_raw(df: pd.DataFrame, fields: dict[str, str], relative_time: bool) -> Ra
 
 def azure(path: Path, source: str, warnings: list[str] | None) -> RawTrace:
     """Azure LLM inference trace 2023: `TIMESTAMP,ContextTokens,GeneratedTokens`, wall-clock timestamps."""
-    raw = csv_raw(read_csv(path, source), AZURE, relative_time=False)
+    raw = csv_raw(read_csv(path, source), AZURE, relative_time=False, source=source)
     df = raw.frame
     if "arrival_s" in df:
         text = df["arrival_s"]
@@ -77,12 +81,12 @@ def vidur(path: Path, source: str, warnings: list[str] | None) -> RawTrace:
             f"{source} line 1 (header), field 'arrived_at': missing column: this Vidur file has lengths but "
             "no arrival times; give it synthetic arrivals with "
             f"`pagelab trace gen --lengths {path} --arrival poisson --rate R --out OUT`")
-    return _relative(csv_raw(df, VIDUR, relative_time=False), scale=1.0)
+    return _relative(csv_raw(df, VIDUR, relative_time=False, source=source), scale=1.0)
 
 
 def burstgpt(path: Path, source: str, warnings: list[str] | None) -> RawTrace:
     """BurstGPT CSV (with or without `Session ID,Elapsed time`); drops failed requests (0 response tokens)."""
-    raw = csv_raw(read_csv(path, source), BURSTGPT, relative_time=False)
+    raw = csv_raw(read_csv(path, source), BURSTGPT, relative_time=False, source=source)
     df = raw.frame
     if "output_len" in df:
         failed = (pd.to_numeric(df["output_len"], errors="coerce") == 0).to_numpy()

@@ -29,6 +29,9 @@ PREFIX_COLUMNS = ("prefix_blocks", "prefix_block_size")
 REQUIRED_COLUMNS = ("arrival_s", "prompt_len", "output_len")
 # Beyond this a "length" is certainly garbage, and float64 would stop holding it exactly.
 MAX_COUNT = 2**40
+# The run's clock is a float of seconds: past 1e9 s (~31 years) it no longer resolves a microsecond.
+MAX_ARRIVAL_S = 1e9
+LATE = "about 31 years: the run's clock would lose its microseconds"
 COUNT_COLUMNS = ("prompt_len", "output_len", "n", "beam_width")
 KEY_MIN, KEY_MAX = -(2**63), 2**63 - 1  # prefix keys are int64 in every table and array
 
@@ -85,8 +88,8 @@ def _is_canonical(df) -> bool:
 
 def canonical_batches(batches: Iterable[dict[str, np.ndarray]]) -> bool:
     """Whether consecutive batches of the canonical columns make, together, a trace validate_trace would
-    return unchanged: int64/float64 (no nulls), arrivals finite and sorted from 0, ids increasing, counts
-    in range. One batch at a time (a Parquet file's record batches, or a whole frame)."""
+    return unchanged: int64/float64 (no nulls), arrivals sorted from 0 up to MAX_ARRIVAL_S, ids
+    increasing, counts in range. One batch at a time (a Parquet file's record batches, or a whole frame)."""
     last_arrival, last_id, first = 0.0, -1, True
     for c in batches:
         arrival, ids = c["arrival_s"], c["request_id"]
@@ -96,7 +99,7 @@ def canonical_batches(batches: Iterable[dict[str, np.ndarray]]) -> bool:
         if (first and arrival[0] != 0.0) or arrival[0] < last_arrival or ids[0] <= last_id:
             return False
         first = False
-        if not ((arrival[1:] >= arrival[:-1]).all() and np.isfinite(arrival[-1])
+        if not ((arrival[1:] >= arrival[:-1]).all() and arrival[-1] <= MAX_ARRIVAL_S
                 and (ids[1:] > ids[:-1]).all()
                 and all(((c[k] >= 1) & (c[k] <= MAX_COUNT)).all() for k in COUNT_COLUMNS)):
             return False
@@ -197,12 +200,16 @@ def _numbers(values: pd.Series, col: str, fail, expected: str = "") -> np.ndarra
 
 
 def _arrival_column(values: pd.Series, fail) -> np.ndarray:
-    """Arrival times in seconds: finite and not negative."""
+    """Arrival times in seconds: finite, not negative, at most MAX_ARRIVAL_S."""
     arr = _numbers(values, "arrival_s", fail, " (expected seconds, e.g. 0.25, since the trace's start)")
     neg = arr < 0
     if neg.any():
         pos = int(np.argmax(neg))
         fail(pos, "arrival_s", f"negative arrival time {arr[pos]:g}")
+    late = arr > MAX_ARRIVAL_S
+    if late.any():
+        pos = int(np.argmax(late))
+        fail(pos, "arrival_s", f"arrival time {arr[pos]:g} s is past {MAX_ARRIVAL_S:g} s ({LATE})")
     return arr
 
 

@@ -14,7 +14,7 @@ import pandas as pd
 from traces.errors import TraceError
 from traces.lengths import LENGTH_PRESETS, sample_preset
 from traces.loaders import load_length_pairs
-from traces.schema import emit, validate_trace
+from traces.schema import LATE, MAX_ARRIVAL_S, emit, validate_trace
 
 ARRIVALS = ("poisson", "gamma", "burst")
 LENGTHS = ("fixed", "uniform", *LENGTH_PRESETS, "resample")
@@ -191,8 +191,16 @@ def respace_arrivals(trace: pd.DataFrame, rate: float, burstiness: float | None 
         out = trace.copy()
         out["arrival_s"] = 0.0
         return out
-    if burstiness is None:
-        return rescale_rate(trace, rate)
+    out = rescale_rate(trace, rate) if burstiness is None else _gamma_arrivals(trace, rate, burstiness, seed)
+    last = float(out["arrival_s"].max())
+    if last > MAX_ARRIVAL_S:
+        raise TraceError(f"rate {rate:g} requests/s spreads {len(out):,} requests over {last:.3g} s, past "
+                         f"{MAX_ARRIVAL_S:g} s ({LATE}): choose a higher rate")
+    return out
+
+
+def _gamma_arrivals(trace: pd.DataFrame, rate: float, burstiness: float, seed: int) -> pd.DataFrame:
+    """A copy of the trace with seeded gamma gaps of shape `burstiness` at mean `rate`."""
     if not (burstiness > 0 and np.isfinite(burstiness)):
         raise TraceError(f"burstiness must be a finite number > 0 (got {burstiness!r})")
     if not (rate > 0 and np.isfinite(rate)):

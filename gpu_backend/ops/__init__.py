@@ -56,8 +56,9 @@ def get_backend(name: str = "auto", device=None) -> AttentionBackend:
         name = "triton" if on_cuda else "torch"
     if name == "torch":
         return TorchBackend(_CUDA_TORCH_CONFIG if on_cuda else None)
-    from gpu_backend.ops.triton_backend import TritonBackend
+    from gpu_backend.ops.triton_backend import TritonBackend, check_device
 
+    check_device(on_cuda, dev)
     return TritonBackend()
 
 

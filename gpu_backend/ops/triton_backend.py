@@ -1,6 +1,7 @@
 """The Triton attention backend: validation and launch configuration around the kernels."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -116,6 +117,15 @@ class TritonBackend:
                 f"Triton attention supports head_dim in {SUPPORTED_HEAD_DIMS}, got {head_dim}")
         if block_size < 1:
             raise KernelInputError(f"block_size must be positive, got {block_size}")
+
+
+def check_device(on_cuda: bool, device: torch.device | None) -> None:
+    """Refuse a backend without a CUDA device to run on, unless Triton interprets the kernels."""
+    # Triton compiles for a GPU driver: without one, the first launch fails deep inside Triton.
+    if not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise KernelInputError(f"the triton attention backend needs a CUDA device (here: "
+                               f"{device or 'no CUDA device'}), or TRITON_INTERPRET=1 to interpret its "
+                               f"kernels on the CPU; the torch backend runs anywhere")
 
 
 def _check_runnable(t: torch.Tensor, k_cache: torch.Tensor) -> None:

@@ -234,7 +234,7 @@ def span_length(run: SimState) -> tuple[int, tuple | None]:
         first = run.latency.step_time(b, tokens + b, tokens + b, b)
         if now + first >= arrival:
             return _NO_SPAN
-        k = min(k, int((arrival - now) / first) + 2)
+        k = min(k, int(min((arrival - now) / first, k)) + 2)
     dts = run.latency.decode_times(b, tokens, k)
     clock = [now]
     t = now

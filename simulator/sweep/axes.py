@@ -32,6 +32,13 @@ def _number(text: str, what: str) -> float:
     return value
 
 
+def _check_kept(spec: str, rate: float) -> None:
+    """Refuse a rate that its RATE_DIGITS decimals round to 0 requests/s."""
+    if round(rate, RATE_DIGITS) <= 0:
+        raise SweepError(f"--rate {spec!r}: rates are kept to {RATE_DIGITS} decimals, so {rate:g} "
+                         f"requests/s would be 0; the lowest rate is {10.0 ** -RATE_DIGITS:g}")
+
+
 def parse_rates(spec: str) -> tuple[tuple[float, ...], tuple[float, float]]:
     """Parse `--rate`: 'START:STOP:STEP' (inclusive grid), 'START:STOP' (search bounds only) or 'A,B,C'.
 
@@ -45,6 +52,7 @@ def parse_rates(spec: str) -> tuple[tuple[float, ...], tuple[float, float]]:
         start, stop = (_number(p, f"--rate {spec!r}") for p in parts[:2])
         if start <= 0:
             raise SweepError(f"--rate {spec!r}: rates must be > 0 requests/s")
+        _check_kept(spec, start)
         if stop <= start:
             raise SweepError(f"--rate {spec!r}: the range is empty or inverted (STOP must exceed START)")
         if len(parts) == 2:
@@ -63,6 +71,7 @@ def parse_rates(spec: str) -> tuple[tuple[float, ...], tuple[float, float]]:
     values = parse_axis_values("rate", text, float)
     if any(v <= 0 for v in values):
         raise SweepError(f"--rate {spec!r}: rates must be > 0 requests/s")
+    _check_kept(spec, min(values))
     rates = tuple(sorted({round(v, RATE_DIGITS) for v in values}))
     return rates, (rates[0], rates[-1])
 

@@ -20,6 +20,7 @@ TINY = "arrival_s,prompt_len,output_len\n0,10,5\n1,20,6\n2,30,7\n"
 def files(tmp_path):
     """Small malformed traces, written in the test's folder."""
     (tmp_path / "tiny.csv").write_text(TINY)
+    (tmp_path / "late.csv").write_text("arrival_s,prompt_len,output_len\n0,10,5\n1e12,20,3\n")
     (tmp_path / "vidur.csv").write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n")
     (tmp_path / "wide.jsonl").write_text(json.dumps(
         {"timestamp": 0, "input_length": 10, "output_length": 5}) + "\n" +
@@ -39,6 +40,15 @@ CASES = [
     (("trace", "info", "no[/b]such.csv"), "error: no[/b]such.csv: no such file"),
     (("trace", "info", "my:x:trace.csv"), "error: my:x:trace.csv: no such file"),
     (("trace", "gen", "--num", "1e11", "--out", "g.csv"), "Invalid value for '--num'"),
+    (("trace", "gen", "--multi-turn", "--think-dist", "foo", "--out", "g.csv"),
+     "--think-dist must be one of exponential, lognormal, fixed, got 'foo'"),
+    (("trace", "info", "tiny.csv", "--plot", "tiny.csv/x.png"),
+     "--plot tiny.csv/x.png: cannot create a file under"),
+    (("trace", "convert", "tiny.csv", "tiny.csv/x.csv"), "tiny.csv/x.csv: cannot create a file under"),
+    (("trace", "convert", "tiny.csv", "."), ". is a folder, not a file"),
+    (("trace", "info", "tiny.csv", "--format", "azure"),
+     "tiny.csv: the header has pagelab's arrival_s, prompt_len, output_len, not this format's TIMESTAMP"),
+    (("simulate", "tiny.csv", "--kv-offloading-policy", "foo"), "--kv-offloading-policy must be one of lru"),
     (("trace", "gen", "--num", "100000000000", "--out", "g.csv"), "at most 100,000,000"),
     (("trace", "gen", "--burstiness", "0", "--out", "g.csv"), "--burstiness must be a finite number > 0"),
     (("simulate", "tiny.csv", "--kv-memory-gb", "inf"), "--kv-memory-gb must be a finite number, got inf"),
@@ -53,6 +63,9 @@ CASES = [
      "--placement only applies to contiguous allocators"),
     (("simulate", "tiny.csv", "-a", "paged,nope"), "unknown allocator 'nope'"),
     (("simulate", "tiny.csv", "--rate", "nan"), "--request-rate/--rate must be > 0"),
+    (("simulate", "late.csv"), "late.csv line 3, field 'arrival_s': arrival time 1e+12 s is past 1e+09 s"),
+    (("simulate", "tiny.csv", "--rate", "1e-300"), "rate 1e-300 requests/s spreads 3 requests over 2e+300 s"),
+    (("trace", "gen", "--num", "3", "--rate", "1e-12", "--out", "g.csv"), "is past 1e+09 s"),
     (("simulate", "tiny.csv", "--request-rate", "0"), "--request-rate/--rate must be > 0"),
     (("simulate", "tiny.csv", "--burstiness", "0.5"), "--burstiness shapes the gaps"),
     (("simulate", "tiny.csv", "--request-rate", "inf", "--burstiness", "1"), "--burstiness shapes the gaps"),
@@ -70,6 +83,8 @@ CASES = [
     (("replay", "tiny.csv", "--kv-memory-gb", "inf"), "--kv-memory-gb must be a finite number, got inf"),
     (("replay", "tiny.csv", "--time-scale", "nan"), "--time-scale must be a finite number"),
     (("replay", "tiny.csv", "--max-model-len", "0"), "--max-model-len must be > 0"),
+    (("replay", "tiny.csv", "--device", "cpu", "--backend", "triton", "--max-model-len", "64"),
+     "the triton attention backend needs a CUDA device (here: cpu)"),
     (("replay", "tiny.csv", "--kv-memory-gb", "1e6"), "does not fit in this machine's memory"),
     (("bench", "engine", "--num-prompts", "0"), "--limit/--num-prompts must be >= 1, got 0"),
     (("bench", "engine", "--device", "tpu", "--limit", "2"), "unknown device 'tpu'"),

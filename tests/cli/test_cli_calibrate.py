@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -158,3 +159,26 @@ def test_bad_input_is_a_one_line_error_with_exit_2(replayed, tmp_path, case):
     lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and match in lines[0], result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.parametrize("field, value, expected", [("block_size", "abc", "a whole number"),
+                                                    ("max_model_len", "abc", "a whole number or null"),
+                                                    ("enable_prefix_caching", "yes", "true or false")])
+def test_a_replays_config_of_the_wrong_type_is_named(replayed, tmp_path, field, value, expected):
+    _, real = replayed
+    bad = tmp_path / "bad"
+    shutil.copytree(real, bad)
+    config = json.loads((bad / "paged" / "config.json").read_text())
+    config[field] = value
+    (bad / "paged" / "config.json").write_text(json.dumps(config))
+    result = run_process("simulate", "--profile", "cpu-tiny", "--config-from", bad)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert f"config.json: field '{field}': expected {expected}, got '{value}'" in result.stderr
+
+
+def test_a_run_of_several_allocators_is_refused_by_the_option_given(tmp_path):
+    run = tmp_path / "two"
+    assert run_process("simulate", "azure-conv", "--limit", 5, "-a", "paged,contiguous-max", "--out",
+                       run).returncode == 0
+    result = run_process("simulate", "--profile", "cpu-tiny", "--config-from", run)
+    assert result.returncode == 2 and "holds 2 allocators; point --config-from at one" in result.stderr

@@ -63,6 +63,8 @@ def closed_port() -> int:
     (["--rate", "1:2", "--axis", "max_num_seqs=0"], "max_num_seqs must be > 0, got 0"),
     (["--rate", "1:2", "--axis", "max_num_seqs=2", "--max-num-seqs", "4"],
      "--max-num-seqs and --axis max_num_seqs=... both set max_num_seqs"),
+    (["--rate", "1e-12,2e-12"], "rates are kept to 9 decimals, so 1e-12 requests/s would be 0"),
+    (["--rate", "1e-8:2"], "past 1e+09 s"),
 ])
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, trace_file, args, words):
     out = tmp_path / "sweep"
@@ -153,3 +155,20 @@ def test_a_one_value_axis_applies_like_its_option(tmp_path, trace_file):
     assert result.returncode == 0, result.stderr
     base = json.loads((out / "summary.json").read_text())["base"]
     assert base["max_num_seqs"] == 2 and base["preemption_mode"] == "swap"
+
+
+def test_a_folder_that_is_not_a_sweeps_is_left_as_it_was(tmp_path, trace_file):
+    run = tmp_path / "run"
+    assert pagelab("simulate", trace_file, "-a", "paged", "--limit", "20", "--out", run).returncode == 0
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    result = pagelab("sweep", trace_file, *SMALL, "--rate", "1,2", "--out", run)
+    assert result.returncode == 2 and "is a folder that is not a sweep's (it holds paged" in result.stderr
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+def test_trace_warnings_are_one_line_each(tmp_path, trace_file):
+    extra = tmp_path / "extra.csv"
+    pd.read_parquet(trace_file).assign(colour="red").to_csv(extra, index=False)
+    result = pagelab("sweep", extra, *SMALL, "--rate", "1,2", "--out", tmp_path / "sweep")
+    assert result.returncode == 0, result.stderr
+    assert "warning: " in result.stderr and "colour" in result.stderr and "TraceWarning" not in result.stderr

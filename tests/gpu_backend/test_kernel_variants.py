@@ -108,6 +108,7 @@ def test_engine_warmup_compiles_every_kernel_a_later_step_launches(monkeypatch):
     from gpu_backend.ops import triton_backend
 
     # The launchers' own code runs as on a GPU; only the device checks and SM count stand in for one.
+    monkeypatch.setattr(triton_backend, "check_device", lambda *args: None)
     monkeypatch.setattr(triton_backend, "_check_runnable", lambda *tensors: None)
     monkeypatch.setattr(triton_backend, "_num_sms", lambda device: NUM_SMS)
     kernels = {name: _record(monkeypatch, module, name) for module, name in (
@@ -200,6 +201,7 @@ def test_a_decode_forward_with_the_triton_layer_ops_launches_about_a_dozen_kerne
     from gpu_backend.ops import get_backend, triton_backend
     from gpu_backend.ops.layer_ops import TorchLayerOps
 
+    monkeypatch.setattr(triton_backend, "check_device", lambda *args: None)
     monkeypatch.setattr(triton_backend, "_check_runnable", lambda *tensors: None)
     monkeypatch.setattr(triton_backend, "_num_sms", lambda device: NUM_SMS)
     kernels = [_record(monkeypatch, module, name)[1] for module, name in (

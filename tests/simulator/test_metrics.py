@@ -19,6 +19,7 @@ from simulator.metrics import (
     queue_lengths,
     rejection_warning,
 )
+from simulator.peaks import Seconds
 from simulator.slo import parse_goodput
 
 
@@ -129,6 +130,37 @@ def test_peaks_equal_vllms_loops(rows):
     assert got_tokens.tolist() == tokens and got_active.tolist() == active
     assert peak_metrics(frame) == {"max_output_tokens_per_s": max(tokens, default=0.0),
                                    "max_concurrent_requests": max(active, default=0)}
+
+
+def test_peaks_of_requests_years_apart_cost_what_their_tokens_do():
+    # Tokens 1e10 s apart, and requests that last for years: counted token by token and in chunks of
+    # seconds (a dense count per second would need terabytes).
+    reqs = table([(0, 0, 0, 4, 1, 5),                        # tokens at 0, 1, 2, 3, 4 s
+                  (0.5, 0.5, 0.5, 0.5, 1, 1),                # one token in second 0
+                  (5, 5, 5, 5e11, 1, 2),                     # two tokens ~5e11 s apart
+                  (1e11, 1e11, 1e11, 1.2e11, 1, 3),          # tokens at 1e11, 1.1e11, 1.2e11 s
+                  (1e11 + 0.5, 1e11 + 0.5, 1e11 + 0.7, 1e11 + 0.7, 1, 1)])  # two samples in that second
+    reqs.loc[4, "n"] = 2
+    assert peak_metrics(reqs) == {"max_output_tokens_per_s": 3.0, "max_concurrent_requests": 3}
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, (5 << 16) - 1), st.integers(-3, 3)), min_size=1, max_size=60))
+def test_chunked_seconds_count_as_numpy_does(pairs):
+    index = np.array([i for i, _ in pairs], np.int64)
+    weights = np.array([w for _, w in pairs], np.float64)  # token counts come as floats
+    seconds = Seconds(5 << 16, np.float64)
+    half = len(pairs) // 2
+    seconds.add_at(index[:half], weights[:half]) if half else None
+    seconds.add_at(index[half:], weights[half:])
+    expect = np.zeros(5 << 16)
+    np.add.at(expect, index, weights)
+    np.testing.assert_array_equal(seconds.dense(), expect)
+    assert seconds.max() == max(float(expect.max()), 0.0)
+    assert seconds.cumulative_max() == max(int(np.cumsum(expect).max()), 0)
+    ones = Seconds(5 << 16, np.int64)  # requests: +1 or -1 each
+    ones.add_at(index, 1)
+    np.testing.assert_array_equal(ones.dense(), np.bincount(index, minlength=5 << 16))
 
 
 def test_goodput_counts_requests_within_every_slo():

@@ -39,6 +39,7 @@ CASES = [
     ("stamp.csv", AZ + f"{T0},5,6\nyesterday,5,6\n", "line 3", "TIMESTAMP", "not a timestamp"),
     ("negtime.csv", PL + "0,0.0,5,6\n1,-1.0,5,6\n", "line 3", "arrival_s", "negative arrival"),
     ("inf.csv", PL + "0,0.0,5,6\n1,inf,5,6\n", "line 3", "arrival_s", "value is not finite: inf"),
+    ("late.csv", PL + "0,0.0,5,6\n1,2e9,5,6\n", "line 3", "arrival_s", "is past 1e+09 s"),
     ("neginf.csv", PL + "0,0.0,5,6\n1,0.5,-inf,6\n", "line 3", "prompt_len", "value is not finite: -inf"),
     ("dup.csv", PL + "3,0.0,5,6\n4,0.5,5,6\n3,1.0,5,6\n", "line 4", "request_id", "first used at line 2"),
     ("zero_n.csv", "arrival_s,prompt_len,output_len,n\n0,5,6,1\n1,5,6,0\n", "line 3", "n",
