@@ -211,17 +211,18 @@ def _side_by_side(run_a: Path, run_b: Path, kind: str, allocator: str | None, ou
         return
     from pagelab.run_folder import write_json
     from viz import no_steps, plot_runs
+    from viz.common import staged_folder
 
     if no_steps(a) and no_steps(b):  # refused before comparison.json is written: nothing half done
         raise UserError(f"--out {out}: no figure can be drawn: {folder_a}: {no_steps(a)}; {folder_b}: "
                         f"{no_steps(b)}")
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "comparison.json", {
-        "kind": f"{kind} vs {kind}", "a": {"run": str(run_a), "allocator": name_a},
-        "b": {"run": str(run_b), "allocator": name_b},
-        "rows": [{"section": s, "quantity": q, "a": va, "b": vb} for s, q, va, vb in rows]})
-    paths = plot_runs([folder_a, folder_b], out, fmt, ["breakdown", "latency_cdf"], warn=warn)
-    err_console.print(f"wrote {out / 'comparison.json'} and {', '.join(str(p) for p in paths)}",
+    with staged_folder(out) as tmp:  # a figure that fails leaves no comparison.json in `out`
+        write_json(tmp / "comparison.json", {
+            "kind": f"{kind} vs {kind}", "a": {"run": str(run_a), "allocator": name_a},
+            "b": {"run": str(run_b), "allocator": name_b},
+            "rows": [{"section": s, "quantity": q, "a": va, "b": vb} for s, q, va, vb in rows]})
+        paths = plot_runs([folder_a, folder_b], tmp, fmt, ["breakdown", "latency_cdf"], warn=warn)
+    err_console.print(f"wrote {out / 'comparison.json'} and {', '.join(str(out / p.name) for p in paths)}",
                       markup=False)
 
 
@@ -229,7 +230,9 @@ def _sim_vs_real(sim_run: Path, real_run: Path, allocator: str | None, out: Path
     """Latency, throughput, step-time and per-step memory differences of a simulation and a replay."""
     from bench.run_tools import compare_folders, write_comparison
     from simulator.timing.step_latency import STALL_FACTOR
+    from viz.common import staged_folder
 
+    _check_steps(sim_run, real_run, allocator)
     result, sim_folder, real_folder = compare_folders(sim_run, real_run, allocator)
     for message in result.get("warnings", []):
         warn(message)
@@ -252,5 +255,22 @@ def _sim_vs_real(sim_run: Path, real_run: Path, allocator: str | None, out: Path
     else:
         console.print(f"memory breakdown: not compared ({mem['reason']})")
     if out is not None:
-        path = write_comparison(out, result, sim_folder, real_folder, fmt)
-        err_console.print(f"wrote {out / 'comparison.json'}" + (f" and {path}" if path else ""))
+        with staged_folder(out) as tmp:  # a figure that fails leaves no comparison.json in `out`
+            path = write_comparison(tmp, result, sim_folder, real_folder, fmt)
+        err_console.print(f"wrote {out / 'comparison.json'}" + (f" and {out / path.name}" if path else ""))
+
+
+def _check_steps(sim_run: Path, real_run: Path, allocator: str | None) -> None:
+    """Refuse, before any work, a replay's steps table without a column the step times are compared by
+    (calibrate's check, on the columns alone); a table that cannot be read is compare's warning."""
+    import pandas as pd
+
+    from bench.run_tools import allocator_dirs
+    from simulator.timing.calibrate import check_steps
+    from viz.tables import table_columns
+
+    sims = dict(allocator_dirs(sim_run, allocator))
+    for name, folder in allocator_dirs(real_run, allocator):
+        columns = table_columns(folder, "steps") if name in sims else None
+        if columns is not None:
+            check_steps(pd.DataFrame(columns=columns), str(folder))

@@ -22,12 +22,10 @@ def export_cmd(
         raise UserError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
     from cli.runs import check_out_file
     from viz.load import load_run
-    from viz.perfetto import table_problem, write_perfetto
+    from viz.perfetto import check_tables, write_perfetto
 
     run = load_run(run_dir)
-    problem = table_problem(run)
-    if problem is not None:
-        raise problem
+    check_tables(run)  # before --out is checked: the run's problems first
     path = out if out is not None else run_dir / "trace.json"
     check_out_file(path, f"--out {out}" if out is not None else str(path))
     count = write_perfetto(run, path)

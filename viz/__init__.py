@@ -12,10 +12,10 @@ from pathlib import Path
 
 from viz.blockmap import plot_block_map
 from viz.breakdown import plot_breakdown
-from viz.common import FORMATS, FigureResult, safe_stem, save_figure
+from viz.common import FORMATS, FigureResult, safe_stem, save_figure, staged_folder
 from viz.errors import TableError, VizError
 from viz.latency_cdf import plot_latency_cdf
-from viz.load import AllocatorRun, Run, load_runs
+from viz.load import AllocatorRun, Run, load_runs, run_allocator
 from viz.snapshot import plot_block_snapshot
 from viz.sweep import applies, plot_block_size_sweep, plot_sweep_latency, sweep_label, sweeps, unjoined
 from viz.timeline import plot_batch_size, plot_memory_over_time
@@ -117,7 +117,7 @@ def _with_steps(runs: list[Run], warn: Callable[[str], None]) -> list[Run]:
     if not kept:
         raise VizError("nothing to draw: " + "; ".join(f"{a.path}: {no_steps(a)}" for _, a in left_out))
     for run, alloc in left_out:
-        warn(f"{alloc.path}: {no_steps(alloc)}; the figures leave out {run.label}/{alloc.name}")
+        warn(f"{alloc.path}: {no_steps(alloc)}; the figures leave out {run_allocator(run, alloc)}")
     return kept
 
 
@@ -160,7 +160,7 @@ def figure_results(runs: list[Run], only: list[str] | None = None, at: float | N
                         if problem.path not in told:
                             told.add(problem.path)
                             warn(f"{problem}: the figures that need the {problem.table} table leave out "
-                                 f"{run.label}/{alloc.name}")
+                                 f"{run_allocator(run, alloc)}")
             readable = _readable(runs, tables)
             if not readable:
                 warn(f"figure '{name}' skipped: none of its {'/'.join(tables)} tables can be read")
@@ -231,7 +231,8 @@ def save_figures(runs: list[Run], out: Path, fmt: str = "png", only: list[str] |
     _check_format(fmt)
     warn = warn or (lambda message: warnings.warn(message, stacklevel=3))
     _warn_incomplete(runs, warn)
-    written = []
-    for result in figure_results(runs, only, at, warn, window):
-        written.append(save_figure(result.figure, Path(out) / f"{result.name}.{fmt}", fmt))
-    return written
+    names = []
+    with staged_folder(out) as tmp:  # a figure that fails leaves none of the others in `out`
+        for result in figure_results(runs, only, at, warn, window):
+            names.append(save_figure(result.figure, tmp / f"{result.name}.{fmt}", fmt).name)
+    return [Path(out) / name for name in names]

@@ -1,6 +1,11 @@
 """Figure plumbing shared by the figure modules: creation, atomic saving, legends, axis helpers."""
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -10,7 +15,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from pagelab.atomic import atomic_write
+from pagelab.atomic import atomic_write, remove_stale_temp_dirs
 from pagelab.writes import open_out
 from viz.errors import VizError
 from viz.palette import OWNER_LEGEND, SHARED_HATCH
@@ -91,6 +96,35 @@ def save_figure(fig: Figure, path: Path, fmt: str) -> Path:
             fig.savefig(f, format=fmt, dpi=DPI)
 
     return atomic_write(path, write, suffix=f".{fmt}")
+
+
+@contextlib.contextmanager
+def staged_folder(out: Path) -> Iterator[Path]:
+    """Yield a new hidden folder to write files into; when the block completes, move them into `out`
+    (made only then, and only when there is a file), so a command that fails part way leaves `out` and
+    the folders above it as they were. Other files already in `out` stay."""
+    out = Path(out)  # as given: a write error names the destination the way the user did
+    base = out.parent
+    while not base.is_dir() and base != base.parent:
+        base = base.parent  # the folders above `out` are made at the end too
+    remove_stale_temp_dirs(base / out.name)  # the staging folders of writers killed before cleaning up
+    # atomic_dir's naming, so that those cleanups recognise a killed writer's folder
+    tmp = base / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir(mode=0o777)
+    try:
+        yield tmp
+        files = sorted(tmp.iterdir())
+        if files and not out.exists():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(OSError):  # `out` made meanwhile: moved a file at a time below
+                tmp.rename(out)
+                return
+        if files:
+            out.mkdir(parents=True, exist_ok=True)
+        for f in files:
+            os.replace(f, out / f.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def legend_below(fig: Figure, handles: list, labels: list[str], ncol: int | None = None) -> None:

@@ -11,17 +11,20 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from pagelab import run_format
-from pagelab.parquet_parts import PartedFile, iter_batches, part_files, table_exists
+from pagelab.parquet_parts import PartedFile, table_exists
 from viz.errors import TableError, VizError
 from viz.palette import PART_STATES, STATE_ORDER, allocator_sort_key
+from viz.tables import (
+    EVENT_COLUMNS,
+    check_columns,
+    check_schema,
+    read_table,
+    table_problem,
+    table_rows,
+    unreadable,
+)
 
-# The run format's columns, as the simulation and the replay write them.
-REQUEST_COLUMNS = tuple(run_format.REQUEST_COLUMNS)
-MEMORY_COLUMNS = tuple(run_format.MEMORY_COLUMNS)
-EVENT_COLUMNS = tuple(c for c in run_format.EVENT_COLUMNS if c not in run_format.EVENT_OPTIONAL)
 WINDOW_READ_ROWS = 2_000_000  # events tables larger than this are read by time window, not whole
-TABLE_COLUMNS = {"requests": REQUEST_COLUMNS, "memory": MEMORY_COLUMNS, "events": EVENT_COLUMNS}
 
 
 def read_json(path: Path) -> dict:
@@ -35,85 +38,6 @@ def read_json(path: Path) -> dict:
     if not isinstance(data, dict):
         raise VizError(f"{path}: expected a JSON object, found {type(data).__name__}")
     return data
-
-
-def read_table(folder: Path, name: str, columns: tuple[str, ...] | None = None) -> pd.DataFrame:
-    """Read NAME.parquet (or NAME.csv) from `folder`, only `columns` if given, and check the columns the
-    figures use (of those read)."""
-    parquet, csv = folder / f"{name}.parquet", folder / f"{name}.csv"
-    wanted = list(columns) if columns is not None else None
-    try:
-        if table_exists(parquet):
-            if columns is not None:
-                with PartedFile(parquet) as f:
-                    _check_schema(f, columns, parquet)
-            path, df = parquet, pd.read_parquet(parquet, columns=wanted)
-        elif csv.is_file():
-            path, df = csv, pd.read_csv(csv, usecols=wanted)
-        else:
-            raise TableError(f"{parquet}: file not found", parquet, name)
-    except (OSError, ValueError) as exc:
-        if isinstance(exc, VizError):
-            raise
-        raise unreadable(folder, name, exc) from None
-    checked = TABLE_COLUMNS[name] if columns is None else columns
-    if len(df) == 0:  # an empty CSV has no dtypes to check; give the columns numeric ones
-        df = df.astype({c: float for c in checked if c in df.columns})
-    check_columns(df, checked, str(path))
-    return df
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-
-
-def table_problem(folder: Path, name: str) -> TableError | None:
-    """Why NAME's table in `folder` cannot be read, from what is cheap to check (every Parquet footer, a
-    CSV's header); None when it looks readable."""
-    parquet, csv = folder / f"{name}.parquet", folder / f"{name}.csv"
-    if table_exists(parquet):
-        for part in part_files(parquet):
-            try:
-                pq.read_metadata(part)
-            except (OSError, ValueError) as exc:
-                return TableError(f"{part}: cannot read table ({_first_line(exc)})", part, name)
-        return None
-    if csv.is_file():
-        try:
-            pd.read_csv(csv, nrows=0)
-        except (OSError, ValueError) as exc:
-            return TableError(f"{csv}: cannot read table ({_first_line(exc)})", csv, name)
-        return None
-    return TableError(f"{parquet}: file not found", parquet, name)
-
-
-def unreadable(folder: Path, name: str, exc: BaseException) -> TableError:
-    """NAME's table in `folder` failed to read with `exc`: the error naming the file (or part) at fault."""
-    found = table_problem(folder, name)
-    if found is not None:
-        return found
-    parquet = folder / f"{name}.parquet"
-    path = parquet if table_exists(parquet) else folder / f"{name}.csv"
-    return TableError(f"{path}: cannot read table ({_first_line(exc)})", path, name)
-
-
-def parquet_batches(folder: Path, name: str, columns: list[str], rows: int) -> Iterator:
-    """NAME's Parquet table in `folder` as record batches of `columns`, `rows` at a time; damage its footer
-    did not show (pyarrow raises OSError or ValueError) as `unreadable`'s error naming the file."""
-    try:
-        yield from iter_batches(folder / f"{name}.parquet", columns, rows)
-    except (OSError, ValueError) as exc:
-        raise unreadable(folder, name, exc) from None
-
-
-def check_columns(df: pd.DataFrame, columns: tuple[str, ...], where: str) -> None:
-    """Raise VizError naming `where` and the first missing or non-numeric column."""
-    for col in columns:
-        if col not in df.columns:
-            raise VizError(f"{where}: missing column '{col}'")
-        dtype = df[col].dtype
-        if not (pd.api.types.is_numeric_dtype(dtype) or pd.api.types.is_bool_dtype(dtype)):
-            raise VizError(f"{where}: column '{col}' must be numeric, found {dtype}")
 
 
 def _sorted_groups(meta, column: str) -> list[tuple[float, float, int]] | None:
@@ -133,14 +57,6 @@ def _sorted_groups(meta, column: str) -> list[tuple[float, float, int]] | None:
     return groups
 
 
-def _check_schema(f: PartedFile, columns: tuple[str, ...], path: Path) -> None:
-    """VizError naming the file and the first of `columns` it lacks."""
-    names = f.schema_arrow.names
-    for col in columns:
-        if col not in names:
-            raise VizError(f"{path}: missing column '{col}'")
-
-
 @dataclass
 class AllocatorRun:
     """One allocator's results inside a run folder; tables are read on first use."""
@@ -154,7 +70,7 @@ class AllocatorRun:
     @cached_property
     def requests(self) -> pd.DataFrame:
         """requests.parquet: one row per request."""
-        return read_table(self.path, "requests")
+        return self._all_requests(read_table(self.path, "requests"))
 
     @cached_property
     def memory(self) -> pd.DataFrame:
@@ -190,7 +106,7 @@ class AllocatorRun:
             yield self.memory[list(columns)]
             return
         path = self.path / "memory.parquet"
-        _check_schema(f, columns, path)
+        check_schema(f.schema_arrow, columns, path)
         for g in range(f.metadata.num_row_groups):
             try:
                 df = f.read_row_group(g, columns=list(columns)).to_pandas()
@@ -215,7 +131,25 @@ class AllocatorRun:
         """Only these columns of the request table (all of it when already loaded)."""
         if "requests" in self.__dict__:
             return self.requests[list(columns)]
-        return read_table(self.path, "requests", columns)
+        return self._all_requests(read_table(self.path, "requests", columns))
+
+    def _all_requests(self, df: pd.DataFrame) -> pd.DataFrame:
+        """`df`, the request table read, when it has a row for every request summary.json counts."""
+        problem = self._short_of_requests(len(df))
+        if problem is not None:
+            raise problem
+        return df
+
+    def _short_of_requests(self, rows: int) -> TableError | None:
+        """The error naming a request table of `rows` rows, fewer than summary.json's num_requests (a table
+        cut short, or a part of it gone), or None."""
+        expected = self.summary.get("num_requests")
+        if not isinstance(expected, int) or isinstance(expected, bool) or rows >= expected:
+            return None
+        path = self.path / "requests.parquet"
+        path = path if table_exists(path) else self.path / "requests.csv"
+        return TableError(f"{path}: {rows:,} rows, but {self.path / 'summary.json'} counts {expected:,} "
+                          "requests (the table is cut short)", path, "requests")
 
     @cached_property
     def events(self) -> pd.DataFrame:
@@ -319,7 +253,10 @@ class AllocatorRun:
         """The tables among `names` that cannot be read (pagelab plot draws without them)."""
         for name in names:
             if name not in self._problems:
-                self._problems[name] = table_problem(self.path, name)
+                problem = table_problem(self.path, name)
+                if problem is None and name == "requests":
+                    problem = self._short_of_requests(table_rows(self.path, name))
+                self._problems[name] = problem
         return [self._problems[n] for n in names if self._problems[n] is not None]
 
     @property
@@ -360,6 +297,9 @@ def load_run(path: Path, label: str | None = None) -> Run:
     names = list(top.get("allocators") or {})
     if not names:
         names = [p.name for p in path.iterdir() if (p / "config.json").is_file()]
+    if not names and ((path / "points").is_dir() or (path / "sweep.parquet").is_file()):
+        raise VizError(f"{path} is a sweep folder (pagelab sweep), not a run folder: its runs are under "
+                       f"{path / 'points'}/*")
     if not names:
         raise VizError(f"{path / 'summary.json'}: key 'allocators' is empty and no allocator folders exist")
     names.sort(key=allocator_sort_key)
@@ -383,4 +323,10 @@ def load_runs(paths: list[Path]) -> list[Run]:
 
 def series_label(run: Run, alloc: AllocatorRun, multi_run: bool) -> str:
     """Legend text for one allocator of one run: "run/allocator" when several runs are shown."""
-    return f"{run.label}/{alloc.name}" if multi_run else alloc.name
+    return run_allocator(run, alloc) if multi_run else alloc.name
+
+
+def run_allocator(run: Run, alloc: AllocatorRun) -> str:
+    """"run/allocator", or the run's label alone when the run is that allocator's folder (its label names
+    the allocator already)."""
+    return run.label if alloc.path == run.path else f"{run.label}/{alloc.name}"

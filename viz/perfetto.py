@@ -23,12 +23,14 @@ from pagelab.atomic import atomic_write
 from pagelab.parquet_parts import table_exists
 from pagelab.writes import open_out
 from viz.errors import TableError
-from viz.load import AllocatorRun, Run, load_run, parquet_batches, read_table
+from viz.load import AllocatorRun, Run, load_run
 from viz.palette import STATE_ORDER
+from viz.tables import check_table, parquet_batches
 
 PHASES = ("waiting", "prefill", "decode")  # a request's slices, in the order they happen
 QUEUE_COUNTERS = {"num_running": "running", "num_waiting": "waiting", "num_swapped": "swapped",
                   "num_batched_tokens": "batched tokens"}
+EXPORTED_REQUEST_COLUMNS = ("request_id", "arrival_s", "admitted_s", "first_token_s", "finish_s", "rejected")
 REQUEST_READ_ROWS = 65_536
 _US = 1e6
 _WRITE_BUFFER = 1 << 20
@@ -64,13 +66,13 @@ def request_phases(arrival: float, admitted: float, first_token: float, finish: 
 
 def _request_batches(alloc: AllocatorRun) -> Iterator[dict[str, np.ndarray]]:
     """The request table's columns the trace needs, a batch of rows at a time."""
-    cols = ["request_id", "arrival_s", "admitted_s", "first_token_s", "finish_s", "rejected"]
+    cols = list(EXPORTED_REQUEST_COLUMNS)
     path = alloc.path / "requests.parquet"
     if table_exists(path):
         for batch in parquet_batches(alloc.path, "requests", cols, REQUEST_READ_ROWS):
             yield {c: batch.column(i).to_numpy(zero_copy_only=False) for i, c in enumerate(cols)}
     else:
-        df = read_table(alloc.path, "requests", tuple(cols))
+        df = alloc.request_columns(EXPORTED_REQUEST_COLUMNS)
         yield {c: df[c].to_numpy() for c in cols}
 
 
@@ -103,10 +105,16 @@ def _instant_events(pid: int, alloc: AllocatorRun) -> Iterator[str]:
             yield f'{{"ph":"i","s":"t","pid":{pid},"tid":{rid},"name":"{kind}","ts":{_us(t)}}}'
 
 
+def _memory_columns(alloc: AllocatorRun) -> tuple[str, ...]:
+    """The memory table's columns the counters read (the parts of states a run with KV cache groups
+    carries too)."""
+    return ("t_s", *STATE_ORDER, *alloc.parts, *QUEUE_COUNTERS)
+
+
 def _counter_events(pid: int, alloc: AllocatorRun) -> Iterator[str]:
     """Each counter at the rows where its value changes (a counter track holds its value until the next)."""
-    states = (*STATE_ORDER, *alloc.parts)  # the parts of states a run with KV cache groups carries
-    columns = ("t_s", *states, *QUEUE_COUNTERS)
+    states = (*STATE_ORDER, *alloc.parts)
+    columns = _memory_columns(alloc)
     names = {**{s: (s, "share") for s in states}, **{c: (n, "count") for c, n in QUEUE_COUNTERS.items()}}
     last: dict[str, object] = {}
     for df in alloc.memory_chunks(columns):
@@ -158,8 +166,8 @@ def write_events(out: io.BufferedWriter, events: Iterable[str]) -> int:
 
 
 def table_problem(run: Run) -> TableError | None:
-    """The first table the export reads that cannot be read (from its footers), or None: found before
-    anything is written."""
+    """The first table the export reads that cannot be read (from its footers, or a CSV's rows), or None:
+    found before anything is written."""
     from viz.transitions import has_table
 
     for alloc in run.allocators.values():
@@ -170,19 +178,27 @@ def table_problem(run: Run) -> TableError | None:
     return None
 
 
-def export_perfetto(run_dir: Path, out_path: Path) -> int:
-    """Write run folder `run_dir` as trace-event JSON at `out_path` (via a temporary name); return the
-    number of events. TableError naming the file when a table cannot be read."""
-    run = load_run(Path(run_dir))
+def check_tables(run: Run) -> None:
+    """Raise, before anything is written, the first problem of the tables the export reads: a file that
+    cannot be read (TableError), or a column missing (VizError naming the file and the column)."""
     problem = table_problem(run)
     if problem is not None:
         raise problem
-    return write_perfetto(run, out_path)
+    for alloc in run.allocators.values():
+        check_table(alloc.path, "requests", EXPORTED_REQUEST_COLUMNS)
+        check_table(alloc.path, "memory", _memory_columns(alloc))
+
+
+def export_perfetto(run_dir: Path, out_path: Path) -> int:
+    """Write run folder `run_dir` as trace-event JSON at `out_path` (via a temporary name); return the
+    number of events. TableError naming the file when a table cannot be read."""
+    return write_perfetto(load_run(Path(run_dir)), out_path)
 
 
 def write_perfetto(run: Run, out_path: Path) -> int:
-    """Write a loaded run as trace-event JSON at `out_path` (via a temporary name); return the number of
-    events."""
+    """Write a loaded run as trace-event JSON at `out_path` (via a temporary name), once `check_tables`
+    finds its tables whole; return the number of events."""
+    check_tables(run)
     counted = []
 
     def write(tmp: Path) -> None:

@@ -7,7 +7,7 @@ from matplotlib.patches import Patch
 
 from viz.common import FigureResult, legend_below, new_figure, time_label
 from viz.downsample import DEFAULT_MAX_BINS, Binned, downsample_chunks
-from viz.load import AllocatorRun, Run
+from viz.load import AllocatorRun, Run, series_label
 from viz.palette import (
     PART_LABELS,
     PART_OF,
@@ -158,7 +158,7 @@ def plot_batch_size(runs: list[Run], max_bins: int = DEFAULT_MAX_BINS) -> Figure
             chunks = ((m["t_s"].to_numpy(float), m["dt_s"].to_numpy(float), m["num_running"].to_numpy(float))
                       for m in alloc.memory_chunks(("t_s", "dt_s", "num_running")))
             binned = downsample_chunks(chunks, alloc.num_memory_rows, alloc.memory_span(), max_bins)
-            data[f"{run.label}/{alloc.name}" if len(runs) > 1 else alloc.name] = binned
+            data[series_label(run, alloc, len(runs) > 1)] = binned
             color = allocator_color(alloc.name)
             mean_bs = alloc.summary.get("mean_batch_size")
             label = allocator_label(alloc.name)

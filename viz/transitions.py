@@ -10,7 +10,8 @@ import pandas as pd
 from pagelab.parquet_parts import table_exists
 from pagelab.run_format import TRANSITION_COLUMNS, TRANSITION_KINDS
 from viz.errors import VizError
-from viz.load import AllocatorRun, check_columns, parquet_batches, read_table
+from viz.load import AllocatorRun
+from viz.tables import check_columns, parquet_batches, read_table
 
 READ_ROWS = 262_144
 

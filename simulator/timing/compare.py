@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from simulator.timing.calibrate import check_steps
 from simulator.timing.step_latency import DECODE_FEATURE, FEATURES, LatencyModel, stall_mask
 
 LATENCIES = ("ttft_s", "tpot_s", "e2e_s")
@@ -75,6 +76,7 @@ def step_time_error(sim: RunTables, real: RunTables, latency: LatencyModel | Non
     st_s, st_r = per_step_times(sim.memory), per_step_times(real.memory)
     out = {"num_steps_sim": int(len(st_s)), "num_steps_real": int(len(st_r))}
     if latency is not None and real.steps is not None:
+        check_steps(real.steps, "measured run")  # the columns calibrate fits: its check
         busy = real.steps[real.steps["num_batched_tokens"] > 0]
         predicted = latency.step_times(*(busy[f].to_numpy(np.float64) for f in (*FEATURES, DECODE_FEATURE)))
         measured = busy["dt_s"].to_numpy(np.float64)

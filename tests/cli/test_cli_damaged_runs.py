@@ -89,3 +89,20 @@ def test_calibrate_fits_the_runs_it_can_read(folders, tmp_path):
     assert errors == [f"error: no steps table could be read ({good / 'paged' / 'steps.parquet'}, "
                       f"{bad / 'paged' / 'steps.parquet'})"]
     assert not (tmp_path / "again.json").exists()
+
+
+def test_compare_names_a_steps_column_the_replay_lacks(folders, tmp_path):
+    import pyarrow.parquet as pq
+
+    real = _copy(folders, tmp_path, "real")
+    steps = real / "paged" / "steps.parquet"
+    pq.write_table(pq.read_table(steps).drop(["num_batched_tokens"]), steps)
+    result = run("compare", folders / "sim", real, "--out", tmp_path / "cmp")
+    assert result.exit_code == 2, (result.output, result.exception)
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: {real / 'paged'}: steps table has no column 'num_batched_tokens' (written by "
+                      "pagelab replay)"]
+    assert not (tmp_path / "cmp").exists()
+    # calibrate says the same of the same table
+    result = run("calibrate", real, "--out", tmp_path / "profile.json")
+    assert [line for line in result.output.splitlines() if line.startswith("error:")] == errors
