@@ -262,11 +262,10 @@ def _advance(run: ReplayState):
     run.record_step(start, dt, res.breakdown, res.counts, res.out.num_batched_tokens)
     run.step_times.append(dt)
     run.computed += res.num_computed_tokens
-    first = set(res.first_token)
-    later = [sg.group.request_id for sg in res.out.scheduled
-             if (sg.completes_prefill or not sg.is_prefill) and sg.group.request_id not in first]
     gap, run.now = end - run.now, end
-    run.add_gaps(later, gap)
+    run.add_gaps(res.later_token, gap)
+    if res.num_batch_tokens:
+        run.itl.add(gap, res.num_batch_tokens)
     return None
 
 

@@ -171,6 +171,7 @@ class DecodeStepper:
         """Sample every row's token; finish rows that reached max_tokens or stopped at EOS."""
         e, rows = self.engine, self.rows
         n = rows.n
+        result.num_batch_tokens = n
         if rows.random:
             batch = SamplingBatch(rows.temp[:n], rows.top_p[:n], rows.top_k[:n], rows.seed[:n], rows.draw[:n])
             picked = sample(logits, batch, e.generator)

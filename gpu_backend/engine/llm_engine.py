@@ -252,6 +252,8 @@ class LLMEngine:
                 beams.append((state, seqs, resolve_rows(plan, rows)))
             if state.num_sampling_steps == 0:
                 first_token.append(state.request_id)
+            else:
+                result.later_token.append(state.request_id)
             state.num_sampling_steps += 1
         if plain:
             rows = [r for _, _, rs in plain for r in rs]

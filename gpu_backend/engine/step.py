@@ -40,6 +40,8 @@ class StepResult:
     breakdown: MemoryBreakdown | None  # memory taxonomy right after scheduling (when tracked)
     finished: list[RequestOutput] = field(default_factory=list)
     first_token: list[int] = field(default_factory=list)  # requests that sampled their first token
+    later_token: list[int] = field(default_factory=list)  # ... a later one (outside the decode batch)
+    num_batch_tokens: int = 0  # tokens the decode batch's rows sampled, each one step after the last
     num_computed_tokens: int = 0  # tokens in the forward (the scheduler's budget may count fewer)
     # Per sequence input of the forward: tokens computed and context attended over (the step-latency
     # model's inputs, docs/calibration.md; the replay writes them into its steps table).

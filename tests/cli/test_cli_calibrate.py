@@ -182,3 +182,21 @@ def test_a_run_of_several_allocators_is_refused_by_the_option_given(tmp_path):
                        run).returncode == 0
     result = run_process("simulate", "--profile", "cpu-tiny", "--config-from", run)
     assert result.returncode == 2 and "holds 2 allocators; point --config-from at one" in result.stderr
+
+
+def test_a_replays_itl_counts_every_gap_of_its_tokens(tmp_path):
+    # Each finished request's gaps add up to its finish less its first token, preemptions included, so the
+    # pooled mean is the total decode time over the number of gaps.
+    trace = tmp_path / "tight.csv"
+    trace.write_text("arrival_s,prompt_len,output_len\n" + "0,40,40\n" * 4 + "0.01,40,40\n")
+    real = tmp_path / "real"
+    result = run("replay", trace, "--model", "tiny", "--device", "cpu", "--backend", "torch", "--num-blocks",
+                 12, "--max-model-len", 128, "--no-prefix-caching", "--out", real)
+    assert result.exit_code == 0, result.output
+    req = pd.read_parquet(real / "paged" / "requests.parquet")
+    assert req["num_preemptions"].sum() > 0
+    done = req[req["finish_s"].notna()]
+    metrics = json.loads((real / "summary.json").read_text())["serving_metrics"]["paged"]
+    expect = (done["finish_s"] - done["first_token_s"]).sum() / (done["output_len"] - 1).sum()
+    assert metrics["mean_itl_ms"] == pytest.approx(1e3 * expect, rel=1e-9)
+    assert metrics["p99_itl_ms"] > metrics["median_itl_ms"]  # a preempted request's wait is one long gap
