@@ -5,6 +5,7 @@ line. Arrival times are converted to seconds here; everything else is checked in
 """
 from __future__ import annotations
 
+import csv
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -33,6 +34,11 @@ def read_csv(path: Path, source: str) -> pd.DataFrame:
     except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
         raise TraceError(f"{source}: cannot parse as CSV: {str(exc).strip()}") from None
     df.columns = [str(c).strip() for c in df.columns]
+    with open(path, encoding="utf-8-sig", newline="") as f:  # pandas renames a second 'x' to 'x.1'
+        header = [name.strip() for name in next(csv.reader(f), [])]
+    twice = sorted({name for name in header if header.count(name) > 1})
+    if twice:
+        raise TraceError(f"{source} line 1 (header): column {twice[0]!r} appears twice")
     return df
 
 
@@ -123,7 +129,7 @@ def _drop_unknown(raw: RawTrace, source: str, warnings: list[str] | None) -> Raw
     if not extra:
         return raw
     emit(warnings, f"{source}: ignored unknown column(s): {', '.join(map(str, extra))}")
-    return replace(raw, frame=raw.frame.drop(columns=extra))
+    return replace(raw, frame=raw.frame.drop(columns=extra), ignored=tuple(map(str, extra)))
 
 
 def read_jsonl(path: Path, source: str) -> tuple[list[dict], np.ndarray]:

@@ -58,6 +58,7 @@ class RawTrace:
     header: str = "header"  # where a missing column is reported, e.g. "line 1 (header)"
     fields: dict[str, str] = field(default_factory=dict)  # canonical name -> the file's own name
     relative_time: bool = True  # False: arrivals are absolute clock values, shifting them is expected
+    ignored: tuple[str, ...] = ()  # the file's columns pagelab does not know (dropped, named when one lacks)
 
 
 def validate_trace(df: pd.DataFrame, source: str = "<dataframe>", *,
@@ -119,7 +120,7 @@ def _validate(raw: RawTrace, source: str, warnings: list[str] | None) -> pd.Data
 
     def missing(cols: list[str], why: str = "") -> None:
         names = ", ".join(f"'{name(c)}'" for c in cols)
-        found = ", ".join(str(name(c)) for c in df.columns) or "none"
+        found = ", ".join([*(str(name(c)) for c in df.columns), *raw.ignored]) or "none"
         raise TraceError(f"{source} {raw.header}, field {names}: missing column{why} (found: {found})")
 
     absent = [c for c in REQUIRED_COLUMNS if c not in df.columns]

@@ -40,6 +40,8 @@ CASES = [
     ("negtime.csv", PL + "0,0.0,5,6\n1,-1.0,5,6\n", "line 3", "arrival_s", "negative arrival"),
     ("inf.csv", PL + "0,0.0,5,6\n1,inf,5,6\n", "line 3", "arrival_s", "value is not finite: inf"),
     ("late.csv", PL + "0,0.0,5,6\n1,2e9,5,6\n", "line 3", "arrival_s", "is past 1e+09 s"),
+    ("twice.csv", PL.strip() + ",prompt_len\n0,0.0,5,6,3\n", "line 1 (header)", None,
+     "column 'prompt_len' appears twice"),
     ("neginf.csv", PL + "0,0.0,5,6\n1,0.5,-inf,6\n", "line 3", "prompt_len", "value is not finite: -inf"),
     ("dup.csv", PL + "3,0.0,5,6\n4,0.5,5,6\n3,1.0,5,6\n", "line 4", "request_id", "first used at line 2"),
     ("zero_n.csv", "arrival_s,prompt_len,output_len,n\n0,5,6,1\n1,5,6,0\n", "line 3", "n",
@@ -122,6 +124,13 @@ def test_warnings_become_python_warnings_without_a_list(tmp_path):
 def test_blank_lines_are_skipped_but_line_numbers_stay_true(tmp_path):
     message = refused(tmp_path, "gaps.csv", PL + "0,0.0,5,6\n\n\n1,0.5,5,0\n")
     assert "line 5" in message
+
+
+def test_a_missing_column_lists_the_columns_found_even_unknown_ones(tmp_path):
+    path = tmp_path / "other.parquet"
+    pd.DataFrame({"a": [1, 2], "b": [3, 4]}).to_parquet(path)
+    with pytest.raises(TraceError, match=r"missing column \(found: a, b\)"):
+        load_trace(path, warnings=[])
 
 
 def test_parquet_rows_are_named_by_data_row(tmp_path):
