@@ -1,14 +1,14 @@
 """Exact statistics of a column read in batches: memory bounded by a batch, not by the column.
 
-A 10M-request table's latency column is 80 MB; sorting it (plus its weights, for the ITL percentiles)
-takes ~0.5 GB at the end of a 10M-request run, more than a whole 1M-request run. Here percentiles are
-found by radix selection over the file: each pass reads the column batch by batch and histograms the
-next 12 bits of an order-preserving integer key of the values that can still hold the answer; once the
-candidates are few they are collected and sorted. The answers are exactly numpy's:
-`median_and_percentiles` as np.median and np.percentile (linear), of the values themselves or, where the
-batches carry integer weights, of the values repeated by their weights. Sums add batch partial sums in
-batch order, so a table gives the same numbers in memory and streamed when both are read in the same
-batches (`BATCH_ROWS`).
+A 10M-request table's latency column is 80 MB; sorting it whole at the end of a 10M-request run takes a
+few times that, more than a whole 1M-request run. Here percentiles are found by radix selection over
+the file: each pass reads the column batch by batch and histograms the next 12 bits of an
+order-preserving integer key of the values that can still hold the answer; once the candidates are few
+they are collected and sorted. The answers are exactly numpy's: `median_and_percentiles` as np.median
+and np.percentile (linear), of the values themselves or, where the batches carry integer weights, of
+the values repeated by their weights. Sums add batch partial sums in batch order, so a table gives the
+same numbers in memory and streamed when both are read in the same batches (`BATCH_ROWS`).
+`GapHistogram` pools a run's inter-token gaps (the ITL), too many to keep, in fixed bins.
 """
 from __future__ import annotations
 
