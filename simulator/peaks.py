@@ -121,16 +121,18 @@ def _counts(columns: Columns) -> tuple[Seconds, Seconds]:
         spans = (rel + (count - 1) * gap).astype(np.int64) - first_s + 1
         by_second = spans <= count
         for add, sel, sizes in ((_add_by_second, by_second, spans), (_add_by_token, ~by_second, count)):
-            rows = np.flatnonzero(sel)
+            # Usually every request goes one way: slices then, not copies.
+            rows = np.arange(len(sel)) if sel.all() else np.flatnonzero(sel)
             if not len(rows):
                 continue
+            whole = len(rows) == len(sel)
             # At most ~_PAIRS pairs at a time: a long run's requests decode for many seconds, and the
             # pairs would outgrow the run's own memory.
-            ends = np.cumsum(sizes[rows])
+            ends = np.cumsum(sizes if whole else sizes[rows])
             cuts = [0, *np.searchsorted(ends, np.arange(_PAIRS, int(ends[-1]), _PAIRS)), len(rows)]
             for lo, hi in zip(cuts, cuts[1:], strict=False):
                 if hi > lo:
-                    r = rows[lo:hi]
+                    r = slice(lo, hi) if whole else rows[lo:hi]
                     add(tokens, first_s[r], spans[r], rel[r], gap[r], count[r], weight[r])
     return tokens, active
 
