@@ -93,7 +93,9 @@ def sweep_cmd(
                                         help="KV cache size in token slots (overrides everything)."),
     max_model_len: int = typer.Option(None, rich_help_panel=POOL,
                                       help="Longest sequence (default: the model's)."),
-    placement: Placement = typer.Option("buddy", rich_help_panel=POOL, help="Contiguous placement."),
+    placement: Placement = typer.Option(None, rich_help_panel=POOL,
+                                        help="Contiguous placement; only with a contiguous allocator "
+                                             "(default: buddy)."),
     axis: list[str] = typer.Option(None, "--axis", rich_help_panel=POOL,
                                    help="Any other SimConfig field: NAME=V1,V2 (repeat), e.g. "
                                         "kv_cache_dtype=auto,fp8 or gpu_memory_utilization=0.8,0.9."),
@@ -148,6 +150,9 @@ def sweep_cmd(
         for name in names:
             if name not in ALLOCATORS:
                 raise UserError(f"unknown allocator {name!r}; choose from {', '.join(ALLOCATORS)}")
+        if placement is not None and all(ALLOCATORS[n] is None for n in names):
+            raise UserError("--placement only applies to contiguous allocators (-a contiguous-max, ...); "
+                            "the paged allocator places blocks anywhere")
         rates, bounds = parse_rates(rate)
         axes_values = {"block_size": _list("block_size", block_size, int),
                        "kv_memory_gb": _list("kv_memory_gb", kv_memory_gb, float),
@@ -159,7 +164,8 @@ def sweep_cmd(
             axes_values[name] = values
         options = {"capacity_tokens": capacity_tokens, "max_model_len": max_model_len,
                    "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
-                   "preemption_mode": preemption, "placement": placement, "latency": latency, "seed": seed}
+                   "preemption_mode": preemption, "placement": placement or "buddy", "latency": latency,
+                   "seed": seed}
         defaults = {f.name: f.default for f in dataclasses.fields(SimConfig)}
         for name, value in options.items():
             if axes_values.get(name) is not None and value != defaults[name]:

@@ -65,6 +65,7 @@ def closed_port() -> int:
      "--max-num-seqs and --axis max_num_seqs=... both set max_num_seqs"),
     (["--rate", "1e-12,2e-12"], "rates are kept to 9 decimals, so 1e-12 requests/s would be 0"),
     (["--rate", "1e-8:2"], "past 1e+09 s"),
+    (["--rate", "1:2", "-a", "paged", "--placement", "first-fit"], "--placement only applies to contiguous"),
 ])
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, trace_file, args, words):
     out = tmp_path / "sweep"
