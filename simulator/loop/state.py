@@ -104,7 +104,7 @@ class RunState:
         preempted request's last token came at `last_token_s`, the end of the step before; default `now`)."""
         for g in out.rejected:
             self.rejected[g.request_id] = True
-            self.paused.pop(g.request_id, None)
+            self.paused.pop(g.request_id, None)  # the gaps it had (a refused re-admission) stay pooled
             self.num_done += 1
         for g in out.admitted:
             i = g.request_id
