@@ -9,6 +9,7 @@ from rich import box
 from rich.table import Table
 
 from cli.common import UserError, console, err_console, names_list, pick_one, user_errors
+from cli.runs import check_result_options
 from cli.runs import save_result as write_result
 
 bench_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
@@ -64,6 +65,7 @@ def attention(
     result_filename: str = typer.Option(None, "--result-filename", help="Name of the result JSON."),
 ) -> None:
     """Paged decode attention (Triton, torch) vs contiguous SDPA over batch x context x heads x head_dim."""
+    check_result_options(result_dir, result_filename)  # before the benchmark runs
     import dataclasses
 
     import torch
@@ -199,6 +201,7 @@ def core(
     result_filename: str = typer.Option(None, "--result-filename", help="Name of the result JSON."),
 ) -> None:
     """BlockManager decode workload: single-token append_slot vs bulk append_slot(seq, chunk)."""
+    check_result_options(result_dir, result_filename)  # before the benchmark runs
     from bench.core import DecodeWorkload, bench_core
 
     for option, value in (("--num-seqs", num_seqs), ("--num-tokens", num_tokens),
@@ -229,11 +232,16 @@ def simulate_bench(
     result_filename: str = typer.Option(None, "--result-filename", help="Name of the result JSON."),
 ) -> None:
     """Wall time and peak memory of `simulate` (each run in its own process): the scaling curve."""
+    check_result_options(result_dir, result_filename)  # before the benchmark runs
     from bench.simulate import bench_simulate, summarize_runs
+    from cli.trace import MAX_GENERATED
 
     counts = list(_int_list(sizes, "--num") or [None])
     if trace == "synthetic" and counts == [None]:
         raise UserError("--trace synthetic needs --num")
+    if trace == "synthetic" and max(counts) > MAX_GENERATED:
+        raise UserError(f"--num {max(counts):,} is more requests than a synthetic trace is made of "
+                        f"(at most {MAX_GENERATED:,})")
     modes = {"on": (True,), "off": (False,), "both": (False, True)}
     if events not in modes:
         raise UserError(f"--events must be on, off or both, got {events!r}")
@@ -284,6 +292,7 @@ def engine_bench(
     bookkeeping) by batch size: median (p50) and p90 over --steps steps, with a stub model whose
     forward returns at once and/or the real tiny model minus its forward.
     """
+    check_result_options(result_dir, result_filename)  # before the benchmark runs
     # 0 would fall through to the model's own length in the benchmark, not mean "no room".
     if max_model_len is not None and max_model_len < 1:
         raise UserError(f"--max-model-len must be >= 1, got {max_model_len}")
@@ -349,12 +358,21 @@ def calibration_bench(
     from bench.calibration import replay_only as replay_and_floor
     from bench.calibration import run_names, split_names, validate
     from bench.replay_setup import ReplaySetup
+    from cli.runs import check_out_folder, is_run_folder
+    from simulator.timing.step_latency import load_fitted
 
     try:
         runs = run_names(split_names(parts), split_names(repeat))
         setup = ReplaySetup.for_device(device, model, backend, kv_memory_gb)
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    if not runs:
+        raise UserError(f"--parts {parts!r}: give at least one held-out run (A, B, A-x2, C or code)")
+    check_out_folder(out, f"--out {out}")
+    if is_run_folder(out):
+        raise UserError(f"--out {out} holds a pagelab run: choose a folder for the validation's runs")
+    if not replay_only:
+        load_fitted(profile)  # a profile that cannot be read is refused before minutes of replays
     if replay_only:
         console.print(replay_and_floor(setup, out, runs, reuse))
     else:

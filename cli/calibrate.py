@@ -35,6 +35,9 @@ def calibrate_cmd(
         raise UserError("a RUN is given twice: each measured run counts once")
     if min_steps < 1:
         raise UserError(f"--min-steps must be at least 1, got {min_steps}")
+    from cli.runs import check_out_file
+
+    check_out_file(out, f"--out {out}")
     measured = measured_steps(runs, allocator, warn=warn)
     if objective not in ("absolute", "relative"):
         raise UserError(f"--objective must be absolute or relative, got {objective!r}")

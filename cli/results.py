@@ -86,10 +86,11 @@ def result_paths(command: str, names: list[str], result_dir: Path | None, filena
 
 
 def save_results(results: dict[str, dict], paths: dict[str, Path]) -> None:
-    """Write each allocator's result JSON atomically (vLLM's --save-result)."""
-    for name, path in paths.items():
+    """Write each allocator's result JSON atomically (vLLM's --save-result); none when one is a folder."""
+    for path in paths.values():
         if path.is_dir():
             raise UserError(f"--result-filename {path.name}: {path} is a folder")
+    for name, path in paths.items():
         try:
             atomic_write_bytes(path, (json.dumps(results[name], indent=2) + "\n").encode())
         except OSError as exc:

@@ -22,9 +22,9 @@ from pagelab.run_folder import (
     write_table,
 )
 
-__all__ = ["RUN_MARKER", "check_out", "check_out_file", "check_out_folder", "clean_json", "is_run_folder",
-           "lock_out", "run_metadata", "save_result", "versions", "write_json", "write_run",
-           "write_run_files", "write_table"]
+__all__ = ["RUN_MARKER", "check_out", "check_out_file", "check_out_folder", "check_result_options",
+           "clean_json", "is_run_folder", "lock_out", "run_metadata", "save_result", "versions", "write_json",
+           "write_run", "write_run_files", "write_table"]
 
 
 def is_run_folder(path: Path) -> bool:
@@ -85,6 +85,8 @@ def lock_out(out: Path) -> None:
 def check_out_file(path: Path, label: str) -> Path:
     """Refuse, before any work, a file destination that is a folder or where no file can be created (a
     read-only file system, a file in the way); `label` names it in the message (the option, or the path)."""
+    if not str(path).strip() or str(path).endswith(("/", os.sep)) or Path(path).name in ("", ".", ".."):
+        raise UserError(f"{label}: expected the path of a file, got {str(path)!r}")
     target = Path(os.path.abspath(path))
     if target.is_dir():
         raise UserError(f"{label} is a folder, not a file; choose a file path")
@@ -128,6 +130,17 @@ def write_run(out: Path, trace_info: dict, results: dict, table_format: str = "p
                                     extra_summary=extra_summary)
     except OSError as exc:
         raise UserError(f"cannot write the run folder {out}: {exc.strerror or exc}") from None
+
+
+def check_result_options(result_dir: Path | None, result_filename: str | None) -> None:
+    """Refuse, before any work, a --result-dir or --result-filename no result file can be written to."""
+    if result_dir is not None:
+        check_out_folder(result_dir, f"--result-dir {result_dir}")
+    if result_filename is not None:
+        label = f"--result-filename {result_filename}"
+        if not result_filename.strip() or result_filename.endswith(("/", os.sep)):
+            raise UserError(f"{label}: expected the name of a file, got {result_filename!r}")
+        check_out_file(Path(result_dir or ".") / result_filename, label)
 
 
 def save_result(command: str, payload: dict, *, save: bool, result_dir: Path | None,

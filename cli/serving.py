@@ -191,7 +191,10 @@ def reporting(percentile_metrics: str | None, metric_percentiles: str | None, go
               save: bool = False, result_dir: Path | None = None, result_filename: str | None = None,
               as_json: bool = False) -> Reporting:
     """Parse --percentile-metrics, --metric-percentiles and --goodput before any work."""
+    from cli.runs import check_result_options
+
     kinds, percentiles, slos = check_metric_options(percentile_metrics, metric_percentiles, goodput)
+    check_result_options(result_dir, result_filename)
     return Reporting(kinds, percentiles, slos, save, result_dir, result_filename, as_json)
 
 

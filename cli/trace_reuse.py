@@ -79,7 +79,10 @@ def reuse_cmd(
         raise UserError(f"--block-size must be >= 1 (got {block_size})")
     capacities = _tokens(capacity)
     if plot is not None:
+        from cli.runs import check_out_file
+
         plot_format(plot)
+        check_out_file(plot, f"--plot {plot}")
     warnings: list[str] = []
     refs, recorded = load_refs(path, block_size, format, warnings=warnings)
     for message in warnings:

@@ -45,7 +45,7 @@ CASES = [
     (("trace", "info", "tiny.csv", "--plot", "tiny.csv/x.png"),
      "--plot tiny.csv/x.png: cannot create a file under"),
     (("trace", "convert", "tiny.csv", "tiny.csv/x.csv"), "tiny.csv/x.csv: cannot create a file under"),
-    (("trace", "convert", "tiny.csv", "."), ". is a folder, not a file"),
+    (("trace", "convert", "tiny.csv", "."), ".: expected the path of a file, got '.'"),
     (("trace", "info", "tiny.csv", "--format", "azure"),
      "tiny.csv: the header has pagelab's arrival_s, prompt_len, output_len, not this format's TIMESTAMP"),
     (("simulate", "tiny.csv", "--kv-offloading-policy", "foo"), "--kv-offloading-policy must be one of lru"),
@@ -101,6 +101,20 @@ CASES = [
     (("bench", "calibration", "--parts", "A,D"), "unknown part 'D'; choose from A, B, A-x2, C"),
     (("bench", "calibration", "--device", "tpu"), "--device must be one of cpu, cuda, got 'tpu'"),
     (("simulate", "--bogus"), "No such option: --bogus"),
+    # Where a result goes is checked before the run, not after it.
+    (("simulate", "tiny.csv", "--save-result", "--result-dir", "tiny.csv"),
+     "--result-dir tiny.csv is a file, not a folder"),
+    (("simulate", "tiny.csv", "--save-result", "--result-filename", ""),
+     "expected the name of a file, got ''"),
+    (("simulate", "tiny.csv", "-a", "paged,contiguous-max", "--result-filename", "sub/"),
+     "expected the name of a file, got 'sub/'"),
+    (("bench", "core", "--save-result", "--result-dir", "tiny.csv"), "--result-dir tiny.csv is a file"),
+    (("calibrate", "tiny.csv", "--out", ""), "expected the path of a file"),
+    (("trace", "reuse", "tiny.csv", "--plot", ""), "--plot .: expected the path of a file"),
+    (("bench", "simulate", "--trace", "synthetic", "--num", "99999999999"), "at most 100,000,000"),
+    (("bench", "calibration", "--parts", "A", "--profile", "nope", "--out", "cal"),
+     "latency profile 'nope' is neither a file nor a bundled profile"),
+    (("bench", "calibration", "--parts", "", "--out", "cal"), "give at least one held-out run"),
 ]
 
 
