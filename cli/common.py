@@ -1,12 +1,13 @@
 """Shared CLI helpers: consoles, user-facing errors and warnings, comma lists, progress, saved results."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import typer
@@ -92,6 +93,18 @@ def _user_error_types() -> tuple[type[BaseException], ...]:
 def warn(message: str) -> None:
     """One yellow warning line on stderr; the message is printed literally."""
     err_console.print(f"[yellow]warning:[/] {escape(message)}", emoji=False)
+
+
+@contextlib.contextmanager
+def printing_warnings() -> Iterator[list[str]]:
+    """A list for the `warnings=` of trace functions, each printed with `warn` at the end, even when the
+    command then fails."""
+    warnings: list[str] = []
+    try:
+        yield warnings
+    finally:
+        for message in warnings:
+            warn(message)
 
 
 def figure_format(value: str, option: str = "--format") -> str:

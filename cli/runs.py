@@ -85,7 +85,7 @@ def lock_out(out: Path) -> None:
 def check_out_file(path: Path, label: str) -> Path:
     """Refuse, before any work, a file destination that is a folder or where no file can be created (a
     read-only file system, a file in the way); `label` names it in the message (the option, or the path)."""
-    if not str(path).strip() or str(path).endswith(("/", os.sep)) or Path(path).name in ("", ".", ".."):
+    if Path(path).name in ("", ".", ".."):
         raise UserError(f"{label}: expected the path of a file, got {str(path)!r}")
     target = Path(os.path.abspath(path))
     if target.is_dir():

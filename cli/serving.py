@@ -18,7 +18,7 @@ from cli.common import (
     err_console,
     names_list,
     pick_one,
-    warn,
+    printing_warnings,
     warn_long_context,
 )
 from cli.help import VLLM
@@ -95,12 +95,8 @@ def load_workload(trace_arg: str | None, trace_opt: str | None, limit: int | Non
         if chunks is not None:
             return chunks, {"source": source, **trace_info(chunks), "rate_override": None,
                             "burstiness": burstiness, "limit": limit}
-    warnings: list[str] = []
-    try:
+    with printing_warnings() as warnings:
         df = load_trace(source, warnings=warnings)
-    finally:
-        for w in warnings:
-            warn(w)
     if limit is not None:
         df = df.iloc[:limit].reset_index(drop=True)
     if rate is not None:

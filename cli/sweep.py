@@ -13,13 +13,14 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cli.common import UserError, check_seed, console, err_console, user_errors, warn
+from cli.common import UserError, check_seed, console, err_console, printing_warnings, user_errors, warn
 from cli.help import OUTPUT, POOL, SCHEDULER, TRACE
 from cli.report import short
 from cli.simulate import Placement, Preemption
 from pagelab.run_format import is_sweep_folder
 from simulator.core.config import ALLOCATORS
-from traces.schema import LATE, MAX_ARRIVAL_S
+from traces import TraceError
+from traces.synthetic import rescale_rate
 
 SEARCH, EXECUTION = "Capacity search", "Execution"
 Executor = Literal["local", "ray"]
@@ -184,12 +185,8 @@ def sweep_cmd(
             raise UserError("--address needs --executor ray")
         if limit is not None and limit < 2:
             raise UserError(f"--limit must be >= 2 (a rate needs two arrivals), got {limit}")
-        trace_warnings: list[str] = []
-        try:
+        with printing_warnings() as trace_warnings:
             df = load_trace(trace or "azure-conv", warnings=trace_warnings)
-        finally:
-            for message in trace_warnings:
-                warn(message)
         if limit is not None:
             df = df.iloc[:limit].reset_index(drop=True)
         if len(df) < 2 or df["arrival_s"].max() <= df["arrival_s"].min():
@@ -204,11 +201,10 @@ def sweep_cmd(
             shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
             raise UserError(f"--out {out} is a folder that is not a sweep's (it holds {shown}); choose a new "
                             "or empty folder, or an earlier sweep's to resume it")
-        lowest = min(axes.bounds[0], *rates)
-        if (len(df) - 1) / lowest > MAX_ARRIVAL_S:
-            raise UserError(f"--rate {lowest:g} spreads the trace's {len(df):,} requests over "
-                            f"{(len(df) - 1) / lowest:.3g} s, past {MAX_ARRIVAL_S:g} s ({LATE}): raise the "
-                            "lowest rate")
+        try:  # the lowest rate re-timed as every point re-times the trace, before any is run
+            rescale_rate(df, min(axes.bounds[0], *rates))
+        except TraceError as exc:
+            raise UserError(f"--rate: {exc}") from None
         # Start the executor before writing anything, so a cluster that does not answer leaves no files.
         if executor == "ray":
             runner = RayExecutor(df, address, num_cpus=jobs)

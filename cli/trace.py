@@ -1,34 +1,30 @@
 """`pagelab trace gen | info | convert`: make, inspect and convert request traces."""
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from cli.common import UserError, check_seed, console, err_console, pick_one, plot_format, user_errors
+from cli.common import (
+    UserError,
+    check_seed,
+    console,
+    err_console,
+    pick_one,
+    plot_format,
+    printing_warnings,
+    user_errors,
+)
 
 trace_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
                         help="Generate, inspect and convert request traces.")
 
 _NAMED_LENGTHS = ("fixed", "uniform", "sharegpt", "alpaca")
 MAX_GENERATED = 10**8  # ~10 GB of intermediate arrays; larger traces are better made in pieces
-
-
-@contextlib.contextmanager
-def _printing_warnings() -> Iterator[list[str]]:
-    """Collect trace warnings and print them to stderr in yellow, even when the command then fails."""
-    warnings: list[str] = []
-    try:
-        yield warnings
-    finally:
-        for message in warnings:
-            err_console.print(f"[yellow]warning:[/] {escape(message)}", highlight=False)
 
 
 def _range(text: str, option: str) -> tuple[int, int]:
@@ -174,7 +170,7 @@ def gen(
         n=n, beam_width=beam_width, seed=seed,
         **_shared_prefix(shared_prefix),
     )
-    with _printing_warnings() as warnings:
+    with printing_warnings() as warnings:
         trace = generate_trace(config, warnings=warnings)
         save_trace(trace, out, warnings=warnings)
     info = trace_info(trace)
@@ -196,7 +192,7 @@ def _gen_multi_turn(out: Path, num: int, rate: float, turns: float, think_time: 
     config = MultiTurnConfig(num_requests=num, rate=rate, mean_turns=turns, think_time_s=think_time,
                              think_time=think_dist, seed=seed,
                              **{k: v for k, v in given.items() if v is not None})
-    with _printing_warnings() as warnings:
+    with printing_warnings() as warnings:
         trace = generate_multiturn(config, warnings=warnings)
         save_trace(trace, out, warnings=warnings)
     info = trace_info(trace)
@@ -256,7 +252,7 @@ def info(
         from cli.runs import check_out_file
 
         check_out_file(plot, f"--plot {plot}")
-    with _printing_warnings() as warnings:
+    with printing_warnings() as warnings:
         trace = load_trace(path, format, warnings=warnings)
     stats = trace_info(trace)
     if as_json:
@@ -283,7 +279,7 @@ def convert(
     from traces import load_trace, save_trace
 
     check_out_file(dst, str(dst))
-    with _printing_warnings() as warnings:
+    with printing_warnings() as warnings:
         trace = load_trace(src, format, warnings=warnings)
         save_trace(trace, dst, warnings=warnings)
     console.print(f"converted {len(trace)} requests: {escape(src)} -> {escape(str(dst))}", highlight=False)

@@ -8,7 +8,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from cli.common import UserError, console, err_console, plot_format
+from cli.common import UserError, console, err_console, plot_format, printing_warnings
 
 MAX_CAPACITY = 1e15  # tokens: far past any cache, and block counts stay exact in int64 and float64
 
@@ -83,10 +83,8 @@ def reuse_cmd(
 
         plot_format(plot)
         check_out_file(plot, f"--plot {plot}")
-    warnings: list[str] = []
-    refs, recorded = load_refs(path, block_size, format, warnings=warnings)
-    for message in warnings:
-        err_console.print(f"[yellow]warning:[/] {escape(message)}", highlight=False)
+    with printing_warnings() as warnings:
+        refs, recorded = load_refs(path, block_size, format, warnings=warnings)
     report, _ = reuse_report(refs, recorded, capacities, policies)
     if as_json:
         typer.echo(json.dumps(report, indent=2))

@@ -61,7 +61,7 @@ class SimConfig(CacheConfig):
             out.append(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if not self.beam_alpha > 0:
             out.append(f"beam_alpha must be > 0, got {self.beam_alpha}")
-        out += tier_problems(self, self.has_tiers)
+        out += tier_problems(self)
         if KV_DTYPE_ALIASES.get(self.kv_cache_dtype, self.kv_cache_dtype) not in KV_CACHE_DTYPES:
             out.append(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
                        f"got {self.kv_cache_dtype!r}")

@@ -186,13 +186,6 @@ def peak_metrics(requests: Requests) -> dict:
     return peaks.peak_metrics(lambda names: request_batches(requests, names))
 
 
-def per_second(requests: Requests) -> tuple[np.ndarray, np.ndarray]:
-    """Output tokens and concurrent requests in each whole second (peaks.py)."""
-    from simulator import peaks
-
-    return peaks.per_second(lambda names: request_batches(requests, names))
-
-
 def rejection_warning(requests: Requests, max_model_len: int, pool: str,
                       model_limit: int | None = None) -> str | None:
     """How many requests were refused, why, and what to change so that they are not (None when none was).

@@ -15,7 +15,7 @@ CPU_LATENCY_S = 1e-5  # one pinned-memory copy launched on a side stream
 DISK_LATENCY_S = 1e-4  # one NVMe read
 
 
-def tier_problems(config, has_tiers: bool) -> list[str]:
+def tier_problems(config) -> list[str]:
     """What is wrong with the tier fields of a configuration (a tier's option is checked even where no
     tier is asked for: a typo should not wait for the run that adds one)."""
     out = []
@@ -37,9 +37,9 @@ def tier_problems(config, has_tiers: bool) -> list[str]:
         value = getattr(config, name)
         if value is not None and not value > 0:
             out.append(f"{name} must be > 0 GB/s, got {value}")
-    if has_tiers and config.allocator != "paged":
+    if config.has_tiers and config.allocator != "paged":
         out.append(f"KV tiers need the paged allocator, got {config.allocator!r}")
-    if has_tiers and not config.enable_prefix_caching:
+    if config.has_tiers and not config.enable_prefix_caching:
         out.append("KV tiers hold prefix blocks: they need enable_prefix_caching")
     return out
 

@@ -179,7 +179,7 @@ def rescale_rate(trace: pd.DataFrame, rate: float) -> pd.DataFrame:
         raise TraceError("cannot rescale the arrival rate: all requests arrive at the same time (a burst)")
     out = trace.copy()
     out["arrival_s"] = (arrival - arrival.min()) * ((len(arrival) - 1) / duration / rate)
-    return out
+    return _within_clock(out, rate)
 
 
 def respace_arrivals(trace: pd.DataFrame, rate: float, burstiness: float | None = None,
@@ -191,7 +191,11 @@ def respace_arrivals(trace: pd.DataFrame, rate: float, burstiness: float | None 
         out = trace.copy()
         out["arrival_s"] = 0.0
         return out
-    out = rescale_rate(trace, rate) if burstiness is None else _gamma_arrivals(trace, rate, burstiness, seed)
+    return rescale_rate(trace, rate) if burstiness is None else _gamma_arrivals(trace, rate, burstiness, seed)
+
+
+def _within_clock(out: pd.DataFrame, rate: float) -> pd.DataFrame:
+    """`out`, re-timed at `rate`, unless its arrivals go past MAX_ARRIVAL_S."""
     last = float(out["arrival_s"].max())
     if last > MAX_ARRIVAL_S:
         raise TraceError(f"rate {rate:g} requests/s spreads {len(out):,} requests over {last:.3g} s, past "
@@ -208,4 +212,4 @@ def _gamma_arrivals(trace: pd.DataFrame, rate: float, burstiness: float, seed: i
     gaps = np.random.default_rng(seed).gamma(burstiness, 1.0 / (rate * burstiness), len(trace) - 1)
     out = trace.copy()
     out["arrival_s"] = np.concatenate(([0.0], np.cumsum(gaps)))
-    return out
+    return _within_clock(out, rate)

@@ -53,7 +53,7 @@ class EngineConfig(CacheConfig):
         out = super().problems()
         if self.num_blocks is not None and not self.num_blocks > 0:
             out.append(f"num_blocks must be > 0, got {self.num_blocks}")
-        out += tier_problems(self, self.has_tiers)
+        out += tier_problems(self)
         return out
 
     @property

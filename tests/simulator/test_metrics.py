@@ -15,11 +15,11 @@ from simulator.metrics import (
     latency_stats,
     overload_warning,
     peak_metrics,
-    per_second,
     queue_lengths,
     rejection_warning,
+    request_batches,
 )
-from simulator.peaks import Seconds
+from simulator.peaks import Seconds, per_second
 from simulator.slo import parse_goodput
 
 
@@ -126,7 +126,7 @@ def test_peaks_equal_vllms_loops(rows):
     frame["n"] = [n for *_, n, _, _ in rows]
     frame["beam_width"] = [2 if beam else 1 for *_, beam, _ in rows]
     tokens, active = _vllm_per_second(frame)
-    got_tokens, got_active = per_second(frame)
+    got_tokens, got_active = per_second(lambda names: request_batches(frame, names))
     assert got_tokens.tolist() == tokens and got_active.tolist() == active
     assert peak_metrics(frame) == {"max_output_tokens_per_s": max(tokens, default=0.0),
                                    "max_concurrent_requests": max(active, default=0)}
