@@ -38,7 +38,7 @@ run: env
 
 test: env
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --maxprocesses 4
 	site=$$(mktemp -d) && NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir "$$site"; \
 	  status=$$?; rm -rf "$$site"; exit $$status
 

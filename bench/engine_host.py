@@ -58,6 +58,19 @@ def record_forward_times(engine) -> list[float]:
     return times
 
 
+def capacity_tokens(num_seqs: int, steps: int, allocator: str, max_model_len: int,
+                    prompt_len: int = 128) -> int:
+    """KV slots the host benchmark's engine holds: room for every sequence (contiguous allocators reserve
+    up to max_model_len slots per sequence) and one more full-length request."""
+    per_seq = 2 * (prompt_len + steps + 64) if allocator == "paged" else max_model_len
+    return num_seqs * per_seq + max_model_len
+
+
+def kv_bytes_per_token() -> int:
+    """KV cache bytes one token takes in the host benchmark's engine (both models: tiny's shape, fp32)."""
+    return PRESETS["tiny"].kv_bytes_per_token(torch.float32)
+
+
 def host_time_per_step(num_seqs: int, steps: int = 50, prompt_len: int = 128, allocator: str = "paged",
                        block_size: int = 16, model: str = "stub", max_model_len: int = 4096,
                        decode_batch: bool = True) -> dict:
@@ -69,10 +82,8 @@ def host_time_per_step(num_seqs: int, steps: int = 50, prompt_len: int = 128, al
         raise ValueError(f"host model must be one of {', '.join(HOST_MODELS)}, got {model!r}")
     lm = stub_model() if model == "stub" else build_preset("tiny", dtype="float32",
                                                            backend=get_backend("torch", "cpu"))
-    # Room for every sequence: contiguous allocators reserve up to max_model_len slots per sequence.
-    per_seq = 2 * (prompt_len + steps + 64) if allocator == "paged" else max_model_len
     engine = LLMEngine(lm, device="cpu", allocator=allocator, block_size=block_size,
-                       capacity_tokens=num_seqs * per_seq + max_model_len,
+                       capacity_tokens=capacity_tokens(num_seqs, steps, allocator, max_model_len, prompt_len),
                        max_num_seqs=max(num_seqs, 1), max_model_len=max_model_len,
                        max_num_batched_tokens=num_seqs * prompt_len + max_model_len,
                        decode_batch=decode_batch)

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import json
+import math
+import os
 from pathlib import Path
 
 import typer
-from rich import box
-from rich.table import Table
 
+from cli.bench_tables import emit, print_attention
 from cli.common import UserError, console, err_console, names_list, pick_one, user_errors
 from cli.runs import check_result_options
 from cli.runs import save_result as write_result
@@ -100,91 +101,7 @@ def attention(
     if as_json:
         console.print_json(json.dumps(result.to_dict()))
         return
-    _print_table(result, torch_device.type == "cuda")
-
-
-_SHORT_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
-
-
-def _print_table(result, on_gpu: bool) -> None:
-    """The machine line, the table of records and what the columns mean."""
-    machine = result.machine
-    dtypes = sorted({_SHORT_DTYPES.get(r.dtype, r.dtype) for r in result.records})
-    console.print(f"decode attention, {'/'.join(dtypes)}, on {machine['name']} ({machine['device']}, torch "
-                  f"{machine['torch']}, {machine['threads']} threads); measured copy bandwidth "
-                  f"{machine['copy_gb_per_s']} GB/s")
-    console.print(attention_table(result.records))
-    console.print("GB/s: K+V read + q + out per call / median time; %copy: of the measured copy bandwidth; "
-                  "xSDPA: time / contiguous SDPA; err: ||out - SDPA|| / ||SDPA||.")
-    if not on_gpu:
-        console.print("No CUDA device: Triton rows are skipped (the interpreter only checks correctness).")
-
-
-def _short(value: float) -> str:
-    """Four significant digits, or a whole number with separators from 1,000 up (no exponent)."""
-    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
-
-
-def attention_table(records) -> Table:
-    """One row per implementation and shape; numbers to four significant digits, so it fits 80 columns."""
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    for name in ("impl", "B", "ctx", "Hq:Hkv*D", "ms", "GB/s", "%copy", "xSDPA", "err"):
-        table.add_column(name, justify="left" if name == "impl" else "right", no_wrap=True)
-    for r in records:
-        table.add_row(
-            r.impl.removeprefix("paged-"), str(r.batch), str(r.context),
-            f"{r.num_heads}:{r.num_kv_heads}*{r.head_dim}", _short(r.time_ms), _short(r.gb_per_s),
-            f"{100 * r.copy_bw_fraction:.0f}" if r.copy_bw_fraction is not None else "-",
-            f"{r.vs_sdpa:.3g}" if r.vs_sdpa is not None else "-",
-            f"{r.rel_err_vs_sdpa:.1e}" if r.rel_err_vs_sdpa is not None else "-",
-        )
-    return table
-
-
-def _cell(value) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
-def _fits(table: Table) -> bool:
-    """Whether the table's natural width fits the console (so no cell is cut or folded)."""
-    from rich.measure import Measurement
-
-    unlimited = console.options.update_width(10**6)  # measured at the console's width, it would always fit
-    return Measurement.get(console, unlimited, table).maximum <= console.width
-
-
-def _emit(rows: list[dict], title: str, as_json: bool) -> None:
-    """Print benchmark rows as a table (fields as columns), or, when that is wider than the console,
-    as tables with the fields as rows and as many results side by side as fit; as JSON for machines."""
-    if as_json:
-        console.print_json(json.dumps(rows))
-        return
-    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    for key in rows[0]:
-        table.add_column(key.replace("_", " "), justify="right", no_wrap=True)
-    for row in rows:
-        table.add_row(*(_cell(v) for v in row.values()))
-    if _fits(table):
-        console.print(table)
-        return
-    per_table = len(rows)
-    while per_table > 1:
-        if _fits(_fields_as_rows(rows[:per_table], title, 0)):
-            break
-        per_table -= 1
-    for start in range(0, len(rows), per_table):
-        console.print(_fields_as_rows(rows[start:start + per_table], title, start))
-
-
-def _fields_as_rows(rows: list[dict], title: str, first: int) -> Table:
-    """One row per field, one column per result (numbered from `first` + 1)."""
-    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    table.add_column("result", no_wrap=True)
-    for i in range(len(rows)):
-        table.add_column(f"#{first + i + 1}", justify="right", no_wrap=True)
-    for key in rows[0]:
-        table.add_row(key.replace("_", " "), *(_cell(row.get(key)) for row in rows))
-    return table
+    print_attention(result, torch_device.type == "cuda")
 
 
 @bench_app.command("core")
@@ -211,7 +128,7 @@ def core(
     r = bench_core(DecodeWorkload(num_seqs, num_tokens, block_size, chunk=chunk), repeat=repeat)
     write_result("bench core", {"result": r}, save=save_result, result_dir=result_dir,
                 result_filename=result_filename)
-    _emit([r], "memory core: decode-heavy workload", as_json)
+    emit([r], "memory core: decode-heavy workload", as_json)
 
 
 @bench_app.command("simulate")
@@ -242,6 +159,10 @@ def simulate_bench(
     if trace == "synthetic" and max(counts) > MAX_GENERATED:
         raise UserError(f"--num {max(counts):,} is more requests than a synthetic trace is made of "
                         f"(at most {MAX_GENERATED:,})")
+    if repeat < 1:
+        raise UserError(f"--repeat must be >= 1, got {repeat}")
+    if trace == "synthetic" and not (rate > 0 and math.isfinite(rate)):
+        raise UserError(f"--rate must be a finite number > 0 requests/s, got {rate}")
     modes = {"on": (True,), "off": (False,), "both": (False, True)}
     if events not in modes:
         raise UserError(f"--events must be on, off or both, got {events!r}")
@@ -251,7 +172,37 @@ def simulate_bench(
     rows = summarize_runs(records)
     write_result("bench simulate", {"result": rows, "runs": records}, save=save_result, result_dir=result_dir,
                 result_filename=result_filename)
-    _emit(rows, "simulate: wall time and peak RSS", as_json)
+    emit(rows, "simulate: wall time and peak RSS", as_json)
+
+
+def _host_bench(batch: list[str] | None, allocator: list[str] | None, steps: int | None,
+                host_model: str | None, max_model_len: int | None, as_json: bool, save) -> None:
+    """`bench engine --host`: host work per steady decode step for each model, batch and allocator."""
+    from bench.engine_host import HOST_MODELS, capacity_tokens, host_time_per_step, kv_bytes_per_token
+
+    host_model = host_model or "both"
+    if host_model != "both" and host_model not in HOST_MODELS:
+        raise UserError(f"--host-model must be stub, tiny or both, got {host_model!r}")
+    models = HOST_MODELS if host_model == "both" else (host_model,)
+    steps = 50 if steps is None else steps
+    if steps < 1:
+        raise UserError(f"--steps must be >= 1, got {steps}")
+    batches = _int_list(batch, "--batch") or (16, 64, 256)
+    allocators = names_list(allocator) or ["paged", "contiguous-max"]
+    length = 4096 if max_model_len is None else max_model_len
+    # The engine holds a real KV cache on the CPU: refuse what this machine's memory cannot hold.
+    need = max(capacity_tokens(max(batches), steps, a, length) for a in allocators) * kv_bytes_per_token()
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > have // 2:
+        raise UserError(f"--batch {max(batches):,} at --max-model-len {length:,} needs a "
+                        f"{need / 2**30:.1f} GiB KV cache, more than half of this machine's "
+                        f"{have / 2**30:.1f} GiB")
+    torch_threads_one()
+    rows = [host_time_per_step(n, steps=steps, allocator=a, model=m, max_model_len=length)
+            for m in models for n in batches for a in allocators]
+    save(rows)
+    emit(rows, f"engine host work per steady decode step, p50 and p90 of {steps} steps (CPU; tiny: "
+                "step minus forward)", as_json)
 
 
 def torch_threads_one() -> None:
@@ -266,21 +217,21 @@ def torch_threads_one() -> None:
 def engine_bench(
     limit: int = typer.Option(None, "--limit", help="Requests from the trace (default 64)."),
     num_prompts: int = typer.Option(None, "--num-prompts", help="Same as --limit (vLLM's name)."),
-    trace: str = typer.Option("azure-conv", help="Trace path or bundled name."),
+    trace: str = typer.Option(None, help="Trace path or bundled name (default azure-conv)."),
     max_model_len: int = typer.Option(None, help="Clip prompts so prompt + output fit in this (default "
                                                  "1024); --host: the engine's max_model_len (default 4096)."),
     host: bool = typer.Option(False, "--host", help="Instead: host work per steady decode step (p50, p90)."),
-    host_model: str = typer.Option("both", "--host-model", help="--host: stub (the step's wall time with a "
+    host_model: str = typer.Option(None, "--host-model", help="--host: stub (the step's wall time with a "
                                    "forward that returns at once), tiny (the real tiny preset's step minus "
-                                   "its forward), or both."),
-    batch: list[str] = typer.Option(["16,64,256"], help="--host: running sequences per step."),
-    allocator: list[str] = typer.Option(["paged", "contiguous-max"], help="--host: allocators."),
-    steps: int = typer.Option(50, help="--host: timed decode steps per batch size."),
-    model: str = typer.Option("tiny", help="Model preset (both sides get the same weights)."),
-    device: str = typer.Option("cpu", help="cpu or cuda."),
+                                   "its forward), or both (default)."),
+    batch: list[str] = typer.Option(None, help="--host: running sequences per step (default 16,64,256)."),
+    allocator: list[str] = typer.Option(None, help="--host: allocators (default paged, contiguous-max)."),
+    steps: int = typer.Option(None, help="--host: timed decode steps per batch size (default 50)."),
+    model: str = typer.Option(None, help="Model preset, both sides with the same weights (default tiny)."),
+    device: str = typer.Option(None, help="cpu or cuda (default cpu)."),
     dtype: str = typer.Option(None, help="float32, float16 or bfloat16 (default: fp32 CPU, bf16 CUDA)."),
-    backend: str = typer.Option("auto", help="Attention backend of the engine (auto, torch, triton)."),
-    hf_batch_size: int = typer.Option(16, help="transformers: requests per static batch."),
+    backend: str = typer.Option(None, help="Attention backend of the engine: auto (default), torch, triton."),
+    hf_batch_size: int = typer.Option(None, help="transformers: requests per static batch (default 16)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     save_result: bool = typer.Option(False, "--save-result", help="Save the result as JSON (vLLM bench)."),
     result_dir: Path = typer.Option(None, "--result-dir", help="Folder of the result JSON (default: .)."),
@@ -296,36 +247,37 @@ def engine_bench(
     # 0 would fall through to the model's own length in the benchmark, not mean "no room".
     if max_model_len is not None and max_model_len < 1:
         raise UserError(f"--max-model-len must be >= 1, got {max_model_len}")
+    # An option the chosen measurement would not read is refused rather than ignored.
+    host_only = {"--batch": batch, "--allocator": allocator, "--steps": steps, "--host-model": host_model}
+    compare_only = {"--limit": limit, "--num-prompts": num_prompts, "--trace": trace, "--model": model,
+                    "--device": device, "--dtype": dtype, "--backend": backend,
+                    "--hf-batch-size": hf_batch_size}
+    unused = [k for k, v in (compare_only if host else host_only).items() if v is not None]
+    if unused:
+        raise UserError(f"{', '.join(unused)} {'does' if len(unused) == 1 else 'do'} not apply "
+                        f"{'with' if host else 'without'} --host")
     if host:
-        from bench.engine_host import HOST_MODELS, host_time_per_step
-
-        models = HOST_MODELS if host_model == "both" else (host_model,)
-        if host_model != "both" and host_model not in HOST_MODELS:
-            raise UserError(f"--host-model must be stub, tiny or both, got {host_model!r}")
-        if steps < 1:
-            raise UserError(f"--steps must be >= 1, got {steps}")
-        length = 4096 if max_model_len is None else max_model_len
-        torch_threads_one()
-        rows = [host_time_per_step(n, steps=steps, allocator=a, model=m, max_model_len=length)
-                for m in models for n in _int_list(batch, "--batch") for a in allocator]
-        _emit(rows, f"engine host work per steady decode step, p50 and p90 of {steps} steps (CPU; tiny: "
-                    "step minus forward)", as_json)
+        _host_bench(batch, allocator, steps, host_model, max_model_len, as_json,
+                    lambda rows: write_result("bench engine", {"result": rows}, save=save_result,
+                                              result_dir=result_dir, result_filename=result_filename))
         return
     from bench.engine import compare
     from gpu_backend.engine.model_setup import resolve_device
 
-    device = str(resolve_device(device))
+    device = str(resolve_device(device or "cpu"))
     limit = pick_one("--limit/--num-prompts", limit, num_prompts)
     limit = 64 if limit is None else limit
     if limit < 1:
         raise UserError(f"--limit/--num-prompts must be >= 1, got {limit}")
+    hf_batch_size = 16 if hf_batch_size is None else hf_batch_size
     if hf_batch_size < 1:
         raise UserError(f"--hf-batch-size must be >= 1, got {hf_batch_size}")
     if dtype not in (None, "float32", "float16", "bfloat16"):
         raise UserError(f"--dtype must be float32, float16 or bfloat16, got {dtype!r}")
     max_model_len = 1024 if max_model_len is None else max_model_len
-    r = compare(model_name=model, trace=trace, limit=limit, max_model_len=max_model_len, device=device,
-                dtype=dtype, backend=backend, hf_batch_size=hf_batch_size,
+    model = model or "tiny"
+    r = compare(model_name=model, trace=trace or "azure-conv", limit=limit, max_model_len=max_model_len,
+                device=device, dtype=dtype, backend=backend or "auto", hf_batch_size=hf_batch_size,
                 progress=lambda message: err_console.print(f"bench engine: {message}", markup=False))
     row = {"requests": limit, "output_tokens": r["workload"]["output_tokens"],
            "engine_tok_s": r["engine"]["tokens_per_s"],
@@ -333,7 +285,7 @@ def engine_bench(
            "speedup": r["speedup"], "threads": r["threads"], "device": r["device"], "dtype": r["dtype"]}
     write_result("bench engine", {"result": r}, save=save_result, result_dir=result_dir,
                 result_filename=result_filename)
-    _emit([row], f"engine vs transformers ({r['device']}, {r['dtype']}, {model})", as_json)
+    emit([row], f"engine vs transformers ({r['device']}, {r['dtype']}, {model})", as_json)
 
 
 @bench_app.command("calibration")

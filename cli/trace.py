@@ -67,6 +67,24 @@ MAX_TURNS = 10_000  # mean turns per conversation; beyond it the geometric draws
 MAX_THINK_S = 1e9  # about 30 years between turns
 
 
+# Generator settings whose option is not the field's name with dashes.
+_OPTION_OF_FIELD = {"num_requests": "--num", "rate": "--request-rate", "lengths_from": "--lengths",
+                    "num_prefix_groups": "--shared-prefix", "prefix_len": "--shared-prefix",
+                    "prefix_fraction": "--shared-prefix", "mean_turns": "--turns",
+                    "think_time_s": "--think-time", "think_time": "--think-dist"}
+
+
+def _make_config(cls, **fields):
+    """`cls(**fields)`, a refused setting reported by the option that gave it."""
+    from traces.errors import TraceFieldError
+
+    try:
+        return cls(**fields)
+    except TraceFieldError as e:
+        option = _OPTION_OF_FIELD.get(e.field, "--" + e.field.replace("_", "-"))
+        raise UserError(f"{option}: {e.problem} (got {e.value!r})") from None
+
+
 def _refuse_unused(multi_turn: bool, **given) -> None:
     """Refuse options the chosen kind of trace would silently ignore, naming them."""
     other = _SINGLE_TURN_ONLY if multi_turn else _MULTI_TURN_ONLY
@@ -159,9 +177,9 @@ def gen(
     if multi_turn:
         _gen_multi_turn(out, num, rate, turns, think_time, think_dist, max_model_len, prefix_block_size, seed)
         return
-    config = SyntheticConfig(
-        num_requests=num, arrival=arrival, rate=rate, cv=1.0 if cv is None else cv, lengths=kind,
-        prompt_len=prompt_len, output_len=output_len,
+    config = _make_config(
+        SyntheticConfig, num_requests=num, arrival=arrival, rate=rate, cv=1.0 if cv is None else cv,
+        lengths=kind, prompt_len=prompt_len, output_len=output_len,
         prompt_range=_range(prompt_range, "--prompt-range"),
         output_range=_range(output_range, "--output-range"),
         lengths_from=None if kind != "resample" else lengths,
@@ -183,15 +201,13 @@ def _gen_multi_turn(out: Path, num: int, rate: float, turns: float, think_time: 
                     max_model_len: int | None, prefix_block_size: int | None, seed: int) -> None:
     """`trace gen --multi-turn`: write a conversation trace."""
     from traces import save_trace
-    from traces.multiturn import THINK_TIMES, MultiTurnConfig, generate_multiturn
+    from traces.multiturn import MultiTurnConfig, generate_multiturn
     from traces.stats import trace_info
 
-    if think_dist not in THINK_TIMES:  # the option's name, not the configuration field's
-        raise UserError(f"--think-dist must be one of {', '.join(THINK_TIMES)}, got {think_dist!r}")
     given = {"max_model_len": max_model_len, "prefix_block_size": prefix_block_size}
-    config = MultiTurnConfig(num_requests=num, rate=rate, mean_turns=turns, think_time_s=think_time,
-                             think_time=think_dist, seed=seed,
-                             **{k: v for k, v in given.items() if v is not None})
+    config = _make_config(MultiTurnConfig, num_requests=num, rate=rate, mean_turns=turns,
+                          think_time_s=think_time, think_time=think_dist, seed=seed,
+                          **{k: v for k, v in given.items() if v is not None})
     with printing_warnings() as warnings:
         trace = generate_multiturn(config, warnings=warnings)
         save_trace(trace, out, warnings=warnings)

@@ -8,17 +8,15 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from cli.common import UserError, console, err_console, plot_format, printing_warnings
+from cli.common import UserError, console, err_console, names_list, plot_format, printing_warnings
 
 MAX_CAPACITY = 1e15  # tokens: far past any cache, and block counts stay exact in int64 and float64
 
 
-def _tokens(text: str | None) -> list[int]:
-    """Parse --capacity 100000,1e6,... into whole token counts."""
-    if not text:
-        return []
+def _tokens(values: list[str] | None) -> list[int]:
+    """Parse --capacity 100000,1e6,... (repeated and/or comma-separated) into whole token counts."""
     out = []
-    for part in text.split(","):
+    for part in names_list(values):
         try:
             value = float(part)
         except ValueError:
@@ -56,10 +54,11 @@ def _table(name: str, report: dict, policies: list[str]) -> Table:
 
 def reuse_cmd(
     path: str = typer.Argument(..., metavar="TRACE", help="Trace file or bundled name (mooncake-conv, ...)."),
-    capacity: str = typer.Option(None, "--capacity", help="Cache capacities in tokens, comma-separated "
-                                                          "(e.g. 1e5,1e6,1e7)."),
-    policy: str = typer.Option("lru", "--policy", help="Eviction policies, comma-separated: lru, lfu, "
-                                                       "s3fifo (lfu and s3fifo are simulated per capacity)."),
+    capacity: list[str] = typer.Option(None, "--capacity", help="Cache capacities in tokens, comma-separated "
+                                                                "or repeated (e.g. 1e5,1e6,1e7)."),
+    policy: list[str] = typer.Option(None, "--policy", help="Eviction policies, comma-separated or repeated: "
+                                                            "lru (default), lfu, s3fifo (lfu and s3fifo are "
+                                                            "simulated per capacity)."),
     block_size: int = typer.Option(16, "--block-size", help="The simulator's block size in tokens."),
     format: str = typer.Option("auto", "--input-format", "--format", help="Input format (auto by default)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
@@ -71,10 +70,11 @@ def reuse_cmd(
     from traces.reuse import load_refs
     from traces.reuse_report import reuse_report
 
-    policies = [p.strip() for p in policy.split(",") if p.strip()]
+    policies = names_list(policy) if policy else ["lru"]
     bad = [p for p in policies if p not in POLICIES]
     if bad or not policies:
-        raise UserError(f"--policy expects names from {', '.join(POLICIES)} (got {policy!r})")
+        raise UserError(f"--policy expects names from {', '.join(POLICIES)} (got "
+                        f"{', '.join(map(repr, bad or policy))})")
     if block_size < 1:
         raise UserError(f"--block-size must be >= 1 (got {block_size})")
     capacities = _tokens(capacity)

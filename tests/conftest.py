@@ -1,9 +1,18 @@
 """Shared fixtures. Helpers append their own fixtures below; keep each block self-contained."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from simulator import BlockManager, ContiguousAllocator, Sequence, SequenceGroup
+# `make test` runs the suite on one pytest-xdist worker per core: a worker's torch, BLAS and the CLI
+# processes it starts then keep to one thread each, or their thread pools would contend for the same
+# cores. Set before the tests import torch or numpy.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(_name, "1")
+
+from simulator import BlockManager, ContiguousAllocator, Sequence, SequenceGroup  # noqa: E402
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from traces.errors import TraceError
+from traces.errors import TraceError, TraceFieldError
 from traces.schema import bulk_objects, validate_trace
 
 THINK_TIMES = ("exponential", "lognormal", "fixed")
@@ -49,7 +49,7 @@ class MultiTurnConfig:
         """Refuse impossible settings early, naming the field."""
 
         def bad(name: str, why: str) -> None:
-            raise TraceError(f"multi-turn trace, field '{name}': {why} (got {getattr(self, name)!r})")
+            raise TraceFieldError("multi-turn trace", name, why, getattr(self, name))
 
         if self.num_requests < 1:
             bad("num_requests", "must be >= 1")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from traces.errors import TraceError
+from traces.errors import TraceError, TraceFieldError
 from traces.lengths import LENGTH_PRESETS, sample_preset
 from traces.loaders import load_length_pairs
 from traces.schema import LATE, MAX_ARRIVAL_S, emit, validate_trace
@@ -47,7 +47,7 @@ class SyntheticConfig:
         """Refuse impossible settings early, naming the field (pure checks, no I/O)."""
 
         def bad(name: str, why: str) -> None:
-            raise TraceError(f"synthetic trace, field '{name}': {why} (got {getattr(self, name)!r})")
+            raise TraceFieldError("synthetic trace", name, why, getattr(self, name))
 
         if self.num_requests < 1:
             bad("num_requests", "must be >= 1")

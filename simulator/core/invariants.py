@@ -74,12 +74,17 @@ def check_block_manager(bm: KVAllocator) -> None:
                       f"sequence expects {want}")
         if s.seq_id in swap.seqs:
             _fail(f"sequence {s.seq_id} is both on the device and swapped out")
+    # The CPU pool often has millions of blocks (4 GiB of a small model's pages): every pass over it is a
+    # C-level one, and a Python loop runs only over the blocks tables hold or to name a failure.
     cpu_refs = Counter(c for s in swap.seqs.values() for c in s.cpu_block_table)
-    for cid in range(swap.num_blocks):
-        if swap.ref[cid] != cpu_refs.get(cid, 0):
-            _fail(f"CPU block {cid}: ref count {swap.ref[cid]} but {cpu_refs.get(cid, 0)} entries")
-    if {c for c in range(swap.num_blocks) if swap.ref[c] == 0} != set(swap.free) or \
-            len(set(swap.free)) != len(swap.free):
+    cpu_ref, cpu_free = swap.ref, swap.free
+    num_idle = cpu_ref.count(0)
+    if any(cpu_ref[c] != n for c, n in cpu_refs.items()) or swap.num_blocks - num_idle != len(cpu_refs):
+        cid = next(c for c in range(swap.num_blocks) if cpu_ref[c] != cpu_refs.get(c, 0))
+        _fail(f"CPU block {cid}: ref count {cpu_ref[cid]} but {cpu_refs.get(cid, 0)} entries")
+    # As many entries as idle blocks, each idle, none twice: exactly the idle blocks.
+    if len(cpu_free) != num_idle or any(map(cpu_ref.__getitem__, cpu_free)) or \
+            len(set(cpu_free)) != len(cpu_free):
         _fail("CPU free list does not hold exactly the CPU blocks with ref count 0")
     b = bm.breakdown()
     if b.token_states + b.reservation + b.internal_fragmentation + b.external_fragmentation + b.free \

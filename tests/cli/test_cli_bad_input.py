@@ -41,7 +41,7 @@ CASES = [
     (("trace", "info", "my:x:trace.csv"), "error: my:x:trace.csv: no such file"),
     (("trace", "gen", "--num", "1e11", "--out", "g.csv"), "Invalid value for '--num'"),
     (("trace", "gen", "--multi-turn", "--think-dist", "foo", "--out", "g.csv"),
-     "--think-dist must be one of exponential, lognormal, fixed, got 'foo'"),
+     "--think-dist: must be one of exponential, lognormal, fixed (got 'foo')"),
     (("trace", "info", "tiny.csv", "--plot", "tiny.csv/x.png"),
      "--plot tiny.csv/x.png: cannot create a file under"),
     (("trace", "convert", "tiny.csv", "tiny.csv/x.csv"), "tiny.csv/x.csv: cannot create a file under"),
@@ -90,6 +90,16 @@ CASES = [
     (("bench", "engine", "--device", "tpu", "--limit", "2"), "unknown device 'tpu'"),
     (("bench", "engine", "--max-model-len", "0"), "--max-model-len must be >= 1, got 0"),
     (("bench", "engine", "--host", "--max-model-len", "-5"), "--max-model-len must be >= 1, got -5"),
+    # bench engine: an option of the other measurement is refused, not ignored; --host's KV cache must fit.
+    (("bench", "engine", "--allocator", "foo"), "--allocator does not apply without --host"),
+    (("bench", "engine", "--batch", "8", "--steps", "3"), "--batch, --steps do not apply without --host"),
+    (("bench", "engine", "--host", "--limit", "3", "--model", "tiny"), "--limit, --model do not apply with "
+     "--host"),
+    (("bench", "engine", "--host", "--batch", "100000"), "--batch 100,000 at --max-model-len 4,096 needs a "
+     "1562.5 GiB KV cache, more than half of this machine's"),
+    (("bench", "simulate", "--repeat", "0"), "--repeat must be >= 1, got 0"),
+    (("bench", "simulate", "--trace", "synthetic", "--num", "5", "--rate", "0"), "--rate must be a finite "
+     "number > 0 requests/s, got 0.0"),
     (("bench", "core", "--chunk", "0"), "--chunk must be >= 1, got 0"),
     (("bench", "attention", "--min-time", "-1"), "--min-time must be a finite number of seconds >= 0"),
     # bench simulate reads the trace before it starts a benchmark process.

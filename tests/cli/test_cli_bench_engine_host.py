@@ -37,3 +37,12 @@ def test_bench_engine_host_rejects_an_unknown_model():
     result = runner.invoke(app, ["bench", "engine", "--host", "--host-model", "huge"])
     assert result.exit_code == 2
     assert "--host-model must be stub, tiny or both" in result.output
+
+
+def test_bench_engine_host_saves_its_rows_when_asked(tmp_path):
+    result = runner.invoke(app, ["bench", "engine", "--host", "--host-model", "stub", "--batch", "2",
+                                 "--steps", "2", "--allocator", "paged", "--json", "--save-result",
+                                 "--result-dir", str(tmp_path), "--result-filename", "host.json"])
+    assert result.exit_code == 0, result.output
+    saved = json.loads((tmp_path / "host.json").read_text())
+    assert saved["result"] == json.loads(result.stdout)

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from cli.bench import attention_table
+from cli.bench_tables import attention_table
 from cli.compare import comparison_report, side_by_side, side_by_side_tables
 from cli.presets import _table, preset_rows
 from cli.report import memory_table, serving_table

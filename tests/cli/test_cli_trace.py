@@ -59,8 +59,11 @@ def test_gen_lengths_from_a_vidur_length_only_file(tmp_path):
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--arrival", "weekly"], "field 'arrival'"),
-    (["--rate", "-1"], "field 'rate'"),
+    # A generator's refusal names the option that gave the setting, not the configuration field.
+    (["--arrival", "weekly"], "--arrival: must be one of poisson, gamma, burst (got 'weekly')"),
+    (["--rate", "-1"], "--request-rate: must be > 0 (got -1.0)"),
+    (["--multi-turn", "--prefix-block-size", "0"], "--prefix-block-size: must be >= 1 (got 0)"),
+    (["--multi-turn", "--max-model-len", "1"], "--max-model-len: leaves no room for a user message"),
     (["--shared-prefix", "2:64"], "--shared-prefix expects K:L:F"),
     (["--prompt-range", "a:b", "--lengths", "uniform"], "--prompt-range expects LO:HI"),
     (["--lengths", "no-such-trace.csv"], "no-such-trace.csv: no such file"),

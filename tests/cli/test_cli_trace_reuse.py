@@ -50,6 +50,16 @@ def test_reuse_json_reports_every_capacity_and_policy(chat, tmp_path):
     assert plot.stat().st_size > 0
 
 
+def test_repeated_capacities_and_policies_add_up_as_commas_do(chat):
+    commas = run("trace", "reuse", chat, "--capacity", "1e4,1e5", "--policy", "lru,lfu", "--json")
+    repeated = run("trace", "reuse", chat, "--capacity", "1e4", "--capacity", "1e5", "--policy", "lru",
+                   "--policy", "lfu", "--json")
+    assert commas.exit_code == repeated.exit_code == 0, repeated.output
+    report = json.loads(repeated.stdout)
+    assert [r["capacity_tokens"] for r in report["capacities"]] == [10**4, 10**5]
+    assert set(report["capacities"][0]) >= {"lru", "lfu"} and report == json.loads(commas.stdout)
+
+
 def test_reuse_table_names_the_trace(chat):
     result = run("trace", "reuse", chat, "--capacity", "100000")
     assert result.exit_code == 0, result.output
@@ -60,7 +70,7 @@ def test_reuse_table_names_the_trace(chat):
     (["--capacity", "1e4,lots"], "--capacity expects token counts"),
     (["--capacity", "inf"], "--capacity expects whole token counts from 1 to 1e+15 (got 'inf')"),
     (["--capacity", "1e30"], "--capacity expects whole token counts from 1 to 1e+15 (got '1e30')"),
-    (["--policy", "lru,arc"], "--policy expects names from lru, lfu, s3fifo"),
+    (["--policy", "lru,arc"], "--policy expects names from lru, lfu, s3fifo (got 'arc')"),
     (["--block-size", "48"], "block_size 48 cannot reuse prefix keys recorded at 64"),
     (["--plot", "curve.xyz"], "--plot curve.xyz: format 'xyz' is not one of png, svg, pdf"),
 ])

@@ -64,8 +64,14 @@ def _engine(model, **kw) -> LLMEngine:
     return LLMEngine(model, **kw)
 
 
+def _checked_engine(model, **kw) -> LLMEngine:
+    """An engine whose allocator checks every invariant after each change, with a CPU pool of ~5k blocks:
+    the default 4 GiB is 2M of SMALL's, which every check would read."""
+    return _engine(model, debug=True, swap_space_gb=0.01, **kw)
+
+
 def test_greedy_batch_matches_reference_and_frees_everything(model, reference):
-    engine = _engine(model, debug=True)
+    engine = _checked_engine(model)
     assert _tokens(engine.generate(_prompts(), GREEDY)) == reference
     assert engine.allocator.breakdown().allocated == 0
     assert not engine.has_unfinished()
@@ -235,7 +241,7 @@ def test_beam_width_one_is_greedy(model, reference):
 
 
 def test_beam_search_returns_width_sequences_best_first(model):
-    engine = _engine(model, debug=True)
+    engine = _checked_engine(model)
     outputs = engine.generate(_prompts(), SamplingParams(max_tokens=6, beam_width=3, ignore_eos=True))
     for out in outputs:
         scores = [o.cumulative_logprob for o in out.outputs]
@@ -327,7 +333,7 @@ def test_beam_search_with_eos_keeps_finished_hypotheses():
     model = _model()
     probe = generate_simple(model, _prompts()[:1], 4)[0]
     stopping = _model(SMALL.replace(eos_token_ids=(probe[1],)))  # greedy's 2nd token ends a sequence
-    engine = _engine(stopping, debug=True)
+    engine = _checked_engine(stopping)
     out = engine.generate(_prompts()[:1], SamplingParams(max_tokens=6, beam_width=3))[0].outputs
     scores = [o.cumulative_logprob for o in out]
     assert len(out) == 3 and scores == sorted(scores, reverse=True)
