@@ -19,6 +19,7 @@ from cli.pool_options import (
     KV_OFFLOADING_POLICY,
     KV_OFFLOADING_SIZE,
     KV_OFFLOADING_STORE,
+    pool_problem,
 )
 from cli.serving import (
     GOODPUT,
@@ -44,35 +45,6 @@ Preemption = Literal["recompute", "swap"]
 Mode = Literal["fast", "step"]
 TableFormat = Literal["parquet", "csv"]
 Placement = Literal["buddy", "first-fit"]
-
-# A paged pool is bookkept with Python objects per block (~80 bytes each): past this many blocks a pool
-# that the trace cannot fill is refused instead of built (see pool_problem).
-MAX_IDLE_POOL_BLOCKS = 2**21
-
-
-def pool_problem(df, config) -> str | None:
-    """Why the configured pool is absurdly large for this trace, or None.
-
-    A pool is refused when it has more than MAX_IDLE_POOL_BLOCKS blocks AND more slots than the trace
-    could ever occupy: at most max_num_seqs requests run at once, each holding at most max_model_len
-    slots per sequence (twice that, for the rounding of pow2/buddy reservations).
-    """
-    capacity = config.capacity()
-    blocks = capacity // config.block_size if config.is_paged else capacity // 16
-    from traces.batches import FrameBatches, TraceBatches
-
-    rows = df if isinstance(df, TraceBatches) else FrameBatches(df)
-    width = max(int(max(c["n"].max(), c["beam_width"].max())) for c in rows.iter_batches(("n", "beam_width")))
-    num = rows.num_rows
-    bound = 2 * min(num, config.max_num_seqs) * config.resolved_max_model_len * width
-    if blocks <= MAX_IDLE_POOL_BLOCKS or capacity <= bound:
-        return None
-    gib = bound * config.bytes_per_token / 2**30
-    return (f"the KV pool holds {capacity:,} token slots, but this trace can never use more than {bound:,} "
-            f"(at most {min(num, config.max_num_seqs):,} requests at once x max_model_len "
-            f"{config.resolved_max_model_len:,} x {width} sequence(s) x 2); give at most "
-            f"--kv-memory-gb {gib:.3g} or --capacity-tokens {bound}")
-
 
 @user_errors
 def simulate_cmd(

@@ -201,6 +201,13 @@ def sweep_cmd(
             shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
             raise UserError(f"--out {out} is a folder that is not a sweep's (it holds {shown}); choose a new "
                             "or empty folder, or an earlier sweep's to resume it")
+        from cli.pool_options import pool_problem
+        from simulator.sweep.axes import config_label
+
+        for config in axes.configs():  # a pool the trace cannot fill, refused before anything is written
+            problem = pool_problem(df, axes.sim_config(config))
+            if problem:
+                raise UserError(f"configuration {config_label(config)}: {problem}")
         try:  # the lowest rate re-timed as every point re-times the trace, before any is run
             rescale_rate(df, min(axes.bounds[0], *rates))
         except TraceError as exc:

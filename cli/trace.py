@@ -276,9 +276,11 @@ def info(
     else:
         console.print(_info_table(path, stats))
     if plot is not None:
-        from viz.trace_overview import save_trace_overview
+        from viz.common import save_figure
+        from viz.trace_overview import plot_trace_overview
 
-        written = save_trace_overview(trace, plot, fmt)
+        # The file named, whatever its suffix (the figure format came from it, PNG without one).
+        written = save_figure(plot_trace_overview(trace).figure, plot, fmt)
         err_console.print(f"wrote {escape(str(written))}", highlight=False)
 
 

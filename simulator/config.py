@@ -4,7 +4,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from simulator.core.allocator import KVAllocator
-from simulator.core.config import ALLOCATORS, CacheConfig, build_allocator, check_pool, swap_pool_bytes
+from simulator.core.config import (
+    ALLOCATORS,
+    CacheConfig,
+    build_allocator,
+    check_pool,
+    num_cpu_blocks,
+    swap_pool_bytes,
+)
 from simulator.core.errors import ConfigError
 from simulator.core.models import ModelSpec, get_model
 from simulator.core.paged.kv_group_tiers import attach_groups
@@ -130,6 +137,9 @@ class SimConfig(CacheConfig):
         layout = self.kv_layout() if self.is_paged else None
         check_pool(self, self.capacity(), layout=layout,
                    num_blocks=None if layout is None else self.kv_capacity().num_blocks)
+        if self.is_paged:
+            num_cpu_blocks(self, swap_pool_bytes(self.swap_space_gb, self.kv_offloading_size),
+                           self.bytes_per_token, layout)
 
     def _check_slots(self) -> None:
         if self.capacity() < 1:

@@ -1,6 +1,8 @@
 """The KV tiers a simulation configures: SimConfig's kv_offloading_* fields turned into tiers.Tiers."""
 from __future__ import annotations
 
+import math
+
 from pagelab.eviction import POLICIES
 from simulator.core.errors import ConfigError
 from simulator.core.paged.kv_group_tiers import GroupTiers
@@ -21,8 +23,8 @@ def tier_problems(config) -> list[str]:
     out = []
     for name in ("kv_offloading_size", "kv_offloading_disk_size"):
         value = getattr(config, name)
-        if value is not None and not value >= 0:
-            out.append(f"{name} must be >= 0 GiB, got {value}")
+        if value is not None and not (value >= 0 and math.isfinite(value)):
+            out.append(f"{name} must be a finite number >= 0 GiB, got {value}")
     size = config.kv_offloading_block_size
     if size is not None and (size < config.block_size or size % config.block_size):
         out.append(f"kv_offloading_block_size must be a multiple of block_size {config.block_size}, "

@@ -120,6 +120,21 @@ def check_pool(config: CacheConfig, capacity: int, *, layout=None, num_blocks: i
         raise ConfigError(f"a KV pool of {capacity} slots holds no block of {config.block_size} tokens")
 
 
+# The CPU swap pool keeps lists of its blocks' state (~70 bytes a block, made up front): past this many
+# blocks it would take gigabytes, for a pool far beyond what a run swaps.
+MAX_CPU_BLOCKS = 1 << 24
+
+
+def num_cpu_blocks(config: CacheConfig, cpu_bytes: int, bytes_per_token: int, layout=None) -> int:
+    """Blocks of a paged pool's CPU swap space of `cpu_bytes`; refuse more than MAX_CPU_BLOCKS."""
+    num = cpu_bytes // layout.block_bytes if layout is not None else \
+        cpu_bytes // bytes_per_token // config.block_size
+    if num > MAX_CPU_BLOCKS:
+        raise ConfigError(f"a CPU swap pool of {num:,} blocks is more than the {MAX_CPU_BLOCKS:,} a run "
+                          "keeps: lower swap_space_gb (kv_offloading_size where a CPU tier sizes it)")
+    return num
+
+
 def swap_pool_bytes(swap_space_gb: float | None, kv_offloading_size: float | None) -> int:
     """Bytes of the CPU swap pool, for the simulator and the engine alike: the CPU tier's budget when there
     is one (swapped blocks take their room from it), else `swap_space_gb` (vLLM's 4 GiB when None)."""
@@ -141,13 +156,14 @@ def build_allocator(config: CacheConfig, capacity: int, *, cpu_bytes: int, bytes
         from simulator.core.paged.kv_groups import GroupedBlockManager  # loaded by grouped pools only
 
         chunk = config.scheduler_config(max_model_len).token_budget if config.enable_chunked_prefill else None
-        return GroupedBlockManager(num_blocks, layout, num_cpu_blocks=cpu_bytes // layout.block_bytes,
+        return GroupedBlockManager(num_blocks, layout,
+                                   num_cpu_blocks=num_cpu_blocks(config, cpu_bytes, bytes_per_token, layout),
                                    enable_prefix_caching=config.enable_prefix_caching,
                                    watermark=config.watermark, debug=config.debug,
                                    record_events=record_events, prefill_chunk=chunk)
     if policy is None:
         return BlockManager.from_capacity(
-            capacity, config.block_size, num_cpu_blocks=cpu_tokens // config.block_size,
+            capacity, config.block_size, num_cpu_blocks=num_cpu_blocks(config, cpu_bytes, bytes_per_token),
             enable_prefix_caching=config.enable_prefix_caching, watermark=config.watermark,
             debug=config.debug, record_events=record_events)
     return ContiguousAllocator(capacity, policy, config.placement, max_model_len=max_model_len,

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pagelab.errors import PagelabError
 from pagelab.run_format import sweep_axis_applies
 from simulator.config import SimConfig
+from simulator.core.errors import ConfigError
 
 # Axes the sweep itself owns (or that would make a point meaningless to vary).
 RESERVED = ("rate", "allocator", "extra", "record_events")
@@ -162,7 +163,7 @@ class SweepAxes:
     def check(self) -> None:
         """Validate every configuration up front so a sweep never fails half-way on a bad combination."""
         from simulator.presets import get_gpu
-        from simulator.timing.step_latency import make_latency_model
+        from simulator.timing.step_latency import make_latency_model, roofline_problem
 
         for config in self.configs():
             sim = self.sim_config(config)
@@ -172,6 +173,8 @@ class SweepAxes:
                 sim.check_runnable()
                 if sim.latency != "roofline":
                     make_latency_model("fitted", sim.model, sim.gpu, path=sim.latency)
+                elif roofline_problem(sim.model_spec) is not None:
+                    raise ConfigError(roofline_problem(sim.model_spec))
             except PagelabError as exc:
                 raise SweepError(f"configuration {config_label(config)}: {exc}") from None
 

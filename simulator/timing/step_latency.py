@@ -109,6 +109,15 @@ class _SwapAndPrefill:
         return self.step_time(num_tokens, num_tokens * num_tokens, num_tokens)
 
 
+def roofline_problem(model: ModelSpec) -> str | None:
+    """Why the roofline cannot time `model` (its weights are read every step), or None."""
+    if model.num_params is None:
+        return (f"{model.name or 'the model'}: the roofline step time reads every weight, and its parameter "
+                "count (num_params) is unknown: give a fitted latency profile (--profile or --latency "
+                "PROFILE.json)")
+    return None
+
+
 @dataclass(frozen=True)
 class _RooflineCoefficients:
     overhead_s: float
@@ -131,10 +140,9 @@ class RooflineLatency(_SwapAndPrefill):
     @cached_property
     def _coef(self) -> _RooflineCoefficients:
         m, g = self.model, self.gpu
-        if m.num_params is None:
-            raise ConfigError(f"{m.name or 'the model'}: the roofline step time reads every weight, and its "
-                              "parameter count (num_params) is unknown: give a fitted latency profile "
-                              "(--profile or --latency PROFILE.json)")
+        problem = roofline_problem(m)
+        if problem is not None:
+            raise ConfigError(problem)
         weight_bytes = float(m.weight_bytes)
         return _RooflineCoefficients(
             overhead_s=g.step_overhead_s,

@@ -125,7 +125,24 @@ CASES = [
     (("bench", "calibration", "--parts", "A", "--profile", "nope", "--out", "cal"),
      "latency profile 'nope' is neither a file nor a bundled profile"),
     (("bench", "calibration", "--parts", "", "--out", "cal"), "give at least one held-out run"),
+    # Pools past what a run can keep are refused by name, not left to a MemoryError.
+    (("simulate", "tiny.csv", "--kv-offloading-size", "inf"),
+     "--kv-offloading-size must be a finite number >= 0 GiB, got inf"),
+    (("simulate", "tiny.csv", "-a", "paged", "--kv-offloading-size", "1e9"),
+     "blocks is more than the 16,777,216 a run keeps"),
 ]
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--kv-memory-gb", "1e9"), "configuration paged: the KV pool holds 8,192,000,000,000 token slots"),
+    (("--model", "gpt-oss-20b", "--kv-memory-gb", "5"), "configuration paged: gpt-oss-20b: the roofline step "
+     "time reads every weight"),
+])
+def test_a_sweep_refuses_an_unrunnable_configuration_before_writing(files, args, message):
+    line = one_line_error(pagelab("sweep", "tiny.csv", "--rate", "2,4", "-a", "paged", "-j", "1", *args,
+                                  "--out", "sw", cwd=files))
+    assert message in line
+    assert not (files / "sw").exists()
 
 
 @pytest.mark.parametrize("args, message", CASES, ids=[" ".join(a) for a, _ in CASES])

@@ -150,11 +150,12 @@ def test_convert_refuses_unknown_output_suffix_and_unknown_input(tmp_path):
     assert result.exit_code == 2 and "unknown trace format" in result.stderr
 
 
-def test_info_plot_writes_the_overview(tmp_path):
-    out = tmp_path / "p.png"
+@pytest.mark.parametrize(("name", "magic"), [("p.png", b"\x89PNG"), ("p.SVG", b"<?xml"), ("p", b"\x89PNG")])
+def test_info_plot_writes_the_overview_into_the_file_named(tmp_path, name, magic):
+    out = tmp_path / name  # as `trace reuse --plot`: an upper-case suffix or none (PNG) names a file too
     result = run("trace", "info", "azure-code", "--plot", out)
     assert result.exit_code == 0, result.output
-    assert out.exists() and out.stat().st_size > 0
+    assert out.is_file() and out.read_bytes().startswith(magic)
 
 
 def test_info_refuses_a_plot_format_before_reading_the_trace(tmp_path):
