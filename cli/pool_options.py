@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from cli.common import UserError
 from cli.help import POOL
 
 KV_OFFLOADING_SIZE = typer.Option(None, rich_help_panel=POOL,
@@ -13,17 +14,32 @@ KV_OFFLOADING_DISK_SIZE = typer.Option(None, rich_help_panel=POOL,
                                        help="GiB of disk for a tier below the CPU's.")
 KV_OFFLOADING_BLOCK_SIZE = typer.Option(None, rich_help_panel=POOL,
                                         help="Tokens per tier block, a multiple of (default) --block-size.")
-KV_OFFLOADING_POLICY = typer.Option("lru", rich_help_panel=POOL, help="Tier eviction: lru, lfu or s3fifo.")
-KV_OFFLOADING_STORE = typer.Option("lazy", rich_help_panel=POOL,
-                                   help="lazy: store blocks the GPU evicts; eager: blocks their request "
-                                        "releases.")
+KV_OFFLOADING_POLICY = typer.Option(None, rich_help_panel=POOL,
+                                    help="Tier eviction: lru (default), lfu or s3fifo.")
+KV_OFFLOADING_STORE = typer.Option(None, rich_help_panel=POOL,
+                                   help="lazy (default): store blocks the GPU evicts; eager: blocks their "
+                                        "request releases.")
 CPU_OFFLOAD_BANDWIDTH_GBPS = typer.Option(None, rich_help_panel=POOL,
                                           help="CPU tier -> GPU GB/s (default: the GPU's PCIe).")
-DISK_OFFLOAD_BANDWIDTH_GBPS = typer.Option(6.0, rich_help_panel=POOL, help="Disk tier -> GPU GB/s.")
+DISK_OFFLOAD_BANDWIDTH_GBPS = typer.Option(None, rich_help_panel=POOL,
+                                           help="Disk tier -> GPU GB/s (default 6).")
 HYBRID_KV_CACHE = typer.Option(True, "--hybrid-kv-cache/--disable-hybrid-kv-cache-manager",
                                rich_help_panel=POOL,
                                help="Group a model's layers by attention type, as vLLM (sliding windows free "
                                     "blocks); the other keeps every token on every layer in one group.")
+
+
+def tier_fields(kv_offloading_size: float | None, kv_offloading_disk_size: float | None, **given) -> dict:
+    """The tier options as configuration fields (those not given are left to the configuration's
+    defaults); a tier's option given without a tier is refused, not ignored."""
+    fields = {"kv_offloading_size": kv_offloading_size, "kv_offloading_disk_size": kv_offloading_disk_size,
+              **given}
+    if kv_offloading_size is None and kv_offloading_disk_size is None:
+        unused = ["--" + k.replace("_", "-") for k, v in given.items() if v is not None]
+        if unused:
+            raise UserError(f"{', '.join(unused)} {'applies' if len(unused) == 1 else 'apply'} to a KV tier: "
+                            "give --kv-offloading-size or --kv-offloading-disk-size")
+    return {k: v for k, v in fields.items() if v is not None}
 
 
 # A paged pool is bookkept with Python objects per block (~80 bytes each): past this many blocks a pool

@@ -85,3 +85,8 @@ def presets_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON i
                           "pcie_gb_s": "PCIe GB/s"}))
     console.print(hf_line(rows["models"]))
     console.print(replay_line(rows["models"]))
+    unknown = [r["model"] for r in rows["models"] if r["params_b"] is None]
+    if unknown:  # the roofline step time and the weights' share of memory both need the parameter count
+        console.print(f"params -: {', '.join(unknown)} give no parameter count (mixture-of-experts), so "
+                      "simulate needs a fitted latency profile (--profile) and a pool size (--kv-memory-gb); "
+                      "plan needs --kv-memory-gb.")

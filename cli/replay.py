@@ -15,6 +15,7 @@ from cli.pool_options import (
     KV_OFFLOADING_POLICY,
     KV_OFFLOADING_SIZE,
     KV_OFFLOADING_STORE,
+    tier_fields,
 )
 from cli.serving import (
     GOODPUT,
@@ -162,12 +163,12 @@ def replay_cmd(
                           preemption_mode=preemption, swap_space_gb=swap_space_gb,
                           enforce_eager=enforce_eager, gpu_memory_utilization=gpu_memory_utilization,
                           disable_hybrid_kv_cache_manager=not hybrid_kv_cache,
-                          kv_offloading_size=kv_offloading_size,
-                          kv_offloading_disk_size=kv_offloading_disk_size,
-                          kv_offloading_block_size=kv_offloading_block_size,
-                          kv_offloading_policy=kv_offloading_policy, kv_offloading_store=kv_offloading_store,
-                          kv_offloading_disk_path=None if kv_offloading_disk_path is None
-                          else str(kv_offloading_disk_path))
+                          **tier_fields(kv_offloading_size, kv_offloading_disk_size,
+                                        kv_offloading_block_size=kv_offloading_block_size,
+                                        kv_offloading_policy=kv_offloading_policy,
+                                        kv_offloading_store=kv_offloading_store,
+                                        kv_offloading_disk_path=None if kv_offloading_disk_path is None
+                                        else str(kv_offloading_disk_path)))
     configs = replay_configs(names, ReplayConfig(model=model, device=device, backend=backend, dtype=dtype,
                                                  engine=engine, time_scale=time_scale, seed=seed, clock=clock,
                                                  extra=run_labels(source, limit, max_concurrency)))

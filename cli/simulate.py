@@ -20,6 +20,7 @@ from cli.pool_options import (
     KV_OFFLOADING_SIZE,
     KV_OFFLOADING_STORE,
     pool_problem,
+    tier_fields,
 )
 from cli.serving import (
     GOODPUT,
@@ -162,6 +163,10 @@ def simulate_cmd(
                         "share none); add -a paged, or leave --sharing out")
     if plot and out is None:
         raise UserError("--plot needs --out (the figures go to OUT/figures)")
+    if out is None and (overwrite or table_format != "parquet"):  # they shape the run folder alone
+        raise UserError(f"{'--overwrite' if overwrite else '--table-format'} needs --out (a run folder)")
+    if profile is not None and latency != "roofline":
+        raise UserError("give --profile or --latency PROFILE.json, not both (each names the step-time model)")
     finite_float(kv_memory_gb, "--kv-memory-gb")
     if not 0 < gpu_memory_utilization <= 1:
         raise UserError(f"--gpu-memory-utilization must be in (0, 1], got {gpu_memory_utilization:g}")
@@ -175,6 +180,11 @@ def simulate_cmd(
     # A canonical Parquet trace is read in blocks of rows as the simulation goes (a 10M-request trace is
     # never held whole), unless a replay's run or --sharing needs it in memory.
     stream = step_times_from is None and config_from is None and not sharing
+    tiers = tier_fields(kv_offloading_size, kv_offloading_disk_size,
+                        kv_offloading_block_size=kv_offloading_block_size,
+                        kv_offloading_policy=kv_offloading_policy, kv_offloading_store=kv_offloading_store,
+                        cpu_offload_bandwidth_gbps=cpu_offload_bandwidth_gbps,
+                        disk_offload_bandwidth_gbps=disk_offload_bandwidth_gbps)
     map_large_allocations()  # before the trace is read: its blocks stay out of the heap (pagelab/malloc.py)
     df, info = load_workload(trace, trace_opt, limit, num_prompts, rate, burstiness, seed, stream=stream)
     typed, gpu, latency = _latency_choice(model, gpu, latency, profile)
@@ -189,12 +199,7 @@ def simulate_cmd(
                      preemption_mode=preemption, enable_prefix_caching=prefix_caching, latency=latency,
                      disable_hybrid_kv_cache_manager=not hybrid_kv_cache,
                      seed=seed, mode=mode, record_events=events and out is not None,
-                     extra=simulation_labels(info, max_concurrency), kv_offloading_size=kv_offloading_size,
-                     kv_offloading_disk_size=kv_offloading_disk_size,
-                     kv_offloading_block_size=kv_offloading_block_size,
-                     kv_offloading_policy=kv_offloading_policy, kv_offloading_store=kv_offloading_store,
-                     cpu_offload_bandwidth_gbps=cpu_offload_bandwidth_gbps,
-                     disk_offload_bandwidth_gbps=disk_offload_bandwidth_gbps)
+                     extra=simulation_labels(info, max_concurrency), **tiers)
     measured = None
     if step_times_from is not None or config_from is not None:
         from bench.run_tools import replay_twin

@@ -38,6 +38,9 @@ OPTION_FLAGS = {"capacity_tokens": "--capacity-tokens", "max_model_len": "--max-
                 "seed": "--seed"}
 
 
+TOLERANCE, SEARCH_RUNS = 0.05, 10  # the max-rate search's defaults
+
+
 def _list(name: str, text: str | None, kind: type) -> tuple | None:
     """A comma-separated option value as a tuple (None when not given)."""
     from simulator.sweep import parse_axis_values
@@ -115,9 +118,9 @@ def sweep_cmd(
                                  "default norm_latency:0.2s/token. A unit is required."),
     search: bool = typer.Option(True, rich_help_panel=SEARCH,
                                 help="Refine each configuration's max rate beyond the grid."),
-    tolerance: float = typer.Option(0.05, rich_help_panel=SEARCH,
+    tolerance: float = typer.Option(TOLERANCE, rich_help_panel=SEARCH,
                                     help="Relative precision of the max-rate search."),
-    search_runs: int = typer.Option(10, rich_help_panel=SEARCH,
+    search_runs: int = typer.Option(SEARCH_RUNS, rich_help_panel=SEARCH,
                                     help="Most extra points the search adds per configuration."),
     executor: Executor = typer.Option("local", rich_help_panel=EXECUTION,
                                       help="local (worker processes) or ray."),
@@ -145,6 +148,9 @@ def sweep_cmd(
     from traces import load_trace
 
     check_seed(seed)
+    if not search and (tolerance != TOLERANCE or search_runs != SEARCH_RUNS):  # the search's own settings
+        raise UserError("--tolerance and --search-runs shape the max-rate search: they do not apply with "
+                        "--no-search")
     try:
         names = tuple(dict.fromkeys(n.strip() for item in allocator or list(ALLOCATORS)
                                     for n in item.split(",") if n.strip()))
@@ -158,10 +164,14 @@ def sweep_cmd(
         axes_values = {"block_size": _list("block_size", block_size, int),
                        "kv_memory_gb": _list("kv_memory_gb", kv_memory_gb, float),
                        "model": _list("model", model, str), "gpu": _list("gpu", gpu, str)}
+        given_axes: set[str] = set()
         for spec in axis or []:
             name, values = parse_axis(spec)
             if axes_values.get(name) is not None and name in ("block_size", "kv_memory_gb", "model", "gpu"):
                 raise UserError(f"--axis {spec!r}: use --{name.replace('_', '-')} for this axis")
+            if name in given_axes:  # the later one would replace the earlier: one --axis per field
+                raise UserError(f"--axis {name} given twice: list its values in one, --axis {name}=A,B")
+            given_axes.add(name)
             axes_values[name] = values
         options = {"capacity_tokens": capacity_tokens, "max_model_len": max_model_len,
                    "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,

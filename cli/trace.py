@@ -52,7 +52,7 @@ def _shared_prefix(text: str | None) -> dict[str, object]:
 
 
 # Options that apply only to one kind of trace, and their defaults (a default is never refused).
-_SINGLE_TURN_ONLY = {"arrival": ("--arrival", "poisson"), "cv": ("--cv", None),
+_SINGLE_TURN_ONLY = {"arrival": ("--arrival", None), "cv": ("--cv", None),
                      "burstiness": ("--burstiness", None), "lengths": ("--lengths", "sharegpt"),
                      "shared_prefix": ("--shared-prefix", None), "n": ("--n", 1),
                      "beam_width": ("--beam-width", 1), "prompt_len": ("--prompt-len", 128),
@@ -97,12 +97,21 @@ def _refuse_unused(multi_turn: bool, **given) -> None:
         flag, default = _SINGLE_TURN_ONLY[name]
         if given[name] != default and given["lengths"] != kind:
             raise UserError(f"{flag} applies only with --lengths {kind} (got --lengths {given['lengths']})")
-    if not multi_turn and given["cv"] is not None and given["arrival"] != "gamma":
+    arrival = given["arrival"]  # None: not given (Poisson)
+    if not multi_turn and given["cv"] is not None and arrival != "gamma":
         raise UserError(f"--cv shapes gamma arrivals: it needs --arrival gamma "
-                        f"(got --arrival {given['arrival']})")
-    if given["burstiness"] is not None and given["arrival"] not in ("poisson", "gamma"):
-        raise UserError(f"--burstiness makes gamma arrivals: it does not apply with "
-                        f"--arrival {given['arrival']}")
+                        f"(got --arrival {arrival or 'poisson'})")
+    if given["burstiness"] is not None and arrival not in (None, "gamma"):
+        raise UserError(f"--burstiness makes gamma arrivals: it does not apply with --arrival {arrival}")
+    rate = given["rate"]
+    if arrival == "burst" and rate is not None:
+        raise UserError("--request-rate does not apply with --arrival burst (every request at t=0)")
+    if arrival not in (None, "burst") and rate is not None and math.isinf(rate):
+        raise UserError(f"--request-rate inf puts every request at t=0: it does not apply with "
+                        f"--arrival {arrival}")
+    if not multi_turn and given["prefix_block_size"] is not None and given["shared_prefix"] is None:
+        raise UserError("--prefix-block-size records shared prefixes: it needs --shared-prefix or "
+                        "--multi-turn")
     turns, think = given["turns"], given["think_time"]
     if not (math.isfinite(turns) and 1 <= turns <= MAX_TURNS):
         raise UserError(f"--turns must be a finite number in [1, {MAX_TURNS:,}], got {turns}")
@@ -117,9 +126,10 @@ def gen(
     out: Path = typer.Option(..., "--out", "-o", help="Output file: .csv, .jsonl or .parquet."),
     num: int = typer.Option(None, "--num", help="Number of requests (default 1000)."),
     num_prompts: int = typer.Option(None, "--num-prompts", help="Same as --num (vLLM's name)."),
-    arrival: str = typer.Option("poisson", help="Arrival process: poisson, gamma or burst (all at t=0)."),
-    rate: float = typer.Option(1.0, "--request-rate", "--rate",
-                               help="Mean arrival rate in requests/s; inf: all at t=0 (burst)."),
+    arrival: str = typer.Option(None, help="Arrival process: poisson (default), gamma or burst (all at "
+                                           "t=0)."),
+    rate: float = typer.Option(None, "--request-rate", "--rate",
+                               help="Mean arrival rate in requests/s (default 1); inf: all at t=0 (burst)."),
     cv: float = typer.Option(None, help="Coefficient of variation of the gaps (gamma; default 1)."),
     burstiness: float = typer.Option(None, help="vLLM's gamma shape (1 Poisson, <1 burstier): gamma "
                                                 "arrivals with cv = 1/sqrt(burstiness)."),
@@ -155,10 +165,16 @@ def gen(
     from traces.stats import trace_info
 
     check_seed(seed)
+    from cli.runs import check_out_file
+
+    check_out_file(out, f"--out {out}")  # a folder or a path under a file, before the trace is made
     _refuse_unused(multi_turn, arrival=arrival, cv=cv, burstiness=burstiness, lengths=lengths,
                    shared_prefix=shared_prefix, n=n, beam_width=beam_width, turns=turns,
                    think_time=think_time, think_dist=think_dist, prompt_len=prompt_len,
-                   output_len=output_len, prompt_range=prompt_range, output_range=output_range)
+                   output_len=output_len, prompt_range=prompt_range, output_range=output_range, rate=rate,
+                   prefix_block_size=prefix_block_size)
+    arrival = arrival or "poisson"
+    rate = 1.0 if rate is None else rate
     kind = lengths if lengths in _NAMED_LENGTHS else "resample"
     num = pick_one("--num/--num-prompts", num, num_prompts)
     num = 1000 if num is None else num

@@ -29,6 +29,8 @@ def view_cmd(
 
     if not 0 <= port <= 65535:
         raise UserError(f"--port {port}: expected a port from 0 to 65535 (0: any free one)")
+    if port and not serve:
+        raise UserError(f"--port {port} is where --serve listens: give --serve too, or leave --port out")
     run = load_run(run_dir)
     end = max(run_end(a) for a in run.allocators.values())
     windows = check_windows(list(window or []), end) or None

@@ -289,7 +289,8 @@ def load_run(path: Path, label: str | None = None) -> Run:
     """Read a run folder; a single allocator folder (with config.json) is accepted too."""
     path = Path(path)
     if not path.is_dir():
-        raise VizError(f"{path}: run folder not found")
+        raise VizError(f"{path} is a file, not a run folder" if path.is_file() else
+                       f"{path}: run folder not found")
     if (path / "config.json").is_file():
         alloc = load_allocator(path, path.name)
         return Run(path, label or path.name, {}, {alloc.name: alloc})

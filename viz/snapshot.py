@@ -89,6 +89,8 @@ def peak_time(alloc: AllocatorRun) -> float:
 def _fill_now(active: pd.DataFrame, tokens: pd.Series, block_size: int, paged: bool) -> np.ndarray:
     """Slots of each active tenure holding tokens now (see the module docstring)."""
     filled = active["filled"].to_numpy(np.int64)
+    if not len(filled):  # nothing held (every request refused, or no tenure spans the moment)
+        return filled
     tok = active["request_id"].map(tokens).to_numpy(float)
     known = np.isfinite(tok)
     tok = np.where(known, tok, filled).astype(np.int64)

@@ -179,6 +179,11 @@ def test_presets_say_what_replays_each_registry_model():
     assert "tiny-hybrid" not in table.split("checkpoint folder")[1].split(";")[0]
     assert by_name["llama-3-8b"]["hf_id"] == "meta-llama/Meta-Llama-3-8B"
     assert "meta-llama/Meta-Llama-3-8B (llama-3-8b)" in table and "Instruct or chat variant" in table
+    # The models the roofline cannot time say so, by name.
+    unknown = sorted(m["model"] for m in rows["models"] if m["params_b"] is None)
+    assert unknown == ["deepseek-v3", "gpt-oss-120b", "gpt-oss-20b"]
+    assert f"params -: {', '.join(by_name[m]['model'] for m in by_name if m in unknown)} give no parameter " \
+           "count" in table and "simulate needs a fitted latency profile (--profile)" in table
 
 
 def test_a_max_model_len_past_the_models_context_is_warned(tmp_path):

@@ -66,6 +66,10 @@ def closed_port() -> int:
     (["--rate", "1e-12,2e-12"], "rates are kept to 9 decimals, so 1e-12 requests/s would be 0"),
     (["--rate", "1e-8:2"], "past 1e+09 s"),
     (["--rate", "1:2", "-a", "paged", "--placement", "first-fit"], "--placement only applies to contiguous"),
+    (["--rate", "1:2", "--no-search", "--tolerance", "0.5"],
+     "--tolerance and --search-runs shape the max-rate search: they do not apply with --no-search"),
+    (["--rate", "1:2", "--axis", "kv_cache_dtype=fp8", "--axis", "kv_cache_dtype=auto"],
+     "--axis kv_cache_dtype given twice: list its values in one, --axis kv_cache_dtype=A,B"),
 ])
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, trace_file, args, words):
     out = tmp_path / "sweep"

@@ -76,6 +76,12 @@ def test_gen_lengths_from_a_vidur_length_only_file(tmp_path):
     (["--multi-turn", "--cv", "2"], "--cv does not apply with --multi-turn"),
     (["--cv", "2"], "--cv shapes gamma arrivals: it needs --arrival gamma (got --arrival poisson)"),
     (["--arrival", "burst", "--burstiness", "2"], "--burstiness makes gamma arrivals"),
+    (["--arrival", "poisson", "--burstiness", "2"], "--burstiness makes gamma arrivals: it does not apply "
+     "with --arrival poisson"),
+    (["--arrival", "burst", "--rate", "3"], "--request-rate does not apply with --arrival burst"),
+    (["--arrival", "gamma", "--rate", "inf"], "--request-rate inf puts every request at t=0: it does not "
+     "apply with --arrival gamma"),
+    (["--prefix-block-size", "32"], "--prefix-block-size records shared prefixes: it needs --shared-prefix"),
     (["--turns", "3", "--think-time", "5"], "--turns, --think-time do not apply without --multi-turn"),
     (["--prompt-len", "64"], "--prompt-len applies only with --lengths fixed (got --lengths sharegpt)"),
     (["--lengths", "uniform", "--output-len", "9"], "--output-len applies only with --lengths fixed"),

@@ -128,3 +128,24 @@ def test_the_block_map_needs_no_request_table(run, damage):
     assert sorted(p.name for p in (run / "figures").iterdir()) == ["block_map.png", "latency_cdf.png"]
     block_map = next(figure_results(load_runs([run]), ["block_map"], warn=[].append))
     assert sorted(block_map.data["full"]) == ["contiguous-max", "paged"]  # paged's map is still drawn
+
+
+def _keep_header_only(path: Path) -> None:
+    """The table with its columns and no rows."""
+    import pandas as pd
+
+    pd.read_parquet(path).iloc[:0].to_parquet(path)
+
+
+def test_a_memory_table_without_rows_is_an_error_naming_the_run(run):
+    from viz.errors import VizError
+
+    _keep_header_only(run / "paged" / "memory.parquet")
+    with pytest.raises(VizError, match=r"run/paged: the memory table has no rows"):
+        _plot(run, only=["memory_over_time"])
+
+
+def test_an_events_table_without_rows_draws_an_empty_pool(run):
+    _keep_header_only(run / "paged" / "events.parquet")  # as a run whose every request was refused
+    drawn, warnings = _plot(run, only=["block_snapshot"])
+    assert drawn == ["block_snapshot"] and warnings == []
