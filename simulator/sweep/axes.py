@@ -173,8 +173,8 @@ class SweepAxes:
                 sim.check_runnable()
                 if sim.latency != "roofline":
                     make_latency_model("fitted", sim.model, sim.gpu, path=sim.latency)
-                elif roofline_problem(sim.model_spec) is not None:
-                    raise ConfigError(roofline_problem(sim.model_spec))
+                elif (problem := roofline_problem(sim.model_spec)) is not None:
+                    raise ConfigError(problem)
             except PagelabError as exc:
                 raise SweepError(f"configuration {config_label(config)}: {exc}") from None
 
