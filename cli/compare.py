@@ -178,10 +178,13 @@ def compare_cmd(
                                       "the simulation is judged against it."),
     allocator: str = typer.Option(None, help="Allocator to compare (default: the first both runs have)."),
     out: Path = typer.Option(None, "--out", "-o", help="Write comparison.json and the figures here."),
-    fmt: str = typer.Option("png", "--format", "-f", help="Figure format: png, svg or pdf."),
+    fmt: str = typer.Option(None, "--format", "-f",
+                            help="Figure format with --out: png (default), svg or pdf."),
 ) -> None:
     """Compare two runs: a simulation against a replay, or two runs of one kind side by side."""
-    fmt = figure_format(fmt)
+    if fmt is not None and out is None:  # figures are drawn only into --out
+        raise UserError(f"--format {fmt} is the format of the figures --out writes: give --out too")
+    fmt = figure_format(fmt or "png")
     kinds = (run_kind(run_a), run_kind(run_b))
     if out is not None:
         from cli.runs import check_out_folder

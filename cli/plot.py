@@ -63,6 +63,10 @@ def plot_cmd(
 
     fmt = figure_format(fmt)
     names = [n.strip() for item in only or [] for n in item.split(",") if n.strip()] or None
+    # --at and --window shape one figure each: refused when --only leaves that figure out.
+    for option, value, figure in (("--at", at, "block_snapshot"), ("--window", window, "block_map")):
+        if value is not None and names is not None and figure not in names:
+            raise UserError(f"{option} shapes the {figure} figure, which --only leaves out")
     label = f"--out {out}"
     if out is None:
         out = run_dirs[0] / "figures" if len(run_dirs) == 1 else Path("figures")

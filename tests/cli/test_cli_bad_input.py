@@ -208,7 +208,11 @@ OUT_CASES = [
     (("trace", "gen", "--num", "5", "--out", "adir"), "--out adir is a folder, not a file"),
     (("trace", "gen", "--num", "5", "--out", "afile/x.csv"), "--out afile/x.csv: cannot create a file under"),
     (("compare", "r", "r", "--format", "gif", "--out", "c"), "--format gif: format 'gif' is not one of"),
-    (("compare", "r", "r", "--format", "gif"), "--format gif: format 'gif' is not one of png, svg, pdf"),
+    (("compare", "r", "r", "--format", "svg"), "--format svg is the format of the figures --out writes: give "
+     "--out too"),
+    (("plot", "r", "--only", "breakdown", "--at", "1"), "--at shapes the block_snapshot figure, which --only "
+     "leaves out"),
+    (("plot", "r", "--only", "latency_cdf", "--window", "1:2"), "--window shapes the block_map figure"),
     (("export", "cut"), "paged/requests.parquet: cannot read table (Parquet magic bytes not found"),
 ]
 
