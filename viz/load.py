@@ -101,6 +101,8 @@ class AllocatorRun:
     def memory_chunks(self, columns: tuple[str, ...]) -> Iterator[pd.DataFrame]:
         """The memory table's `columns`, in time order, a row group at a time (a 10M-request run's table
         is ~13M rows: the figures bin it as it is read); one chunk when it is small or in memory."""
+        if not self.num_memory_rows:  # a run writes at least its last row: none means the table lost them
+            raise VizError(f"{self.path}: the memory table has no rows")
         f = self._memory_file
         if f is None:
             yield self.memory[list(columns)]

@@ -7,7 +7,6 @@ from matplotlib.patches import Patch
 
 from viz.common import FigureResult, legend_below, new_figure, time_label
 from viz.downsample import DEFAULT_MAX_BINS, Binned, downsample_chunks
-from viz.errors import VizError
 from viz.load import AllocatorRun, Run, series_label
 from viz.palette import (
     PART_LABELS,
@@ -35,8 +34,6 @@ def _steps(binned: Binned, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def memory_series(alloc: AllocatorRun, max_bins: int = DEFAULT_MAX_BINS) -> dict[str, Binned]:
     """Binned state fractions ("states", columns in STATE_ORDER), used share and queue sizes, and the
     parts of states the run carries ("parts", columns in `alloc.parts`; only when it has some)."""
-    if not alloc.num_memory_rows:  # a run records a row per step: none means the table lost them
-        raise VizError(f"{alloc.path}: the memory table has no rows")
     # One pass over the table: states, used share, queues and parts binned together.
     parts = alloc.parts
     chunks = ((m["t_s"].to_numpy(float), m["dt_s"].to_numpy(float),

@@ -149,3 +149,14 @@ def test_an_events_table_without_rows_draws_an_empty_pool(run):
     _keep_header_only(run / "paged" / "events.parquet")  # as a run whose every request was refused
     drawn, warnings = _plot(run, only=["block_snapshot"])
     assert drawn == ["block_snapshot"] and warnings == []
+
+
+@pytest.mark.parametrize("command", ["view", "export"])
+def test_view_and_export_name_a_memory_table_without_rows(run, tmp_path, command):
+    from cli import app
+
+    _keep_header_only(run / "paged" / "memory.parquet")
+    out = tmp_path / "out.html"
+    done = CliRunner().invoke(app, [command, str(run), "--out", str(out)])
+    assert done.exit_code == 2, done.output
+    assert "run/paged: the memory table has no rows" in done.output and not out.exists()
