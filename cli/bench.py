@@ -175,9 +175,10 @@ def simulate_bench(
     emit(rows, "simulate: wall time and peak RSS", as_json)
 
 
-def _host_bench(batch: list[str] | None, allocator: list[str] | None, steps: int | None,
-                host_model: str | None, max_model_len: int | None, as_json: bool, save) -> None:
-    """`bench engine --host`: host work per steady decode step for each model, batch and allocator."""
+def _host_rows(batch: list[str] | None, allocator: list[str] | None, steps: int | None,
+               host_model: str | None, max_model_len: int | None) -> tuple[list[dict], str]:
+    """`bench engine --host`: host work per steady decode step for each model, batch and allocator, and
+    the table's title."""
     from bench.engine_host import HOST_MODELS, capacity_tokens, host_time_per_step, kv_bytes_per_token
 
     host_model = host_model or "both"
@@ -200,9 +201,8 @@ def _host_bench(batch: list[str] | None, allocator: list[str] | None, steps: int
     torch_threads_one()
     rows = [host_time_per_step(n, steps=steps, allocator=a, model=m, max_model_len=length)
             for m in models for n in batches for a in allocators]
-    save(rows)
-    emit(rows, f"engine host work per steady decode step, p50 and p90 of {steps} steps (CPU; tiny: "
-                "step minus forward)", as_json)
+    return rows, (f"engine host work per steady decode step, p50 and p90 of {steps} steps (CPU; tiny: step "
+                  "minus forward)")
 
 
 def torch_threads_one() -> None:
@@ -257,9 +257,10 @@ def engine_bench(
         raise UserError(f"{', '.join(unused)} {'does' if len(unused) == 1 else 'do'} not apply "
                         f"{'with' if host else 'without'} --host")
     if host:
-        _host_bench(batch, allocator, steps, host_model, max_model_len, as_json,
-                    lambda rows: write_result("bench engine", {"result": rows}, save=save_result,
-                                              result_dir=result_dir, result_filename=result_filename))
+        rows, title = _host_rows(batch, allocator, steps, host_model, max_model_len)
+        write_result("bench engine", {"result": rows}, save=save_result, result_dir=result_dir,
+                     result_filename=result_filename)
+        emit(rows, title, as_json)
         return
     from bench.engine import compare
     from gpu_backend.engine.model_setup import resolve_device

@@ -19,6 +19,7 @@ from cli.report import short
 from cli.simulate import Placement, Preemption
 from pagelab.run_format import is_sweep_folder
 from simulator.core.config import ALLOCATORS
+from simulator.sweep.search import DEFAULT_SEARCH_RUNS, DEFAULT_TOLERANCE
 from traces import TraceError
 from traces.synthetic import rescale_rate
 
@@ -36,9 +37,6 @@ OPTION_FLAGS = {"capacity_tokens": "--capacity-tokens", "max_model_len": "--max-
                 "max_num_seqs": "--max-num-seqs", "max_num_batched_tokens": "--max-num-batched-tokens",
                 "preemption_mode": "--preemption", "placement": "--placement", "latency": "--latency",
                 "seed": "--seed"}
-
-
-TOLERANCE, SEARCH_RUNS = 0.05, 10  # the max-rate search's defaults
 
 
 def _list(name: str, text: str | None, kind: type) -> tuple | None:
@@ -118,9 +116,9 @@ def sweep_cmd(
                                  "default norm_latency:0.2s/token. A unit is required."),
     search: bool = typer.Option(True, rich_help_panel=SEARCH,
                                 help="Refine each configuration's max rate beyond the grid."),
-    tolerance: float = typer.Option(TOLERANCE, rich_help_panel=SEARCH,
+    tolerance: float = typer.Option(DEFAULT_TOLERANCE, rich_help_panel=SEARCH,
                                     help="Relative precision of the max-rate search."),
-    search_runs: int = typer.Option(SEARCH_RUNS, rich_help_panel=SEARCH,
+    search_runs: int = typer.Option(DEFAULT_SEARCH_RUNS, rich_help_panel=SEARCH,
                                     help="Most extra points the search adds per configuration."),
     executor: Executor = typer.Option("local", rich_help_panel=EXECUTION,
                                       help="local (worker processes) or ray."),
@@ -148,7 +146,7 @@ def sweep_cmd(
     from traces import load_trace
 
     check_seed(seed)
-    if not search and (tolerance != TOLERANCE or search_runs != SEARCH_RUNS):  # the search's own settings
+    if not search and (tolerance != DEFAULT_TOLERANCE or search_runs != DEFAULT_SEARCH_RUNS):
         raise UserError("--tolerance and --search-runs shape the max-rate search: they do not apply with "
                         "--no-search")
     try:

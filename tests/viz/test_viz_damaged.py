@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
@@ -132,8 +133,6 @@ def test_the_block_map_needs_no_request_table(run, damage):
 
 def _keep_header_only(path: Path) -> None:
     """The table with its columns and no rows."""
-    import pandas as pd
-
     pd.read_parquet(path).iloc[:0].to_parquet(path)
 
 
