@@ -97,10 +97,10 @@ def load_workload(trace_arg: str | None, trace_opt: str | None, limit: int | Non
                             "burstiness": burstiness, "limit": limit}
     with printing_warnings() as warnings:
         df = load_trace(source, warnings=warnings)
-    if limit is not None:
-        df = df.iloc[:limit].reset_index(drop=True)
-    if rate is not None:
-        df = respace_arrivals(df, rate, burstiness, seed)
+        if limit is not None:
+            df = df.iloc[:limit].reset_index(drop=True)
+        if rate is not None:
+            df = respace_arrivals(df, rate, burstiness, seed, warnings)
     # JSON has no infinity: an infinite rate is recorded as the string "inf".
     info = {"source": source, **trace_info(df), "rate_override": "inf" if rate == math.inf else rate,
             "burstiness": burstiness, "limit": limit}

@@ -94,7 +94,8 @@ class SyntheticConfig:
             bad("beam_width", "must be >= 1")
 
 
-def arrivals(config: SyntheticConfig, rng: np.random.Generator) -> np.ndarray:
+def arrivals(config: SyntheticConfig, rng: np.random.Generator,
+             warnings: list[str] | None = None) -> np.ndarray:
     """Arrival times in seconds, first at 0; gaps have mean 1/rate (exponential or gamma)."""
     num_gaps = config.num_requests - 1
     if config.arrival == "burst":
@@ -102,9 +103,22 @@ def arrivals(config: SyntheticConfig, rng: np.random.Generator) -> np.ndarray:
     elif config.arrival == "poisson":
         gaps = rng.exponential(1.0 / config.rate, num_gaps)
     else:  # gamma with shape 1/cv^2 keeps the mean 1/rate and sets the spread
-        shape = 1.0 / config.cv**2
-        gaps = rng.gamma(shape, 1.0 / (config.rate * shape), num_gaps)
+        gaps = gamma_gaps(rng, 1.0 / config.cv**2, config.rate, num_gaps, warnings)
     return np.concatenate(([0.0], np.cumsum(gaps)))
+
+
+def gamma_gaps(rng: np.random.Generator, shape: float, rate: float, num: int,
+               warnings: list[str] | None) -> np.ndarray:
+    """`num` gamma gaps of `shape` with mean 1/`rate`. Below a shape of about 1e-3 most draws fall under
+    the smallest float and come out as 0 s: the arrivals then bunch far more than the shape says, which
+    is warned about when it happens to most gaps."""
+    gaps = rng.gamma(shape, 1.0 / (rate * shape), num)
+    zeros = num - int(np.count_nonzero(gaps))
+    if num and 2 * zeros > num:
+        emit(warnings, f"gamma arrivals of shape {shape:.3g} (burstiness; cv {shape ** -0.5:.3g}): "
+                       f"{zeros:,} of {num:,} gaps underflow to 0 s, so those requests arrive together; the "
+                       f"gaps average {float(gaps.mean()):.3g} s against 1/rate = {1.0 / rate:.3g} s")
+    return gaps
 
 
 def lengths(config: SyntheticConfig, rng: np.random.Generator, source: pd.DataFrame | None,
@@ -140,7 +154,7 @@ def generate_trace(config: SyntheticConfig, *, source: pd.DataFrame | None = Non
     prompt, output = lengths(config, length_rng, source, warnings)
     frame = {
         "request_id": np.arange(config.num_requests, dtype=np.int64),
-        "arrival_s": arrivals(config, arrival_rng),
+        "arrival_s": arrivals(config, arrival_rng, warnings),
         "prompt_len": prompt,
         "output_len": output,
         "n": np.full(config.num_requests, config.n, np.int64),
@@ -183,7 +197,7 @@ def rescale_rate(trace: pd.DataFrame, rate: float) -> pd.DataFrame:
 
 
 def respace_arrivals(trace: pd.DataFrame, rate: float, burstiness: float | None = None,
-                     seed: int = 0) -> pd.DataFrame:
+                     seed: int = 0, warnings: list[str] | None = None) -> pd.DataFrame:
     """Arrivals at mean `rate` req/s: inf puts every request at t=0 (as `vllm bench serve`); with
     `burstiness` (vLLM's gamma shape: 1 is Poisson, lower is burstier) fresh seeded gamma gaps replace the
     trace's own; otherwise the trace's gaps are scaled (`rescale_rate`)."""
@@ -191,7 +205,9 @@ def respace_arrivals(trace: pd.DataFrame, rate: float, burstiness: float | None 
         out = trace.copy()
         out["arrival_s"] = 0.0
         return out
-    return rescale_rate(trace, rate) if burstiness is None else _gamma_arrivals(trace, rate, burstiness, seed)
+    if burstiness is None:
+        return rescale_rate(trace, rate)
+    return _gamma_arrivals(trace, rate, burstiness, seed, warnings)
 
 
 def _within_clock(out: pd.DataFrame, rate: float) -> pd.DataFrame:
@@ -203,13 +219,14 @@ def _within_clock(out: pd.DataFrame, rate: float) -> pd.DataFrame:
     return out
 
 
-def _gamma_arrivals(trace: pd.DataFrame, rate: float, burstiness: float, seed: int) -> pd.DataFrame:
+def _gamma_arrivals(trace: pd.DataFrame, rate: float, burstiness: float, seed: int,
+                    warnings: list[str] | None) -> pd.DataFrame:
     """A copy of the trace with seeded gamma gaps of shape `burstiness` at mean `rate`."""
     if not (burstiness > 0 and np.isfinite(burstiness)):
         raise TraceError(f"burstiness must be a finite number > 0 (got {burstiness!r})")
     if not (rate > 0 and np.isfinite(rate)):
         raise TraceError(f"rate must be > 0 requests/s (got {rate!r})")
-    gaps = np.random.default_rng(seed).gamma(burstiness, 1.0 / (rate * burstiness), len(trace) - 1)
+    gaps = gamma_gaps(np.random.default_rng(seed), burstiness, rate, len(trace) - 1, warnings)
     out = trace.copy()
     out["arrival_s"] = np.concatenate(([0.0], np.cumsum(gaps)))
     return _within_clock(out, rate)

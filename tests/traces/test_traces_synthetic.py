@@ -11,6 +11,7 @@ from traces import SyntheticConfig, TraceError, generate_trace, load_trace, resc
 from traces.lengths import LENGTH_PRESETS, calibrate, sample_preset
 from traces.prefix import block_keys
 from traces.stats import trace_info
+from traces.synthetic import gamma_gaps
 
 
 def gen(**kw) -> pd.DataFrame:
@@ -49,6 +50,21 @@ def test_gamma_gaps_have_the_requested_cv(cv):
     gaps = np.diff(df["arrival_s"].to_numpy())
     assert 1.0 / gaps.mean() == pytest.approx(2.0, rel=0.05)
     assert gaps.std() / gaps.mean() == pytest.approx(cv, rel=0.05)
+
+
+@pytest.mark.parametrize("shape", [1e-4, 1e-2])
+def test_gamma_gaps_that_underflow_to_zero_are_warned_about(shape):
+    warnings: list[str] = []
+    gaps = gamma_gaps(np.random.default_rng(3), shape, 2.0, 2_000, warnings)
+    zeros = int((gaps == 0).sum())
+    assert (2 * zeros > len(gaps)) == (shape == 1e-4)  # most draws of shape 1e-4 are below the float range
+    assert len(warnings) == (1 if shape == 1e-4 else 0)
+    assert all(f"{zeros:,} of 2,000 gaps underflow to 0 s" in w for w in warnings)
+    # the trace generator warns through the same draw
+    trace_warnings: list[str] = []
+    generate_trace(SyntheticConfig(num_requests=200, arrival="gamma", rate=2.0, cv=shape ** -0.5,
+                                   lengths="fixed"), warnings=trace_warnings)
+    assert len([w for w in trace_warnings if "underflow" in w]) == len(warnings)
 
 
 def test_burst_puts_everything_at_zero():
