@@ -71,7 +71,8 @@ def _sweep_figure(plot: Callable[..., FigureResult], name: str) -> tuple:
             f"needs two or more {SWEEP_POINTS} with different {what}s")
 
 
-NO_EVENTS = "needs tenures in events.parquet (runs simulated with --no-events have none)"
+NO_EVENTS = ("needs tenures in events.parquet, which none of the runs recorded (simulate records them "
+             "unless --no-events, sweep only with --events)")
 
 # name -> (draw, applicability check, why it may not apply)
 FIGURES: dict[str, tuple[Callable[..., Iterator[FigureResult]], Callable[[list[Run]], bool], str]] = {
@@ -172,6 +173,8 @@ def figure_results(runs: list[Run], only: list[str] | None = None, at: float | N
                 if column and unjoined(readable, column):
                     warn(f"figure '{name}' not drawn: the run folders differ in {what} but are separate "
                          f"runs; it {why}")
+                elif not column and why:  # a figure every run would have but these lack: say why
+                    warn(f"figure '{name}' not drawn: it {why}")
                 break
             try:
                 for result in draw(readable, at=at, window=window):

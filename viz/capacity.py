@@ -5,6 +5,7 @@ Reads only sweep.parquet, max_rates.parquet and summary.json (docs/sweeps.md), n
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ METRIC_COLUMNS = {"rate", "kind", "slo_value", "met_slo", "normalized_latency_s"
                   "tpot_p50_s", "tpot_p99_s", "e2e_p99_s", "throughput_tokens_per_s", "mean_batch_size",
                   "num_requests", "num_finished", "num_preemptions", "capacity_tokens", "folder",
                   "point_hash", "block_size", "error"}
+LABEL_CHARS = 34  # a bar's configuration wraps after this many characters a line
 SLO_LABELS = {"norm_latency": "normalized latency (s/token)", "ttft_p99": "TTFT p99 (s)",
               "tpot_p99": "TPOT p99 (s)"}
 
@@ -52,7 +54,7 @@ def _variant_columns(table: pd.DataFrame) -> list[str]:
 def _variant_label(row: pd.Series, cols: list[str]) -> str:
     cols = [c for c in cols if sweep_axis_applies(c, row["allocator"])]  # block_size: the first one it ran at
     return ", ".join(f"{c.replace('_', ' ')} {row[c]:g}" if isinstance(row[c], (int, float, np.number))
-                     else f"{c} {row[c]}" for c in cols)
+                     else f"{c.replace('_', ' ')} {row[c]}" for c in cols)
 
 
 def plot_latency_vs_rate(points: pd.DataFrame, summary: dict | None = None,
@@ -99,37 +101,48 @@ def plot_latency_vs_rate(points: pd.DataFrame, summary: dict | None = None,
     return FigureResult("sweep_fig12", fig, points)
 
 
+def _bar_label(name: str, row: pd.Series, variants: list[str]) -> str:
+    """A bar's name: the allocator, then its configuration wrapped over lines of at most LABEL_CHARS."""
+    extra = _variant_label(row, variants) if variants else ""
+    return allocator_label(name) + ("\n" + textwrap.fill(extra, LABEL_CHARS) if extra else "")
+
+
 def plot_max_rates(max_rates: pd.DataFrame, summary: dict | None = None) -> FigureResult:
-    """Maximum sustainable rate per configuration, annotated with paged's advantage (paged / other)."""
+    """Maximum sustainable rate per configuration, annotated with paged's advantage (paged / other).
+
+    The bars are horizontal, one row per configuration from the top: a configuration's name ("paged (vLLM)",
+    kv cache dtype, block size, ...) is wider than a vertical bar, and a row can be as wide as it needs.
+    """
     table = max_rates.copy()
     table["_order"] = [allocator_sort_key(a) for a in table["allocator"]]
     table = table.sort_values("_order", kind="stable").drop(columns="_order").reset_index(drop=True)
     variants = [c for c in _variant_columns(table) if c not in ("max_rate", "first_miss_rate", "status",
                                                                 "monotone", "runs", "search_runs",
                                                                 "paged_advantage")]
-    fig = new_figure(max(5.0, 0.9 * len(table) + 2), 4.4)
+    names = [_bar_label(row["allocator"], row, variants) for _, row in table.iterrows()]
+    lines = max(n.count("\n") + 1 for n in names) if names else 1
+    fig = new_figure(7.5, max(3.2, 1.6 + len(table) * (0.25 + 0.17 * lines)))
     ax = fig.subplots()
-    heights = table["max_rate"].astype(float).fillna(0).to_numpy()
-    x = np.arange(len(table))
-    ax.bar(x, heights, color=[allocator_color(a) for a in table["allocator"]])
+    widths = table["max_rate"].astype(float).fillna(0).to_numpy()
+    y = np.arange(len(table))
+    ax.barh(y, widths, height=0.7, color=[allocator_color(a) for a in table["allocator"]])
     for i, row in table.iterrows():
         if row["status"] == "below_range":
             text = "below range"
         else:
-            text = f"{heights[i]:.3g}" + ("+" if row["status"] == "above_range" else "")
+            text = f"{widths[i]:.3g}" + ("+" if row["status"] == "above_range" else "")
             adv = row.get("paged_advantage")
             if row["allocator"] != "paged" and adv is not None and np.isfinite(adv):
                 text += f"\npaged {adv:.2f}x"
-        ax.annotate(text, (i, heights[i]), ha="center", va="bottom", fontsize="small",
-                    xytext=(0, 2), textcoords="offset points")
-    names = [allocator_label(a) + (f"\n{_variant_label(r, variants)}" if variants else "")
-             for a, (_, r) in zip(table["allocator"], table.iterrows(), strict=True)]
-    ax.set_xticks(x, names, fontsize="small")
-    ax.set_ylim(0, max(heights.max(), 1e-9) * 1.25)
-    ax.set_ylabel("max sustainable rate (req/s)")
+        ax.annotate(text, (widths[i], i), ha="left", va="center", fontsize="small",
+                    xytext=(3, 0), textcoords="offset points")
+    ax.set_yticks(y, names, fontsize="small")
+    ax.invert_yaxis()  # paged first, at the top
+    ax.set_xlim(0, max(widths.max() if len(widths) else 0, 1e-9) * 1.3)  # room for the numbers
+    ax.set_xlabel("max sustainable rate (req/s)")
     slo = ((summary or {}).get("slo") or {}).get("text", "")
     ax.set_title(f"Capacity under the SLO {slo}".strip())
-    ax.grid(axis="y", alpha=0.3)
+    ax.grid(axis="x", alpha=0.3)
     return FigureResult("sweep_max_rates", fig, table)
 
 

@@ -1,5 +1,8 @@
 """Figure 5: sweeps across run folders: normalized latency vs request rate, and the effect of block size.
 
+Only paged allocators have a block size: a contiguous one's summary.json says 1, but it is drawn (and
+counted when runs are compared) as having none, so it never makes runs differ in block size.
+
 Only the points of one `pagelab sweep` (run folders in its points/ folder, docs/sweeps.md) are joined into
 lines: separate runs may differ in more than the rate or block size (trace, pool, allocator), so a line
 through them would show a trend that is not there.
@@ -43,8 +46,15 @@ def run_rate(run: Run, alloc: AllocatorRun) -> tuple[float, str]:
     return float("nan"), "unknown"
 
 
+def paged_block_size(alloc: AllocatorRun) -> float:
+    """The block size of a paged allocator; NaN for a contiguous one, whose summary says 1 though it has no
+    blocks (so it never makes runs look like they differ in block size, docs/sweeps.md)."""
+    return float(alloc.block_size) if alloc.is_paged else float("nan")
+
+
 def sweep_data(runs: list[Run]) -> pd.DataFrame:
-    """One row per (run, allocator): rate, block size, normalized latency, batch size, waste."""
+    """One row per (run, allocator): rate, block size (NaN when contiguous), normalized latency, batch size,
+    waste."""
     rows = []
     for run in runs:
         for alloc in run.allocators.values():
@@ -56,7 +66,7 @@ def sweep_data(runs: list[Run]) -> pd.DataFrame:
             waste = sum(float(mem.get(k, np.nan)) for k in
                         ("reservation", "internal_fragmentation", "external_fragmentation"))
             rows.append({"run": run.label, "allocator": alloc.name, "rate": rate, "rate_source": rate_source,
-                         "block_size": alloc.block_size, "normalized_latency_s": float(latency),
+                         "block_size": paged_block_size(alloc), "normalized_latency_s": float(latency),
                          "mean_batch_size": float(alloc.summary.get("mean_batch_size", np.nan)),
                          "waste": waste})
     return pd.DataFrame(rows)
@@ -111,7 +121,8 @@ def _lines(ax, data: pd.DataFrame, x: str, y: str, other: str) -> tuple[list, li
     others = sorted(data[other].dropna().unique()) if split else [None]
     handles, labels = [], []
     for name, group in data.groupby("allocator", sort=False):
-        for k, value in enumerate(others):
+        # An allocator without a value of `other` (a contiguous one's block size) is one unsplit line.
+        for k, value in enumerate(others if group[other].notna().any() else [None]):
             part = group if value is None else group[group[other] == value]
             part = part.sort_values(x)
             if part.empty:
@@ -149,8 +160,9 @@ def plot_sweep_latency(runs: list[Run], name: str = "sweep_latency") -> FigureRe
 
 
 def plot_block_size_sweep(runs: list[Run], name: str = "block_size_sweep") -> FigureResult:
-    """Normalized latency and wasted memory share against block size, one line per allocator."""
+    """Normalized latency and wasted memory share against block size, one line per paged allocator."""
     data = sweep_data(runs)
+    data = data[np.isfinite(data["block_size"].to_numpy(float))]  # contiguous allocators have no block size
     unit, shown = _in_latency_unit(data)
     fig = new_figure(10.0, 4.4)
     ax_lat, ax_waste = fig.subplots(1, 2)

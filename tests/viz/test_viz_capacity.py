@@ -68,9 +68,27 @@ def test_fig12_names_no_block_size_for_a_contiguous_line():
 def test_max_rate_bars_are_paged_first_with_the_advantage():
     result = plot_max_rates(max_rates(), SUMMARY)
     ax = result.figure.axes[0]
-    assert [p.get_height() for p in ax.patches] == [2.0, 0.5]
+    assert [p.get_width() for p in ax.patches] == [2.0, 0.5]  # horizontal bars, paged in the top row
+    assert ax.yaxis_inverted() and ax.get_yticklabels()[0].get_text() == "paged (vLLM)"
     texts = [t.get_text() for t in ax.texts]
     assert "0.5\npaged 4.00x" in texts and "2" in texts
+
+
+def test_max_rate_bar_names_do_not_overprint_each_other():
+    configs = [{"allocator": "paged", "block_size": b, "kv_cache_dtype": d}
+               for b in (16, 32) for d in ("auto", "fp8")]
+    table = pd.DataFrame([{**c, "max_rate": 120.0, "first_miss_rate": None, "status": "above_range",
+                           "monotone": True, "runs": 3, "search_runs": 0, "paged_advantage": 1.0}
+                          for c in configs])
+    fig = plot_max_rates(table, SUMMARY).figure
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    names = [t for t in ax.get_xticklabels() + ax.get_yticklabels() if "paged" in t.get_text()]
+    boxes = [t.get_window_extent(renderer) for t in names]
+    assert len(boxes) == 4
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    assert "kv cache dtype auto, block size 16" in names[0].get_text()
 
 
 def test_sweep_folder_round_trip_and_incomplete_folder(tmp_path):

@@ -76,9 +76,13 @@ def test_runs_without_tenures_skip_block_figures(tmp_path):
         header = "request_id,start,size,t_start_s,t_end_s,max_ref_count,filled\n"
         (run / name / "events.parquet").unlink()
         (run / name / "events.csv").write_text(header)  # what --no-events with CSV tables leaves
-    written = [p.name for p in plot_runs([run], tmp_path / "figs")]
+    told: list[str] = []
+    written = [p.name for p in plot_runs([run], tmp_path / "figs", warn=told.append)]
     assert "block_map.png" not in written and "block_snapshot.png" not in written
     assert "breakdown.png" in written
+    assert [m.split(":")[0] for m in told] == ["figure 'block_map' not drawn",
+                                               "figure 'block_snapshot' not drawn"]
+    assert all("needs tenures in events.parquet" in m and "--no-events" in m for m in told)
     with pytest.raises(VizError, match="block_map' needs tenures"):
         plot_runs([run], tmp_path / "figs", only=["block_map"])
 
@@ -133,11 +137,17 @@ def test_cli_plot_does_not_join_separate_simulate_runs(tmp_path):
 
     runner = CliRunner()
     (tmp_path / "t.csv").write_text("request_id,arrival_s,prompt_len,output_len\n0,0,100,10\n1,0.5,50,5\n")
-    for name, args in (("c", ["-a", "contiguous-max"]), ("p", ["-a", "paged", "--block-size", "32"])):
+    for name, args in (("c", ["-a", "contiguous-max"]), ("p", ["-a", "paged", "--block-size", "32"]),
+                       ("q", ["-a", "paged", "--block-size", "16"])):
         done = runner.invoke(app, ["simulate", str(tmp_path / "t.csv"), *args, "--capacity-tokens", "1000",
                                    "--max-model-len", "200", "--out", str(tmp_path / name)])
         assert done.exit_code == 0, done.output
-    runs = [str(tmp_path / "c"), str(tmp_path / "p")]
+    # A contiguous allocator has no block size (its summary's 1 is no block size the runs differ in).
+    done = runner.invoke(app, ["plot", str(tmp_path / "c"), str(tmp_path / "p"),
+                               "--out", str(tmp_path / "cp")])
+    assert done.exit_code == 0, done.output
+    assert "block_size" not in done.output and "block size" not in done.output
+    runs = [str(tmp_path / "q"), str(tmp_path / "p")]
     done = runner.invoke(app, ["plot", *runs, "--out", str(tmp_path / "f")])
     assert done.exit_code == 0, done.output
     assert "figure 'block_size_sweep' not drawn" in done.output

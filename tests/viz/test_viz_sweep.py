@@ -1,11 +1,15 @@
 """Sweep figures across run folders, and the trace overview."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
 from viz_fixtures import write_small_run, write_sweep_point
 
+from traces.stats import mean_rate
 from viz import figure_results, plot_runs
 from viz.errors import VizError
 from viz.load import load_runs
@@ -51,12 +55,53 @@ def test_block_size_sweep(tmp_path):
     assert applies(runs, "block_size") and not applies(runs, "rate")
     result = plot_block_size_sweep(runs)
     lat_ax, waste_ax = result.figure.axes
-    assert [len(lat_ax.lines), len(waste_ax.lines)] == [2, 2]
+    assert [len(lat_ax.lines), len(waste_ax.lines)] == [1, 1]  # paged only: contiguous-max has no blocks
     assert lat_ax.lines[0].get_xdata().tolist() == [8, 16, 32]
     waste = waste_ax.lines[0].get_ydata()
     assert waste.tolist() == pytest.approx([9.0] * 3)       # 5% reservation + 4% internal (paged)
     assert lat_ax.get_xlabel() == "block size (tokens)"
     assert [t.get_text() for t in lat_ax.get_xticklabels()] == ["8", "16", "32"]
+
+
+def _as_simulated(run: Path) -> Path:
+    """`run` with its contiguous allocator's summary saying block size 1, as a simulated run's does."""
+    for summary in (run / "summary.json", run / "contiguous-max" / "summary.json"):
+        data = json.loads(summary.read_text())
+        (data["allocators"]["contiguous-max"] if "allocators" in data else data)["block_size"] = 1
+        summary.write_text(json.dumps(data))
+    return run
+
+
+def test_contiguous_allocators_name_no_block_size(tmp_path):
+    sweep = tmp_path / "sw"
+    runs = load_runs([_as_simulated(write_sweep_point(sweep, f"r{r:g}", rate=r)) for r in (2.0, 8.0)])
+    assert np.isnan(sweep_data(runs).query("allocator == 'contiguous-max'")["block_size"]).all()
+    assert applies(runs, "rate") and not applies(runs, "block_size")
+    assert [r.name for r in figure_results(runs) if r.name.startswith(("sweep_", "block_size"))] == \
+        ["sweep_latency"]
+    legend = [t.get_text() for t in plot_sweep_latency(runs).figure.legends[0].get_texts()]
+    assert sorted(legend) == ["contiguous (Max)", "paged (vLLM)"]
+
+
+def test_a_contiguous_line_is_not_split_by_paged_block_sizes(tmp_path):
+    points = tmp_path / "sw" / "points"
+    paths = [_as_simulated(write_small_run(points / f"r{r:g}", r, 8, point_hash=f"r{r:g}"))
+             for r in (1.0, 2.0)]
+    # A sweep runs a contiguous allocator at the first block size only.
+    paths += [write_small_run(points / f"r{r:g}-bs32", r, 32, ("paged",), f"b{r:g}") for r in (1.0, 2.0)]
+    runs = load_runs(paths)
+    legend = [t.get_text() for t in plot_sweep_latency(runs).figure.legends[0].get_texts()]
+    assert sorted(legend) == ["contiguous (Max)", "paged (vLLM) (block size 32)",
+                              "paged (vLLM) (block size 8)"]
+    lat_ax, _ = plot_block_size_sweep(runs).figure.axes
+    assert {tuple(line.get_xdata()) for line in lat_ax.lines} == {(8, 32)}  # one line per rate, paged only
+
+
+def test_separate_runs_of_one_paged_block_size_get_no_block_size_warning(tmp_path):
+    paths = [_as_simulated(write_small_run(tmp_path / name)) for name in ("a", "b")]
+    told: list[str] = []
+    written = {p.name for p in plot_runs(paths, tmp_path / "figs", warn=told.append)}
+    assert told == [] and "block_size_sweep.png" not in written
 
 
 def test_one_run_has_no_sweep(tmp_path):
@@ -120,6 +165,26 @@ def test_trace_overview_figure_axes():
     assert prompt_ax.get_xscale() == "log" and out_ax.get_xscale() == "log"
     assert prompt_ax.get_xlabel() == "prompt length (tokens)"
     assert "2,000 requests" in rate_ax.get_title()
+
+
+def test_trace_overview_mean_rate_is_trace_infos():
+    df = _trace()
+    rate = mean_rate(df["arrival_s"].to_numpy(float))
+    result = plot_trace_overview(df)
+    assert float(result.data["mean_rate"]) == pytest.approx(rate)  # (N - 1) / span, not N / span
+    assert f"mean {rate:,.3f} req/s" in result.figure.axes[0].get_title()
+    assert result.figure.axes[0].lines[0].get_ydata()[0] == pytest.approx(rate)
+
+
+@pytest.mark.parametrize(("num", "said"), [(100, "a burst"), (1, "a single request")])
+def test_trace_overview_of_a_burst_draws_no_rate(num, said):
+    df = _trace(num).assign(arrival_s=5.0)
+    result = plot_trace_overview(df)
+    rate_ax = result.figure.axes[0]
+    assert np.isnan(result.data["mean_rate"]) and len(result.data["rate"]) == 0
+    assert said in rate_ax.get_title() and "req/s" not in rate_ax.get_title()
+    assert len(rate_ax.lines) == len(rate_ax.patches) == len(rate_ax.get_xticks()) == 0
+    assert "t = 5 s" in rate_ax.texts[0].get_text()
 
 
 def test_save_trace_overview_to_folder_or_file(tmp_path):
