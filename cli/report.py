@@ -17,6 +17,7 @@ from pagelab.units import latency_unit
 from simulator.metrics import (
     DEFAULT_METRICS,
     DEFAULT_PERCENTILES,
+    GPU_POOL_OPTIONS,
     METRICS,
     overload_warning,
     rejection_warning,
@@ -103,6 +104,14 @@ def memory_table(summaries: dict[str, dict]) -> Table:
     return t
 
 
+def _latency(value: float | None, size: float) -> str:
+    """`number(value, 2, size)`, unless that rounds a nonzero latency to 0: then to its own magnitude."""
+    text = number(value, 2, size)
+    if value and not float(text.replace(",", "")):
+        text = number(value, 3)
+    return text
+
+
 def _largest(values) -> float:
     """The largest magnitude among the defined values of a row (0 when none is)."""
     return max((abs(v) for v in values if v is not None and not math.isnan(v)), default=0.0)
@@ -134,11 +143,13 @@ def serving_table(metrics: dict[str, dict], kinds: tuple[str, ...], percentiles:
     for kind in kinds:
         stats = (("mean", "Mean"), ("median", "Median"),
                  *((f"p{q:g}", f"P{q:g}") for q in percentiles if q != 50))
+        # One unit for all of a metric's rows, so that a percentile never reads below its mean.
+        every = [m.get(f"{stat}_{kind}_ms") for stat, _ in stats for m in metrics.values()]
+        unit, per_s = latency_unit(None if v is None else v / 1e3 for v in every)
         for stat, label in stats:
-            values = [m.get(f"{stat}_{kind}_ms") for m in metrics.values()]
-            unit, per_s = latency_unit(None if v is None else v / 1e3 for v in values)
-            scaled = [None if v is None else v / 1e3 * per_s for v in values]
-            t.add_row(f"{label} {_LABEL[kind]} ({unit})", *(number(v, 2, _largest(scaled)) for v in scaled))
+            scaled = [None if v is None else v / 1e3 * per_s for m in metrics.values()
+                      for v in (m.get(f"{stat}_{kind}_ms"),)]
+            t.add_row(f"{label} {_LABEL[kind]} ({unit})", *(_latency(v, _largest(scaled)) for v in scaled))
     if summaries is not None and any(s.get("prefix_cache_hit_rate") is not None for s in summaries.values()):
         t.add_row("Prefix cache hit rate (%)",
                   *(pct(summaries[n].get("prefix_cache_hit_rate")) for n in metrics))
@@ -163,8 +174,18 @@ def _tier_rows(t: Table, tiers: list[dict | None]) -> None:
         t.add_row(label, *(pct(v) for v in shares))
 
 
-def warn_about(results: dict) -> None:
-    """Warn, with reasons and counts, about rejected requests and an overloaded system."""
+# A pool sized by one of these options ignores the GPU's: only a larger value of that option grows it.
+_SIZING_OPTIONS = {"capacity_tokens": "--capacity-tokens", "kv_memory_gb": "--kv-memory-gb",
+                   "num_blocks": "--num-blocks"}
+
+
+def warn_about(results: dict, sized_by: str | None = None) -> None:
+    """Warn, with reasons and counts, about rejected requests and an overloaded system.
+
+    `sized_by`: what sized the KV pool (KVCapacity.sized_by), so that the advice names an option that works.
+    """
+    option = _SIZING_OPTIONS.get(sized_by or "")
+    pool_options = f"a larger {option}" if option else GPU_POOL_OPTIONS
     for name, res in results.items():
         s = res.summary
         max_len = res.config.get("max_model_len") or res.config.get("engine", {}).get("max_model_len")
@@ -172,7 +193,7 @@ def warn_about(results: dict) -> None:
         pool = f"{s['num_blocks']:,} blocks of {s['block_size']} tokens" if s.get("allocator") == "paged" \
             else f"{s['capacity_tokens']:,} token slots"
         text = rejection_warning(res.request_data(), int(max_len or 0) or 2**62, pool,
-                                 model_limit(res.config.get("model")))
+                                 model_limit(res.config.get("model")), pool_options)
         if text:
             warn(f"{name}: {text}")
         text = overload_warning(res.request_data(), s["sim_duration_s"])

@@ -221,7 +221,7 @@ def report(command: str, results: dict, info: dict, how: Reporting, labels: dict
         console.print(serving_table(metrics, how.kinds, how.percentiles, summaries))
         if how.slos:  # the limits as read: a bare vLLM number is ms
             console.print(f"Goodput limits: {', '.join(x.describe() for x in how.slos)}")
-    warn_about(results)
+    warn_about(results, (labels or {}).get("kv_cache", {}).get("sized_by"))
     if how.saving or how.as_json:
         date = now_stamp()
         flat = {n: vllm_result(command, n, metrics[n], summaries[n], info, labels or {}, how.percentiles,

@@ -152,6 +152,7 @@ def simulate_cmd(
     from cli.runs import check_out
     from simulator.config import SimConfig
     from simulator.core.config import ALLOCATORS
+    from simulator.timing.step_latency import roofline_problem
 
     tiered = kv_offloading_size is not None or kv_offloading_disk_size is not None
     names = allocators(allocator, ["paged"] if tiered else list(ALLOCATORS))
@@ -212,9 +213,13 @@ def simulate_cmd(
         raise UserError("--sharing counts one block table per sequence; a model with several KV cache groups "
                         "has one per group: add --disable-hybrid-kv-cache-manager, or leave --sharing out")
     for name in names:
-        problem = pool_problem(df, dataclasses.replace(base, allocator=name))
+        config = dataclasses.replace(base, allocator=name)
+        config.check_runnable()  # what building the run would refuse, before the capacity header
+        problem = pool_problem(df, config)
         if problem:
             raise UserError(problem)
+    if measured is None and base.latency == "roofline" and (problem := roofline_problem(base.model_spec)):
+        raise UserError(problem)
     capacity = base.kv_capacity()
     print_capacity(capacity, typed, stderr=as_json)
     labels = {"model_id": model_id, "model": base.model, "gpu": base.gpu, "max_concurrency": max_concurrency,

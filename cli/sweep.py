@@ -5,7 +5,7 @@ import dataclasses
 import json
 import math
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import typer
 from rich import box
@@ -16,7 +16,7 @@ from rich.table import Table
 from cli.common import UserError, check_seed, console, err_console, printing_warnings, user_errors, warn
 from cli.help import OUTPUT, POOL, SCHEDULER, TRACE
 from cli.report import short
-from cli.simulate import Placement, Preemption
+from cli.simulate import KvDtype, Placement, Preemption
 from pagelab.run_format import is_sweep_folder
 from simulator.core.config import ALLOCATORS
 from simulator.sweep.search import DEFAULT_SEARCH_RUNS, DEFAULT_TOLERANCE
@@ -40,9 +40,19 @@ OPTION_FLAGS = {"capacity_tokens": "--capacity-tokens", "max_model_len": "--max-
 
 
 def _list(name: str, text: str | None, kind: type) -> tuple | None:
-    """A comma-separated option value as a tuple (None when not given)."""
+    """A comma-separated option value as a tuple (None when not given); errors name the option."""
     from simulator.sweep import parse_axis_values
-    return None if text is None else parse_axis_values(name, text, kind)
+    return None if text is None else parse_axis_values(name, text, kind, what=f"--{name.replace('_', '-')}")
+
+
+def _check_kv_dtypes(spec: str, name: str, values: tuple) -> None:
+    """Refuse a KV cache dtype `simulate --kv-cache-dtype` refuses (SimConfig also takes the CPU replays'
+    float32 and aliases, which no simulate run can be given)."""
+    choices = get_args(KvDtype)
+    bad = [v for v in values if v not in choices] if name == "kv_cache_dtype" else []
+    if bad:
+        raise UserError(f"--axis {spec!r}: {bad[0]!r} is not a KV cache dtype; choose from "
+                        f"{', '.join(choices)}")
 
 
 def max_rate_table(max_rates, slo_text: str) -> Table:
@@ -171,6 +181,7 @@ def sweep_cmd(
                 raise UserError(f"--axis {name} given twice: list its values in one, --axis {name}=A,B")
             given_axes.add(name)
             axes_values[name] = values
+            _check_kv_dtypes(spec, name, values)
         options = {"capacity_tokens": capacity_tokens, "max_model_len": max_model_len,
                    "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
                    "preemption_mode": preemption, "placement": placement or "buddy", "latency": latency,

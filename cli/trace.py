@@ -129,7 +129,8 @@ def gen(
     arrival: str = typer.Option(None, help="Arrival process: poisson (default), gamma or burst (all at "
                                            "t=0)."),
     rate: float = typer.Option(None, "--request-rate", "--rate",
-                               help="Mean arrival rate in requests/s (default 1); inf: all at t=0 (burst)."),
+                               help="Mean requests/s (default 1; 3.4 with --multi-turn, reached by long "
+                                    "traces only); inf: all at t=0."),
     cv: float = typer.Option(None, help="Coefficient of variation of the gaps (gamma; default 1)."),
     burstiness: float = typer.Option(None, help="vLLM's gamma shape (1 Poisson, <1 burstier): gamma "
                                                 "arrivals with cv = 1/sqrt(burstiness)."),
@@ -146,10 +147,10 @@ def gen(
     shared_prefix: str = typer.Option(None, help="K:L:F: K system prompts of L tokens, each request "
                                                  "uses one with probability F."),
     prefix_block_size: int = typer.Option(None, help="Block size the prefix keys are recorded at (default "
-                                                     "16; 512 with --multi-turn, as the Mooncake traces)."),
+                                                     "16; 512 with --multi-turn)."),
     multi_turn: bool = typer.Option(False, "--multi-turn", help="Conversations: each turn's prompt extends "
                                     "the last prompt plus answer (defaults match the Mooncake conversation "
-                                    "trace; --lengths and --shared-prefix do not apply)."),
+                                    "trace; no --lengths, --shared-prefix)."),
     turns: float = typer.Option(1.55, "--turns", help="--multi-turn: mean turns per conversation "
                                                        "(geometric)."),
     think_time: float = typer.Option(60.0, "--think-time", help="--multi-turn: mean seconds from a turn's "
@@ -174,6 +175,7 @@ def gen(
                    output_len=output_len, prompt_range=prompt_range, output_range=output_range, rate=rate,
                    prefix_block_size=prefix_block_size)
     arrival = arrival or "poisson"
+    given_rate = rate  # None: each kind of trace has its own default rate
     rate = 1.0 if rate is None else rate
     kind = lengths if lengths in _NAMED_LENGTHS else "resample"
     num = pick_one("--num/--num-prompts", num, num_prompts)
@@ -191,7 +193,8 @@ def gen(
     if math.isinf(rate) and rate > 0:
         arrival = "burst"
     if multi_turn:
-        _gen_multi_turn(out, num, rate, turns, think_time, think_dist, max_model_len, prefix_block_size, seed)
+        _gen_multi_turn(out, num, given_rate, turns, think_time, think_dist, max_model_len, prefix_block_size,
+                        seed)
         return
     config = _make_config(
         SyntheticConfig, num_requests=num, arrival=arrival, rate=rate, cv=1.0 if cv is None else cv,
@@ -213,15 +216,16 @@ def gen(
                   highlight=False)
 
 
-def _gen_multi_turn(out: Path, num: int, rate: float, turns: float, think_time: float, think_dist: str,
-                    max_model_len: int | None, prefix_block_size: int | None, seed: int) -> None:
+def _gen_multi_turn(out: Path, num: int, rate: float | None, turns: float, think_time: float,
+                    think_dist: str, max_model_len: int | None, prefix_block_size: int | None,
+                    seed: int) -> None:
     """`trace gen --multi-turn`: write a conversation trace."""
     from traces import save_trace
     from traces.multiturn import MultiTurnConfig, generate_multiturn
     from traces.stats import trace_info
 
-    given = {"max_model_len": max_model_len, "prefix_block_size": prefix_block_size}
-    config = _make_config(MultiTurnConfig, num_requests=num, rate=rate, mean_turns=turns,
+    given = {"rate": rate, "max_model_len": max_model_len, "prefix_block_size": prefix_block_size}
+    config = _make_config(MultiTurnConfig, num_requests=num, mean_turns=turns,
                           think_time_s=think_time, think_time=think_dist, seed=seed,
                           **{k: v for k, v in given.items() if v is not None})
     with printing_warnings() as warnings:

@@ -186,12 +186,16 @@ def peak_metrics(requests: Requests) -> dict:
     return peaks.peak_metrics(lambda names: request_batches(requests, names))
 
 
-def rejection_warning(requests: Requests, max_model_len: int, pool: str,
-                      model_limit: int | None = None) -> str | None:
+# The options that grow a pool the GPU sizes (a pool given in GiB or token slots ignores the last two).
+GPU_POOL_OPTIONS = "--kv-memory-gb, --gpu-memory-utilization or a larger --gpu"
+
+
+def rejection_warning(requests: Requests, max_model_len: int, pool: str, model_limit: int | None = None,
+                      pool_options: str = GPU_POOL_OPTIONS) -> str | None:
     """How many requests were refused, why, and what to change so that they are not (None when none was).
 
     `pool`: the KV pool in words ("6 blocks of 16 tokens"); `model_limit`: the model's own context, when
-    max_model_len was set below it.
+    max_model_len was set below it; `pool_options`: the options that would make the pool larger.
     """
     num_rejected = too_long = 0
     longest = 0
@@ -209,7 +213,7 @@ def rejection_warning(requests: Requests, max_model_len: int, pool: str,
                        f"{_longer_context(longest, max_model_len, model_limit)}")
     if too_long < num_rejected:
         reasons.append(f"{num_rejected - too_long:,} need more KV memory than the pool's {pool}: "
-                       "give a larger pool (--kv-memory-gb, --gpu-memory-utilization or a larger --gpu)")
+                       f"give a larger pool ({pool_options})")
     share = 100 * num_rejected / len(requests)
     return (f"{num_rejected:,} of {len(requests):,} requests ({share:.1f}%) were rejected "
             f"({'; '.join(reasons)}); their latencies are not in the statistics")
@@ -288,6 +292,7 @@ def run_summary(run, kept: Kept, wall_s: float) -> dict:
     summary = {
         "allocator": run.allocator,
         "capacity_tokens": int(run.alloc.capacity_tokens),
+        "capacity_slots": int(run.alloc.capacity_slots),
         "block_size": int(run.block_size),
         "num_blocks": int(getattr(run.alloc, "num_blocks", run.alloc.capacity_tokens)),
         "num_requests": totals.num_requests,

@@ -283,10 +283,13 @@ class KVCapacity:
         else:
             pool = f"KV pool: {gib:.2f} GiB, as given ({self.sized_by})"
         blocks = f"{self.num_blocks:,} blocks of {self.block_size}"
+        # What a sliding window holds per request depends on the tokens a step computes: say which.
+        steps = f" (steps of {self.max_num_batched_tokens:,} tokens)" if self.grouped and any(
+            g.spec.slides for g in self.layout.groups) else ""
         return [head, *self.group_lines(), pool,
                 f"{self.device} KV cache size: {self.num_tokens:,} tokens ({blocks})",
                 f"Maximum concurrency for {self.max_model_len:,} tokens per request: "
-                f"{self.max_concurrency:.2f}x", *self.startup_lines()]
+                f"{self.max_concurrency:.2f}x{steps}", *self.startup_lines()]
 
     def startup_lines(self) -> list[str]:
         """vLLM's refusal to start, worded as its error, when one request of max_model_len tokens does not

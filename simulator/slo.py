@@ -225,9 +225,11 @@ def parse_slo(text: str) -> Limit:
 
 def starts_limit(word: str) -> bool:
     """Whether a command-line word looks like a limit (`NAME:...` or `NAME=...` with a known metric
-    name), so that vLLM's `--goodput ttft:200 tpot:50` can give several values to one flag."""
+    name, or any name followed by a number), so that vLLM's `--goodput ttft:200 tpot:50` can give
+    several values to one flag (and a mistyped metric is then named by the limit's own error)."""
     head = _HEAD.match(word)
     if head is None:
         return False
     name = _NAME.fullmatch(head.group().rstrip(":= \t").strip().lower().replace("-", "_"))
-    return name is not None and name["metric"] in METRICS
+    known = name is not None and name["metric"] in METRICS
+    return known or word[head.end():].lstrip()[:1] in tuple("0123456789.")

@@ -32,7 +32,9 @@ class MultiTurnConfig:
     """Everything that defines a multi-turn trace; lengths are means of lognormal draws (sigma below)."""
 
     num_requests: int = 1000  # turns over all conversations (the first to arrive)
-    rate: float = 3.4  # conversations start at rate / mean_turns per second: about `rate` requests/s
+    # Conversations start at rate / mean_turns per second, so requests come at `rate` per second in the
+    # long run; a short trace's later turns are still waiting out think times, so it runs below `rate`.
+    rate: float = 3.4
     mean_turns: float = 1.55  # turns per conversation: geometric with this mean
     system_prompt_len: int = 512  # shared by every conversation
     first_prompt_len: float = 11500.0  # the first user message (documents, code, context)

@@ -37,7 +37,8 @@ def _ratio(recorded_block_size: int, block_size: int) -> tuple[int, int]:
     if block_size % recorded_block_size == 0:
         return 1, block_size // recorded_block_size
     raise TraceError(f"block_size {block_size} cannot reuse prefix keys recorded at {recorded_block_size} "
-                     f"tokens per block: it must divide {recorded_block_size} or be a multiple of it")
+                     f"tokens per block: it must divide {recorded_block_size} or be a multiple of it "
+                     f"(or run without prefix caching)")
 
 
 def block_keys(prefix_blocks: Sequence[int], recorded_block_size: int, block_size: int,

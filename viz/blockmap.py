@@ -52,7 +52,7 @@ def row_slots_for(alloc: AllocatorRun, max_rows: int) -> int:
     Paged pools use whole blocks per row, or a divisor of the block size when the pool is small
     enough to show more detail (so never-filled tails inside a block stay visible).
     """
-    cap = alloc.capacity_tokens
+    cap = alloc.capacity_slots
     if not alloc.is_paged:
         return max(1, -(-cap // max_rows))
     bs = alloc.block_size
@@ -111,9 +111,9 @@ def block_map_raster(alloc: AllocatorRun, t_start: float, t_end: float, num_bins
     if not inside.all():  # copying 8 M rows that all pass costs a second
         events = events[inside]
     slots = row_slots_for(alloc, max_rows)
-    bins = time_bins_for(events, alloc.capacity_tokens, slots, t_start, t_end, num_bins)
+    bins = time_bins_for(events, alloc.capacity_slots, slots, t_start, t_end, num_bins)
     edges = np.linspace(t_start, t_end, bins + 1)
-    return rasterize_owners(events, alloc.capacity_tokens, edges, slots, split_unfilled=True)
+    return rasterize_owners(events, alloc.capacity_slots, edges, slots, split_unfilled=True)
 
 
 def owner_image(raster: OwnerRaster) -> np.ndarray:

@@ -256,7 +256,7 @@ def page_data(run: Run, windows: list[Window] | None = None) -> dict:
         "windows": [[w.start, w.end] for w in windows], "lane_span": _median_service(allocs[0]),
         "allocators": [{
             "name": a.name, "label": ALLOCATOR_LABELS.get(a.name, a.name), "color": allocator_color(a.name),
-            "capacity": a.capacity_tokens, "block_size": a.block_size if a.is_paged else 1,
+            "capacity": a.capacity_slots, "block_size": a.block_size if a.is_paged else 1,
             "paged": a.is_paged, "summary": summary_series(a),
             "windows": [window_detail(a, w) for w in windows],
             **({"parts": list(a.parts)} if a.parts else {}),

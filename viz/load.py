@@ -231,9 +231,11 @@ class AllocatorRun:
         return {p: float(self.summary_value("memory", p)) for p in self.parts}
 
     @property
-    def capacity_tokens(self) -> int:
-        """Pool capacity in token slots (summary.json, else config.json)."""
-        value = self.summary.get("capacity_tokens", self.config.get("capacity_tokens"))
+    def capacity_slots(self) -> int:
+        """Token slots the pool's blocks span, as the block map draws them (summary.json's capacity_slots;
+        its capacity_tokens, else config.json's, where a run has no separate slot count)."""
+        value = self.summary.get("capacity_slots",
+                                 self.summary.get("capacity_tokens", self.config.get("capacity_tokens")))
         if value is None:
             raise VizError(f"{self.path / 'summary.json'}: missing key 'capacity_tokens'")
         return int(value)

@@ -107,7 +107,7 @@ def _fill_now(active: pd.DataFrame, tokens: pd.Series, block_size: int, paged: b
 
 def pool_snapshot(alloc: AllocatorRun, at: float) -> PoolSnapshot:
     """States of every slot of the pool at time `at`."""
-    cap, bs = alloc.capacity_tokens, alloc.block_size
+    cap, bs = alloc.capacity_slots, alloc.block_size
     ev = alloc.events_between(at, at)
     t0, t1 = ev["t_start_s"].to_numpy(float), ev["t_end_s"].to_numpy(float)
     active = ev[(t0 <= at) & (t1 > at)]

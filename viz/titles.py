@@ -33,12 +33,12 @@ def _unique(values: list) -> list:
 
 
 def _capacity(alloc: AllocatorRun) -> str | None:
-    """'15,728 KV slots (12 GiB)' from summary/config; None when neither records the capacity."""
-    slots = alloc.summary.get("capacity_tokens", alloc.config.get("capacity_tokens"))
-    if not isinstance(slots, (int, float)):
+    """'KV cache 15,728 tokens (12 GiB)' from summary/config; None when neither records the capacity."""
+    tokens = alloc.summary.get("capacity_tokens", alloc.config.get("capacity_tokens"))
+    if not isinstance(tokens, (int, float)):
         return None
     gib = alloc.config.get("kv_memory_gb")
-    return f"{int(slots):,} KV slots" + (f" ({gib:g} GiB)" if isinstance(gib, (int, float)) else "")
+    return f"KV cache {int(tokens):,} tokens" + (f" ({gib:g} GiB)" if isinstance(gib, (int, float)) else "")
 
 
 def _rejected(run: Run) -> str | None:

@@ -88,7 +88,8 @@ class KVAllocator(abc.ABC):
 
     name: str
     block_size: int
-    capacity_tokens: int
+    capacity_tokens: int  # tokens the pool holds (vLLM's "GPU KV cache size")
+    capacity_slots: int  # token slots the pool's blocks span: more than its tokens when groups share blocks
     events: EventLog | None = None
     shares_prompt = False  # whether the diverged sequences of a group share their prompt's full blocks
 

@@ -151,7 +151,8 @@ def simulate(trace: pd.DataFrame | TraceBatches, config: SimConfig, output: RunO
     gc.disable()
     try:
         try:
-            if isinstance(trace, FrameBatches) and "prefix_block_size" in trace.columns:
+            keyed = isinstance(trace, FrameBatches) and "prefix_block_size" in trace.columns
+            if keyed and run.uses_prefix_keys:
                 check_block_size(trace.frame, run.block_size)  # not when its first request arrives
             drive(run, _fast_advance if fast else exact_step, progress, observer)
             if run.sched.decode is not None:

@@ -235,7 +235,7 @@ class SimState(RunState):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.num_requests = self.source.num_rows
-        has_prefix = "prefix_blocks" in self.source.columns and self.allocator == "paged"
+        has_prefix = "prefix_blocks" in self.source.columns and self.uses_prefix_keys
         self._build_columns = _BUILD_COLUMNS + (PREFIX_COLUMNS if has_prefix else ())
         self._build_batches = self.source.iter_batches(self._build_columns, _ROWS_AT_ONCE)
         self._rows: tuple[list, ...] = ()
@@ -247,6 +247,12 @@ class SimState(RunState):
         self._next_arrival_batch()
         self.queue = WaitingQueue(self.make_group)
         self.sched.waiting = self.queue
+
+    @property
+    def uses_prefix_keys(self) -> bool:
+        """Whether the trace's prefix keys reach the allocator: only a paged one that caches prefixes
+        reads them (without caching, keys a block size cannot reuse are no reason to refuse a run)."""
+        return self.allocator == "paged" and self.enable_prefix_caching
 
     def new_seq_id(self) -> int:
         """A fresh sequence id."""

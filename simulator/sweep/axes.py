@@ -69,7 +69,7 @@ def parse_rates(spec: str) -> tuple[tuple[float, ...], tuple[float, float]]:
             raise SweepError(f"--rate {spec!r}: {count} rates is too many (at most 10000)")
         rates = tuple(round(start + i * step, RATE_DIGITS) for i in range(count))
         return rates, (rates[0], rates[-1])
-    values = parse_axis_values("rate", text, float)
+    values = parse_axis_values("rate", text, float, what=f"--rate {spec!r}")
     if any(v <= 0 for v in values):
         raise SweepError(f"--rate {spec!r}: rates must be > 0 requests/s")
     _check_kept(spec, min(values))
@@ -77,31 +77,35 @@ def parse_rates(spec: str) -> tuple[tuple[float, ...], tuple[float, float]]:
     return rates, (rates[0], rates[-1])
 
 
-def _convert(name: str, text: str, kind: type):
-    """One axis value from text, typed like the SimConfig field it sets."""
+def _convert(what: str, text: str, kind: type):
+    """One axis value from text, typed like the SimConfig field it sets; errors start with `what`."""
     if kind is bool:
         low = text.lower()
         if low in ("true", "1", "yes", "on"):
             return True
         if low in ("false", "0", "no", "off"):
             return False
-        raise SweepError(f"axis {name}: {text!r} is not true/false")
+        raise SweepError(f"{what}: {text!r} is not true/false")
     if kind is int:
         try:
             return int(text)
         except ValueError:
-            raise SweepError(f"axis {name}: {text!r} is not an integer") from None
+            raise SweepError(f"{what}: {text!r} is not an integer") from None
     if kind is float:
-        return _number(text, f"axis {name}")
+        return _number(text, what)
     return text
 
 
-def parse_axis_values(name: str, text: str, kind: type) -> tuple:
-    """A comma-separated list of values (order kept, duplicates dropped); empty lists are refused."""
+def parse_axis_values(name: str, text: str, kind: type, what: str | None = None) -> tuple:
+    """A comma-separated list of values (order kept, duplicates dropped); empty lists are refused.
+
+    `what` starts the error messages: the option the values came from (default: "axis NAME").
+    """
+    what = what or f"axis {name}"
     items = [t.strip() for t in text.split(",")]
     if not text.strip() or any(not t for t in items):
-        raise SweepError(f"axis {name}: empty value in {text!r}")
-    return tuple(dict.fromkeys(_convert(name, t, kind) for t in items))
+        raise SweepError(f"{what}: empty value in {text!r}")
+    return tuple(dict.fromkeys(_convert(what, t, kind) for t in items))
 
 
 def _field_types() -> dict[str, type]:

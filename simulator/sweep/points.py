@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from pagelab.run_format import SWEEP_POINTS_DIR as POINTS_DIR
@@ -24,8 +25,21 @@ UNHASHED_DEFAULTS = {"kv_cache_dtype": "auto"}
 
 def trace_fingerprint(trace: pd.DataFrame) -> str:
     """A content hash of the trace, so a point is never reused across different traces."""
-    hashed = pd.util.hash_pandas_object(trace.reset_index(drop=True), index=False).to_numpy()
+    frame = trace.reset_index(drop=True)
+    # A column of lists (prefix keys) cannot be hashed as it is: each row's keys are hashed as their text.
+    lists = [c for c in frame.columns if frame[c].dtype == object and
+             frame[c].map(lambda v: isinstance(v, (list, tuple, np.ndarray))).any()]
+    if lists:
+        frame = frame.assign(**{c: frame[c].map(_keys_text) for c in lists})
+    hashed = pd.util.hash_pandas_object(frame, index=False).to_numpy()
     return hashlib.sha256(hashed.tobytes() + ",".join(map(str, trace.columns)).encode()).hexdigest()[:16]
+
+
+def _keys_text(value) -> object:
+    """A row's list of keys as text ("1,2,3"); anything else as it is."""
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return ",".join(map(str, map(int, value)))
+    return value
 
 
 @dataclass(frozen=True)

@@ -163,6 +163,16 @@ def test_bad_input_is_one_line_exit_2(files, args, message):
     assert "❌" not in line  # :x: is not turned into an emoji
 
 
+@pytest.mark.parametrize("args, message", [
+    (("--model", "gemma-3-27b", "--gpu", "h100-80gb", "--max-num-batched-tokens", "8192"),
+     "--max-num-batched-tokens (8192) must be >= --max-model-len (131072) unless chunked prefill"),
+    (("--model", "gpt-oss-20b", "--kv-memory-gb", "10"), "parameter count (num_params) is unknown")])
+def test_a_run_simulate_would_refuse_prints_no_capacity_header_first(files, args, message):
+    result = pagelab("simulate", "tiny.csv", "-a", "paged", *args, cwd=files)
+    assert message in one_line_error(result)
+    assert result.stdout == ""
+
+
 @pytest.mark.parametrize("at, message", [("nan", "--at must be a finite time >= 0 s (got nan)"),
                                          ("1e12", "--at 1e+12 s is after the end of the run(s)")])
 def test_plot_at_outside_the_run(files, at, message):

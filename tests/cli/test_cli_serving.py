@@ -122,6 +122,18 @@ def test_rejections_and_overload_are_warned_with_counts(tmp_path):
     assert "warning" not in calm.stderr
 
 
+def test_a_pool_too_small_is_advised_by_the_option_that_sized_it(tmp_path):
+    # --capacity-tokens and --kv-memory-gb override the GPU's options: only a larger value of theirs helps.
+    for option, value in (("--capacity-tokens", "100"), ("--kv-memory-gb", "0.01")):
+        r = pagelab("simulate", "azure-conv", "--limit", "30", "-a", "paged", option, value, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        rejected = [line for line in r.stderr.splitlines() if "need more KV memory" in line]
+        assert len(rejected) == 1 and f"give a larger pool (a larger {option})" in rejected[0], r.stderr
+    r = pagelab("simulate", "azure-conv", "--limit", "30", "-a", "paged", "--gpu", "a100-40gb",
+                "--gpu-memory-utilization", "0.4", cwd=tmp_path)
+    assert "give a larger pool (--kv-memory-gb, --gpu-memory-utilization or a larger --gpu)" in r.stderr
+
+
 def test_progress_lines_in_logs(tmp_path):
     r = pagelab(*SIM, "-a", "paged,contiguous-pow2", cwd=tmp_path)
     assert "simulating paged: 30/30 (100%)" in r.stderr

@@ -70,6 +70,13 @@ def closed_port() -> int:
      "--tolerance and --search-runs shape the max-rate search: they do not apply with --no-search"),
     (["--rate", "1:2", "--axis", "kv_cache_dtype=fp8", "--axis", "kv_cache_dtype=auto"],
      "--axis kv_cache_dtype given twice: list its values in one, --axis kv_cache_dtype=A,B"),
+    # A value list names the option it was typed in; --axis values name their axis.
+    (["--rate", "a,b"], "error: --rate 'a,b': 'a' is not a number"),
+    (["--rate", "1:2", "--block-size", "16,x"], "error: --block-size: 'x' is not an integer"),
+    (["--rate", "1:2", "--axis", "max_num_seqs=x"], "error: axis max_num_seqs: 'x' is not an integer"),
+    # The KV cache dtypes simulate --kv-cache-dtype takes, and no other (float32 is the CPU replays').
+    (["--rate", "1:2", "--axis", "kv_cache_dtype=auto,float32"], "'float32' is not a KV cache dtype; "
+     "choose from auto, bfloat16, float16, fp8, fp8_e4m3, fp8_e5m2"),
 ])
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, trace_file, args, words):
     out = tmp_path / "sweep"

@@ -107,6 +107,19 @@ def test_a_376_783_ms_ttft_is_shown_in_seconds_whole():
     assert "Mean TTFT (s)" in rows and "376.8" in rows
 
 
+def test_a_metrics_rows_share_one_unit_and_a_short_latency_beside_a_long_one_is_not_zero():
+    long, short = _metrics(14.0), _metrics(14.0)
+    long["p99_ttft_ms"] = 376_783.0  # one allocator's tail runs past 100 s
+    rows = {line.split()[0] + " " + line.split()[1]: line.split()[3:] for line in
+            render(serving_table({"a": short, "b": long}, ("ttft",), (99,)), width=120).splitlines()
+            if "TTFT" in line}
+    assert set(rows) == {"Mean TTFT", "Median TTFT", "P99 TTFT"}
+    text = render(serving_table({"a": short, "b": long}, ("ttft",), (99,)), width=120)
+    # one unit for every TTFT row: the mean is not in ms while its P99 is in s
+    assert "Mean TTFT (s)" in text and "P99 TTFT (s)" in text and "(ms)" not in text
+    assert rows["P99 TTFT"] == ["0.014", "376.8"] and rows["Mean TTFT"] == ["0.01", "0.01"]
+
+
 def test_the_presets_tables_fit():
     rows = preset_rows()
     units = {"params_b": "params B", "kv_heads": "kv/q", "head_dim": "dim", "kv_kib_per_token": "KiB/tok",

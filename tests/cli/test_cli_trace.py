@@ -58,6 +58,18 @@ def test_gen_lengths_from_a_vidur_length_only_file(tmp_path):
     assert set(load_trace(tmp_path / "r.csv")["prompt_len"]) <= {30, 8}
 
 
+def test_gen_multi_turn_defaults_to_the_conversation_traces_rate(tmp_path):
+    from traces.multiturn import MultiTurnConfig, generate_multiturn
+
+    out = tmp_path / "mt.csv"
+    assert run("trace", "gen", "--multi-turn", "--num", 300, "--out", out).exit_code == 0
+    expected = generate_multiturn(MultiTurnConfig(num_requests=300))  # the Mooncake-like rate, 3.4
+    assert load_trace(out)["arrival_s"].to_numpy() == pytest.approx(expected["arrival_s"].to_numpy())
+    given = tmp_path / "given.csv"
+    assert run("trace", "gen", "--multi-turn", "--num", 300, "--rate", 2, "--out", given).exit_code == 0
+    assert load_trace(given)["arrival_s"].max() > load_trace(out)["arrival_s"].max()
+
+
 @pytest.mark.parametrize(("args", "message"), [
     # A generator's refusal names the option that gave the setting, not the configuration field.
     (["--arrival", "weekly"], "--arrival: must be one of poisson, gamma, burst (got 'weekly')"),

@@ -55,7 +55,7 @@ def test_a_finished_run_state_is_freed_without_the_cyclic_collector():
         if enabled:
             gc.enable()
     assert res.summary["num_finished"] == 60
-    assert list(res.summary)[13:17] == ["normalized_latency_s_per_token", "ttft_s", "tpot_s", "e2e_s"]
+    assert list(res.summary)[14:18] == ["normalized_latency_s_per_token", "ttft_s", "tpot_s", "e2e_s"]
     assert res.summary["ttft_s"]["p50"] == float(np.median(res.requests["ttft_s"]))
 
 
@@ -267,3 +267,9 @@ def test_prefix_keys_the_block_size_cannot_reuse_are_refused_before_the_first_st
     for block_size in (16, 64):
         config = SimConfig(model="opt-13b", capacity_tokens=4096, max_model_len=256, block_size=block_size)
         assert simulate(trace, config).summary["num_finished"] == 2
+    # Without prefix caching the keys are not read, so any block size runs (and equals a run without keys).
+    plain = trace.drop(columns=["prefix_blocks", "prefix_block_size"])
+    for kw in ({"enable_prefix_caching": False}, {"allocator": "contiguous-max"}):
+        config = SimConfig(model="opt-13b", capacity_tokens=4096, max_model_len=256, block_size=48, **kw)
+        with_keys, without = (simulate(t, config).summary for t in (trace, plain))
+        assert {**with_keys, "wall_s": 0} == {**without, "wall_s": 0}

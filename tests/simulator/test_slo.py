@@ -159,7 +159,8 @@ def test_limits_compare_in_the_unit_they_were_written_in():
 
 @pytest.mark.parametrize("word, expected", [("ttft:200", True), ("tpot=50ms", True), ("ttft_p99:2s", True),
                                             ("norm-latency:1s/token", True), ("trace.csv", False),
-                                            ("c:/traces/x.csv", False), ("200", False), ("--seed", False)])
+                                            ("c:/traces/x.csv", False), ("200", False), ("--seed", False),
+                                            ("itl:13", True), ("ttfx=0.2s", True), ("run:x", False)])
 def test_words_that_start_a_limit(word, expected):
     assert starts_limit(word) is expected
 

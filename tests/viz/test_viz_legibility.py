@@ -137,7 +137,7 @@ def test_every_figure_title_names_trace_model_capacity_and_rejections(tmp_path):
         summary["num_rejected"] = rejected
         (root / name / "summary.json").write_text(json.dumps(summary))
     run = load_run(root)
-    expected = ("trace sg.parquet", "opt-13b on a100-40gb", f"{CAPACITY} KV slots (0.05 GiB)",
+    expected = ("trace sg.parquet", "opt-13b on a100-40gb", f"KV cache {CAPACITY} tokens (0.05 GiB)",
                 "rejected: paged (vLLM) 0, contiguous (Max) 3")
     assert run_description(run) == " · ".join(expected)
     drawn = {result.name: _titles(result.figure) for result in figure_results([run])}
@@ -149,8 +149,8 @@ def test_every_figure_title_names_trace_model_capacity_and_rejections(tmp_path):
 
 def test_description_leaves_out_what_the_run_folder_lacks(run):
     # The hand-built run records no model, GPU or trace file; its run summary names the trace.
-    assert run_description(run) == f"trace hand-built · {CAPACITY} KV slots · 0 rejected"
+    assert run_description(run) == f"trace hand-built · KV cache {CAPACITY} tokens · 0 rejected"
     run.trace["source"] = "/data/x.jsonl"
-    assert run_description(run) == f"trace x.jsonl · {CAPACITY} KV slots · 0 rejected"
+    assert run_description(run) == f"trace x.jsonl · KV cache {CAPACITY} tokens · 0 rejected"
     run.trace.clear()
-    assert run_description(run) == f"{CAPACITY} KV slots · 0 rejected"
+    assert run_description(run) == f"KV cache {CAPACITY} tokens · 0 rejected"

@@ -20,7 +20,7 @@ def test_loads_allocators_in_canonical_order_with_tables(run_dir):
     run = load_run(run_dir)
     assert list(run.allocators) == ["paged", "contiguous-max"]
     paged = run.allocators["paged"]
-    assert paged.capacity_tokens == 64 and paged.block_size == 16 and paged.is_paged
+    assert paged.capacity_slots == 64 and paged.block_size == 16 and paged.is_paged
     assert not run.allocators["contiguous-max"].is_paged
     assert len(paged.requests) == 4 and len(paged.memory) == 16 and len(paged.events) == 5
     assert paged.memory["t_s"].is_monotonic_increasing

@@ -33,7 +33,7 @@ class ContiguousAllocator(KVAllocator):
         self.name = f"contiguous-{policy}"
         self.policy = policy
         self.placement_name = placement
-        self.capacity_tokens = capacity_tokens
+        self.capacity_tokens = self.capacity_slots = capacity_tokens
         self.cpu_capacity_tokens = cpu_capacity_tokens
         self.max_model_len = max_model_len
         self.debug = debug

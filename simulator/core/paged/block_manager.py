@@ -43,6 +43,7 @@ class BlockManager(PoolCounts, KVAllocator):
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.capacity_tokens = num_blocks * block_size if capacity_tokens is None else capacity_tokens
+        self.capacity_slots = self.capacity_tokens
         if self.capacity_tokens < num_blocks * block_size:
             raise ConfigError(f"capacity {self.capacity_tokens} is smaller than {num_blocks} blocks of "
                               f"{block_size}")

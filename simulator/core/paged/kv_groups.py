@@ -58,7 +58,8 @@ class GroupedBlockManager(PoolCounts, KVAllocator):
         self.layout = layout
         self.block_size = layout.block_size
         self.num_blocks = num_blocks
-        self.capacity_tokens = num_blocks * self.block_size
+        self.capacity_tokens = layout.num_tokens(num_blocks)  # each block holds one group's page
+        self.capacity_slots = num_blocks * self.block_size
         self.block_slots = self.block_size * layout.group_size  # layer slots of one block (breakdown)
         self.enable_prefix_caching = enable_prefix_caching
         self.watermark_blocks = int(watermark * num_blocks)

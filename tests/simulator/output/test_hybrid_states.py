@@ -126,3 +126,25 @@ def test_a_hybrid_run_folder_reads_back_equal_to_the_table_in_memory(tmp_path, f
     pd.testing.assert_frame_equal(back, mem.memory, check_exact=fmt == "parquet")
     assert streamed.summary["memory"] == pytest.approx(mem.summary["memory"], rel=1e-12)
     assert list(streamed.summary["memory"])[-2:] == list(HYBRID_STATES)
+
+
+def test_a_hybrid_runs_capacity_is_in_tokens_as_vllm_reports_it_and_its_block_map_spans_every_slot(tmp_path):
+    from typer.testing import CliRunner
+
+    from cli import app
+    from traces import save_trace
+    from viz.load import load_run
+
+    save_trace(_trace(4, 30), tmp_path / "t.csv")
+    result = CliRunner().invoke(app, ["simulate", str(tmp_path / "t.csv"), "--model", "gemma-3-27b", "--gpu",
+                                      "h100-80gb", "--kv-memory-gb", "0.3", "--max-model-len", "2048", "-a",
+                                      "paged", "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    alloc = load_run(tmp_path / "run").allocators["paged"]
+    s = alloc.summary
+    assert f"GPU KV cache size: {s['capacity_tokens']:,} tokens" in result.output
+    assert s["capacity_slots"] == s["num_blocks"] * s["block_size"] > s["capacity_tokens"]
+    assert alloc.capacity_slots == s["capacity_slots"]
+    # The block map spans every block: tenures reach past capacity_tokens slots.
+    ends = alloc.events["start"] + alloc.events["size"]
+    assert s["capacity_tokens"] < ends.max() <= alloc.capacity_slots

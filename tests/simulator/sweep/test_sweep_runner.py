@@ -125,3 +125,20 @@ def test_search_only_range_stays_within_the_run_budget(tmp_path, small_trace, sm
     row = result.max_rates.iloc[0]
     assert row["status"] == "found" and row["runs"] <= 12
     assert row["first_miss_rate"] / row["max_rate"] <= 1.05
+
+
+def test_a_trace_with_prefix_keys_is_swept_and_its_keys_are_in_the_points_identity(tmp_path, small_plan):
+    from simulator.loop import simulate
+    from simulator.sweep.points import trace_fingerprint
+    from traces import SyntheticConfig, generate_trace
+
+    trace = generate_trace(SyntheticConfig(num_requests=60, lengths="sharegpt", seed=1, num_prefix_groups=2,
+                                           prefix_len=64, prefix_fraction=0.5))
+    plan = small_plan(rate="1.5", allocators=("paged",), search=False)
+    result = run_sweep(trace, "keys", plan, tmp_path, SerialExecutor(trace))
+    direct = simulate(rescale_rate(trace, 1.5), plan.axes.sim_config({"allocator": "paged"}))
+    assert direct.summary["prefix_cache_hit_rate"] > 0  # the keys were used
+    assert result.points["ttft_p99_s"].item() == direct.summary["ttft_s"]["p99"]
+    other = trace.copy()
+    other["prefix_blocks"] = [list(k[::-1]) for k in trace["prefix_blocks"]]
+    assert trace_fingerprint(other) != trace_fingerprint(trace) == trace_fingerprint(trace.copy())
