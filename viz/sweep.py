@@ -52,10 +52,28 @@ def paged_block_size(alloc: AllocatorRun) -> float:
     return float(alloc.block_size) if alloc.is_paged else float("nan")
 
 
+# What a point's line is drawn against or split by (the rate, the block size), the line itself (the
+# allocator), and what follows from other settings or does not change a result: never a variant.
+_NOT_VARIANTS = {"rate", "allocator", "block_size", "extra", "seed", "debug", "mode", "record_events",
+                 "capacity_tokens", "bytes_per_token"}
+
+
+def _variants(configs: list[dict]) -> list[str]:
+    """Per run, the settings in which the runs differ ("model mistral-7b-v0.1, max num seqs 64"; "" where
+    they differ in none): points that differ in them are not points of one line."""
+    keys = sorted({k for c in configs for k in c} - _NOT_VARIANTS)
+    keys = [k for k in keys if len({repr(c.get(k)) for c in configs}) > 1]
+    if len({repr((c.get("extra") or {}).get("trace")) for c in configs}) > 1:
+        configs = [{**c, "trace": (c.get("extra") or {}).get("trace")} for c in configs]
+        keys.append("trace")
+    return [", ".join(f"{k.replace('_', ' ')} {c.get(k)}" for k in keys) for c in configs]
+
+
 def sweep_data(runs: list[Run]) -> pd.DataFrame:
-    """One row per (run, allocator): rate, block size (NaN when contiguous), normalized latency, batch size,
-    waste."""
+    """One row per (run, allocator): rate, block size (NaN when contiguous), the settings it differs in
+    (`variant`), normalized latency, batch size, waste."""
     rows = []
+    configs = []
     for run in runs:
         for alloc in run.allocators.values():
             rate, rate_source = run_rate(run, alloc)
@@ -69,7 +87,8 @@ def sweep_data(runs: list[Run]) -> pd.DataFrame:
                          "block_size": paged_block_size(alloc), "normalized_latency_s": float(latency),
                          "mean_batch_size": float(alloc.summary.get("mean_batch_size", np.nan)),
                          "waste": waste})
-    return pd.DataFrame(rows)
+            configs.append(alloc.config)
+    return pd.DataFrame(rows).assign(variant=_variants(configs)) if rows else pd.DataFrame(rows)
 
 
 def _distinct(values: pd.Series) -> int:
@@ -117,10 +136,10 @@ def _lines(ax, data: pd.DataFrame, x: str, y: str, other: str) -> tuple[list, li
     """One line per allocator (line style per value of `other` when it varies); returns legend parts."""
     # Split lines by `other` only when some split line would still have two or more points.
     split = _distinct(data[other]) > 1 and bool(
-        (data.groupby(["allocator", other])[x].nunique() > 1).any())
+        (data.groupby(["allocator", "variant", other])[x].nunique() > 1).any())
     others = sorted(data[other].dropna().unique()) if split else [None]
     handles, labels = [], []
-    for name, group in data.groupby("allocator", sort=False):
+    for (name, variant), group in data.groupby(["allocator", "variant"], sort=False):
         # An allocator without a value of `other` (a contiguous one's block size) is one unsplit line.
         for k, value in enumerate(others if group[other].notna().any() else [None]):
             part = group if value is None else group[group[other] == value]
@@ -132,7 +151,7 @@ def _lines(ax, data: pd.DataFrame, x: str, y: str, other: str) -> tuple[list, li
             handles.append(Line2D([], [], color=allocator_color(name), marker="o",
                                   linestyle=LINESTYLES[k % len(LINESTYLES)]))
             suffix = "" if value is None else f" ({other.replace('_', ' ')} {value:g})"
-            labels.append(allocator_label(name) + suffix)
+            labels.append(allocator_label(name) + suffix + (f", {variant}" if variant else ""))
     if use_log_scale(data[y].to_numpy(float)):
         ax.set_yscale("log")
     ax.grid(alpha=0.3)

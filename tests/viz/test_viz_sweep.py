@@ -50,6 +50,23 @@ def test_sweep_latency_lines_per_allocator(rate_runs):
     assert ax.get_xlabel() == "request rate (req/s)" and ax.get_ylabel() == "normalized latency (ms/token)"
 
 
+def test_points_of_other_settings_in_one_sweep_folder_are_lines_of_their_own(tmp_path):
+    # Sweeping again into the same folder with another model keeps both sweeps' points in points/.
+    paths = [write_sweep_point(tmp_path / "sw", f"r{r}{m}", rate=r) for m in ("a", "b") for r in (1.0, 2.0)]
+    for path in paths[2:]:
+        for config in path.glob("*/config.json"):
+            config.write_text(json.dumps({**json.loads(config.read_text()), "model": "mistral-7b-v0.1"}))
+    result = plot_sweep_latency(load_runs(paths))
+    ax = result.figure.axes[0]
+    assert len(ax.lines) == 4  # two allocators x two models, none zigzagging between the models
+    assert all(line.get_xdata().tolist() == [1.0, 2.0] for line in ax.lines)
+    labels = [t.get_text() for t in result.figure.legends[0].get_texts()]
+    assert sum("model mistral-7b-v0.1" in t for t in labels) == 2
+    # Points that differ only in rate (and bookkeeping) make one line per allocator, labelled plainly.
+    same = plot_sweep_latency(load_runs(paths[:2]))
+    assert [t.get_text() for t in same.figure.legends[0].get_texts()] == ["paged (vLLM)", "contiguous (Max)"]
+
+
 def test_block_size_sweep(tmp_path):
     runs = load_runs([write_sweep_point(tmp_path / "sw", f"bs{b}", block_size=b) for b in (32, 8, 16)])
     assert applies(runs, "block_size") and not applies(runs, "rate")
