@@ -18,6 +18,7 @@ from cli.common import (
     plot_format,
     printing_warnings,
     user_errors,
+    warn,
 )
 
 trace_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
@@ -118,6 +119,12 @@ def _refuse_unused(multi_turn: bool, **given) -> None:
     if not (math.isfinite(think) and 0 <= think <= MAX_THINK_S):
         raise UserError(f"--think-time must be a finite number of seconds in [0, {MAX_THINK_S:g}], "
                         f"got {think}")
+    from simulator.core.config import CacheConfig
+
+    size, default = given["prefix_block_size"], CacheConfig.block_size
+    if size is not None and size > 0 and size % default and default % size:
+        warn(f"--prefix-block-size {size}: a paged run reuses these keys only at a --block-size that divides "
+             f"{size} or is a multiple of it, which the default {default} is not")
 
 
 @trace_app.command("gen")

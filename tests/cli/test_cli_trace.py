@@ -70,6 +70,14 @@ def test_gen_multi_turn_defaults_to_the_conversation_traces_rate(tmp_path):
     assert load_trace(given)["arrival_s"].max() > load_trace(out)["arrival_s"].max()
 
 
+@pytest.mark.parametrize(("size", "warned"), [(100, True), (32, False), (8, False), (512, False)])
+def test_gen_warns_of_prefix_keys_the_default_block_size_cannot_reuse(tmp_path, size, warned):
+    result = run("trace", "gen", "--multi-turn", "--num", 20, "--prefix-block-size", size, "--out",
+                 tmp_path / "mt.csv")
+    assert result.exit_code == 0, result.output
+    assert (f"--prefix-block-size {size}: a paged run reuses these keys only" in result.output) == warned
+
+
 @pytest.mark.parametrize(("args", "message"), [
     # A generator's refusal names the option that gave the setting, not the configuration field.
     (["--arrival", "weekly"], "--arrival: must be one of poisson, gamma, burst (got 'weekly')"),
