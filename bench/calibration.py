@@ -110,7 +110,7 @@ def simulate_replay(trace: Path, profile: str, real: Path, out: Path) -> Path:
     fitted = load_fitted(profile)
     base = SimConfig(model=fitted.model.name, gpu=fitted.gpu.name, latency=profile,
                      extra=simulation_labels(info))
-    name, df, base, _ = replay_twin(real, df, base, step_times=False)
+    name, df, base, _, _ = replay_twin(real, df, base, step_times=False)
     with atomic_dir(out) as tmp:
         results = simulate_runs(df, {name: dataclasses.replace(base, allocator=name)}, tmp,
                                 info["num_requests"])

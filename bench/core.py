@@ -19,6 +19,11 @@ class DecodeWorkload:
     prompt_len: int = 100
     chunk: int = 64  # tokens per bulk call
 
+    def __post_init__(self) -> None:
+        # Each sequence decodes num_tokens // num_seqs tokens: zero would time empty loops.
+        if self.num_tokens < self.num_seqs:
+            raise ValueError(f"num_tokens ({self.num_tokens}) must be >= num_seqs ({self.num_seqs})")
+
 
 def _setup(w: DecodeWorkload) -> tuple[BlockManager, list[Sequence]]:
     per_seq = -(-w.num_tokens // w.num_seqs)

@@ -205,7 +205,7 @@ def sim_latency(folder: Path):
 def compare_folders(sim_run: Path, real_run: Path, allocator: str | None = None) -> tuple[dict, Path, Path]:
     """The comparison of a simulation with a replay (comparison.json's content) on the first allocator
     both runs have (or `allocator`), with the two allocator folders it compared."""
-    from simulator.timing.compare import compare_runs
+    from simulator.timing.compare import compare_runs, request_mismatch
 
     sims = dict(allocator_dirs(sim_run, allocator))
     reals = dict(allocator_dirs(real_run, allocator))
@@ -217,6 +217,9 @@ def compare_folders(sim_run: Path, real_run: Path, allocator: str | None = None)
     warnings = [f"{folder}: {stopped}; compared as far as it ran" for folder in (sims[name], reals[name])
                 if (stopped := _incomplete(folder))]
     sim, real = run_tables(sims[name], warnings), run_tables(reals[name], warnings)
+    if (problem := request_mismatch(sim, real, partial=bool(warnings))) is not None:
+        raise RunFolderError(f"{sims[name]} and {reals[name]}: {problem} (compare runs of one trace: "
+                             "simulate --config-from REPLAY_RUN)")
     result = {"allocator": name, "sim_run": str(sim_run), "real_run": str(real_run),
               **compare_runs(sim, real, sim_latency(sims[name]))}
     if warnings:
@@ -267,7 +270,8 @@ def _is_kind(value, annotation: str) -> bool:
 
 
 def replay_twin(real_run: Path, trace_df: pd.DataFrame | None, base, step_times: bool = True):
-    """(allocator name, trace as run, SimConfig, MeasuredSteps or None) of a simulation of a replay's run.
+    """(allocator name, trace as run, SimConfig, MeasuredSteps or None, the trace the replay recorded) of a
+    simulation of a replay's run.
 
     The pool, block size and scheduler options come from the replay's config.json; the trace is the
     replay's (its `trace` and `limit`, unless `trace_df` is given) with the arrival times and (clipped)
@@ -323,4 +327,12 @@ def replay_twin(real_run: Path, trace_df: pd.DataFrame | None, base, step_times:
                                  extra={**base.extra, ("step_times_from" if step_times else "config_from"):
                                         str(folder)})
     measured = MeasuredSteps.from_memory(run.memory, source=str(folder)) if step_times else None
-    return name, trace_df, config, measured
+    return name, trace_df, config, measured, str(cfg.get("trace"))
+
+
+def twin_info(trace_df: pd.DataFrame, source: str) -> dict:
+    """The trace entry of a simulation of a replay (`replay_twin`): the trace as the replay ran it."""
+    from traces.stats import trace_info
+
+    return {"source": source, **trace_info(trace_df), "rate_override": None, "burstiness": None,
+            "limit": None}

@@ -125,6 +125,10 @@ def core(
                           ("--block-size", block_size), ("--chunk", chunk), ("--repeat", repeat)):
         if value < 1:
             raise UserError(f"{option} must be >= 1, got {value}")
+    # Each sequence decodes num_tokens // num_seqs tokens: fewer tokens than sequences would time nothing.
+    if num_tokens < num_seqs:
+        raise UserError(f"--num-tokens {num_tokens:,} is fewer than --num-seqs {num_seqs:,}: each sequence "
+                        "must decode at least one token")
     r = bench_core(DecodeWorkload(num_seqs, num_tokens, block_size, chunk=chunk), repeat=repeat)
     write_result("bench core", {"result": r}, save=save_result, result_dir=result_dir,
                 result_filename=result_filename)
@@ -141,7 +145,7 @@ def simulate_bench(
     allocator: list[str] = typer.Option(None, "--allocator", "-a", help="Allocators (default: paged)."),
     events: str = typer.Option("both", help="on (tenures streamed to Parquet, as `simulate --out` does), "
                                             "off, or both."),
-    rate: float = typer.Option(15.0, help="Arrival rate of --trace synthetic (requests/s)."),
+    rate: float = typer.Option(None, help="Arrival rate of --trace synthetic (requests/s; default 15)."),
     repeat: int = typer.Option(3, help="Runs per point (min and median reported)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     save_result: bool = typer.Option(False, "--save-result", help="Save the result as JSON (vLLM bench)."),
@@ -150,7 +154,7 @@ def simulate_bench(
 ) -> None:
     """Wall time and peak memory of `simulate` (each run in its own process): the scaling curve."""
     check_result_options(result_dir, result_filename)  # before the benchmark runs
-    from bench.simulate import bench_simulate, summarize_runs
+    from bench.simulate import DEFAULT_RATE, bench_simulate, summarize_runs
     from cli.trace import MAX_GENERATED
 
     counts = list(_int_list(sizes, "--num") or [None])
@@ -161,7 +165,12 @@ def simulate_bench(
                         f"(at most {MAX_GENERATED:,})")
     if repeat < 1:
         raise UserError(f"--repeat must be >= 1, got {repeat}")
-    if trace == "synthetic" and not (rate > 0 and math.isfinite(rate)):
+    # A bundled or file trace keeps its own arrival times: a --rate would be silently ignored.
+    if rate is not None and trace != "synthetic":
+        raise UserError(f"--rate applies to --trace synthetic only (the trace {trace!r} keeps its own "
+                        "arrival times)")
+    rate = DEFAULT_RATE if rate is None else rate
+    if not (rate > 0 and math.isfinite(rate)):
         raise UserError(f"--rate must be a finite number > 0 requests/s, got {rate}")
     modes = {"on": (True,), "off": (False,), "both": (False, True)}
     if events not in modes:

@@ -41,13 +41,20 @@ Clock = Literal["wall", "cpu"]
 
 def replay_capacity(config: dict):
     """The KV pool a replay ran with, as the capacity header reports it (from its config.json)."""
+    from simulator.core.scheduler import SchedulerConfig
     from simulator.presets import kv_capacity
 
+    # The engine's scheduler steps by this budget, which bounds what a sliding window holds per request;
+    # unset, kv_capacity would assume vLLM's server default instead.
+    budget = SchedulerConfig(max_num_seqs=int(config["max_num_seqs"]),
+                             max_num_batched_tokens=config.get("max_num_batched_tokens"),
+                             max_model_len=int(config["max_model_len"]),
+                             enable_chunked_prefill=bool(config.get("enable_chunked_prefill"))).token_budget
     return kv_capacity(str(config["model"]), capacity_tokens=int(config["capacity_tokens"]),
                        kv_cache_dtype=str(config["dtype"]), block_size=int(config["block_size"]),
                        max_model_len=int(config["max_model_len"]), sized_by=str(config["capacity_source"]),
                        device="CPU" if str(config.get("device", "")).startswith("cpu") else "GPU",
-                       max_num_batched_tokens=config.get("max_num_batched_tokens"),
+                       max_num_batched_tokens=budget,
                        hybrid=not config.get("disable_hybrid_kv_cache_manager", False))
 
 
@@ -84,7 +91,8 @@ def replay_cmd(
                                        help="KV pool size in GiB (default: measured free memory on a GPU, "
                                             "0.25 GiB on a CPU)."),
     num_blocks: int = typer.Option(None, rich_help_panel=POOL,
-                                   help="KV pool size in blocks (overrides --kv-memory-gb)."),
+                                   help="KV pool size in blocks of every layer (overrides --kv-memory-gb; "
+                                        "KV cache groups split those bytes into their pages)."),
     block_size: int = typer.Option(16, rich_help_panel=POOL, help="Paged block size in tokens."),
     max_model_len: int = typer.Option(None, rich_help_panel=POOL,
                                       help="Longest sequence (default: the model's); longer prompts are "
@@ -108,7 +116,9 @@ def replay_cmd(
     max_num_seqs: int = typer.Option(256, rich_help_panel=SCHEDULER, help="Most requests running at once."),
     max_num_batched_tokens: int = typer.Option(None, rich_help_panel=SCHEDULER,
                                                help="Token budget of one step (default: max(max-model-len, "
-                                                    "2048) + max-num-seqs)."),
+                                                    "2048) + max-num-seqs; 512 with chunked prefill)."),
+    chunked_prefill: bool = typer.Option(False, rich_help_panel=SCHEDULER,
+                                         help="Split long prompts across steps."),
     preemption: Preemption = typer.Option("recompute", rich_help_panel=SCHEDULER,
                                           help="What a preempted request loses: recompute its KV cache, or "
                                                "swap it to the CPU."),
@@ -143,6 +153,8 @@ def replay_cmd(
     from gpu_backend.replay_run import replay_configs, replay_metadata, replay_to_dir, run_labels
 
     names = allocators(allocator, ["paged"])
+    if out is None and (overwrite or table_format != "parquet"):  # they shape the run folder alone
+        raise UserError(f"{'--overwrite' if overwrite else '--table-format'} needs --out (a run folder)")
     finite_float(time_scale, "--time-scale", minimum=0)
     if not 0 < gpu_memory_utilization <= 1:
         raise UserError(f"--gpu-memory-utilization must be in (0, 1], got {gpu_memory_utilization:g}")
@@ -160,8 +172,9 @@ def replay_cmd(
     engine = EngineConfig(block_size=block_size, num_blocks=num_blocks, kv_memory_gb=kv_memory_gb,
                           enable_prefix_caching=prefix_caching, max_model_len=max_model_len,
                           max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                          preemption_mode=preemption, swap_space_gb=swap_space_gb,
-                          enforce_eager=enforce_eager, gpu_memory_utilization=gpu_memory_utilization,
+                          enable_chunked_prefill=chunked_prefill, preemption_mode=preemption,
+                          swap_space_gb=swap_space_gb, enforce_eager=enforce_eager,
+                          gpu_memory_utilization=gpu_memory_utilization,
                           disable_hybrid_kv_cache_manager=not hybrid_kv_cache,
                           **tier_fields(kv_offloading_size, kv_offloading_disk_size,
                                         kv_offloading_block_size=kv_offloading_block_size,

@@ -193,7 +193,7 @@ def warn_about(results: dict, sized_by: str | None = None) -> None:
         pool = f"{s['num_blocks']:,} blocks of {s['block_size']} tokens" if s.get("allocator") == "paged" \
             else f"{s['capacity_tokens']:,} token slots"
         text = rejection_warning(res.request_data(), int(max_len or 0) or 2**62, pool,
-                                 model_limit(res.config.get("model")), pool_options)
+                                 model_limit(res.config.get("model")), pool_options, res.config.get("source"))
         if text:
             warn(f"{name}: {text}")
         text = overload_warning(res.request_data(), s["sim_duration_s"])

@@ -90,8 +90,26 @@ def check_out_file(path: Path, label: str) -> Path:
     target = Path(os.path.abspath(path))
     if target.is_dir():
         raise UserError(f"{label} is a folder, not a file; choose a file path")
+    run = _run_owning(Path(os.path.realpath(target)))
+    if run is not None:
+        raise UserError(f"{label} is one of the files of the pagelab run in {run}; writing it would corrupt "
+                        "the run: choose a path outside it")
     _check_creatable(label, target.parent, "files")
     return target
+
+
+def _run_owning(target: Path) -> Path | None:
+    """The run folder whose own data `target` is (its run.json or summary.json, or any path in one of its
+    allocator folders), or None; files a run only gathers beside its data (trace.json, view.html) are not."""
+    for run in target.parents:
+        if not is_run_folder(run):
+            continue  # a run may sit inside another folder (a sweep's points): look further up
+        first, *rest = target.relative_to(run).parts
+        if not rest and first in (RUN_MARKER, "summary.json"):
+            return run
+        if rest and any((run / first / name).is_file() for name in ("config.json", "summary.json")):
+            return run
+    return None
 
 
 def check_out_folder(path: Path, label: str) -> Path:

@@ -47,8 +47,28 @@ Mode = Literal["fast", "step"]
 TableFormat = Literal["parquet", "csv"]
 Placement = Literal["buddy", "first-fit"]
 
+# What a simulation of a replay takes from the replay's run (bench/run_tools.py replay_twin): the model,
+# the pool, the scheduler and the trace as it ran; given as well, they would be dropped without a word.
+_TWIN_TAKES = ("model", "gpu", "gpu_memory_utilization", "kv_cache_dtype", "kv_memory_gb",
+               "capacity_tokens", "block_size", "max_model_len", "allocator", "placement", "prefix_caching",
+               "kv_offloading_size", "kv_offloading_disk_size", "kv_offloading_block_size",
+               "kv_offloading_policy", "kv_offloading_store", "cpu_offload_bandwidth_gbps",
+               "disk_offload_bandwidth_gbps", "hybrid_kv_cache", "max_num_seqs", "max_num_batched_tokens",
+               "chunked_prefill", "preemption", "limit", "num_prompts", "rate", "burstiness",
+               "max_concurrency")
+_STEP_TIMES_TAKE = ("latency", "profile", "mode")  # the measured step times replace the latency model
+
+
+def _given(ctx: typer.Context, names: tuple[str, ...]) -> list[str]:
+    """The options among parameters `names` that the command line gave, as the flags that name them."""
+    params = {p.name: p for p in ctx.command.params}
+    return [params[n].opts[0] for n in names
+            if (source := ctx.get_parameter_source(n)) is not None and source.name == "COMMANDLINE"]
+
+
 @user_errors
 def simulate_cmd(
+    ctx: typer.Context,
     trace: str = typer.Argument(None, metavar="TRACE", rich_help_panel=TRACE,
                                 help="Trace file or bundled name (default: azure-conv)."),
     trace_opt: str = typer.Option(None, "--trace", rich_help_panel=TRACE,
@@ -148,11 +168,11 @@ def simulate_cmd(
     result_filename: str = RESULT_FILENAME,
 ) -> None:
     """Replay a request trace against KV-cache allocators and compare where the memory goes."""
-    from bench.run_tools import simulate_runs, simulation_labels, simulation_metadata
+    from bench.run_tools import simulate_runs, simulation_labels, simulation_metadata, twin_info
     from cli.runs import check_out
     from simulator.config import SimConfig
     from simulator.core.config import ALLOCATORS
-    from simulator.timing.step_latency import roofline_problem
+    from simulator.timing.step_latency import make_latency_model, roofline_problem
 
     tiered = kv_offloading_size is not None or kv_offloading_disk_size is not None
     names = allocators(allocator, ["paged"] if tiered else list(ALLOCATORS))
@@ -178,6 +198,12 @@ def simulate_cmd(
         check_out(out, overwrite)
     if step_times_from is not None and config_from is not None:
         raise UserError("give --step-times-from or --config-from, not both")
+    if step_times_from is not None or config_from is not None:
+        option = "--step-times-from" if step_times_from is not None else "--config-from"
+        taken = _given(ctx, _TWIN_TAKES + (_STEP_TIMES_TAKE if step_times_from is not None else ()))
+        if taken:
+            raise UserError(f"{', '.join(taken)}: {option} takes the model, pool, scheduler and trace (and "
+                            f"--step-times-from the step times) from the replay's run; leave them out")
     # A canonical Parquet trace is read in blocks of rows as the simulation goes (a 10M-request trace is
     # never held whole), unless a replay's run or --sharing needs it in memory.
     stream = step_times_from is None and config_from is None and not sharing
@@ -205,10 +231,15 @@ def simulate_cmd(
     if step_times_from is not None or config_from is not None:
         from bench.run_tools import replay_twin
 
-        name, df, base, measured = replay_twin(step_times_from or config_from,
-                                               df if (trace or trace_opt) else None, base,
-                                               step_times=step_times_from is not None)
+        name, df, base, measured, source = replay_twin(step_times_from or config_from,
+                                                       df if (trace or trace_opt) else None, base,
+                                                       step_times=step_times_from is not None)
         names = [name]
+        # The run is the replay's: its trace as run and its model name the results, not the defaults.
+        info = twin_info(df, info["source"] if (trace or trace_opt) else source)
+        base = dataclasses.replace(base, extra={**base.extra, **simulation_labels(info)})
+        spec = get_model(base.model)
+        typed, model_id = base.model, spec.hf_id or spec.name
     if sharing and "paged" in names and dataclasses.replace(base, allocator="paged").kv_layout() is not None:
         raise UserError("--sharing counts one block table per sequence; a model with several KV cache groups "
                         "has one per group: add --disable-hybrid-kv-cache-manager, or leave --sharing out")
@@ -220,6 +251,8 @@ def simulate_cmd(
             raise UserError(problem)
     if measured is None and base.latency == "roofline" and (problem := roofline_problem(base.model_spec)):
         raise UserError(problem)
+    if measured is None and base.latency != "roofline":  # a profile fitted for another model or GPU
+        make_latency_model("fitted", base.model, base.gpu, path=base.latency)
     capacity = base.kv_capacity()
     print_capacity(capacity, typed, stderr=as_json)
     labels = {"model_id": model_id, "model": base.model, "gpu": base.gpu, "max_concurrency": max_concurrency,

@@ -191,25 +191,37 @@ GPU_POOL_OPTIONS = "--kv-memory-gb, --gpu-memory-utilization or a larger --gpu"
 
 
 def rejection_warning(requests: Requests, max_model_len: int, pool: str, model_limit: int | None = None,
-                      pool_options: str = GPU_POOL_OPTIONS) -> str | None:
+                      pool_options: str = GPU_POOL_OPTIONS, source: str | None = None) -> str | None:
     """How many requests were refused, why, and what to change so that they are not (None when none was).
 
     `pool`: the KV pool in words ("6 blocks of 16 tokens"); `model_limit`: the model's own context, when
-    max_model_len was set below it; `pool_options`: the options that would make the pool larger.
+    max_model_len was set below it; `pool_options`: the options that would make the pool larger; `source`:
+    "replay" for a run that clipped its prompts to fit max_model_len (only an output can be too long then).
     """
+    # A clipped prompt keeps one token at least, so a replay needs max_model_len >= the output length.
+    clipped = source == "replay"
     num_rejected = too_long = 0
     longest = 0
     for b in request_batches(requests, ("rejected", "prompt_len", "output_len")):
         rejected = b["rejected"].astype(bool, copy=False)
         num_rejected += int(rejected.sum())
-        total = b["prompt_len"][rejected].astype(np.int64) + b["output_len"][rejected]
+        total = b["output_len"][rejected].astype(np.int64)
+        if not clipped:  # the last output token is sampled, never stored: prompt + output - 1 KV slots
+            total = total + b["prompt_len"][rejected].astype(np.int64) - 1
         too_long += int((total > max_model_len).sum())
         longest = max(longest, int(total.max(initial=0)))
     if not num_rejected:
         return None
     reasons = []
-    if too_long:
-        reasons.append(f"{too_long:,} longer than max_model_len {max_model_len:,} (prompt + output): "
+    if too_long and clipped:
+        allowed = 1 << (longest - 1).bit_length()
+        fits = model_limit is not None and model_limit >= longest
+        reasons.append(f"{too_long:,} with an output longer than max_model_len {max_model_len:,} (prompts "
+                       f"are clipped, outputs are not): the longest needs {longest:,}; give --max-model-len "
+                       f"{min(allowed, model_limit) if fits else allowed}"
+                       + (f" (the model allows {model_limit:,})" if fits else ""))
+    elif too_long:
+        reasons.append(f"{too_long:,} longer than max_model_len {max_model_len:,} (prompt + output - 1): "
                        f"{_longer_context(longest, max_model_len, model_limit)}")
     if too_long < num_rejected:
         reasons.append(f"{num_rejected - too_long:,} need more KV memory than the pool's {pool}: "

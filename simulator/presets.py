@@ -281,7 +281,8 @@ class KVCapacity:
             pool = (f"KV pool: {share:g} x {memory:.0f} GiB - {self.weight_bytes / GIB:.1f} GiB weights - "
                     f"{(self.reserve_bytes or 0) / GIB:g} GiB activations = {gib:.2f} GiB")
         else:
-            pool = f"KV pool: {gib:.2f} GiB, as given ({self.sized_by})"
+            size = f"{gib:.2f} GiB" if gib >= 0.1 else f"{self.pool_bytes / 2**20:.2f} MiB"  # a tiny CPU pool
+            pool = f"KV pool: {size}, as given ({self.sized_by})"
         blocks = f"{self.num_blocks:,} blocks of {self.block_size}"
         # What a sliding window holds per request depends on the tokens a step computes: say which.
         steps = f" (steps of {self.max_num_batched_tokens:,} tokens)" if self.grouped and any(

@@ -100,6 +100,24 @@ def stalls(steps: np.ndarray, predicted: np.ndarray, measured: np.ndarray) -> di
             "busy_share": float(excess[hit].sum() / total) if total > 0 else None}
 
 
+def request_mismatch(sim: RunTables, real: RunTables, partial: bool = False) -> str | None:
+    """Why the two runs did not serve the same requests (request ids, prompt and output lengths), or None:
+    their errors would compare unrelated requests. `partial`: a run stopped early may lack some ids."""
+    if sim.requests is None or real.requests is None:
+        return None
+    a = sim.requests.set_index("request_id")[["prompt_len", "output_len"]]
+    b = real.requests.set_index("request_id")[["prompt_len", "output_len"]]
+    common = a.index.intersection(b.index)
+    if not partial and (len(common) < len(a) or len(common) < len(b)):
+        return (f"they served different requests: {len(a):,} and {len(b):,} requests, {len(common):,} "
+                f"request ids in common")
+    differ = int((a.loc[common] != b.loc[common]).any(axis=1).sum())
+    if differ or not len(common):
+        return (f"they served different requests: {differ:,} of the {len(common):,} request ids in common "
+                f"have other prompt or output lengths")
+    return None
+
+
 def compare_runs(sim: RunTables, real: RunTables, latency: LatencyModel | None = None) -> dict:
     """Every error `pagelab compare` reports (docs/calibration.md); `latency` is the simulation's model.
     What needs a table one of the runs lacks (None) is reported as not compared."""

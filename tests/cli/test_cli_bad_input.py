@@ -108,6 +108,11 @@ CASES = [
     (("bench", "simulate", "--trace", "synthetic", "--num", "5", "--rate", "0"), "--rate must be a finite "
      "number > 0 requests/s, got 0.0"),
     (("bench", "core", "--chunk", "0"), "--chunk must be >= 1, got 0"),
+    # An option the chosen measurement would not read, or a workload that times nothing, is refused.
+    (("bench", "simulate", "--num", "300", "--rate", "5", "--repeat", "1", "--events", "off"),
+     "--rate applies to --trace synthetic only (the trace 'azure-conv' keeps its own arrival times)"),
+    (("bench", "core", "--num-tokens", "10", "--num-seqs", "256"),
+     "--num-tokens 10 is fewer than --num-seqs 256"),
     (("bench", "attention", "--min-time", "-1"), "--min-time must be a finite number of seconds >= 0"),
     # bench simulate reads the trace before it starts a benchmark process.
     (("bench", "simulate", "--trace", "nonexist.csv"), "nonexist.csv: no such file"),
@@ -166,7 +171,8 @@ def test_bad_input_is_one_line_exit_2(files, args, message):
 @pytest.mark.parametrize("args, message", [
     (("--model", "gemma-3-27b", "--gpu", "h100-80gb", "--max-num-batched-tokens", "8192"),
      "--max-num-batched-tokens (8192) must be >= --max-model-len (131072) unless chunked prefill"),
-    (("--model", "gpt-oss-20b", "--kv-memory-gb", "10"), "parameter count (num_params) is unknown")])
+    (("--model", "gpt-oss-20b", "--kv-memory-gb", "10"), "parameter count (num_params) is unknown"),
+    (("--profile", "cpu-tiny", "--model", "llama-3-8b"), "was fitted for model 'tiny', not 'llama-3-8b'")])
 def test_a_run_simulate_would_refuse_prints_no_capacity_header_first(files, args, message):
     result = pagelab("simulate", "tiny.csv", "-a", "paged", *args, cwd=files)
     assert message in one_line_error(result)
@@ -224,6 +230,15 @@ OUT_CASES = [
      "leaves out"),
     (("plot", "r", "--only", "latency_cdf", "--window", "1:2"), "--window shapes the block_map figure"),
     (("export", "cut"), "paged/requests.parquet: cannot read table (Parquet magic bytes not found"),
+    # A run's own files are not a destination: writing one would corrupt the run.
+    (("export", "r", "--out", "r/paged/config.json"), "--out r/paged/config.json is one of the files of the "
+     "pagelab run in"),
+    (("export", "r", "--out", "r/run.json"), "--out r/run.json is one of the files of the pagelab run"),
+    (("calibrate", "r", "--out", "r/summary.json"), "--out r/summary.json is one of the files of the"),
+    (("calibrate", "r", "--out", "adir/../r/paged/requests.parquet"), "is one of the files of the pagelab"),
+    (("view", "r", "--out", "r/paged/summary.json"), "is one of the files of the pagelab run"),
+    (("bench", "core", "--result-dir", "r", "--result-filename", "summary.json"),
+     "--result-filename summary.json is one of the files of the pagelab run"),
 ]
 
 
@@ -251,3 +266,17 @@ def test_a_path_refused_while_writing_is_one_line(tmp_path, capsys):
     assert stop.value.exit_code == 2
     assert capsys.readouterr().err.strip() == f"error: {tmp_path / 'd'}: Is a directory"
     assert [p.name for p in tmp_path.iterdir()] == ["d"]
+
+
+def test_a_decode_workload_of_fewer_tokens_than_sequences_is_refused():
+    from bench.core import DecodeWorkload
+
+    with pytest.raises(ValueError, match=r"num_tokens \(10\) must be >= num_seqs \(256\)"):
+        DecodeWorkload(num_seqs=256, num_tokens=10)
+
+
+def test_beside_a_runs_data_an_export_may_still_go(outs, tmp_path):
+    run = tmp_path / "r"
+    shutil.copytree(outs / "r", run)
+    assert pagelab("export", "r", "--out", "r/trace.json", cwd=tmp_path).returncode == 0
+    assert pagelab("export", "r", "--out", "r/figures/t.json", cwd=tmp_path).returncode == 0

@@ -106,6 +106,29 @@ def test_calibrate_simulate_compare_loop(replayed):
     assert step["median_abs"] == pytest.approx(data["fit"]["median_abs_rel_error"])
 
 
+def test_a_simulation_of_a_replay_is_labelled_by_it_and_refuses_options_it_would_drop(replayed):
+    tmp, real = replayed
+    twin = tmp / "twin-labels"
+    result = run("simulate", "--profile", "cpu-tiny", "--config-from", real, "--out", twin)
+    assert result.exit_code == 0, result.output
+    trace = json.loads((twin / "summary.json").read_text())["trace"]
+    assert trace["source"].endswith("trace.csv") and trace["num_requests"] == 10  # not the default trace
+    assert json.loads((twin / "paged" / "config.json").read_text())["extra"]["trace"] == trace["source"]
+    assert "the registry's" not in result.output  # no alias line for a model nobody typed
+    for args, given in ((("--config-from", real, "--profile", "cpu-tiny", "--block-size", 32, "--limit", 5),
+                         "--block-size, --limit: --config-from takes"),
+                        (("--step-times-from", real, "--mode", "fast"), "--mode: --step-times-from takes")):
+        result = run_process("simulate", *args)
+        assert result.returncode == 2 and given in result.stderr, result.stderr
+    # A simulation of other requests is not compared with the replay as if it were its twin.
+    other = tmp / "other"
+    result = run("simulate", tmp / "trace.csv", "--profile", "cpu-tiny", "--limit", 6, "-a", "paged",
+                 "--capacity-tokens", 12 * 16, "--max-model-len", 256, "--out", other)
+    assert result.exit_code == 0, result.output
+    result = run_process("compare", other, real)
+    assert result.returncode == 2 and "they served different requests: 6 and 10 requests" in result.stderr
+
+
 def test_step_times_from_a_replay_gives_equal_memory_at_every_step(replayed):
     tmp, real = replayed
     sim = tmp / "retrace"

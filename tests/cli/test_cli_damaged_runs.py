@@ -33,7 +33,7 @@ def folders(tmp_path_factory):
     result = run("replay", tmp / "t.csv", "--device", "cpu", "--backend", "torch", "--num-blocks", 16,
                  "--max-model-len", 256, "--time-scale", 0, "--out", tmp / "real")
     assert result.exit_code == 0, result.output
-    result = run("simulate", tmp / "t.csv", "--config-from", tmp / "real", "--model", "tiny",
+    result = run("simulate", tmp / "t.csv", "--config-from", tmp / "real",
                  "--out", tmp / "sim")
     assert result.exit_code == 0, result.output
     return tmp

@@ -34,6 +34,7 @@ def test_replay_runs_a_hybrid_model_grouped_or_in_one_group(trace, tmp_path, gro
     # group's 2 layers, so the same bytes hold 24 of them.
     if grouped:
         assert "KV cache groups: 1 x sliding_window 32 (2 layers), 1 x full (2 layers)" in header
+        assert "(steps of 2,304 tokens)" in header  # the engine's budget: max(128, 2048) + 256 seqs
         assert "KV cache size: 192 tokens (24 blocks of 16)" in header
     else:
         assert "KV cache groups" not in header

@@ -18,6 +18,7 @@ from simulator.timing.compare import (
     memory_difference,
     per_step_times,
     rel_error_stats,
+    request_mismatch,
     stalls,
 )
 from simulator.timing.measured_steps import MeasuredSteps
@@ -131,6 +132,19 @@ def _trace(**kw):
 
 CFG = SimConfig(model="tiny", gpu="cpu", allocator="paged", capacity_tokens=400, block_size=16,
                 max_model_len=128, mode="step", enable_prefix_caching=False)
+
+
+def test_runs_of_other_requests_are_not_compared_as_one_workload():
+    trace = _trace()
+    run = simulate(trace, CFG)
+    tables = RunTables(run.summary, run.requests, run.memory)
+    assert request_mismatch(tables, tables) is None
+    fewer = RunTables(run.summary, run.requests.iloc[: len(trace) // 2], run.memory)
+    assert "different requests" in request_mismatch(tables, fewer)
+    assert request_mismatch(tables, fewer, partial=True) is None  # a run stopped early lacks some ids
+    other = run.requests.assign(output_len=run.requests["output_len"] + 1)
+    message = request_mismatch(tables, RunTables(run.summary, other, run.memory), partial=True)
+    assert f"{len(trace):,} of the {len(trace):,} request ids in common have other prompt" in message
 
 
 def test_measured_step_times_drive_the_clock_and_keep_the_decisions():

@@ -190,8 +190,17 @@ def test_rejection_warning_gives_reasons_and_counts():
     assert rejection_warning(REQS.iloc[:3], 2048, "100 token slots") is None
 
 
+def test_a_request_whose_kv_fits_max_model_len_exactly_is_not_called_too_long():
+    # prompt 1,000 + output 1,049 holds 2,048 tokens of KV (the last output token is never stored).
+    reqs = REQS.assign(prompt_len=[10, 20, 30, 1000], output_len=[5, 5, 5, 1049], rejected=[0, 0, 0, 1])
+    text = rejection_warning(reqs, max_model_len=2048, pool="6 blocks of 16 tokens")
+    assert "1 need more KV memory than the pool's" in text and "longer than" not in text
+    text = rejection_warning(reqs.assign(output_len=[5, 5, 5, 1050]), 2048, "6 blocks of 16 tokens")
+    assert "1 longer than max_model_len 2,048 (prompt + output - 1): the longest needs 2,049" in text
+
+
 def test_rejection_warning_names_the_fix():
-    longest = int((REQS["prompt_len"] + REQS["output_len"]).max())
+    longest = int((REQS["prompt_len"] + REQS["output_len"]).max()) - 1  # the last token is never stored
     # The model allows more than the run's max_model_len: raise it, to a power of two that holds the longest.
     text = rejection_warning(REQS, max_model_len=2048, pool="6,250 blocks of 16 tokens", model_limit=32_768)
     assert f"the longest needs {longest:,}; give --max-model-len 16384 (the model allows 32,768)" in text
