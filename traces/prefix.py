@@ -37,8 +37,7 @@ def _ratio(recorded_block_size: int, block_size: int) -> tuple[int, int]:
     if block_size % recorded_block_size == 0:
         return 1, block_size // recorded_block_size
     raise TraceError(f"block_size {block_size} cannot reuse prefix keys recorded at {recorded_block_size} "
-                     f"tokens per block: it must divide {recorded_block_size} or be a multiple of it "
-                     f"(or run without prefix caching)")
+                     f"tokens per block: it must divide {recorded_block_size} or be a multiple of it")
 
 
 def block_keys(prefix_blocks: Sequence[int], recorded_block_size: int, block_size: int,
@@ -67,4 +66,5 @@ def check_block_size(trace: pd.DataFrame, block_size: int) -> None:
             keyed = trace["prefix_blocks"].map(len).to_numpy() > 0
             rows = np.flatnonzero((sizes.to_numpy() == size) & keyed)
             if len(rows):
-                raise TraceError(f"request {trace['request_id'].iat[rows[0]]}: {exc}") from None
+                raise TraceError(f"request {trace['request_id'].iat[rows[0]]}: {exc} (or run without prefix "
+                                 "caching)") from None

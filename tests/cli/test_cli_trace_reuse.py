@@ -79,6 +79,7 @@ def test_bad_options_exit_2(chat, args, message):
     assert result.exit_code == 2
     assert message in result.stderr
     assert result.stdout == ""  # refused before the trace is read
+    assert "prefix caching" not in result.stderr  # trace reuse has no such option to point at
 
 
 def test_a_trace_without_keys_is_refused(tmp_path):
