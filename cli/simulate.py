@@ -172,7 +172,7 @@ def simulate_cmd(
     from cli.runs import check_out
     from simulator.config import SimConfig
     from simulator.core.config import ALLOCATORS
-    from simulator.timing.step_latency import make_latency_model, roofline_problem
+    from simulator.timing.step_latency import check_latency
 
     tiered = kv_offloading_size is not None or kv_offloading_disk_size is not None
     names = allocators(allocator, ["paged"] if tiered else list(ALLOCATORS))
@@ -249,10 +249,8 @@ def simulate_cmd(
         problem = pool_problem(df, config)
         if problem:
             raise UserError(problem)
-    if measured is None and base.latency == "roofline" and (problem := roofline_problem(base.model_spec)):
-        raise UserError(problem)
-    if measured is None and base.latency != "roofline":  # a profile fitted for another model or GPU
-        make_latency_model("fitted", base.model, base.gpu, path=base.latency)
+    if measured is None:  # measured step times replace the latency model
+        check_latency(base.latency, base.model_spec, base.gpu)
     capacity = base.kv_capacity()
     print_capacity(capacity, typed, stderr=as_json)
     labels = {"model_id": model_id, "model": base.model, "gpu": base.gpu, "max_concurrency": max_concurrency,

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from pagelab.errors import PagelabError
 from pagelab.run_format import sweep_axis_applies
 from simulator.config import SimConfig
-from simulator.core.errors import ConfigError
 
 # Axes the sweep itself owns (or that would make a point meaningless to vary).
 RESERVED = ("rate", "allocator", "extra", "record_events")
@@ -167,7 +166,7 @@ class SweepAxes:
     def check(self) -> None:
         """Validate every configuration up front so a sweep never fails half-way on a bad combination."""
         from simulator.presets import get_gpu
-        from simulator.timing.step_latency import make_latency_model, roofline_problem
+        from simulator.timing.step_latency import check_latency
 
         for config in self.configs():
             sim = self.sim_config(config)
@@ -175,10 +174,7 @@ class SweepAxes:
                 get_gpu(sim.gpu)
                 sim.model_spec  # noqa: B018
                 sim.check_runnable()
-                if sim.latency != "roofline":
-                    make_latency_model("fitted", sim.model, sim.gpu, path=sim.latency)
-                elif (problem := roofline_problem(sim.model_spec)) is not None:
-                    raise ConfigError(problem)
+                check_latency(sim.latency, sim.model_spec, sim.gpu)
             except PagelabError as exc:
                 raise SweepError(f"configuration {config_label(config)}: {exc}") from None
 

@@ -27,10 +27,7 @@ def trace_fingerprint(trace: pd.DataFrame) -> str:
     """A content hash of the trace, so a point is never reused across different traces."""
     frame = trace.reset_index(drop=True)
     # A column of lists (prefix keys) cannot be hashed as it is: each row's keys are hashed as their text.
-    lists = [c for c in frame.columns if frame[c].dtype == object and
-             frame[c].map(lambda v: isinstance(v, (list, tuple, np.ndarray))).any()]
-    if lists:
-        frame = frame.assign(**{c: frame[c].map(_keys_text) for c in lists})
+    frame = frame.assign(**{c: frame[c].map(_keys_text) for c in frame.columns if frame[c].dtype == object})
     hashed = pd.util.hash_pandas_object(frame, index=False).to_numpy()
     return hashlib.sha256(hashed.tobytes() + ",".join(map(str, trace.columns)).encode()).hexdigest()[:16]
 

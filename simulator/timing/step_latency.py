@@ -347,6 +347,16 @@ LATENCY_MODELS: dict[str, Callable[..., LatencyModel]] = {
 }
 
 
+def check_latency(latency: str, model: ModelSpec | str, gpu: GPUSpec | str) -> None:
+    """Raise the ConfigError that building the step-latency model `latency` ('roofline', or a profile's
+    path or name) for `model` on `gpu` would raise: a profile fitted for another model or GPU, a roofline
+    without the model's parameter count."""
+    if latency != "roofline":
+        make_latency_model("fitted", model, gpu, path=latency)
+    elif (problem := roofline_problem(get_model(model) if isinstance(model, str) else model)) is not None:
+        raise ConfigError(problem)
+
+
 def make_latency_model(kind: str, model: ModelSpec | str, gpu: GPUSpec | str,
                        path: str | Path | None = None, block_size: int | None = None,
                        kv_bytes_per_token: int | None = None) -> LatencyModel:
