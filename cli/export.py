@@ -5,7 +5,7 @@ from pathlib import Path
 
 import typer
 
-from cli.common import UserError, err_console, user_errors
+from cli.common import UserError, err_console, user_errors, warn
 
 FORMATS = ("perfetto",)
 
@@ -23,10 +23,13 @@ def export_cmd(
     from cli.runs import check_out_file
     from viz.load import load_run
     from viz.perfetto import check_tables, write_perfetto
+    from viz.transitions import missing_transitions
 
     run = load_run(run_dir)
     check_tables(run)  # before --out is checked: the run's problems first
     path = out if out is not None else run_dir / "trace.json"
     check_out_file(path, f"--out {out}" if out is not None else str(path))
+    for problem in filter(None, map(missing_transitions, run.allocators.values())):
+        warn(problem)
     count = write_perfetto(run, path)
     err_console.print(f"wrote {path} ({count:,} trace events)", markup=False, highlight=False)

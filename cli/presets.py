@@ -53,9 +53,10 @@ def _table(rows: list[dict], title: str, units: dict[str, str]) -> Table:
 
 def hf_line(models: list[dict]) -> str:
     """Which Hugging Face ids --model accepts, in one sentence."""
-    ids = [f"{r['hf_id']} ({r['model']})" for r in models if r["hf_id"]]
-    return (f"simulate --model also takes a Hugging Face id, in any case, and its Instruct or chat variant: "
-            f"{', '.join(ids)}; or a local folder with a config.json.")
+    ids = [f"{' or '.join(n for n in (r['hf_id'], *r['aliases']) if n and '/' in n)} ({r['model']})"
+           for r in models if r["hf_id"]]
+    return (f"simulate --model also takes these Hugging Face ids, in any case: {', '.join(ids)}; or a local "
+            f"folder with a config.json (any decoder: its shape is read from it).")
 
 
 def replay_line(models: list[dict]) -> str:

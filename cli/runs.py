@@ -100,14 +100,16 @@ def check_out_file(path: Path, label: str) -> Path:
 
 def _run_owning(target: Path) -> Path | None:
     """The run folder whose own data `target` is (its run.json or summary.json, or any path in one of its
-    allocator folders), or None; files a run only gathers beside its data (trace.json, view.html) are not."""
+    allocator folders), or None; files a run only gathers beside its data (trace.json, view.html, also
+    those of one allocator in its folder) are not."""
     for run in target.parents:
         if not is_run_folder(run):
             continue  # a run may sit inside another folder (a sweep's points): look further up
         first, *rest = target.relative_to(run).parts
         if not rest and first in (RUN_MARKER, "summary.json"):
             return run
-        if rest and any((run / first / name).is_file() for name in ("config.json", "summary.json")):
+        if rest and rest not in (["trace.json"], ["view.html"]) and \
+                any((run / first / name).is_file() for name in ("config.json", "summary.json")):
             return run
     return None
 

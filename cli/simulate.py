@@ -8,7 +8,7 @@ from typing import Literal
 
 import typer
 
-from cli.common import UserError, atomic_dir, err_console, finite_float, user_errors
+from cli.common import UserError, atomic_dir, err_console, finite_float, user_errors, warn
 from cli.help import OUTPUT, POOL, SCHEDULER, TRACE, VLLM
 from cli.pool_options import (
     CPU_OFFLOAD_BANDWIDTH_GBPS,
@@ -106,7 +106,8 @@ def simulate_cmd(
                                        help="KV cache size in GiB, instead of what the GPU leaves (default: "
                                             "gpu-memory-utilization x GPU memory - weights - 1 GiB)."),
     capacity_tokens: int = typer.Option(None, rich_help_panel=POOL,
-                                        help="KV cache size in token slots (overrides --kv-memory-gb)."),
+                                        help="KV cache size in tokens, vLLM's \"GPU KV cache size\" "
+                                             "(overrides --kv-memory-gb)."),
     block_size: int = typer.Option(16, rich_help_panel=POOL, help="Paged block size in tokens."),
     max_model_len: int = typer.Option(None, rich_help_panel=POOL,
                                       help="Longest sequence, prompt + output (default: the model's)."),
@@ -285,7 +286,7 @@ def simulate_cmd(
         err_console.print(f"wrote {out}", markup=False)
         if plot:
             from viz import plot_runs
-            paths = plot_runs([out], out / "figures")
+            paths = plot_runs([out], out / "figures", warn=warn)
             err_console.print(f"drew {len(paths)} figures into {out / 'figures'}", markup=False)
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from cli.common import UserError, err_console, user_errors
+from cli.common import UserError, err_console, user_errors, warn
 
 
 @user_errors
@@ -26,6 +26,7 @@ def view_cmd(
     from viz.explorer_page import set_page, write_page
     from viz.load import load_run
     from viz.perfetto import run_end
+    from viz.transitions import missing_transitions
 
     if not 0 <= port <= 65535:
         raise UserError(f"--port {port}: expected a port from 0 to 65535 (0: any free one)")
@@ -36,6 +37,8 @@ def view_cmd(
     windows = check_windows(list(window or []), end) or None
     path = out if out is not None else run_dir / "view.html"
     check_out_file(path, f"--out {out}" if out is not None else str(path))
+    for problem in filter(None, map(missing_transitions, run.allocators.values())):
+        warn(problem)
     server = _listen(run, port) if serve else None  # a busy port is refused before the page is written
     try:
         size = write_page(run, path, windows, serve=serve)

@@ -12,6 +12,7 @@ import torch
 
 from pagelab.errors import PagelabError
 from simulator.core.errors import ConfigError
+from simulator.core.model_files import layer_types_of, window_of
 from simulator.core.models import ModelSpec, RopeScaling
 
 GEMMA_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
@@ -179,10 +180,11 @@ def _parse_hf_config(raw: dict[str, Any], source: str) -> ModelConfig:
     scaling_raw = raw.get("rope_scaling") or rope_params
     qkv_bias = arch == "Qwen2ForCausalLM" or bool(raw.get("attention_bias", False))
     o_bias = arch != "Qwen2ForCausalLM" and bool(raw.get("attention_bias", False))
-    sliding = raw.get("sliding_window")
-    if arch == "Qwen2ForCausalLM" and not raw.get("use_sliding_window", False):
-        sliding = None
-    layer_types = _layer_types(raw, arch, source) if sliding else None
+    sliding = window_of(raw, arch)
+    try:
+        layer_types = layer_types_of(raw, arch, sliding, source)
+    except ConfigError as exc:
+        raise ModelLoadError(str(exc)) from None
     gemma = arch in GEMMA_ARCHITECTURES
     eos = raw.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
@@ -226,25 +228,6 @@ def _optional_float(raw: dict[str, Any], name: str) -> float | None:
     """A float field that may be absent or null."""
     value = raw.get(name)
     return None if value is None else float(value)
-
-
-def _layer_types(raw: dict[str, Any], arch: str, source: str) -> tuple[str, ...] | None:
-    """Which layers slide: config.json's layer_types, else Gemma's fixed patterns, else all (None)."""
-    layers = raw.get("num_hidden_layers")
-    if raw.get("layer_types") is not None:
-        types = raw["layer_types"]
-        if not isinstance(types, list):
-            raise ModelLoadError(f"{source}: field 'layer_types' must be a list")
-        return tuple(types)
-    if not isinstance(layers, int):
-        return None
-    if arch == "Gemma2ForCausalLM":  # even layers slide, odd ones attend fully
-        return tuple("sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers))
-    if arch == "Gemma3ForCausalLM":  # every sliding_window_pattern-th layer attends fully
-        pattern = int(raw.get("sliding_window_pattern", raw.get("_sliding_window_pattern", 6)))
-        return tuple("full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
-                     for i in range(layers))
-    return None
 
 
 def _parse_rope_scaling(raw: dict[str, Any], source: str, max_position_embeddings: int) -> RopeScaling | None:

@@ -34,9 +34,10 @@ __all__ = ["ALLOCATORS", "MODES", "SimConfig"]
 class SimConfig(CacheConfig):
     """Everything one simulated run depends on (together with the trace).
 
-    Pool size: `capacity_tokens`, else `kv_memory_gb`, else `gpu_memory_utilization` of the GPU preset's
-    memory minus the model's weights (`kv_capacity`, simulator/presets.py). `model` is a registry name, an
-    alias or Hugging Face id of one, or a local folder with a config.json.
+    Pool size: `capacity_tokens` (the paged pool's tokens as vLLM reports them), else `kv_memory_gb`, else
+    `gpu_memory_utilization` of the GPU preset's memory minus the model's weights (`kv_capacity`,
+    simulator/presets.py). `model` is a registry name, an alias or Hugging Face id of one, or a local
+    folder with a config.json.
     """
 
     model: str = "llama-3-8b"
@@ -92,7 +93,7 @@ class SimConfig(CacheConfig):
     def kv_capacity(self) -> KVCapacity:
         """The KV pool: its size in bytes, slots and blocks, and the concurrency it allows."""
         return kv_capacity(self.model_spec, self.gpu, gpu_memory_utilization=self.gpu_memory_utilization,
-                           kv_memory_gb=self.kv_memory_gb, capacity_tokens=self.capacity_tokens,
+                           kv_memory_gb=self.kv_memory_gb, pool_tokens=self.capacity_tokens,
                            kv_cache_dtype=self.kv_cache_dtype, block_size=self.block_size,
                            max_model_len=self.resolved_max_model_len,
                            max_num_batched_tokens=self._step_budget(),
@@ -115,9 +116,7 @@ class SimConfig(CacheConfig):
         return capacity.layout if capacity.grouped else None
 
     def capacity(self) -> int:
-        """KV capacity C in token slots."""
-        if self.capacity_tokens is not None:
-            return self.capacity_tokens
+        """KV capacity C in token slots of every layer (what a contiguous allocator uses)."""
         return self.kv_capacity().capacity_tokens
 
     @property
@@ -170,7 +169,8 @@ class SimConfig(CacheConfig):
         if not self.has_tiers:  # a run without tiers keeps the configuration it always had
             for name in TIER_FIELDS:
                 del d[name]
-        d["capacity_tokens"] = self.capacity()
+        # A pool of several KV cache groups records its tokens as its summary and vLLM report them.
+        d["capacity_tokens"] = self.capacity() if self.kv_layout() is None else self.kv_capacity().num_tokens
         d["max_model_len"] = self.resolved_max_model_len
         d["bytes_per_token"] = self.bytes_per_token
         if not self.disable_hybrid_kv_cache_manager:

@@ -308,12 +308,14 @@ class KVCapacity:
 def kv_capacity(model: ModelSpec | str, gpu: GPUSpec | str | None = None, *,
                 gpu_memory_utilization: float = 0.9, kv_memory_gb: float | None = None,
                 capacity_tokens: int | None = None, kv_cache_dtype: str = "auto", block_size: int = 16,
-                max_model_len: int | None = None,
+                max_model_len: int | None = None, pool_tokens: int | None = None,
                 activation_reserve_bytes: int = DEFAULT_ACTIVATION_RESERVE_BYTES,
                 sized_by: str | None = None, device: str | None = None,
                 max_num_batched_tokens: int | None = None, hybrid: bool = True) -> KVCapacity:
-    """The KV pool of `model`: `capacity_tokens` slots if given, else `kv_memory_gb` GiB, else what
-    `gpu_memory_utilization` of the GPU leaves after the weights and the activation reserve.
+    """The KV pool of `model`: `capacity_tokens` slots of every layer if given, else `pool_tokens` tokens
+    as vLLM reports the pool ("GPU KV cache size": with several KV cache groups, that many in each
+    group), else `kv_memory_gb` GiB, else what `gpu_memory_utilization` of the GPU leaves after the
+    weights and the activation reserve.
 
     Slots are floor(pool bytes / bytes per token), blocks floor(slots / block_size); max_model_len
     defaults to the model's. `sized_by` overrides the recorded source (a replay's measured pool), `device`
@@ -329,9 +331,15 @@ def kv_capacity(model: ModelSpec | str, gpu: GPUSpec | str | None = None, *,
     if not (isinstance(block_size, int) and block_size > 0):
         raise ConfigError(f"block_size must be a positive integer, got {block_size!r}")
     per_token = kv_bytes_per_token(model, kv_cache_dtype)
+    from simulator.core.kv_layout import model_kv_layout  # loaded when a pool is sized, not by the CLI
+
+    layout = model_kv_layout(model, block_size, kv_dtype_bytes(model, kv_cache_dtype), hybrid)
     weights = reserve = None
-    if capacity_tokens is not None:
-        slots, source = int(capacity_tokens), "capacity_tokens"
+    if capacity_tokens is None and pool_tokens is not None and len(layout.groups) > 1:
+        kv_bytes = int(pool_tokens) // layout.block_size * len(layout.groups) * layout.block_bytes
+        slots, source = int(kv_bytes // per_token), "capacity_tokens"
+    elif capacity_tokens is not None or pool_tokens is not None:
+        slots, source = int(pool_tokens if capacity_tokens is None else capacity_tokens), "capacity_tokens"
         kv_bytes = slots * per_token
     else:
         gpu = None if kv_memory_gb is not None else get_gpu(gpu) if isinstance(gpu, str) else gpu
@@ -344,9 +352,6 @@ def kv_capacity(model: ModelSpec | str, gpu: GPUSpec | str | None = None, *,
         raise ConfigError(f"the KV pool holds no token of {model.name or 'the model'} ({per_token} bytes per "
                           "token); give a larger pool")
     gpu_name = gpu.name if isinstance(gpu, GPUSpec) else gpu if source == "gpu_memory_utilization" else None
-    from simulator.core.kv_layout import model_kv_layout  # loaded when a pool is sized, not by the CLI
-
-    layout = model_kv_layout(model, block_size, kv_dtype_bytes(model, kv_cache_dtype), hybrid)
     # One group keeps every token on every layer: slots // block_size, the same number as
     # `get_num_blocks` but free of float rounding; several groups share blocks of block_bytes.
     num_blocks = slots // block_size if len(layout.groups) == 1 else layout.num_blocks(int(kv_bytes))

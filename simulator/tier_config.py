@@ -42,7 +42,8 @@ def tier_problems(config) -> list[str]:
     if config.has_tiers and config.allocator != "paged":
         out.append(f"KV tiers need the paged allocator, got {config.allocator!r}")
     if config.has_tiers and not config.enable_prefix_caching:
-        out.append("KV tiers hold prefix blocks: they need enable_prefix_caching")
+        out.append("KV tiers hold prefix blocks: they need prefix caching (enable_prefix_caching, "
+                   "--prefix-caching), which is off")
     return out
 
 

@@ -128,6 +128,25 @@ def _counter_events(pid: int, alloc: AllocatorRun) -> Iterator[str]:
                     last[col] = value
                     shown = f"{value:.6g}" if unit == "share" else value
                     yield f'{{"ph":"C","pid":{pid},"name":"{name}","ts":{stamp},"args":{{"{unit}":{shown}}}}}'
+    if not _all_done(alloc):
+        return
+    # A memory row holds from its time to the next; after the last one every request is done: nothing
+    # runs or waits and no memory is held (what the prefix cache keeps of free memory stays as it was).
+    stamp = _us(run_end(alloc))
+    for col, (name, unit) in names.items():
+        if col in ("cached_free", "window_cached") or col not in last:
+            continue
+        value = 1.0 if col == "free" else 0
+        if last[col] != value:
+            shown = f"{value:.6g}" if unit == "share" else value
+            yield f'{{"ph":"C","pid":{pid},"name":"{name}","ts":{stamp},"args":{{"{unit}":{shown}}}}}'
+
+
+def _all_done(alloc: AllocatorRun) -> bool:
+    """Whether the summary says every request finished or was rejected (a cut-short run has some left)."""
+    s = alloc.summary
+    counts = [s.get(k) for k in ("num_requests", "num_finished", "num_rejected")]
+    return all(isinstance(c, int) for c in counts) and counts[1] + counts[2] == counts[0]
 
 
 def run_end(alloc: AllocatorRun) -> float:

@@ -115,9 +115,11 @@ def check_pool(config: CacheConfig, capacity: int, *, layout=None, num_blocks: i
     if ALLOCATORS[config.allocator] is not None:
         return
     if layout is not None and not num_blocks:
-        raise ConfigError(f"the KV pool holds no block of {layout.block_bytes} bytes")
+        raise ConfigError(f"the KV pool holds no block of {layout.block_bytes:,} bytes (a page in each of "
+                          f"{layout.group_size} layers); give a larger pool")
     if layout is None and capacity < config.block_size:
-        raise ConfigError(f"a KV pool of {capacity} slots holds no block of {config.block_size} tokens")
+        raise ConfigError(f"a KV pool of {capacity} slots holds no block of {config.block_size} tokens; "
+                          "give a larger pool")
 
 
 # The CPU swap pool keeps lists of its blocks' state (~70 bytes a block, made up front): past this many

@@ -385,9 +385,9 @@ def _read_folder(path: str, shown: str) -> ModelSpec:
     """The shape in `path`/config.json (read once per process), its parameter count estimated."""
     from simulator.core.model_files import estimate_params, read_config
 
-    fields, file = read_config(path)
+    fields, raw, file = read_config(path)
     try:
         spec = ModelSpec(name=shown, **fields)
     except ConfigError as exc:
         raise ConfigError(exc.args[0] if str(exc).startswith(file) else f"{file}: {exc}") from None
-    return spec.replace(num_params=estimate_params(spec))
+    return spec.replace(num_params=estimate_params(spec, raw))

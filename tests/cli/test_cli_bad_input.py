@@ -249,6 +249,14 @@ def test_an_output_that_cannot_be_written_is_refused_first(outs, args, message):
     assert _tree(outs) == before  # nothing written, no temporary file left
 
 
+def test_one_allocators_page_and_timeline_are_written_in_its_folder(outs):
+    # What view and export write by default beside the data of an allocator folder given alone.
+    for args, name in ((("view", "r/paged"), "view.html"), (("export", "r/paged"), "trace.json")):
+        result = pagelab(*args, cwd=outs)
+        assert result.returncode == 0, result.stderr
+        (outs / "r" / "paged" / name).unlink()
+
+
 def test_view_on_a_busy_port_is_refused_before_the_page(outs):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

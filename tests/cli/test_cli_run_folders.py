@@ -195,3 +195,11 @@ def test_config_from_a_simulation_says_it_takes_a_replay(tmp_path):
     message = one_line_error(pagelab("simulate", "--config-from", sim, "--out", tmp_path / "twin"))
     assert "a simulation, not a measured run" in message and "pagelab replay" in message
     assert not (tmp_path / "twin").exists()
+
+
+def test_figures_left_out_by_simulate_plot_are_warned_as_plot_warns(tmp_path):
+    # Without events there is no block map: one warning line as `pagelab plot` gives, no Python warning.
+    result = pagelab(*SIM, "--no-events", "--out", "r", "--plot", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "warning: " in result.stderr and "block_map" in result.stderr
+    assert "UserWarning" not in result.stderr and ".py:" not in result.stderr

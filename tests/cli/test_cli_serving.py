@@ -190,7 +190,8 @@ def test_presets_say_what_replays_each_registry_model():
     assert "llama-1b-shape (= llama-3.2-1b)" in table and "cannot run opt-13b" in table
     assert "tiny-hybrid" not in table.split("checkpoint folder")[1].split(";")[0]
     assert by_name["llama-3-8b"]["hf_id"] == "meta-llama/Meta-Llama-3-8B"
-    assert "meta-llama/Meta-Llama-3-8B (llama-3-8b)" in table and "Instruct or chat variant" in table
+    assert "meta-llama/Meta-Llama-3-8B or meta-llama/Meta-Llama-3-8B-Instruct (llama-3-8b)" in table
+    assert "mistralai/Mistral-7B-v0.1 (mistral-7b-v0.1)" in table  # no Instruct id where none is registered
     # The models the roofline cannot time say so, by name.
     unknown = sorted(m["model"] for m in rows["models"] if m["params_b"] is None)
     assert unknown == ["deepseek-v3", "gpt-oss-120b", "gpt-oss-20b"]

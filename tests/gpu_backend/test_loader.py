@@ -195,10 +195,11 @@ def test_mistral_sliding_window_is_run_not_a_length_cap():
                rope_scaling=None)
     config = ModelConfig.from_hf_dict(raw)
     assert config.sliding_window == 4096 and config.layer_window(0) == config.layer_window(15) == 4096
-    # The engine attends through the window; the registry's shape, priced as full attention, stops there.
+    # Every layer slides, in the engine and in the shape the memory core lays its KV cache groups out from.
     assert config.max_model_len == raw["max_position_embeddings"]
     spec = ModelSpec(**{f.name: getattr(config, f.name) for f in dataclasses.fields(ModelSpec)})
-    assert spec.max_model_len == 4096
+    assert spec.layer_types == ("sliding_attention",) * 16
+    assert spec.max_model_len == raw["max_position_embeddings"]
 
 
 @pytest.mark.parametrize("edit,match", [

@@ -127,3 +127,21 @@ def test_a_partial_last_block_still_counts_for_concurrency():
 def test_an_unknown_kv_dtype_is_named():
     with pytest.raises(ConfigError, match="kv_cache_dtype must be one of auto, bfloat16"):
         kv_capacity("tiny", kv_memory_gb=1, kv_cache_dtype="int3")
+
+
+@pytest.mark.parametrize("model", ["gemma-3-27b", "mistral-7b-v0.1", "llama-3.1-8b"])
+def test_a_pool_given_in_tokens_reports_those_tokens_and_records_them_as_its_summary_does(model):
+    # 38,736 is what gemma-3-27b's own summary reports on an H100-80GB: given back, it sizes the same pool.
+    from simulator.config import SimConfig
+    from simulator.loop import simulate
+    from traces import load_trace
+
+    config = SimConfig(model=model, allocator="paged", capacity_tokens=38_736, record_events=False)
+    pool = config.kv_capacity()
+    assert pool.num_tokens == 38_736 and pool.num_blocks % len(pool.layout.groups) == 0
+    if len(pool.layout.groups) > 1:  # contiguous allocators get the same bytes, without padding layers
+        assert config.capacity() == pool.pool_bytes // pool.bytes_per_token > pool.num_tokens
+    else:
+        assert config.capacity() == 38_736
+    result = simulate(load_trace("azure-conv").iloc[:20].reset_index(drop=True), config)
+    assert result.summary["capacity_tokens"] == result.config["capacity_tokens"] == 38_736

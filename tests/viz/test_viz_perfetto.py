@@ -13,6 +13,7 @@ from tests.cli.clirun import one_line_error, pagelab
 from viz.perfetto import PHASES, QUEUE_COUNTERS, request_phases
 
 KNOWN_PHASES = {"M", "X", "C", "i"}
+_COLUMN = {name: col for col, name in QUEUE_COUNTERS.items()}  # a counter's memory table column
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +88,13 @@ def test_counters_follow_the_memory_table(exported):
     ts, values = (np.array(x) for x in zip(*tracks["waiting"], strict=True))
     held = values[np.searchsorted(ts, t_us + 1e-3, side="right") - 1]
     np.testing.assert_array_equal(held, mem["num_waiting"].to_numpy())
+    # Every request done at the end of the last row: the counters say so there, not the last row's values.
+    end_us = (mem["t_s"].iloc[-1] + mem["dt_s"].iloc[-1]) * 1e6
+    at_end = {name: max(track)[1] for name, track in tracks.items()}
+    assert all(max(track)[0] == pytest.approx(end_us, abs=1e-3) for name, track in tracks.items()
+               if mem[_COLUMN.get(name, name)].iloc[-1] != (1.0 if name == "free" else 0))
+    assert {k: v for k, v in at_end.items() if k != "free"} == dict.fromkeys(set(at_end) - {"free"}, 0)
+    assert at_end["free"] == 1.0
 
 
 def test_phases_of_a_request_still_running_end_with_the_run():
@@ -119,3 +127,9 @@ def test_preemptions_and_swaps_are_instants_at_their_times(tmp_path):
     kinds = ("preempted", "swapped_out", "swapped_in")
     expected = sorted((r.request_id, round(r.t_s * 1e6, 3), kinds[r.kind]) for r in tr.itertuples())
     assert instants == expected
+    # A folder that lost the table exports without those markers, and says so.
+    (run / "paged" / "transitions.parquet").unlink()
+    result = pagelab("export", run, "--out", out)
+    assert result.returncode == 0, result.stderr
+    warned = " ".join(result.stderr.split())
+    assert "warning:" in warned and "no transitions table, so the" in warned and "have no markers" in warned

@@ -177,12 +177,17 @@ class GroupTiers:
                 deepest[i] = max(deepest[i], found[i][0])
             table.extend(new)
             tables.append(table)
+        # The GPU's own hit ends at `hit`: every block after it is the tiers' hit, a block whose pages all
+        # stayed on the GPU too (a sliding group needs pages only near the end, which a tier supplied); it
+        # counts for the deepest tier the extension loaded from.
+        fallback = max(deepest[hit:end], default=-1)
         for i in range(hit, end):
-            if deepest[i] < 0:
+            tier = deepest[i] if deepest[i] >= 0 else fallback
+            if tier < 0:
                 stats.prefix_hits += 1
                 stats.prefix_hit_tokens += bs
             else:
-                self.tiers[deepest[i]].stats.hit_tokens += bs
+                self.tiers[tier].stats.hit_tokens += bs
         t.hold(seq, tables, starts, slots, end * bs)
         t.chains[sid] = chain
         t.publish_range(seq, hit, min(n, end * bs + budget) // bs)

@@ -44,15 +44,20 @@ def test_taking_one_groups_blocks_never_evicts_another_groups_hit():
 
 def _allocate_checked(bm, group: SequenceGroup) -> int:
     """Allocate a one-sequence group; check that its hit covers only blocks every group that needs them
-    could be served from the GPU or a tier, and ends on a tier block when pages were loaded; the hit in
-    blocks."""
+    could be served from the GPU or a tier, ends on a tier block when pages were loaded, and counts as the
+    GPU's only as far as the GPU alone reaches; the hit in blocks."""
     t, tiers, seq = bm.tables, bm.tiers, group.seqs[0]
     tiers.flush()
     chain = t.extend(seq, [], (seq.length - 1) // t.block_size)
     served = [[t.cached(g, link) is not None or tiers.entry(link[1], link[0][1], seq.extra_key)[2] >> g & 1
                for g in range(t.num_groups)] for link in chain]  # looked up before allocating
     loaded = sum(tier.stats.hit_blocks for tier in tiers.tiers)
+    gpu_hit, gpu_hits = t.longest_hit(seq)[0], bm.stats.prefix_hits
     hit = bm.allocate(group) // t.block_size
+    # Once a tier loads a page, the GPU's hit rate counts its own hit only: the blocks past it are the
+    # tiers', wherever their pages were.
+    from_tiers = sum(tier.stats.hit_blocks for tier in tiers.tiers) > loaded
+    assert bm.stats.prefix_hits - gpu_hits == (gpu_hit if from_tiers else hit)
     assert hit <= len(chain)
     for g, table in enumerate(t.tables[seq.seq_id]):
         needed = range(t.first_held(g, hit), hit)
