@@ -81,12 +81,15 @@ def summary_series(alloc: AllocatorRun, bins: int = SUMMARY_BINS) -> dict:
     chunks = ((m["t_s"].to_numpy(float), m["dt_s"].to_numpy(float), m[list(cols[2:])].to_numpy(float))
               for m in alloc.memory_chunks(cols))
     binned = downsample_chunks(chunks, alloc.num_memory_rows, alloc.memory_span(), bins)
-    return _series(binned.edges[:-1], binned.mean, cols[2:])
+    return _series(binned.edges, binned.mean, cols[2:])
 
 
-def _series(t: np.ndarray, values: np.ndarray, names: tuple[str, ...]) -> dict:
+def _series(edges: np.ndarray, values: np.ndarray, names: tuple[str, ...]) -> dict:
+    """Each step's start `t` and values; `t_end` is where the last step ends (the charts run to it)."""
+    t = edges[:-1]
     values = np.nan_to_num(np.asarray(values, float).reshape(len(t), len(names)))
-    return {"t": packed(t, "f8"), **{n: packed(values[:, i], "f8") for i, n in enumerate(names)}}
+    return {"t": packed(t, "f8"), "t_end": float(edges[-1]),
+            **{n: packed(values[:, i], "f8") for i, n in enumerate(names)}}
 
 
 def _window_memory(alloc: AllocatorRun, w: Window) -> dict:
@@ -95,7 +98,7 @@ def _window_memory(alloc: AllocatorRun, w: Window) -> dict:
     mem = pd.concat(parts) if parts else pd.DataFrame(columns=cols)
     binned = downsample_steps(mem["t_s"].to_numpy(float), mem["dt_s"].to_numpy(float),
                               mem[list(cols[2:])].to_numpy(float), DETAIL_MEMORY_ROWS)
-    return _series(binned.edges[:-1], binned.mean, cols[2:])
+    return _series(binned.edges, binned.mean, cols[2:])
 
 
 def _window_requests(alloc: AllocatorRun, w: Window) -> dict:

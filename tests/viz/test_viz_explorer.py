@@ -202,3 +202,13 @@ def test_shared_tenures_carry_their_owner_counts(tmp_path):
     assert peaks[peaks > 1].to_dict() == shared.to_dict()  # each shared tenure's changes reach its peak
     starts = ev["t_start_s"].to_numpy()[rc["tenure"]]
     assert (rc["t_s"] >= starts).all() and (rc["t_s"] <= ev["t_end_s"].to_numpy()[rc["tenure"]]).all()
+
+
+def test_the_chart_series_say_where_their_last_row_ends(run):
+    """A row holds from its t_s for dt_s: the page draws the charts on to the end of the last one."""
+    data = page_data(run, [Window(0.5, 1.5)])
+    for alloc in data["allocators"]:
+        mem = run.allocators[alloc["name"]].memory
+        assert alloc["summary"]["t_end"] == pytest.approx(mem["t_s"].iloc[-1] + mem["dt_s"].iloc[-1])
+        inside = mem[(mem["t_s"] + mem["dt_s"] > 0.5) & (mem["t_s"] < 1.5)].iloc[-1]
+        assert alloc["windows"][0]["memory"]["t_end"] == pytest.approx(inside["t_s"] + inside["dt_s"])

@@ -6,6 +6,7 @@ Without Chromium or Playwright these tests are skipped, except under CI=true, wh
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -238,3 +239,48 @@ def test_padding_and_window_blocks_are_hatched_bands_inside_their_states(browser
                                 "internal fragmentation", "padding layers", "reservation", "token states"]
     assert labels["one-group"] == [x for x in labels["hybrid"] if x not in (
         "padding layers", "window blocks kept for prefix caching")]
+
+
+@pytest.fixture(scope="module")
+def uneven_page(tmp_path_factory):
+    """The small run with contiguous-max's memory table ending at 2 s, half-way through paged's 4 s."""
+    root = write_small_run(tmp_path_factory.mktemp("uneven") / "run")
+    folder = root / "contiguous-max"
+    pd.read_parquet(folder / "memory.parquet").iloc[:8].to_parquet(folder / "memory.parquet")
+    summary = json.loads((folder / "summary.json").read_text())
+    (folder / "summary.json").write_text(json.dumps({**summary, "sim_duration_s": 2.0}))
+    result = pagelab("view", root)
+    assert result.returncode == 0, result.stderr
+    return root / "view.html"
+
+
+def test_the_charts_share_the_runs_clock_and_keep_their_markers(browser, uneven_page):
+    page, errors, _ = _open(browser, uneven_page)
+    charts = "pagelabView.columns.flatMap(c => [c.mem, c.count])"
+    # One x range, the whole run, in every chart; each chart's data run to the end of its last row.
+    assert page.evaluate(f"{charts}.map(u => [u.scales.x.min, u.scales.x.max])") == [[0, 4.0]] * 4
+    assert page.evaluate(f"{charts}.map(u => u.data[0][u.data[0].length - 1])") == [4.0, 4.0, 2.0, 2.0]
+    for t in (1.0, 3.5, 4.0):  # past 2 s, contiguous-max's marker would leave its chart
+        page.evaluate("t => pagelabView.setTime(t)", t)
+        boxes = page.evaluate(f"""{charts}.map(u => [u.marker, u.over].map(e => e.getBoundingClientRect())
+                                                   .map(r => [r.left, r.right]))""")
+        for (left, right), (lo, hi) in boxes:
+            assert lo - 0.5 <= left and right <= hi + 0.5, (t, boxes)
+    assert page.evaluate("document.documentElement.scrollWidth <= innerWidth")
+    # The counts' y axis reaches their peak (4 running) with integer ticks between.
+    ticks = page.evaluate("pagelabView.columns.map(c => c.count.axes[1]._splits)")
+    assert ticks[0] == [0, 2, 4] and all(len(s) > 1 and s[-1] == max(s) for s in ticks)
+    assert errors == []
+    page.close()
+
+
+def test_the_lanes_caption_and_the_note_read_right(browser, small_page):
+    page, _, _ = _open(browser, small_page)
+    _scrub_to(page, 0.2)  # one block and one region held
+    notes = page.locator(".note").all_inner_texts()
+    assert [n.split(";")[0] for n in notes] == ["1 block held", "1 region held"]
+    # The centre line starts below the caption: clear at the top, drawn at the foot.
+    alpha = page.evaluate("""() => { const c = pagelabView.columns[0].lanes, x = c.getContext('2d');
+        return [0, c.height - 1].map(y => x.getImageData(c.width / 2, y, 1, 1).data[3]); }""")
+    assert alpha == [0, 255]
+    page.close()

@@ -4,6 +4,8 @@ const D = JSON.parse(document.getElementById("pagelab-data").textContent);
 const P = D.palette;
 const MAX_CELLS = 40000;  // block-map cells per allocator (a cell is a block, or several, or a run of slots)
 const LANES = 40;         // request lanes drawn around the moment
+const Y_AXIS_PX = 44;     // both charts' y axes: their plots line up, and a count like 720 fits
+const MARKER_PX = 2;      // the time marker's width (explorer.css .marker)
 
 function unpack(c) {
   const bin = atob(c.b), bytes = new Uint8Array(bin.length);
@@ -58,6 +60,8 @@ function refAt(w, i, t) {
 }
 
 // The chart series: the whole-run summary, with each window's full-detail rows in place of its bins.
+// A row holds from its t to the next row's; the last row's values are repeated where it ends, or the
+// charts would stop where the last row starts (a one-step run would draw nothing).
 function chartData(summary, windows, parts) {
   const t = [], rows = [];
   const names = [...P.states, "num_running", "num_waiting", ...parts];
@@ -66,7 +70,15 @@ function chartData(summary, windows, parts) {
   for (let i = 0; i < summary.t.length; i++) if (!inside(summary.t[i])) push(summary, i);
   for (const w of windows) for (let i = 0; i < w.memory.t.length; i++) push(w.memory, i);
   const order = t.map((_, i) => i).sort((a, b) => t[a] - t[b]);
+  const ends = [summary, ...windows.map(w => w.memory)].map(s => s.t_end).filter(Number.isFinite);
+  const last = order[order.length - 1], end = Math.max(...ends);
+  if (last !== undefined && end > t[last]) { t.push(end); rows.push(rows[last]); order.push(t.length - 1); }
   return {t: order.map(i => t[i]), cols: names.map((_, k) => order.map(i => rows[i][k]))};
+}
+
+// About three integer ticks from 0 to the peak, the peak itself among them.
+function countTicks(peak) {
+  return [...new Set([0, Math.round(peak / 2), peak])];
 }
 
 // A state's colour crossed by diagonal lines of `lines`: how a part of that state is filled.
@@ -134,12 +146,18 @@ class Column {
         data.push(foot.map((v, i) => v + col[i]));
       });
     }
-    const opts = (title, ser, h) => ({title, width: 360, height: h, scales: {x: {time: false}}, series: [{label: "s"}, ...ser],
-                                       legend: {show: false}, hooks: {draw: [u => this.shadeWindows(u)]}});
+    // Every chart spans the whole run, so the columns share one clock and a moment is at one x in all.
+    const opts = (title, ser, h, y = {}) => ({title, width: 360, height: h, series: [{label: "s"}, ...ser],
+      scales: {x: {time: false, range: () => [0, D.end]}, ...(y.range ? {y: {range: y.range}} : {})},
+      axes: [{}, {size: Y_AXIS_PX, ...(y.splits ? {splits: y.splits} : {})}],
+      legend: {show: false}, hooks: {draw: [u => this.shadeWindows(u)]}});
     this.mem = new uPlot(opts("memory by state (share of pool)", series, 130), [d.t, ...data], this.memChart);
     const counts = ["num_running", "num_waiting"].map(n => ({label: n.slice(4), stroke: P.queue_colors[n], width: 1}));
-    this.count = new uPlot(opts("running / waiting requests", counts, 110), [d.t, d.cols[states.length], d.cols[states.length + 1]],
-                           this.countChart);
+    const run = d.cols[states.length], wait = d.cols[states.length + 1];
+    // uPlot spaces its own ticks for a taller chart: in this one a peak in the tens got the one tick 0.
+    const peak = Math.max(1, Math.ceil([...run, ...wait].reduce((m, v) => Math.max(m, v), 0)));
+    this.count = new uPlot(opts("running / waiting requests", counts, 130,
+                                {range: () => [0, peak], splits: () => countTicks(peak)}), [d.t, run, wait], this.countChart);
     for (const u of [this.mem, this.count]) {
       u.marker = el("div", {className: "marker"}, u.over);
       u.over.addEventListener("click", () => view.setTime(u.posToVal(u.cursor.left, "x")));
@@ -162,7 +180,10 @@ class Column {
     px[i] = shared ? WHITE : color; px[i + 1] = color; px[i + W] = color; px[i + W + 1] = shared ? WHITE : color;
   }
   draw(t) {
-    for (const u of [this.mem, this.count]) u.marker.style.left = u.valToPos(t, "x") + "px";
+    for (const u of [this.mem, this.count]) {
+      const right = u.valToPos(D.end, "x") - MARKER_PX;
+      u.marker.style.left = Math.min(Math.max(u.valToPos(t, "x"), 0), right) + "px";
+    }
     const w = this.windowAt(t);
     this.current = w;
     this.px.fill(FREE);
@@ -188,7 +209,7 @@ class Column {
       held++;
     }
     this.ctx.putImageData(this.img, 0, 0);
-    this.note.textContent = `${held.toLocaleString()} ${this.a.paged ? "blocks" : "regions"} held; ` +
+    this.note.textContent = `${held.toLocaleString()} ${this.a.paged ? "block" : "region"}${held === 1 ? "" : "s"} held; ` +
       `cell = ${this.spc} slot${this.spc > 1 ? "s" : ""}`;
     this.map.dataset.time = t;
     this.t = t;
@@ -240,7 +261,7 @@ class Column {
       ctx.fillRect(x(TR.t_s[k]) - 1, y - 1, 2, 6);
     }
     ctx.fillStyle = "#000";
-    ctx.fillRect(W / 2, 0, 1, H);
+    ctx.fillRect(W / 2, 11, 1, H - 11);  // below the caption
     ctx.font = "10px sans-serif";
     ctx.fillText(`the ${live.length} earliest requests in the server; ±${fmt(span)} s`, 2, 9);
   }
