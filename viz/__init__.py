@@ -19,6 +19,7 @@ from viz.load import AllocatorRun, Run, load_runs, run_allocator
 from viz.snapshot import plot_block_snapshot
 from viz.sweep import applies, plot_block_size_sweep, plot_sweep_latency, sweep_label, sweeps, unjoined
 from viz.timeline import plot_batch_size, plot_memory_over_time
+from viz.titles import PartRun
 from viz.trace_overview import save_trace_overview
 
 __all__ = ["FIGURES", "VizError", "figure_results", "no_steps", "plot_runs", "save_figures",
@@ -112,8 +113,12 @@ def _with_steps(runs: list[Run], warn: Callable[[str], None]) -> list[Run]:
     kept, left_out = [], []
     for run in runs:
         allocs = {n: a for n, a in run.allocators.items() if no_steps(a) is None}
-        left_out += [(run, a) for a in run.allocators.values() if no_steps(a) is not None]
-        if allocs:
+        dropped = {n: a for n, a in run.allocators.items() if n not in allocs}
+        left_out += [(run, a) for a in dropped.values()]
+        if allocs and dropped:  # the titles still count the allocators left out
+            fields = {f.name: getattr(run, f.name) for f in dataclasses.fields(Run)}
+            kept.append(PartRun(**{**fields, "allocators": allocs}, left_out=dropped))
+        elif allocs:
             kept.append(dataclasses.replace(run, allocators=allocs))
     if not kept:
         raise VizError("nothing to draw: " + "; ".join(f"{a.path}: {no_steps(a)}" for _, a in left_out))

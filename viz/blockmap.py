@@ -187,7 +187,10 @@ def plot_block_map(run: Run, num_bins: int = DEFAULT_TIME_BINS, max_rows: int = 
     zoom = {a.name: block_map_raster(a, *zoom_at, num_bins, max_rows) for a in allocs} if zoom_at else {}
     nrows = 1 if zoom_at is None else 2
     fig = new_figure(max(4.5, 3.4 * len(allocs) + 0.6), 5.0 * nrows + 0.6)
-    axes = fig.subplots(nrows, len(allocs), sharey=True, squeeze=False)
+    # Pools of different sizes (a hybrid model's paged pool spans its groups' slots) each get their own
+    # axis: on a shared one the last panel's limits would cut the larger pool off.
+    same_pool = len({a.capacity_slots for a in allocs}) == 1
+    axes = fig.subplots(nrows, len(allocs), sharey=True if same_pool else "col", squeeze=False)
     any_shared = {2: False, 3: False}
     for col, alloc in enumerate(allocs):
         rasters = [full[alloc.name]] + ([zoom[alloc.name]] if zoom_at else [])
@@ -197,6 +200,7 @@ def plot_block_map(run: Run, num_bins: int = DEFAULT_TIME_BINS, max_rows: int = 
             any_shared = {k: any_shared[k] or present[k] for k in any_shared}
             ax.set_xlabel(time_label(alloc.config.get("source")))
         detail = f"block size {alloc.block_size}" if alloc.is_paged else "contiguous regions"
+        detail += "" if same_pool else f", {alloc.capacity_slots:,} slots"
         axes[0, col].set_title(f"{allocator_label(alloc.name)}\n{detail}", fontsize="medium",
                                color=allocator_color(alloc.name))
         if zoom_at:

@@ -8,7 +8,7 @@ from pagelab.units import latency_unit
 from viz.common import FigureResult, legend_below, new_figure
 from viz.downsample import cdf_points
 from viz.load import Run, series_label
-from viz.palette import LINESTYLES, allocator_color, allocator_label
+from viz.palette import LINESTYLES, allocator_color, allocator_label, allocator_marker
 from viz.titles import figure_title
 
 METRICS = {
@@ -73,7 +73,8 @@ def plot_latency_cdf(runs: list[Run]) -> FigureResult:
                 if len(x) == 0:
                     continue
                 (line,) = ax.plot(x * per_s, y, color=allocator_color(alloc.name), linewidth=1.3,
-                                  linestyle=LINESTYLES[r % len(LINESTYLES)], drawstyle="steps-post")
+                                  linestyle=LINESTYLES[r % len(LINESTYLES)], drawstyle="steps-post",
+                                  **allocator_marker(alloc.name, len(x)))
                 if metric == next(iter(METRICS)):
                     handles.append(line)
                     name = allocator_label(alloc.name)

@@ -24,6 +24,14 @@ ALLOCATOR_COLORS = {
 # Names outside the four known allocators (future policies) still get a stable, distinct colour.
 _EXTRA_ALLOCATOR_COLORS = ("#E69F00", "#56B4E9", "#000000", "#F0E442")
 
+# Allocators whose lines coincide (a run where memory never runs short) would hide all but the last one
+# drawn: each line also carries its own marker, on every n-th point from an offset of its own, so the
+# markers of coinciding lines alternate instead of stacking.
+ALLOCATOR_MARKERS = {"paged": "o", "contiguous-max": "s", "contiguous-pow2": "^", "contiguous-oracle": "D"}
+_EXTRA_ALLOCATOR_MARKERS = ("v", "P", "X", "*")
+MARKERS_PER_LINE = 12
+_MARKER_SIZES = {"^": 6.0, "v": 6.0, "D": 4.0, "s": 4.0}  # so that every marker covers about as much
+
 ALLOCATOR_LABELS = {
     "paged": "paged (vLLM)",
     "contiguous-max": "contiguous (Max)",
@@ -94,6 +102,20 @@ def allocator_color(name: str) -> str:
         return ALLOCATOR_COLORS[name]
     index = sum(name.encode()) % len(_EXTRA_ALLOCATOR_COLORS)
     return _EXTRA_ALLOCATOR_COLORS[index]
+
+
+def allocator_marker(name: str, num_points: int) -> dict:
+    """Line2D keywords that mark about MARKERS_PER_LINE of a line's `num_points` points in the allocator's
+    marker; the four known allocators never mark the same point (names outside them may share one)."""
+    slots = len(ALLOCATOR_ORDER)
+    if name in ALLOCATOR_MARKERS:
+        marker, k = ALLOCATOR_MARKERS[name], ALLOCATOR_ORDER.index(name)
+    else:
+        k = sum(name.encode()) % len(_EXTRA_ALLOCATOR_MARKERS)
+        marker = _EXTRA_ALLOCATOR_MARKERS[k]
+    step = slots * max(1, round(num_points / (slots * MARKERS_PER_LINE)))
+    return {"marker": marker, "markersize": _MARKER_SIZES.get(marker, 4.5), "markeredgecolor": "white",
+            "markeredgewidth": 0.5, "markevery": (k * step // slots, step)}
 
 
 def allocator_label(name: str) -> str:

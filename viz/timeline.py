@@ -19,6 +19,7 @@ from viz.palette import (
     STATE_ORDER,
     allocator_color,
     allocator_label,
+    allocator_marker,
     part_style,
 )
 from viz.titles import figure_title
@@ -165,7 +166,8 @@ def plot_batch_size(runs: list[Run], max_bins: int = DEFAULT_MAX_BINS) -> Figure
             if mean_bs is not None:
                 label += f" (mean {float(mean_bs):.1f})"
             x, y = _steps(binned, binned.mean)
-            ax.plot(x, y, drawstyle="steps-post", color=color, linewidth=0.9, label=label)
+            ax.plot(x, y, drawstyle="steps-post", color=color, linewidth=0.9, label=label,
+                    **allocator_marker(alloc.name, len(x)))
             if len(binned.edges) - 1 < alloc.num_memory_rows:
                 _, lo = _steps(binned, binned.lo)
                 _, hi = _steps(binned, binned.hi)

@@ -52,6 +52,14 @@ def test_block_map_rasters_side_by_side(run):
     assert "internal fragmentation (held, never filled)" in labels
 
 
+def test_each_block_map_panel_shows_its_whole_pool(run):
+    # A hybrid model's paged pool spans more slots than the contiguous one: neither may be cut to the other.
+    run.allocators["paged"].summary["capacity_slots"] = 4 * 64
+    axes = plot_block_map(run, num_bins=4, max_rows=4).figure.axes
+    assert axes[0].get_ylim() == (0, 256) and axes[1].get_ylim() == (0, 64)
+    assert "256 slots" in axes[0].get_title() and "64 slots" in axes[1].get_title()
+
+
 def test_zoom_row_for_long_runs(run):
     # Stretch the run: same lifetimes, 100x longer span -> a zoom window of 8 median lifetimes.
     for alloc in run.allocators.values():

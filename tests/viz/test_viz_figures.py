@@ -38,14 +38,14 @@ def test_breakdown_bars_stack_the_summary_fractions(run):
     texts = {t.get_text() for t in ax.texts}
     assert {"55.0%", "36.0%", "25.0%"} <= texts
     assert ax.get_ylabel() == "share of KV cache capacity (%)"
-    assert [t.get_text() for t in ax.get_xticklabels()] == ["paged (vLLM)", "contiguous (Max)"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["paged\n(vLLM)", "contiguous\n(Max)"]
 
 
 def test_breakdown_of_several_runs_labels_run_and_allocator(tmp_path):
     runs = load_runs([write_small_run(tmp_path / "r1"), write_small_run(tmp_path / "r2")])
     result = plot_breakdown(runs)
     labels = [t.get_text() for t in result.figure.axes[0].get_xticklabels()]
-    assert labels == ["r1\npaged (vLLM)", "r1\ncontiguous (Max)", "r2\npaged (vLLM)", "r2\ncontiguous (Max)"]
+    assert labels == [f"{r}\n{a}" for r in ("r1", "r2") for a in ("paged\n(vLLM)", "contiguous\n(Max)")]
 
 
 def _rgb(hex_colour: str) -> tuple[float, float, float]:

@@ -14,9 +14,9 @@ from viz import figure_results
 from viz.blockmap import plot_block_map
 from viz.latency_cdf import plot_latency_cdf
 from viz.load import load_run
-from viz.palette import QUEUE_COLORS, STATE_COLORS
+from viz.palette import QUEUE_COLORS, STATE_COLORS, allocator_color
 from viz.snapshot import SLOT_INTERNAL, plot_block_snapshot, snapshot_image
-from viz.timeline import plot_memory_over_time
+from viz.timeline import plot_batch_size, plot_memory_over_time
 from viz.titles import run_description
 
 
@@ -154,3 +154,36 @@ def test_description_leaves_out_what_the_run_folder_lacks(run):
     assert run_description(run) == f"trace x.jsonl · KV cache {CAPACITY} tokens · 0 rejected"
     run.trace.clear()
     assert run_description(run) == f"KV cache {CAPACITY} tokens · 0 rejected"
+
+
+def test_capacities_say_whose_they_are(run):
+    run.allocators["paged"].summary["capacity_tokens"] = 38
+    assert f"KV cache: paged 38 tokens, contiguous {CAPACITY} tokens ·" in run_description(run)
+    run.allocators["paged"].summary["capacity_tokens"] = CAPACITY
+    assert f"· KV cache {CAPACITY} tokens ·" in run_description(run)
+
+
+def _pixels_near(fig, ax, colour, tol: float = 0.04) -> int:
+    """Pixels inside `ax` drawn in `colour` (legends lie outside the axes)."""
+    fig.canvas.draw()
+    image = np.asarray(fig.canvas.buffer_rgba())[..., :3] / 255.0
+    box = ax.get_window_extent()
+    height = image.shape[0]
+    inside = image[int(height - box.y1) + 2:int(height - box.y0) - 2, int(box.x0) + 2:int(box.x1) - 2]
+    return int((np.abs(inside - np.array(to_rgb(colour))).max(axis=-1) < tol).sum())
+
+
+def test_coinciding_allocator_lines_all_stay_visible(tmp_path):
+    # Pow2 and Oracle with exactly paged's requests and memory: drawn last, they would hide paged's line.
+    root = write_small_run(tmp_path / "small", allocators=("paged",))
+    top = json.loads((root / "summary.json").read_text())
+    for name in ("contiguous-pow2", "contiguous-oracle"):
+        shutil.copytree(root / "paged", root / name)
+        config = json.loads((root / name / "config.json").read_text())
+        (root / name / "config.json").write_text(json.dumps({**config, "allocator": name}))
+        top["allocators"][name] = top["allocators"]["paged"]
+    (root / "summary.json").write_text(json.dumps(top))
+    run = load_run(root)
+    for fig in (plot_latency_cdf([run]).figure, plot_batch_size([run]).figure):
+        for name in ("paged", "contiguous-pow2", "contiguous-oracle"):
+            assert sum(_pixels_near(fig, ax, allocator_color(name)) for ax in fig.axes) > 10, name

@@ -113,6 +113,17 @@ def test_an_allocator_without_steps_is_left_out_with_a_warning(rejected, tmp_pat
     assert snapshot.name == "block_snapshot"  # paged's tenures are drawn
 
 
+def test_titles_count_the_rejections_of_an_allocator_left_out(rejected):
+    results = list(figure_results(load_runs([rejected / "mix"]), warn=[].append))
+    assert [r.name for r in results] == SINGLE_RUN
+    for result in results:
+        fig = result.figure
+        titles = [fig.get_suptitle()]
+        titles += [ax.get_title(loc=loc) for ax in fig.axes for loc in ("left", "center")]
+        text = " ".join(" ".join(titles).split())  # drawn titles are wrapped
+        assert "0 rejected; contiguous (Max) rejected all 2 requests (not drawn)" in text, result.name
+
+
 def test_nothing_to_draw_is_an_error_and_writes_nothing(rejected, tmp_path):
     from cli import app
 

@@ -16,6 +16,7 @@ from simulator.loop import simulate
 from traces import load_trace
 from traces.stats import trace_info
 from viz import FIGURES, figure_results
+from viz.breakdown import plot_breakdown
 from viz.capacity import plot_latency_vs_rate, plot_max_rates
 from viz.compare import plot_latency_overlay
 from viz.load import load_runs
@@ -73,6 +74,28 @@ def test_run_figures_keep_their_text_inside(runs, which):
         drawn.add(result.name.split("-")[0])
     if len(which) == 2:
         assert drawn == set(FIGURES)  # every family, the sweeps included
+
+
+def overlapping_tick_labels(ax) -> list[tuple[str, str]]:
+    """Neighbouring x tick labels of `ax` whose drawn boxes overlap."""
+    ax.figure.canvas.draw()
+    boxes = [(t.get_text(), t.get_window_extent()) for t in ax.get_xticklabels() if t.get_text()]
+    return [(a, b) for (a, box_a), (b, box_b) in zip(boxes, boxes[1:], strict=False) if box_a.x1 > box_b.x0]
+
+
+@pytest.mark.parametrize("which, drop, parts", [(("four",), (), False),
+                                                (("four",), ("contiguous-max",), True),
+                                                (("four", "bs32"), ("contiguous-max",), True)])
+def test_breakdown_tick_labels_never_overlap(runs, which, drop, parts):
+    # Three bars next to the wide legend of a hybrid run's parts ran "contiguous (Pow2)" into its neighbour.
+    loaded = load_runs([runs[w] for w in which])
+    loaded = [dataclasses.replace(r, allocators={n: a for n, a in r.allocators.items() if n not in drop})
+              for r in loaded]
+    if parts:
+        loaded[0].allocators["paged"].summary["memory"].update(padding=0.09, window_cached=0.01)
+    fig = plot_breakdown(loaded).figure
+    assert overlapping_tick_labels(fig.axes[0]) == []
+    assert drawn_text_outside(fig) == []
 
 
 def test_sweep_folder_figures_keep_their_text_inside():
