@@ -4,7 +4,7 @@ const D = JSON.parse(document.getElementById("pagelab-data").textContent);
 const P = D.palette;
 const MAX_CELLS = 40000;  // block-map cells per allocator (a cell is a block, or several, or a run of slots)
 const LANES = 40;         // request lanes drawn around the moment
-const Y_AXIS_PX = 44;     // both charts' y axes: their plots line up, and a count like 720 fits
+const Y_AXIS_PX = 54;     // both charts' y axes: their plots line up, and a count like 1,177 fits
 const MARKER_PX = 2;      // the time marker's width (explorer.css .marker)
 
 function unpack(c) {
