@@ -1,6 +1,6 @@
 # Two commands do all set-up: `make run` and `make test`.
 # TORCH_SPEC picks the torch build. On a machine without an NVIDIA GPU we pin the CPU-capable
-# release; set TORCH_SPEC/TORCH_PIP_ARGS to take a CUDA build (see README, "Installing torch").
+# release; set TORCH_SPEC/TORCH_PIP_ARGS to take a CUDA build (see docs/getting-started.md, "Installing torch").
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python

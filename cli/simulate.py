@@ -202,6 +202,8 @@ def simulate_cmd(
     if step_times_from is not None or config_from is not None:
         option = "--step-times-from" if step_times_from is not None else "--config-from"
         taken = _given(ctx, _TWIN_TAKES + (_STEP_TIMES_TAKE if step_times_from is not None else ()))
+        if step_times_from is not None and mode == "step":  # the mode measured step times force anyway
+            taken = [flag for flag in taken if flag != "--mode"]
         if taken:
             raise UserError(f"{', '.join(taken)}: {option} takes the model, pool, scheduler and trace (and "
                             f"--step-times-from the step times) from the replay's run; leave them out")

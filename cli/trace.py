@@ -185,6 +185,15 @@ def gen(
     given_rate = rate  # None: each kind of trace has its own default rate
     rate = 1.0 if rate is None else rate
     kind = lengths if lengths in _NAMED_LENGTHS else "resample"
+    if kind == "resample" and not multi_turn:
+        from traces.errors import TraceError
+        from traces.loaders import resolve_trace
+
+        try:
+            resolve_trace(lengths)
+        except TraceError as exc:
+            raise UserError(f"--lengths {lengths}: expected {', '.join(_NAMED_LENGTHS)}, or a trace to "
+                            f"resample lengths from; {exc}") from None
     num = pick_one("--num/--num-prompts", num, num_prompts)
     num = 1000 if num is None else num
     if num > MAX_GENERATED:
@@ -199,6 +208,11 @@ def gen(
         raise UserError("--request-rate must be > 0 requests/s, or inf (all at t=0)")
     if math.isinf(rate) and rate > 0:
         arrival = "burst"
+    from traces.schema import MAX_ARRIVAL_S
+
+    if not multi_turn and rate > 0 and arrival != "burst" and num / rate > MAX_ARRIVAL_S:
+        raise UserError(f"--request-rate {rate:g}: {num:,} requests at this rate arrive over about "
+                        f"{num / rate:.3g} s, past the {MAX_ARRIVAL_S:g} s a trace's clock resolves")
     if multi_turn:
         _gen_multi_turn(out, num, given_rate, turns, think_time, think_dist, max_model_len, prefix_block_size,
                         seed)

@@ -289,7 +289,9 @@ def _replay(trace: pd.DataFrame, config: ReplayConfig, engine: LLMEngine, clock:
         if not is_out_of_memory(exc):
             raise
         stopped = _stop(run, exc)
-    run.now = clock()
+        run.now = clock()
+    # Otherwise the run ends where its last step did, as a simulation's does (not after the loop's own
+    # bookkeeping), so that durations and throughputs compare.
     run.itl.flush()
     run.drain_events(final=True)
     kept = output.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,12 +28,18 @@ MOONCAKE_BLOCK_SIZE = 512  # tokens per hash_ids entry (FAST25-release/README.md
 def read_csv(path: Path, source: str) -> pd.DataFrame:
     """Read a CSV keeping blank lines as all-NaN rows, so that row i is line i + 2 of the file."""
     try:
-        df = pd.read_csv(path, skip_blank_lines=False, encoding="utf-8-sig",
-                         dtype={"prefix_blocks": str})
+        # index_col=False: a row with more fields than the header is not read as an index plus shifted
+        # columns; pandas drops the extra fields, with a warning that sends us to check them.
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", pd.errors.ParserWarning)
+            df = pd.read_csv(path, skip_blank_lines=False, encoding="utf-8-sig", index_col=False,
+                             dtype={"prefix_blocks": str})
     except pd.errors.EmptyDataError:
         raise TraceError(f"{source}: empty file") from None
     except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
         raise TraceError(f"{source}: cannot parse as CSV: {str(exc).strip()}") from None
+    if any(issubclass(w.category, pd.errors.ParserWarning) for w in caught):
+        _check_widths(path, source)
     df.columns = [str(c).strip() for c in df.columns]
     with open(path, encoding="utf-8-sig", newline="") as f:  # pandas renames a second 'x' to 'x.1'
         header = [name.strip() for name in next(csv.reader(f), [])]
@@ -40,6 +47,18 @@ def read_csv(path: Path, source: str) -> pd.DataFrame:
     if twice:
         raise TraceError(f"{source} line 1 (header): column {twice[0]!r} appears twice")
     return df
+
+
+def _check_widths(path: Path, source: str) -> None:
+    """Refuse a row with more values than the header has names (empty trailing fields, as a comma at the
+    end of each line leaves, are only dropped)."""
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        reader = csv.reader(f)
+        width = len(next(reader, []))
+        for row in reader:
+            if len(row) > width and any(field.strip() for field in row[width:]):
+                raise TraceError(f"{source} line {reader.line_num}: {len(row)} fields, but the header names "
+                                 f"{width}")
 
 
 def csv_raw(df: pd.DataFrame, fields: dict[str, str], relative_time: bool, source: str = "") -> RawTrace:
@@ -177,7 +196,7 @@ def _columns(records: list[dict], keys: dict[str, str]) -> pd.DataFrame:
         if any(key in r for r in records):
             default = _JSON_DEFAULTS.get(canon)
             cols[canon] = pd.Series([r.get(key, default) for r in records], dtype=object)
-    return pd.DataFrame(cols)
+    return pd.DataFrame(cols, index=pd.RangeIndex(len(records)))  # no wanted key: rows without columns
 
 
 def mooncake(path: Path, source: str, warnings: list[str] | None) -> RawTrace:

@@ -298,11 +298,16 @@ def load_run(path: Path, label: str | None = None) -> Run:
     if (path / "config.json").is_file():
         alloc = load_allocator(path, path.name)
         return Run(path, label or path.name, {}, {alloc.name: alloc})
+    sweep = (path / "points").is_dir() or (path / "sweep.parquet").is_file()
+    if not sweep and not (path / "summary.json").is_file() and \
+            not any((p / "config.json").is_file() for p in path.iterdir()):
+        raise VizError(f"{path} is not a pagelab run folder: it has no summary.json and no allocator folder "
+                       "(a folder holding config.json)")
     top = read_json(path / "summary.json")
     names = list(top.get("allocators") or {})
     if not names:
         names = [p.name for p in path.iterdir() if (p / "config.json").is_file()]
-    if not names and ((path / "points").is_dir() or (path / "sweep.parquet").is_file()):
+    if not names and sweep:
         raise VizError(f"{path} is a sweep folder (pagelab sweep), not a run folder: its runs are under "
                        f"{path / 'points'}/*")
     if not names:

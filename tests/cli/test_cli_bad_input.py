@@ -72,7 +72,10 @@ CASES = [
     (("simulate", "tiny.csv", "--rate", "nan"), "--request-rate/--rate must be > 0"),
     (("simulate", "late.csv"), "late.csv line 3, field 'arrival_s': arrival time 1e+12 s is past 1e+09 s"),
     (("simulate", "tiny.csv", "--rate", "1e-300"), "rate 1e-300 requests/s spreads 3 requests over 2e+300 s"),
-    (("trace", "gen", "--num", "3", "--rate", "1e-12", "--out", "g.csv"), "is past 1e+09 s"),
+    (("trace", "gen", "--num", "3", "--rate", "1e-12", "--out", "g.csv"),
+     "--request-rate 1e-12: 3 requests at this rate arrive over about 3e+12 s, past the 1e+09 s"),
+    (("trace", "gen", "--lengths", "bogus", "--out", "g.csv"), "--lengths bogus: expected fixed, uniform, "
+     "sharegpt, alpaca, or a trace to resample lengths from; bogus: no such file"),
     (("simulate", "tiny.csv", "--request-rate", "0"), "--request-rate/--rate must be > 0"),
     (("simulate", "tiny.csv", "--burstiness", "0.5"), "--burstiness shapes the gaps"),
     (("simulate", "tiny.csv", "--request-rate", "inf", "--burstiness", "1"), "--burstiness shapes the gaps"),

@@ -126,6 +126,22 @@ def test_blank_lines_are_skipped_but_line_numbers_stay_true(tmp_path):
     assert "line 5" in message
 
 
+def test_rows_wider_than_the_header_are_refused_not_shifted(tmp_path):
+    # Every row one value too many: pandas would take the first column for an index and shift the rest.
+    assert "wide.csv line 2: 5 fields, but the header names 4" in refused(tmp_path, "wide.csv",
+                                                                           PL + "0,0.0,5,6,7\n1,0.5,5,6,7\n")
+    # A comma at the end of every line leaves an empty field: dropped.
+    (tmp_path / "trailing.csv").write_text(PL + "0,0.0,5,6,\n1,0.5,7,8,\n")
+    df = load_trace(tmp_path / "trailing.csv", warnings=[])
+    assert df["prompt_len"].tolist() == [5, 7] and df["output_len"].tolist() == [6, 8]
+
+
+def test_a_json_format_without_its_keys_says_which_are_missing(tmp_path):
+    (tmp_path / "ours.jsonl").write_text('{"request_id":0,"arrival_s":0,"prompt_len":10,"output_len":5}\n')
+    with pytest.raises(TraceError, match=r"ours.jsonl line 1, field .*'timestamp'.*: missing column"):
+        load_trace(tmp_path / "ours.jsonl", "mooncake", warnings=[])
+
+
 def test_a_missing_column_lists_the_columns_found_even_unknown_ones(tmp_path):
     path = tmp_path / "other.parquet"
     pd.DataFrame({"a": [1, 2], "b": [3, 4]}).to_parquet(path)

@@ -132,3 +132,9 @@ def test_big_events_tables_are_read_by_time_window(tmp_path, monkeypatch, part_g
     # Ended by T: at least `limit` tenures; ended before T: fewer than `limit` plus one row group.
     assert int((t <= end).sum()) >= limit > int((t < end).sum()) - biggest
     assert np.isfinite(end) and "events" not in alloc.__dict__
+
+
+def test_a_folder_that_is_no_run_is_named_as_such(tmp_path):
+    (tmp_path / "notes").mkdir()
+    with pytest.raises(VizError, match=r"is not a pagelab run folder: it has no summary.json and no allocator"):
+        load_run(tmp_path)
