@@ -136,5 +136,5 @@ def test_big_events_tables_are_read_by_time_window(tmp_path, monkeypatch, part_g
 
 def test_a_folder_that_is_no_run_is_named_as_such(tmp_path):
     (tmp_path / "notes").mkdir()
-    with pytest.raises(VizError, match=r"is not a pagelab run folder: it has no summary.json and no allocator"):
+    with pytest.raises(VizError, match=r"is not a pagelab run folder: it has no summary.json and no alloc"):
         load_run(tmp_path)
