@@ -63,7 +63,7 @@ class SimConfig(CacheConfig):
     def problems(self) -> list[str]:
         """The shared checks plus the simulator's own."""
         out = super().problems()
-        if self.unset_numbers():  # reported above; the checks below would compare None
+        if self.unset_numbers() or self.mistyped():  # reported above; the checks below would compare them
             return out
         if self.mode not in MODES:
             out.append(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")

@@ -170,9 +170,18 @@ def _validate(raw: RawTrace, source: str, warnings: list[str] | None) -> pd.Data
     return result
 
 
+def _refuse_na(values: pd.Series, col: str, fail) -> None:
+    """Fail on the first missing value of a nullable column (pandas' NA has no NumPy number)."""
+    if isinstance(values.dtype, pd.api.extensions.ExtensionDtype) and values.dtype.kind in "iufb":
+        na = values.isna().to_numpy(bool)
+        if na.any():
+            fail(int(np.argmax(na)), col, "missing value (NaN or empty)")
+
+
 def _numbers(values: pd.Series, col: str, fail, expected: str = "") -> np.ndarray:
     """Values as float64, failing on the first one that is missing, not a number, not finite, a boolean, or
     a date or duration (whose numbers are in a unit of their own); `expected` says what should be there."""
+    _refuse_na(values, col, fail)
     if values.dtype.kind in "iu":
         return values.to_numpy(dtype=np.float64)
     if values.dtype.kind in "mM" or isinstance(values.dtype, pd.DatetimeTZDtype):
@@ -221,6 +230,7 @@ _TOO_SMALL = {"output_len": "zero output length (every request must generate at 
 def _count_column(values: pd.Series, col: str, fail, minimum: int = 1,
                   maximum: int = MAX_COUNT) -> np.ndarray:
     """A column of whole counts in [minimum, maximum] as int64."""
+    _refuse_na(values, col, fail)
     if values.dtype.kind in "iu":
         arr = values.to_numpy(dtype=np.int64)
         bad = (arr < minimum) | (arr > maximum)

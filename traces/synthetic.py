@@ -6,6 +6,7 @@ distribution does not move the arrivals (and vice versa).
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,6 +50,13 @@ class SyntheticConfig:
         def bad(name: str, why: str) -> None:
             raise TraceFieldError("synthetic trace", name, why, getattr(self, name))
 
+        for name in ("num_requests", "prompt_len", "output_len", "max_model_len", "num_prefix_groups",
+                     "prefix_len", "prefix_block_size", "n", "beam_width", "seed"):
+            value = getattr(self, name)
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+                bad(name, "must be an integer")
+        if self.seed < 0:  # numpy's generators take only non-negative seeds
+            bad("seed", "must be >= 0")
         if self.num_requests < 1:
             bad("num_requests", "must be >= 1")
         if self.arrival not in ARRIVALS:

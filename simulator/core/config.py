@@ -6,6 +6,7 @@ into the same allocator for both.
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, fields
 
 from simulator.core.allocator import KVAllocator
@@ -24,6 +25,19 @@ ALLOCATORS: dict[str, str | None] = {
 
 
 DEFAULT_SWAP_SPACE_GB = 4.0  # vLLM's --swap-space
+
+
+def _is_bool(value) -> bool:
+    # numpy's bool (named bool_ before numpy 2), recognised without importing numpy
+    return isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ in
+                                       ("bool", "bool_"))
+
+
+# A numeric or boolean field's declared type -> the test of a value (numpy's pass: sweeps hand them
+# down) and what it should be.
+_KINDS = {"int": (lambda v: isinstance(v, numbers.Integral) and not _is_bool(v), "an integer"),
+          "float": (lambda v: isinstance(v, numbers.Real) and not _is_bool(v), "a number"),
+          "bool": (_is_bool, "True or False")}
 
 
 @dataclass(frozen=True)
@@ -62,12 +76,25 @@ class CacheConfig:
         return {f.name: f.type for f in fields(self)
                 if f.type in ("int", "float") and getattr(self, f.name) is None}
 
+    def mistyped(self) -> list[str]:
+        """A message for each field holding a value of another kind than its type says (a bool is not a
+        count, a string not a number): the range checks could not compare it."""
+        out = []
+        for f in fields(self):
+            value, kind = getattr(self, f.name), str(f.type).split(" | ")[0]
+            if value is not None and kind in _KINDS and not _KINDS[kind][0](value):
+                out.append(f"{f.name} must be {_KINDS[kind][1]}, got {value!r}")
+        return out
+
     def problems(self) -> list[str]:
         """Every invalid option, as one message each (empty when the config is valid)."""
         unset = self.unset_numbers()
         if unset:  # the checks below read None as "not given" where a field allows it, or cannot compare it
             return [f"{name} must be {'an integer' if kind == 'int' else 'a number'}, got None"
                     for name, kind in unset.items()]
+        mistyped = self.mistyped()
+        if mistyped:
+            return mistyped
         out = []
         if self.allocator not in ALLOCATORS:
             out.append(f"allocator must be one of {', '.join(ALLOCATORS)}, got {self.allocator!r}")

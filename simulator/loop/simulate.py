@@ -137,6 +137,10 @@ def simulate(trace: pd.DataFrame | TraceBatches, config: SimConfig, output: RunO
     here) or a TraceBatches already validated (a file read a batch of rows at a time).
     """
     wall0 = time.perf_counter()
+    if not isinstance(config, SimConfig):
+        raise TypeError(f"config must be a SimConfig, got {type(config).__name__}")
+    if output is not None and not isinstance(output, RunOutput):
+        raise TypeError(f"output must be a RunOutput (InMemory or RunFolder), got {type(output).__name__}")
     if not isinstance(trace, TraceBatches):
         trace = FrameBatches(canonical_trace(trace, source="trace"))
     output = InMemory() if output is None else output

@@ -242,6 +242,8 @@ class RunFolder(RunOutput):
     def __init__(self, folder: str | Path, table_format: str = "parquet", *, num_requests: int = 0,
                  record_events: bool = True, sizes: Sizes = Sizes()) -> None:
         super().__init__()
+        if table_format not in ("parquet", "csv"):
+            raise ValueError(f"table_format must be 'parquet' or 'csv', got {table_format!r}")
         self.folder = Path(folder)
         self.table_format = table_format
         self.record_events = record_events

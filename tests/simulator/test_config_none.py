@@ -34,3 +34,22 @@ def test_none_where_the_type_allows_it_still_means_the_default():
                        max_num_batched_tokens=None)
     assert simulate(trace, config).summary["num_finished"] == 1
     assert EngineConfig(swap_space_gb=None).swap_space_gb is None  # the engine's: its default pool
+
+
+@pytest.mark.parametrize("name,value,expected", [
+    ("capacity_tokens", "1000", "an integer"), ("capacity_tokens", True, "an integer"),
+    ("block_size", 16.0, "an integer"), ("seed", 1.5, "an integer"), ("kv_memory_gb", "2", "a number"),
+    ("enable_prefix_caching", "no", "True or False"), ("record_events", 1, "True or False"),
+])
+def test_a_value_of_another_kind_is_refused_naming_the_field(name, value, expected):
+    with pytest.raises(ConfigError, match=f"^{name} must be {expected}, got {value!r}$"):
+        SimConfig(**{name: value})
+
+
+def test_numpy_numbers_and_bools_are_numbers_and_bools():
+    import numpy as np
+
+    config = SimConfig(block_size=np.int64(32), kv_memory_gb=np.float64(2.0), capacity_tokens=np.int32(4096),
+                       enable_prefix_caching=np.bool_(False))
+    assert (config.block_size, config.capacity_tokens) == (32, 4096)
+    assert not config.enable_prefix_caching

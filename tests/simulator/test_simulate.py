@@ -274,3 +274,15 @@ def test_prefix_keys_the_block_size_cannot_reuse_are_refused_before_the_first_st
         config = SimConfig(model="opt-13b", capacity_tokens=4096, max_model_len=256, block_size=48, **kw)
         with_keys, without = (simulate(t, config).summary for t in (trace, plain))
         assert {**with_keys, "wall_s": 0} == {**without, "wall_s": 0}
+
+
+def test_arguments_of_the_wrong_kind_are_named(tmp_path):
+    from simulator.output import RunFolder
+
+    trace = pd.DataFrame({"arrival_s": [0.0], "prompt_len": [10], "output_len": [5]})
+    with pytest.raises(TypeError, match="config must be a SimConfig, got dict"):
+        simulate(trace, {"allocator": "paged"})
+    with pytest.raises(TypeError, match=r"output must be a RunOutput \(InMemory or RunFolder\), got str"):
+        simulate(trace, SimConfig(), "folder")
+    with pytest.raises(ValueError, match="table_format must be 'parquet' or 'csv', got 'xlsx'"):
+        RunFolder(tmp_path, "xlsx")

@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from traces import SyntheticConfig, TraceError, generate_trace, load_trace, rescale_rate
+from traces.errors import TraceFieldError
 from traces.lengths import LENGTH_PRESETS, calibrate, sample_preset
 from traces.prefix import block_keys
 from traces.stats import trace_info
@@ -193,3 +194,10 @@ def test_rescale_rate():
 def test_rescale_rate_refuses_what_it_cannot_do(frame, rate, match):
     with pytest.raises(TraceError, match=match):
         rescale_rate(frame, rate)
+
+
+@pytest.mark.parametrize("field,value,why", [("seed", -1, ">= 0"), ("num_requests", 2.5, "an integer"),
+                                             ("n", True, "an integer"), ("prompt_len", "8", "an integer")])
+def test_a_setting_of_the_wrong_kind_is_refused_naming_the_field(field, value, why):
+    with pytest.raises(TraceFieldError, match=f"field '{field}': must be {why}"):
+        SyntheticConfig(**{field: value})

@@ -249,3 +249,11 @@ def test_os_errors_become_trace_errors(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["taken.csv"]  # the temporary file is gone
     with pytest.raises(TraceError, match="is a folder"):
         load_trace(tmp_path / "taken.csv")
+
+
+@pytest.mark.parametrize("dtype", ["Int64", "Float64"])
+def test_a_missing_value_in_a_nullable_column_is_named(dtype):
+    df = pd.DataFrame({"request_id": [0, 1, 2], "arrival_s": [0.0, 0.5, 1.0], "prompt_len": [10, 20, 30],
+                       "output_len": pd.array([5, None, 7], dtype=dtype)})
+    with pytest.raises(TraceError, match=r"row 2, field 'output_len': missing value"):
+        validate_trace(df)

@@ -99,6 +99,9 @@ class SwapSpace:
         (device, CPU) copies."""
         pool = self.pool
         seqs = [s for s in group.seqs if s.seq_id in self.held]
+        if not seqs:
+            raise AllocationError(f"request {group.request_id}: none of its sequences holds device blocks "
+                                  "(not allocated, finished, or swapped out already)")
         if not self.can_swap_out(group):
             raise AllocationError(f"request {group.request_id}: CPU swap pool is full "
                                   f"({len(self.free)} of {self.num_blocks} blocks free)")
@@ -124,6 +127,8 @@ class SwapSpace:
         sequence; return the (CPU, device) copies."""
         pool = self.pool
         seqs = [s for s in group.seqs if s.seq_id in self.seqs]
+        if not seqs:
+            raise AllocationError(f"request {group.request_id}: none of its sequences is swapped out")
         status = self.can_swap_in(group)
         if status is not AllocStatus.OK:
             raise AllocationError(f"request {group.request_id}: cannot swap in now ({status.value}); "

@@ -330,3 +330,14 @@ def test_recomputed_samples_that_never_fit_together_are_refused(paged, make_grou
     # 15 tokens each: 2 shared blocks + 3 x 2 of their own = 8 blocks, though one sample alone needs 4.
     assert paged(7, 4).can_allocate(_diverged(make_group, 3, 10, 5)) is AllocStatus.NEVER
     assert paged(8, 4).can_allocate(_diverged(make_group, 3, 10, 5)) is AllocStatus.OK
+
+
+def test_swapping_a_group_that_holds_nothing_there_is_refused():
+    bm = BlockManager(10, 4, num_cpu_blocks=10)
+    group = SequenceGroup(10, [Sequence(10, 4, 8)])  # never allocated
+    with pytest.raises(AllocationError, match="request 10: none of its sequences holds device blocks"):
+        bm.swap_out(group)
+    with pytest.raises(AllocationError, match="request 10: none of its sequences is swapped out"):
+        bm.swap_in(group)
+    bm.allocate(group)
+    assert bm.swap_out(group) and bm.swap_in(group)  # once allocated, out and back
