@@ -191,6 +191,14 @@ def sweep_cmd(
             if axes_values.get(name) is not None and value != defaults[name]:
                 raise UserError(f"{OPTION_FLAGS[name]} and --axis {name}=... both set {name}; "
                                 "give one of them")
+        # The pool's size in tokens wins over its size in GiB: swept beside it, every GiB would be one pool.
+        pool_tokens = capacity_tokens is not None or axes_values.get("capacity_tokens") is not None
+        if pool_tokens and len(axes_values.get("kv_memory_gb") or ()) > 1:
+            raise UserError("--capacity-tokens sizes the pool, so the --kv-memory-gb values would all run "
+                            "the same pool: give one of them")
+        if axes_values.get("placement") is not None and all(ALLOCATORS[n] is None for n in names):
+            raise UserError("--axis placement=... only applies to contiguous allocators (-a contiguous-max, "
+                            "...); the paged allocator places blocks anywhere")
         # Axes with one value are shared options, not columns of the sweep; they replace the option's default.
         swept = {k: v for k, v in axes_values.items() if v is not None and len(v) > 1}
         base = {**options, **{k: v[0] for k, v in axes_values.items() if v is not None and len(v) == 1},

@@ -308,8 +308,8 @@ def load_run(path: Path, label: str | None = None) -> Run:
     if not names:
         names = [p.name for p in path.iterdir() if (p / "config.json").is_file()]
     if not names and sweep:
-        raise VizError(f"{path} is a sweep folder (pagelab sweep), not a run folder: its runs are under "
-                       f"{path / 'points'}/*")
+        raise VizError(f"{path} is a sweep folder (pagelab sweep), not a run folder: `pagelab sweep ... "
+                       f"--plot` draws its figures; its runs are under {path / 'points'}/*")
     if not names:
         raise VizError(f"{path / 'summary.json'}: key 'allocators' is empty and no allocator folders exist")
     names.sort(key=allocator_sort_key)

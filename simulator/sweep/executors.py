@@ -34,7 +34,9 @@ _WORKER_TRACE: pd.DataFrame | None = None
 
 
 def _init_worker(trace_path: str) -> None:
-    """Pool initializer: load the shared trace file once per worker."""
+    """Pool initializer: load the shared trace file once per worker. Ctrl-C is the main process's to
+    handle (it ends the workers): a worker that took it too would die mid-point and hang the pool."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     global _WORKER_TRACE
     _WORKER_TRACE = pd.read_parquet(trace_path)
 
@@ -154,8 +156,15 @@ class LocalExecutor:
         return [p.exitcode for p in processes.values()]
 
     def close(self) -> None:
-        """Stop the workers (cancelling queued points)."""
-        self.pool.shutdown(wait=True, cancel_futures=True)
+        """Stop the workers: queued points are cancelled and running ones ended (a point's folder is
+        written whole or not at all, so an interrupted sweep runs them again when resumed)."""
+        processes = list((getattr(self.pool, "_processes", None) or {}).values())  # private, as above
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            if process.is_alive():
+                process.terminate()
+        for process in processes:
+            process.join()
 
 
 def default_jobs() -> int:

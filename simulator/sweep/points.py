@@ -6,6 +6,7 @@ folder that exists is complete: an interrupted sweep leaves either the whole poi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -39,6 +40,19 @@ def _keys_text(value) -> object:
     return value
 
 
+def input_files_digest(sim: SimConfig) -> dict[str, str]:
+    """A digest of each file a configuration names and reads (a fitted latency profile, a local model
+    folder's config.json), so that a point is run again when one of them changes."""
+    files = {"latency": Path(sim.latency) if sim.latency != "roofline" else None,
+             "model": Path(sim.model) / "config.json" if Path(sim.model).is_dir() else None}
+    return {name: _file_digest(str(path)) for name, path in files.items()
+            if path is not None and path.is_file()}
+
+
+def _file_digest(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
 @dataclass(frozen=True)
 class PointSpec:
     """A configuration at one rate: everything that decides a point's result, plus its hash."""
@@ -53,12 +67,16 @@ class PointSpec:
         """The configuration as a dict."""
         return dict(self.config)
 
-    @property
+    @functools.cached_property
     def key(self) -> str:
         """The point's config hash: the simulator config, the rate and the trace content."""
         sim = {k: v for k, v in dataclasses.asdict(self.sim).items()
                if k != "extra" and (k not in UNHASHED_DEFAULTS or UNHASHED_DEFAULTS[k] != v)}
-        blob = json.dumps({"sim": sim, "rate": self.rate, "trace": self.trace_hash}, sort_keys=True)
+        point = {"sim": sim, "rate": self.rate, "trace": self.trace_hash}
+        files = input_files_digest(self.sim)
+        if files:  # a fitted profile or a local model folder: their content, not only their path
+            point["files"] = files
+        blob = json.dumps(point, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
     @property

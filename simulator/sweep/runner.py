@@ -137,6 +137,8 @@ def run_sweep(trace: pd.DataFrame, source: str, plan: SweepPlan, out: Path, exec
         for i, st in enumerate(states):
             search_runs[i] += int(plan.search and not st.done)
         run_batch(batch, "search")
+    if not plan.search:  # the grid is all there is: a bracket wider than the tolerance stays as it is
+        states = [dataclasses.replace(st, status="grid") if st.status == "searching" else st for st in states]
     rows = [point_row(s, summary, kind, plan.slo, out) for s, summary, kind in results.values()]
     rows += [failed_row(s, cause, kind) for s, cause, kind in failed.values()]
     points = points_table(rows, list(configs[0]))

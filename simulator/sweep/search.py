@@ -28,7 +28,7 @@ class SearchState:
     low: float | None  # highest rate seen to meet the SLO below `high`
     high: float | None  # lowest rate seen to miss it
     monotone: bool
-    status: str  # "found", "above_range", "below_range", "searching", "budget"
+    status: str  # "found", "above_range", "below_range", "searching", "budget" ("grid": search off)
     next_rate: float | None  # the rate to run next while searching
 
     @property

@@ -64,6 +64,8 @@ def max_rate_rows(configs: list[dict], states: list[SearchState], runs: list[int
     for row in rows:
         paged = next((r for r in rows if r["allocator"] == "paged" and
                       all(r[k] == v for k, v in row.items() if k in configs[0] and k != "allocator")), None)
-        ok = paged is not None and paged["max_rate"] and row["max_rate"]
+        # A search that stopped on a failed point has no final rate: no ratio against it (nor from it).
+        final = all(r is not None and r["status"] != "point_failed" for r in (paged, row))
+        ok = final and paged["max_rate"] and row["max_rate"]
         row["paged_advantage"] = paged["max_rate"] / row["max_rate"] if ok else None
     return rows

@@ -170,8 +170,8 @@ def test_sweep_folder_points_to_its_runs(runs, command):
     sweep = runs / "sweep"
     args = (sweep, runs / "run") if command == "compare" else (sweep,)
     line = error_line(run(command, *args))
-    assert line == (f"error: {sweep} is a sweep folder (pagelab sweep), not a run folder: its runs are under "
-                    f"{sweep / 'points'}/*")
+    assert line == (f"error: {sweep} is a sweep folder (pagelab sweep), not a run folder: `pagelab sweep ... "
+                    f"--plot` draws its figures; its runs are under {sweep / 'points'}/*")
 
 
 def test_compare_warning_names_an_allocator_folder_once(runs, tmp_path):

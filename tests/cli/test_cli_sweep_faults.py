@@ -24,3 +24,31 @@ def test_a_killed_worker_fails_its_point_and_a_rerun_retries_it(tmp_path):
     again = pagelab(*args, cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert "wrote s (1 points run, 2 reused)" in again.stderr
+
+
+def test_ctrl_c_stops_a_local_sweep_at_once_and_a_rerun_resumes_it(tmp_path):
+    # Ctrl-C reaches every process of the terminal's group, workers included, as os.killpg does here.
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from clirun import env
+
+    args = ("sweep", "--rate", "1:10", "-a", "paged,contiguous-max", "--limit", "3000", "-j", "2",
+            "--slo", "ttft_p99:1s", "--out", "s")
+    sweep = subprocess.Popen([sys.executable, "-c", "from cli import main; main()", *args], cwd=tmp_path,
+                             env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    for line in sweep.stderr:  # the first point's line: the pool's workers are running points
+        if line.startswith("point 1 "):
+            break
+    os.killpg(sweep.pid, signal.SIGINT)
+    try:
+        _, err = sweep.communicate(timeout=60)
+    finally:
+        if sweep.poll() is None:
+            os.killpg(sweep.pid, signal.SIGKILL)
+    assert sweep.returncode == 130 and "Traceback" not in err, err
+    done = pagelab(*args, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0 and " reused)" in done.stderr, done.stderr

@@ -49,6 +49,9 @@ def test_point_result_equals_a_plain_simulate_run(tmp_path, small_trace, small_p
     row = result.points[result.points["rate"] == 1.5].iloc[0]
     assert row["normalized_latency_s"] == direct.summary["normalized_latency_s_per_token"]
     assert row["ttft_p99_s"] == direct.summary["ttft_s"]["p99"]
+    # Search off, the bracket between the two rates stays open: a final status, not "searching".
+    status = result.max_rates["status"].iloc[0]
+    assert status in ("grid", "found", "above_range", "below_range") and status != "searching"
 
 
 def test_local_pool_gives_the_serial_tables(tmp_path, small_trace, small_plan):
@@ -142,3 +145,41 @@ def test_a_trace_with_prefix_keys_is_swept_and_its_keys_are_in_the_points_identi
     other = trace.copy()
     other["prefix_blocks"] = [list(k[::-1]) for k in trace["prefix_blocks"]]
     assert trace_fingerprint(other) != trace_fingerprint(trace) == trace_fingerprint(trace.copy())
+
+
+def test_a_point_is_new_when_its_profile_or_model_folder_changes(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    from simulator.config import SimConfig
+    from simulator.sweep.points import PointSpec
+
+    profile = tmp_path / "profile.json"
+    shutil.copy(Path(__file__).resolve().parents[3] / "simulator/timing/profiles/h200-llama-1b.json", profile)
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"num_hidden_layers": 2}')
+
+    def key(**sim):
+        return PointSpec((("allocator", "paged"),), 1.0, SimConfig(**sim), "trace").key
+
+    before = key(latency=str(profile)), key(model=str(folder))
+    assert key(latency=str(profile)) == before[0]  # the same files: the same point
+    fitted = json.loads(profile.read_text())
+    profile.write_text(json.dumps({**fitted, "step_overhead_s": 0.5}))  # a refit: same path, new numbers
+    (folder / "config.json").write_text('{"num_hidden_layers": 3}')
+    assert key(latency=str(profile)) != before[0] and key(model=str(folder)) != before[1]
+    assert key() == PointSpec((("allocator", "paged"),), 1.0, SimConfig(), "trace").key  # no files read
+
+
+def test_no_advantage_is_reported_against_a_search_stopped_by_a_failed_point():
+    from simulator.sweep.search import SearchState
+    from simulator.sweep.table import max_rate_rows
+
+    configs = [{"allocator": "paged"}, {"allocator": "contiguous-max"}]
+    def rows(paged_status):
+        states = [SearchState(2.0, 4.0, True, paged_status, None), SearchState(3.2, 3.3, True, "found", None)]
+        return {r["allocator"]: r["paged_advantage"] for r in max_rate_rows(configs, states, [3, 3], [1, 1])}
+
+    assert rows("found")["contiguous-max"] == 2.0 / 3.2
+    assert rows("point_failed") == {"paged": None, "contiguous-max": None}
