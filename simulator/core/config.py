@@ -179,6 +179,16 @@ def build_allocator(config: CacheConfig, capacity: int, *, cpu_bytes: int, bytes
     (`allocator.events`). A paged pool given a `layout` of several KV cache groups
     (simulator/core/kv_layout.py) is `num_blocks` blocks shared by the groups."""
     check_pool(config, capacity, layout=layout, num_blocks=num_blocks)
+    try:
+        return _build(config, capacity, cpu_bytes, bytes_per_token, max_model_len, record_events, layout,
+                      num_blocks)
+    except MemoryError:  # the pool's per-block state is kept in lists: this size cannot be held at all
+        raise ConfigError(f"a KV pool of {capacity:,} slots does not fit in this machine's memory (the "
+                          "simulator keeps per-block state); give a smaller pool") from None
+
+
+def _build(config: CacheConfig, capacity: int, cpu_bytes: int, bytes_per_token: int, max_model_len: int,
+           record_events: bool, layout, num_blocks: int | None) -> KVAllocator:
     cpu_tokens = cpu_bytes // bytes_per_token
     policy = ALLOCATORS[config.allocator]
     if policy is None and layout is not None:

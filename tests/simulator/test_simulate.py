@@ -11,6 +11,7 @@ import pytest
 from fresh_process import run_script
 
 from simulator.config import SimConfig
+from simulator.core.errors import ConfigError
 from simulator.loop import simulate
 from simulator.timing.step_latency import make_latency_model
 from traces import SyntheticConfig, generate_trace, load_trace
@@ -286,3 +287,9 @@ def test_arguments_of_the_wrong_kind_are_named(tmp_path):
         simulate(trace, SimConfig(), "folder")
     with pytest.raises(ValueError, match="table_format must be 'parquet' or 'csv', got 'xlsx'"):
         RunFolder(tmp_path, "xlsx")
+
+
+def test_a_pool_too_large_to_hold_is_a_config_error():
+    trace = pd.DataFrame({"arrival_s": [0.0], "prompt_len": [10], "output_len": [5]})
+    with pytest.raises(ConfigError, match="slots does not fit in this machine's memory"):
+        simulate(trace, SimConfig(allocator="paged", capacity_tokens=2**40))  # 550 GB of block state
