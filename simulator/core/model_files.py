@@ -62,7 +62,10 @@ def layer_types_of(raw: dict[str, Any], arch: str, sliding: int | None,
                      for i in range(layers))
     if arch == "Qwen2ForCausalLM":
         first = raw.get("max_window_layers", 28)
-        return tuple("sliding_attention" if i >= first else "full_attention" for i in range(layers))
+        if not isinstance(first, int):
+            raise ConfigError(f"{source}: field 'max_window_layers' must be an integer, got {first!r}")
+        return tuple("sliding_attention" if i >= first else "full_attention" for i in range(layers)) \
+            if first < layers else None
     return ("sliding_attention",) * layers
 
 

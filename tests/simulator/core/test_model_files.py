@@ -81,6 +81,7 @@ def test_layer_patterns_follow_each_architecture():
         ("sliding_attention", "sliding_attention", "full_attention") * 2
     assert layer_types_of({**base, "max_window_layers": 4}, "Qwen2ForCausalLM", 4096) == \
         ("full_attention",) * 4 + ("sliding_attention",) * 2
+    assert layer_types_of({**base, "max_window_layers": 6}, "Qwen2ForCausalLM", 4096) is None  # none slides
     assert layer_types_of(base, "MistralForCausalLM", 4096) == ("sliding_attention",) * 6
     assert layer_types_of(base, "LlamaForCausalLM", None) is None
     # A window the architecture ignores (Qwen2 without use_sliding_window) slides no layer.
