@@ -156,15 +156,8 @@ class LocalExecutor:
         return [p.exitcode for p in processes.values()]
 
     def close(self) -> None:
-        """Stop the workers: queued points are cancelled and running ones ended (a point's folder is
-        written whole or not at all, so an interrupted sweep runs them again when resumed)."""
-        processes = list((getattr(self.pool, "_processes", None) or {}).values())  # private, as above
-        self.pool.shutdown(wait=False, cancel_futures=True)
-        for process in processes:
-            if process.is_alive():
-                process.terminate()
-        for process in processes:
-            process.join()
+        """Stop the workers once the points in flight finish (queued ones are cancelled)."""
+        self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 def default_jobs() -> int:
