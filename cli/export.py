@@ -29,7 +29,7 @@ def export_cmd(
     check_tables(run)  # before --out is checked: the run's problems first
     path = out if out is not None else run_dir / "trace.json"
     check_out_file(path, f"--out {out}" if out is not None else str(path))
-    for problem in filter(None, map(missing_transitions, run.allocators.values())):
+    for problem in missing_transitions(run.allocators.values()):
         warn(problem)
     count = write_perfetto(run, path)
     err_console.print(f"wrote {path} ({count:,} trace events)", markup=False, highlight=False)

@@ -37,7 +37,7 @@ def view_cmd(
     windows = check_windows(list(window or []), end) or None
     path = out if out is not None else run_dir / "view.html"
     check_out_file(path, f"--out {out}" if out is not None else str(path))
-    for problem in filter(None, map(missing_transitions, run.allocators.values())):
+    for problem in missing_transitions(run.allocators.values()):
         warn(problem)
     server = _listen(run, port) if serve else None  # a busy port is refused before the page is written
     try:

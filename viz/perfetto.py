@@ -126,8 +126,7 @@ def _counter_events(pid: int, alloc: AllocatorRun) -> Iterator[str]:
                 value = values[col][i]
                 if last.get(col) != value:
                     last[col] = value
-                    shown = f"{value:.6g}" if unit == "share" else value
-                    yield f'{{"ph":"C","pid":{pid},"name":"{name}","ts":{stamp},"args":{{"{unit}":{shown}}}}}'
+                    yield _counter(pid, name, stamp, unit, value)
     if not _all_done(alloc):
         return
     # A memory row holds from its time to the next; after the last one every request is done: nothing
@@ -138,8 +137,13 @@ def _counter_events(pid: int, alloc: AllocatorRun) -> Iterator[str]:
             continue
         value = 1.0 if col == "free" else 0
         if last[col] != value:
-            shown = f"{value:.6g}" if unit == "share" else value
-            yield f'{{"ph":"C","pid":{pid},"name":"{name}","ts":{stamp},"args":{{"{unit}":{shown}}}}}'
+            yield _counter(pid, name, stamp, unit, value)
+
+
+def _counter(pid: int, name: str, stamp: str, unit: str, value) -> str:
+    """One counter event: a share to 6 significant digits, a count as it is."""
+    shown = f"{value:.6g}" if unit == "share" else value
+    return f'{{"ph":"C","pid":{pid},"name":"{name}","ts":{stamp},"args":{{"{unit}":{shown}}}}}'
 
 
 def _all_done(alloc: AllocatorRun) -> bool:

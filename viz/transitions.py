@@ -21,14 +21,16 @@ def has_table(alloc: AllocatorRun, name: str) -> bool:
     return table_exists(alloc.path / f"{name}.parquet") or (alloc.path / f"{name}.csv").is_file()
 
 
-def missing_transitions(alloc: AllocatorRun) -> str | None:
-    """Why the allocator's preemptions will show no markers (its summary counts some, its folder lacks the
-    transitions table), or None."""
-    count = alloc.summary.get("num_preemptions")
-    if not isinstance(count, int) or count <= 0 or has_table(alloc, "transitions"):
-        return None
-    return (f"{alloc.path}: no transitions table, so the {count:,} preemptions (and swaps) its summary "
-            "counts have no markers")
+def missing_transitions(allocs) -> list[str]:
+    """For each allocator whose preemptions will show no markers (its summary counts some, its folder
+    lacks the transitions table), why."""
+    out = []
+    for alloc in allocs:
+        count = alloc.summary.get("num_preemptions")
+        if isinstance(count, int) and count > 0 and not has_table(alloc, "transitions"):
+            out.append(f"{alloc.path}: no transitions table, so the {count:,} preemptions (and swaps) its "
+                       "summary counts have no markers")
+    return out
 
 
 def read_batches(alloc: AllocatorRun, name: str, columns: tuple[str, ...]) -> Iterator[pd.DataFrame]:
